@@ -1,0 +1,47 @@
+# Fedge: `make demo` runs the main job, `make test` the tests. Each creates .venv and installs what
+# it needs on first use (torch pinned to the 2.13.0 CPU wheel through constraints.txt).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.fedge-installed
+
+# Offline, quiet, and never let Flower install dependencies at run time (it would fetch CUDA torch).
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export RAY_USAGE_STATS_ENABLED := 0
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: demo test test-slow bench install clean help
+
+help:
+	@echo "make demo    - federated demo on the embedded digits task (simulation engine)"
+	@echo "make test    - the test suite (unit, property, integration with real processes)"
+	@echo "make test-slow - also the slow tests"
+	@echo "make bench   - benchmarks (not run in CI)"
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if (3,10)<=v[:2]<(3,14) else "Fedge needs Python 3.10-3.13 (3.14 has a stdlib package named compression); set PYTHON=python3.X")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedge demo
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	@ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

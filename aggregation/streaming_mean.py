@@ -1,0 +1,63 @@
+"""Streaming weighted mean: decode each client payload straight into one running sum.
+
+Flower's built-in strategies receive every reply, then aggregate; their memory grows with the number
+of clients. Here each payload is validated and decoded into a single accumulator as soon as it
+arrives and can be dropped right after, so the coordinator's memory is O(model) whatever the number
+of clients: one accumulator plus one decoded temporary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from compression import Codec
+
+__all__ = ["StreamingMean"]
+
+
+class StreamingMean:
+    """Running ``sum_k w_k * x_k`` and ``sum_k w_k`` over vectors of ``numel`` float32 elements."""
+
+    def __init__(self, numel: int) -> None:
+        self.numel = numel
+        self._sum = torch.zeros(numel, dtype=torch.float64)
+        self.total_weight = 0.0
+        self.count = 0
+
+    def add_payload(self, payload: bytes | bytearray | memoryview, codec: Codec, weight: float) -> None:
+        """Decode ``payload`` with ``codec`` and accumulate it with ``weight``.
+
+        Validation happens completely before the accumulator is touched: a :class:`PayloadError`
+        (or a bad weight) leaves the running mean exactly as it was.
+        """
+        self._check_weight(weight)
+        decoded = codec.decode(payload, self.numel)
+        self._accumulate(decoded, weight)
+
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        """Accumulate an already-decoded vector."""
+        self._check_weight(weight)
+        flat = vector.reshape(-1)
+        if flat.numel() != self.numel:
+            raise ValueError(f"vector has {flat.numel()} elements, expected {self.numel}")
+        self._accumulate(flat, weight)
+
+    def mean(self) -> torch.Tensor:
+        """The weighted mean as float32; raises if nothing was accumulated."""
+        if self.count == 0:
+            raise ValueError("no update was accumulated")
+        return (self._sum / self.total_weight).to(torch.float32)
+
+    def _accumulate(self, flat: torch.Tensor, weight: float) -> None:
+        # float64 accumulation: the sum of many float32 updates stays exact enough that the order in
+        # which replies arrive does not change the result beyond float32 rounding.
+        self._sum.add_(flat, alpha=weight)
+        self.total_weight += weight
+        self.count += 1
+
+    @staticmethod
+    def _check_weight(weight: float) -> None:
+        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a finite positive number, got {weight!r}")

@@ -1,0 +1,123 @@
+"""The codec abstraction: a small pure object that turns a flat float32 tensor into wire bytes.
+
+A codec is configured once from its spec string and is stateless afterwards (error feedback is a
+separate wrapper, :class:`compression.error_feedback.ErrorFeedback`), so one instance can serve every
+client of a round and the coordinator's decoder alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from compression.errors import PayloadError
+from compression.wire import CODEC_IDS, HEADER_SIZE, Header, pack_payload, parse_payload
+
+__all__ = ["Codec", "as_flat_float32"]
+
+
+def as_flat_float32(x: torch.Tensor) -> torch.Tensor:
+    """Return ``x`` as a contiguous 1-D float32 CPU tensor, refusing non-finite values.
+
+    Encoding NaN or inf would poison every model that averages the update, so the client fails
+    loudly instead (its reply becomes an error the coordinator logs).
+    """
+    flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError("cannot encode a tensor with NaN or infinite values")
+    return flat
+
+
+class Codec(ABC):
+    """Encode/decode a flat float32 vector to/from the self-describing wire format."""
+
+    #: Name used in spec strings and in :data:`compression.wire.CODEC_IDS`.
+    name: ClassVar[str]
+    #: True when E[decode(encode(x))] == x, so error feedback is optional rather than required.
+    unbiased: ClassVar[bool]
+
+    @property
+    def codec_id(self) -> int:
+        return CODEC_IDS[self.name]
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """Canonical spec string (every parameter spelled out), e.g. ``qsgd:bits=4,bucket=512``."""
+
+    @abstractmethod
+    def params_bytes(self) -> bytes:
+        """The 8-byte codec-parameter field of the header."""
+
+    @abstractmethod
+    def body_size(self, numel: int) -> int:
+        """Exact body length in bytes for ``numel`` elements."""
+
+    @abstractmethod
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        """Encode a validated flat float32 tensor into the body bytes."""
+
+    @abstractmethod
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        """Decode a body whose length has already been checked against :meth:`body_size`."""
+
+    def wire_bytes(self, numel: int) -> int:
+        """Total bytes on the wire (header included) for an update of ``numel`` elements."""
+        return HEADER_SIZE + self.body_size(numel)
+
+    def encode(self, x: torch.Tensor, generator: torch.Generator | None = None) -> bytes:
+        """Encode ``x`` (any shape, flattened) into a complete payload."""
+        flat = as_flat_float32(x)
+        body = self._encode_body(flat, generator)
+        return pack_payload(self.codec_id, flat.numel(), self.params_bytes(), body)
+
+    def decode(self, payload: bytes | bytearray | memoryview, expected_numel: int) -> torch.Tensor:
+        """Validate ``payload`` completely and return the decoded flat float32 tensor.
+
+        Raises :class:`PayloadError` for anything malformed, including a payload produced by a
+        different codec or configuration than this one.
+        """
+        header, body = parse_payload(payload)
+        self._check_header(header, expected_numel)
+        out = self._decode_body(body, header.numel)
+        if not bool(torch.isfinite(out).all()):
+            raise PayloadError("decoded values are not all finite")
+        return out
+
+    def decode_into(
+        self, payload: bytes | bytearray | memoryview, out: torch.Tensor, alpha: float = 1.0
+    ) -> None:
+        """Add ``alpha * decode(payload)`` to ``out`` in place; ``out`` is untouched on error."""
+        out.add_(self.decode(payload, out.numel()), alpha=alpha)
+
+    def _check_header(self, header: Header, expected_numel: int) -> None:
+        if header.codec_id != self.codec_id:
+            names = {v: k for k, v in CODEC_IDS.items()}
+            raise PayloadError(
+                f"payload was encoded with codec {names.get(header.codec_id, header.codec_id)!r}, "
+                f"expected {self.name!r}"
+            )
+        if header.numel != expected_numel:
+            raise PayloadError(f"element count {header.numel} != expected {expected_numel}")
+        if header.params != self.params_bytes():
+            raise PayloadError(
+                f"codec parameters {header.params.hex()} do not match {self.spec!r} "
+                f"({self.params_bytes().hex()})"
+            )
+        expected_body = self.body_size(header.numel)
+        if header.body_length != expected_body:
+            raise PayloadError(
+                f"body is {header.body_length} bytes, {self.spec!r} needs {expected_body} "
+                f"for {header.numel} elements"
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Codec) and other.spec == self.spec
+
+    def __hash__(self) -> int:
+        return hash(self.spec)

@@ -1,0 +1,65 @@
+"""The spec-string grammar shared by every registry (codecs, partitioners, server optimizers, tasks).
+
+``name`` or ``name:key=value,key=value``. Kept here, in the pure bottom layer and free of any
+dependency, so that every family parses specs the same way and reports the same errors.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from compression.errors import SpecError
+
+__all__ = ["build_from_spec", "parse_spec"]
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split ``name:k=v,k=v`` into the lower-cased name and a dict of raw string values."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError("empty spec")
+    name, _, rest = spec.strip().partition(":")
+    params: dict[str, str] = {}
+    if rest:
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not eq or not key or not value:
+                raise SpecError(f"malformed parameter {item!r} in spec {spec!r}")
+            if key in params:
+                raise SpecError(f"parameter {key!r} given twice in spec {spec!r}")
+            params[key] = value
+    return name.strip().lower(), params
+
+
+def build_from_spec(
+    spec: str, registry: dict[str, Callable[..., Any]], family: str = "component"
+) -> Any:
+    """Call the factory ``registry[name]`` with the spec's parameters converted to the types of
+    the factory's defaults (int, float, str, bool)."""
+    name, raw = parse_spec(spec)
+    factory = registry.get(name)
+    if factory is None:
+        raise SpecError(f"unknown {family} {name!r}; available: {', '.join(sorted(registry))}")
+    signature = inspect.signature(factory)
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        param = signature.parameters.get(key.replace("-", "_"))
+        if param is None:
+            allowed = ", ".join(signature.parameters) or "none"
+            raise SpecError(f"{family} {name!r} has no parameter {key!r} (parameters: {allowed})")
+        default = param.default
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError("expected true or false")
+                converted: Any = value.lower() in ("true", "1")
+            elif default is inspect.Parameter.empty or default is None:
+                converted = value
+            else:
+                converted = type(default)(value)
+        except ValueError as err:
+            raise SpecError(f"{family} {name!r} parameter {key}={value!r}: {err}") from None
+        kwargs[param.name] = converted
+    return factory(**kwargs)

@@ -1,0 +1,111 @@
+"""The self-describing binary envelope of every encoded update.
+
+Layout (little-endian), a fixed 36-byte header followed by the codec's body::
+
+    offset size field
+    0      4    magic            b"FDGE"
+    4      1    format version   1
+    5      1    codec id         see :data:`CODEC_IDS`
+    6      1    dtype id         element type of the decoded tensor (0 = float32)
+    7      1    flags            reserved, must be 0
+    8      8    element count    number of decoded elements
+    16     8    codec params     codec-specific, 8 bytes (e.g. QSGD: bits u8, pad, bucket u32)
+    24     8    body length      bytes after the header; must equal the rest of the payload
+    32     4    crc32            zlib.crc32 over bytes [0, 32) and the body
+
+The header is checked completely (magic, version, known ids, zero flags, exact length, checksum)
+before a codec looks at its body, and every codec validates its body sizes against the element count
+before it allocates anything: a hostile payload cannot make the decoder allocate more than the
+element count the caller expects.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from compression.errors import PayloadError
+
+__all__ = [
+    "CODEC_IDS",
+    "DTYPE_FLOAT32",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_ELEMENTS",
+    "VERSION",
+    "Header",
+    "pack_payload",
+    "parse_payload",
+]
+
+MAGIC = b"FDGE"
+VERSION = 1
+DTYPE_FLOAT32 = 0
+# Codec ids are part of the wire format: never renumber, only append.
+CODEC_IDS: dict[str, int] = {"none": 0, "fp16": 1, "qsgd": 2}
+# A hard ceiling independent of the caller's expectation (2^36 floats = 256 GiB decoded).
+MAX_ELEMENTS = 1 << 36
+
+_HEADER = struct.Struct("<4sBBBBQ8sQI")
+HEADER_SIZE = _HEADER.size  # 36
+_CRC_OFFSET = HEADER_SIZE - 4
+
+
+@dataclass(frozen=True)
+class Header:
+    """The parsed, validated fixed header of a payload."""
+
+    codec_id: int
+    dtype_id: int
+    numel: int
+    params: bytes
+    body_length: int
+
+
+def pack_payload(codec_id: int, numel: int, params: bytes, body: bytes | bytearray) -> bytes:
+    """Frame ``body`` with a header and checksum. ``params`` is padded to 8 bytes."""
+    if len(params) > 8:
+        raise ValueError("codec params must fit in 8 bytes")
+    head = _HEADER.pack(
+        MAGIC, VERSION, codec_id, DTYPE_FLOAT32, 0, numel, params.ljust(8, b"\0"), len(body), 0
+    )
+    crc = zlib.crc32(body, zlib.crc32(head[:_CRC_OFFSET]))
+    return b"".join((head[:_CRC_OFFSET], struct.pack("<I", crc), body))
+
+
+def parse_payload(payload: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
+    """Validate the envelope and return the header and a zero-copy view of the body.
+
+    Raises :class:`PayloadError` naming the first field that is wrong.
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise PayloadError(f"payload must be bytes, got {type(payload).__name__}")
+    view = memoryview(payload).cast("B")
+    if len(view) < HEADER_SIZE:
+        raise PayloadError(f"truncated header: {len(view)} bytes, need {HEADER_SIZE}")
+    magic, version, codec_id, dtype_id, flags, numel, params, body_length, crc = _HEADER.unpack(
+        view[:HEADER_SIZE]
+    )
+    if magic != MAGIC:
+        raise PayloadError(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise PayloadError(f"unsupported format version {version}, this decoder reads {VERSION}")
+    if codec_id not in CODEC_IDS.values():
+        raise PayloadError(f"unknown codec id {codec_id}")
+    if dtype_id != DTYPE_FLOAT32:
+        raise PayloadError(f"unsupported dtype id {dtype_id}")
+    if flags != 0:
+        raise PayloadError(f"reserved flags must be 0, got {flags:#x}")
+    if numel > MAX_ELEMENTS:
+        raise PayloadError(f"element count {numel} exceeds the limit {MAX_ELEMENTS}")
+    actual_body = len(view) - HEADER_SIZE
+    if body_length != actual_body:
+        raise PayloadError(
+            f"body length field says {body_length} bytes but {actual_body} follow the header"
+        )
+    body = view[HEADER_SIZE:]
+    expected_crc = zlib.crc32(body, zlib.crc32(view[:_CRC_OFFSET]))
+    if crc != expected_crc:
+        raise PayloadError(f"checksum mismatch (header {crc:#010x}, computed {expected_crc:#010x})")
+    return Header(codec_id, dtype_id, numel, bytes(params), body_length), body

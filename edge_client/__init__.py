@@ -1,0 +1,1 @@
+"""Fedge edge client: the device side (Flower ClientApp, local trainer, update encoder)."""

@@ -1,0 +1,1 @@
+"""Fedge server: the coordinator (Flower ServerApp round loops, run directory, CLI)."""

@@ -1,0 +1,98 @@
+"""The coordinator's checkpoint: everything needed to continue a run after a crash.
+
+One file, ``checkpoint/state.pt``, rewritten atomically after every round (see ``deploy.atomic``); the
+previous one is kept as ``state.prev.pt`` so that even a checkpoint damaged after it was written
+(disk fault) leaves a round to resume from. Loading never executes code (``weights_only=True``).
+The client-sampling RNG needs no saving: each round's sample is derived from ``(seed, round)``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deploy.atomic import atomic_write_bytes
+
+__all__ = ["Checkpoint", "CheckpointError", "CheckpointStore"]
+
+log = logging.getLogger(__name__)
+
+_FORMAT = "fedge.checkpoint/1"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint could be read although one exists."""
+
+
+@dataclass
+class Checkpoint:
+    round: int  # last completed round
+    params: torch.Tensor  # flat float32 global model
+    optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    task: str = ""
+    totals: dict[str, float] = field(default_factory=dict)  # cumulative counters (bytes, seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "round": int(self.round),
+            "params": self.params.detach().cpu().to(torch.float32).clone(),
+            "optimizer_state": {k: v.detach().cpu().clone() for k, v in self.optimizer_state.items()},
+            "task": self.task,
+            "totals": {k: float(v) for k, v in self.totals.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Checkpoint:
+        if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+            raise CheckpointError(f"not a {_FORMAT} checkpoint")
+        params = raw.get("params")
+        if not isinstance(params, torch.Tensor) or params.dim() != 1:
+            raise CheckpointError("checkpoint params are missing or not a flat tensor")
+        if not bool(torch.isfinite(params).all()):
+            raise CheckpointError("checkpoint params contain NaN or inf")
+        round_ = raw.get("round")
+        if not isinstance(round_, int) or round_ < 0:
+            raise CheckpointError(f"checkpoint round {round_!r} is invalid")
+        return cls(
+            round=round_,
+            params=params,
+            optimizer_state=dict(raw.get("optimizer_state") or {}),
+            task=str(raw.get("task", "")),
+            totals=dict(raw.get("totals") or {}),
+        )
+
+
+class CheckpointStore:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.current = self.directory / "state.pt"
+        self.previous = self.directory / "state.prev.pt"
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint.to_dict(), buffer)
+        if self.current.exists():
+            os.replace(self.current, self.previous)
+        atomic_write_bytes(self.current, buffer.getvalue())
+
+    def load(self) -> Checkpoint | None:
+        """The newest readable checkpoint, or None when the run has none yet."""
+        candidates = [p for p in (self.current, self.previous) if p.exists()]
+        if not candidates:
+            return None
+        errors = []
+        for path in candidates:
+            try:
+                raw = torch.load(path, map_location="cpu", weights_only=True)
+                return Checkpoint.from_dict(raw)
+            except Exception as err:  # corrupt files surface as several unrelated exception types
+                errors.append(f"{path.name}: {err}")
+                log.error("checkpoint %s is unreadable (%s); trying an older one", path, err)
+        raise CheckpointError("no readable checkpoint in " + str(self.directory) + ": " + "; ".join(errors))

@@ -1,0 +1,161 @@
+"""``fedge``: the command line of the coordinator side.
+
+Every run option is generated from ``server.settings`` so a flag is spelled exactly like its
+run-config key (``--clients-per-round`` <-> ``clients-per-round``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from server.settings import OPTIONS, RunSettings, SettingsError
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+_EPILOG = """
+examples:
+  fedge demo                                   # 10 simulated clients, 4-bit QSGD + error feedback
+  fedge demo --codec none --rounds 10          # the fp32 baseline
+  fedge demo --partitioning iid --server-opt fedadam
+  fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
+  flwr run . <connection> --run-config 'codec="fp16" rounds=5'   # the same app, your own Flower setup
+
+every --option below is also a key of [tool.flwr.app.config] and of `flwr run --run-config`.
+"""
+
+
+def _add_run_options(parser: argparse.ArgumentParser, overrides: dict[str, Any]) -> None:
+    group = parser.add_argument_group("run settings (same keys as the Flower run config)")
+    for option in OPTIONS:
+        default = overrides.get(option.key, option.default)
+        kwargs: dict[str, Any] = {"dest": option.field, "default": default, "help": f"{option.help} (default: {default!r})"}
+        if option.type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = option.type
+            kwargs["metavar"] = option.type.__name__.upper()
+        group.add_argument(f"--{option.key}", **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedge",
+        description="Fedge: compressed federated learning on Flower (coordinator side).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the embedded default task on Flower's simulation engine (Ray)",
+        description="Federated training of the digits CNN with simulated clients (no downloads). "
+        "Prints a progress line per round and a summary; writes metrics.jsonl, plot.png and model.pt "
+        "to the run directory.",
+    )
+    demo.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default: 10)")
+    demo.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    _add_run_options(demo, {})
+
+    cluster = sub.add_parser(
+        "local-cluster",
+        help="run on the deployment engine: a real SuperLink and N SuperNodes on 127.0.0.1",
+        description="Starts flower-superlink and N flower-supernode processes on loopback, runs the "
+        "app on them with `flwr run`, and stops every process it started (also on Ctrl-C or failure). "
+        "Each message round trip costs a few seconds on this engine (fresh process per message).",
+    )
+    cluster.add_argument("--supernodes", type=int, default=2, help="SuperNodes to start (default: 2)")
+    cluster.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
+
+    sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
+    return parser
+
+
+def _settings_from_args(args: argparse.Namespace) -> RunSettings:
+    values = {opt.field: getattr(args, opt.field) for opt in OPTIONS}
+    return RunSettings(**values)
+
+
+def _default_run_dir(prefix: str) -> str:
+    return str(Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
+    from rich.console import Console
+
+    from compression import make_codec
+    from server.engines import EngineError, launch
+    from server.progress import RoundProgress, print_summary
+    from tasks import make_task
+    from tasks.partition import validate_partitioning
+
+    console = Console(stderr=False)
+    settings = _settings_from_args(args)
+    if not settings.run_dir:
+        settings = settings.replace(run_dir=_default_run_dir("demo" if engine == "simulation" else "cluster"))
+    settings = settings.replace(run_dir=str(Path(settings.run_dir).resolve()))
+    # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
+    make_codec(settings.codec)
+    make_task(settings.task)
+    validate_partitioning(settings.partitioning)
+    if nodes < 1:
+        raise SettingsError("need at least one client")
+    if settings.clients_per_round > nodes:
+        settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
+
+    console.print(
+        f"[bold]fedge[/bold] {engine} engine: {nodes} clients, task {settings.task}, "
+        f"codec {settings.codec}, {settings.rounds} rounds"
+    )
+    console.print(f"run directory: {settings.run_dir}")
+    with RoundProgress(console, settings.rounds) as progress:
+        try:
+            result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
+                            timeout=args.timeout)
+        except EngineError as err:
+            console.print(f"[red]run failed:[/red] {err}")
+            return 1
+    print_summary(console, result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    # SIGTERM takes the Ctrl-C path, so every started process is stopped either way.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        if args.command == "settings":
+            for option in OPTIONS:
+                print(f"{option.key:<20} {option.default!r:<36} {option.help}")
+            return 0
+        if args.command == "demo":
+            return _run(args, "simulation", args.clients)
+        if args.command == "local-cluster":
+            return _run(args, "deployment", args.supernodes)
+    except (SettingsError, ValueError) as err:
+        print(f"fedge: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedge: interrupted; all started processes were stopped", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Run the Fedge app on Flower's engines, on this machine, with every process accounted for.
+
+* ``simulation``: a SuperLink in ``--simulation`` mode; Flower's Simulation Engine (Ray) runs the
+  virtual SuperNodes.
+* ``deployment``: a SuperLink and N real ``flower-supernode`` processes on 127.0.0.1, each with its own
+  partition (``--node-config 'partition-id=i num-partitions=N'``), as on real devices.
+
+Both submit the app with ``flwr run <app dir> <connection> --run-config ...`` against a connection
+written to this run's own ``FLWR_HOME``, on free ports, so concurrent runs and tests never collide
+with each other or with a user's ``~/.flwr``. The environment switches off telemetry, update checks,
+runtime dependency installation (which would ``uv sync`` a multi-GB CUDA torch per run) and hub
+access. Progress comes from the run directory's ``metrics.jsonl``, the same file users read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
+from server.settings import RunSettings
+
+__all__ = ["APP_DIR", "EngineError", "LaunchResult", "flower_environment", "launch"]
+
+log = logging.getLogger(__name__)
+
+#: The Flower app directory: the checkout holding pyproject.toml with [tool.flwr.app].
+APP_DIR = Path(__file__).resolve().parent.parent
+_STARTUP_TIMEOUT = 60.0
+
+
+class EngineError(RuntimeError):
+    """The engine or the run failed; the message says where to look."""
+
+
+@dataclass
+class LaunchResult:
+    run_dir: Path
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    seconds: float
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment every Flower process of a run gets (see the module docstring for why)."""
+    env = dict(base if base is not None else os.environ)
+    venv_bin = str(Path(sys.executable).parent)  # flower-superexec etc. are looked up on PATH
+    env.update(
+        {
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "0",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
+        }
+    )
+    return env
+
+
+def _write_connection(flwr_home: Path, name: str, port: int) -> None:
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
+        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def config_args(flag: str, values: Mapping[str, Any]) -> list[str]:
+    """``{"rounds": 3}`` -> ``["--run-config", "rounds=3"]`` (one flag per key: no quoting traps)."""
+    out: list[str] = []
+    for key, value in values.items():
+        out += [flag, f"{key}={_toml_value(value)}"]
+    return out
+
+
+def launch(
+    settings: RunSettings,
+    *,
+    engine: str,
+    num_supernodes: int,
+    flwr_home: Path | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    timeout: float = 3600.0,
+    stop_after_round: int | None = None,
+) -> LaunchResult:
+    """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
+
+    ``stop_after_round`` kills all processes with SIGKILL as soon as that round's metrics line is
+    written: a simulated crash of the whole installation, used by the resume test.
+    """
+    if engine not in ("simulation", "deployment"):
+        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
+    if not settings.run_dir:
+        raise ValueError("launch needs an explicit run directory")
+    run_dir = Path(settings.run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # A summary is the mark of a finished run: drop a stale one so only this launch can write it.
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
+    env = flower_environment(flwr_home)
+    started = time.monotonic()
+    port = free_port()
+    _write_connection(flwr_home, "fedge", port)
+    run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
+
+    group = ProcessGroup(run_dir / "logs", env=env)
+    try:
+        superlink_argv = [
+            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation",
+        ]
+        if engine == "simulation":
+            superlink_argv.append("--simulation")
+        superlink = group.start("superlink", superlink_argv, cwd=run_dir)
+        wait_for_port(port, _STARTUP_TIMEOUT, superlink)
+        federation_args: list[str] = []
+        if engine == "deployment":
+            for i in range(num_supernodes):
+                group.start(
+                    f"supernode-{i}",
+                    [
+                        "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                        "--port", str(free_port()),
+                        "--node-config", f"partition-id={i} num-partitions={num_supernodes}",
+                    ],
+                    cwd=run_dir,
+                )
+        else:
+            federation_args = config_args(
+                "--federation-config",
+                {
+                    "num-supernodes": num_supernodes,
+                    "client-resources-num-cpus": 1,
+                    "init-args-num-cpus": max(1, os.cpu_count() or 1),
+                },
+            )
+        runner = group.start(
+            "flwr-run",
+            ["flwr", "run", str(APP_DIR), "fedge", "--stream",
+             *config_args("--run-config", run_config), *federation_args],
+            cwd=run_dir,
+        )
+        rows = _follow(run_dir, runner, group, on_row, started + timeout, stop_after_round)
+    finally:
+        group.stop()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return LaunchResult(
+        run_dir=run_dir,
+        rows=rows,
+        summary=summary,
+        seconds=time.monotonic() - started,
+        logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
+    )
+
+
+def _follow(
+    run_dir: Path,
+    runner: ManagedProcess,
+    group: ProcessGroup,
+    on_row: Callable[[dict[str, Any]], None] | None,
+    deadline: float,
+    stop_after_round: int | None,
+) -> list[dict[str, Any]]:
+    """Report metrics rows as they appear until ``flwr run`` exits; raise on failure or timeout."""
+    from server.metrics_log import MetricsLog
+
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    seen = 0
+    rows: list[dict[str, Any]] = []
+    while True:
+        finished = not runner.alive()
+        rows = metrics.read()
+        for row in rows[seen:]:
+            if on_row:
+                on_row(row)
+            if stop_after_round is not None and row["round"] >= stop_after_round:
+                log.info("simulating a crash after round %d: killing every process", row["round"])
+                for process in group.processes:
+                    _kill_tree(process)
+                return rows
+        seen = len(rows)
+        if finished:
+            break
+        if time.monotonic() > deadline:
+            raise EngineError(f"run did not finish in time; logs in {run_dir / 'logs'}")
+        for process in group.processes:
+            if process is not runner and not process.alive():
+                raise EngineError(
+                    f"{process.name} exited with code {process.popen.returncode}; "
+                    f"log {process.log_path}:\n{process.log_tail()}"
+                )
+        time.sleep(0.3)
+    if runner.popen.returncode != 0 or not (run_dir / "summary.json").exists():
+        raise EngineError(
+            f"the Flower run failed (flwr run exit code {runner.popen.returncode}); "
+            f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}"
+        )
+    return rows
+
+
+def _kill_tree(process: ManagedProcess) -> None:
+    import signal
+
+    from server.processes import descendants
+
+    for pid in [process.pid, *descendants(process.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,295 @@
+"""Compressed federated averaging on Flower's Grid, streaming replies into one accumulator.
+
+FedAvg (McMahan et al., AISTATS 2017, https://arxiv.org/abs/1602.05629) with FedProx on the clients
+(Li et al., MLSys 2020) and FedOpt server optimizers (Reddi et al., ICLR 2021).
+
+Unlike Flower's built-in strategies, which call ``send_and_receive`` and hold every reply until all
+arrive, this loop pushes the round's messages and pulls replies as they come: each payload is
+validated and decoded straight into a running weighted sum and dropped, so coordinator memory is
+O(model) for any number of clients. A round closes when every sampled client answered or
+``round-timeout`` passed; replies that fail validation are logged with the node and the reason and
+left out. After every round: held-out evaluation, one metrics line, an atomic checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from aggregation import StreamingMean, make_server_optimizer
+from compression import Codec, PayloadError, make_codec
+from compression.protocol import (
+    CONFIG_RECORD,
+    METRICS_RECORD,
+    MODEL_RECORD,
+    PAYLOAD_KEY,
+    PAYLOAD_STYPE,
+    UPDATE_RECORD,
+)
+from server.checkpoint import Checkpoint
+from server.run_directory import RunDirectory
+from server.settings import RunSettings
+from tasks import Task, evaluate, flatten_state, unflatten_state
+
+__all__ = ["FedAvgLoop", "LoopResult", "NotEnoughNodesError", "initial_params"]
+
+log = logging.getLogger(__name__)
+
+_POLL_START, _POLL_MAX = 0.05, 1.0  # seconds between pulls: quick in simulation, gentle when deployed
+
+
+class NotEnoughNodesError(RuntimeError):
+    """Fewer SuperNodes than ``min-replies`` connected within ``wait-for-nodes`` seconds."""
+
+
+@dataclass
+class LoopResult:
+    params: torch.Tensor
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: int = 0
+
+
+@dataclass
+class _RoundTally:
+    mean: StreamingMean
+    loss_sum: float = 0.0
+    uplink_bytes: int = 0
+    used: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FedAvgLoop:
+    """The round loop. ``run`` resumes from the run directory's checkpoint when there is one."""
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        task: Task,
+        run_dir: RunDirectory,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.task = task
+        self.run_dir = run_dir
+        self.codec: Codec = make_codec(settings.codec)
+        self.server_opt = make_server_optimizer(settings.server_opt)
+        self.on_round = on_round
+        self._model = task.build_model()
+        self._template = self._model.state_dict()
+        self._test = task.test_data()
+
+    # -- public ---------------------------------------------------------------------------------
+    def run(self, grid: Grid, initial_params: torch.Tensor) -> LoopResult:
+        params, start, totals = self._restore(initial_params)
+        result = LoopResult(params=params, rows=self.run_dir.metrics.read(), resumed_from=start)
+        if start >= self.settings.rounds:
+            log.info("run already complete (%d rounds)", start)
+            return result
+        nodes = self._wait_for_nodes(grid)
+        log.info("%d nodes connected; rounds %d..%d", len(nodes), start + 1, self.settings.rounds)
+        for server_round in range(start + 1, self.settings.rounds + 1):
+            params, row = self._round(grid, server_round, params)
+            for key in ("uplink_bytes", "uplink_fp32_bytes", "downlink_bytes", "seconds"):
+                totals[key] = totals.get(key, 0.0) + row[key]
+            # Metrics first, then the checkpoint: after a crash in between, the round is re-run and
+            # its metrics row replaced (see MetricsLog.truncate_after).
+            self.run_dir.metrics.append(row)
+            self.run_dir.checkpoints.save(
+                Checkpoint(
+                    round=server_round,
+                    params=params,
+                    optimizer_state=self.server_opt.state_dict(),
+                    task=self.task.spec,
+                    totals=totals,
+                )
+            )
+            result.rows.append(row)
+            result.params = params
+            if self.on_round:
+                self.on_round(row)
+        return result
+
+    def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
+        self._model.load_state_dict(unflatten_state(params, self._template))
+        return evaluate(self._model, self._test)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _restore(self, initial_params: torch.Tensor) -> tuple[torch.Tensor, int, dict[str, float]]:
+        checkpoint = self.run_dir.checkpoints.load()
+        if checkpoint is None:
+            self.run_dir.metrics.truncate_after(0)
+            return initial_params.clone(), 0, {}
+        if checkpoint.task != self.task.spec or checkpoint.params.numel() != initial_params.numel():
+            raise ValueError(
+                f"checkpoint in {self.run_dir.path} belongs to task {checkpoint.task!r} "
+                f"({checkpoint.params.numel()} parameters), not {self.task.spec!r}"
+            )
+        self.server_opt.load_state_dict(checkpoint.optimizer_state)
+        self.run_dir.metrics.truncate_after(checkpoint.round)
+        log.info("resuming from checkpoint after round %d", checkpoint.round)
+        return checkpoint.params.clone(), checkpoint.round, dict(checkpoint.totals)
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        wanted = self.settings.clients_per_round
+        deadline = time.monotonic() + self.settings.wait_for_nodes
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            if len(nodes) >= wanted or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        if len(nodes) < self.settings.min_replies:
+            raise NotEnoughNodesError(
+                f"only {len(nodes)} node(s) connected after {self.settings.wait_for_nodes:.0f} s; "
+                f"min-replies is {self.settings.min_replies}"
+            )
+        return nodes
+
+    def _sample(self, grid: Grid, server_round: int) -> list[int]:
+        nodes = sorted(grid.get_node_ids())
+        count = min(self.settings.clients_per_round, len(nodes))
+        # Derived from (seed, round) alone, so a resumed run samples exactly as an uninterrupted one.
+        # Node ids are unsigned 64-bit: pick positions, never pass the ids through numpy (float64).
+        rng = np.random.default_rng([self.settings.seed, server_round])
+        return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+
+    def _train_config(self, server_round: int) -> ConfigRecord:
+        s = self.settings
+        return ConfigRecord(
+            {
+                "round": server_round,
+                "task": self.task.spec,
+                "partitioning": s.partitioning,
+                "codec": self.codec.spec,
+                "error-feedback": s.error_feedback,
+                "local-epochs": s.local_epochs,
+                "batch-size": s.batch_size,
+                "lr": s.lr,
+                "momentum": s.momentum,
+                "prox-mu": s.prox_mu,
+                "seed": s.seed,
+            }
+        )
+
+    def _round(self, grid: Grid, server_round: int, params: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+        started = time.perf_counter()
+        sampled = self._sample(grid, server_round)
+        model_record = ArrayRecord(unflatten_state(params, self._template))
+        model_bytes = sum(len(a.data) for a in model_record.values())
+        config = self._train_config(server_round)
+        messages = [
+            Message(
+                RecordDict({MODEL_RECORD: model_record, CONFIG_RECORD: config}),
+                dst_node_id=node,
+                message_type=MessageType.TRAIN,
+                group_id=str(server_round),
+                ttl=self.settings.round_timeout + 60.0,
+            )
+            for node in sampled
+        ]
+        tally = _RoundTally(mean=StreamingMean(params.numel()))
+        unanswered = self._collect(grid, messages, lambda reply: self._absorb(reply, tally, server_round))
+        for node in unanswered:
+            tally.rejected.append({"node": node, "reason": f"no reply within {self.settings.round_timeout:g} s"})
+        if tally.used >= self.settings.min_replies:
+            params = self.server_opt.step(params, tally.mean.mean())
+        else:
+            log.warning(
+                "round %d: %d valid replies < min-replies %d; global model unchanged",
+                server_round, tally.used, self.settings.min_replies,
+            )
+        loss, accuracy = self.evaluate(params)
+        row = {
+            "round": server_round,
+            "accuracy": accuracy,
+            "loss": loss,
+            "train_loss": tally.loss_sum / tally.mean.total_weight if tally.used else None,
+            "uplink_bytes": tally.uplink_bytes,
+            "uplink_fp32_bytes": tally.used * model_bytes,
+            "downlink_bytes": len(messages) * model_bytes,
+            "seconds": time.perf_counter() - started,
+            "clients_sampled": len(sampled),
+            "clients_used": tally.used,
+            "clients_failed": len(sampled) - tally.used,
+            "codec": self.codec.spec,
+            "rejected": tally.rejected,
+        }
+        log.info(
+            "round %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+            server_round, accuracy, loss, tally.used, len(sampled), tally.uplink_bytes,
+            row["uplink_fp32_bytes"], row["seconds"],
+        )
+        return params, row
+
+    def _collect(self, grid: Grid, messages: list[Message], handle: Callable[[Message], None]) -> list[int]:
+        """Push ``messages``, feed each reply to ``handle`` as it arrives; return silent node ids."""
+        ids = list(grid.push_messages(messages))
+        pending = {mid: msg.metadata.dst_node_id for mid, msg in zip(ids, messages) if mid}
+        deadline = time.monotonic() + self.settings.round_timeout
+        pause = _POLL_START
+        while pending and time.monotonic() < deadline:
+            replies = list(grid.pull_messages(list(pending)))
+            for reply in replies:
+                if pending.pop(reply.metadata.reply_to_message_id, None) is not None:
+                    handle(reply)
+            if pending:
+                pause = _POLL_START if replies else min(pause * 2, _POLL_MAX)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        return sorted(pending.values())
+
+    def _absorb(self, reply: Message, tally: _RoundTally, server_round: int) -> None:
+        """Validate one reply and decode it into the accumulator, or record why it was rejected."""
+        node = reply.metadata.src_node_id
+        try:
+            if reply.has_error():
+                raise _Rejected(f"client error {reply.error.code}: {reply.error.reason}")
+            payload, examples, train_loss = _unpack_reply(reply)
+            tally.mean.add_payload(payload, self.codec, weight=examples)
+        except (_Rejected, PayloadError, ValueError) as err:
+            log.warning("round %d: rejected update from node %d: %s", server_round, node, err)
+            tally.rejected.append({"node": node, "reason": str(err)})
+            return
+        tally.used += 1
+        tally.uplink_bytes += len(payload)
+        tally.loss_sum += train_loss * examples
+
+
+class _Rejected(ValueError):
+    pass
+
+
+def _unpack_reply(reply: Message) -> tuple[bytes, float, float]:
+    content = reply.content
+    if UPDATE_RECORD not in content.array_records:
+        raise _Rejected(f"reply has no {UPDATE_RECORD!r} ArrayRecord")
+    record = content.array_records[UPDATE_RECORD]
+    if PAYLOAD_KEY not in record:
+        raise _Rejected(f"{UPDATE_RECORD!r} record has no {PAYLOAD_KEY!r} array")
+    array = record[PAYLOAD_KEY]
+    if array.stype != PAYLOAD_STYPE or array.dtype != "uint8":
+        raise _Rejected(f"payload array has stype {array.stype!r} dtype {array.dtype!r}")
+    if METRICS_RECORD not in content.metric_records:
+        raise _Rejected(f"reply has no {METRICS_RECORD!r} MetricRecord")
+    metrics = content.metric_records[METRICS_RECORD]
+    examples = metrics.get("num-examples")
+    if not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
+        raise _Rejected(f"num-examples must be a positive integer, got {examples!r}")
+    train_loss = metrics.get("train-loss", 0.0)
+    if not isinstance(train_loss, (int, float)) or not np.isfinite(train_loss):
+        raise _Rejected(f"train-loss must be a finite number, got {train_loss!r}")
+    return array.data, float(examples), float(train_loss)
+
+
+def initial_params(task: Task, seed: int) -> torch.Tensor:
+    """The seeded initial global model of ``task`` as a flat vector."""
+    torch.manual_seed(seed)
+    return flatten_state(task.build_model().state_dict())
+
+

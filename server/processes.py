@@ -1,0 +1,187 @@
+"""Lifetimes of the real processes Fedge starts (SuperLink, SuperNodes, ``flwr run``).
+
+Every process is started in its own session (so a signal reaches its whole process group) with its
+output in a log file. :meth:`ProcessGroup.stop` terminates, in reverse start order, each process and
+every descendant it spawned (Flower's SuperExec, ServerApp/ClientApp subprocesses, Ray workers),
+found through ``/proc`` before the first signal; whatever still runs after a grace period is killed.
+Used as a context manager it stops everything on normal exit, on error and on Ctrl-C alike; the CLI
+turns SIGTERM into the same path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ManagedProcess", "ProcessGroup", "descendants", "free_port", "wait_for_port"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = None) -> None:
+    """Block until 127.0.0.1:``port`` accepts connections; fail early if ``process`` dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and not process.alive():
+            raise RuntimeError(
+                f"{process.name} exited with code {process.popen.returncode} before listening on "
+                f"port {port}; log {process.log_path}:\n{process.log_tail()}"
+            )
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (children first), read from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: fields start after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        nxt = []
+        for parent in frontier:
+            for child in children.get(parent, []):
+                found.append(child)
+                nxt.append(child)
+        frontier = nxt
+    return found
+
+
+class ProcessGroup:
+    """Start processes with logs under ``log_dir``; stop all of them (and their trees) reliably."""
+
+    def __init__(self, log_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = dict(env if env is not None else os.environ)
+        self.processes: list[ManagedProcess] = []
+
+    def start(self, name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> ManagedProcess:
+        log_path = self.log_dir / f"{name}.log"
+        handle = open(log_path, "ab")  # noqa: SIM115 - owned by the child after Popen
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        finally:
+            handle.close()
+        process = ManagedProcess(name, popen, log_path)
+        self.processes.append(process)
+        log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(argv))
+        return process
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Terminate every process tree, newest first; SIGKILL what outlives ``grace`` seconds."""
+        targets: list[int] = []
+        for process in reversed(self.processes):
+            tree = descendants(process.pid) if process.alive() else []
+            targets += [process.pid] + tree
+            if process.alive():
+                _signal_group(process.pid, signal.SIGTERM)
+            for pid in tree:
+                _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self.processes:
+            try:
+                process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while time.monotonic() < deadline and any(_exists(pid) for pid in targets):
+            time.sleep(0.1)
+        for process in self.processes:
+            if process.alive():
+                log.warning("%s (pid %d) ignored SIGTERM; killing it", process.name, process.pid)
+                _signal_group(process.pid, signal.SIGKILL)
+        for pid in targets:
+            _signal(pid, signal.SIGKILL)
+        for process in self.processes:
+            try:
+                process.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.error("%s (pid %d) is still running after SIGKILL", process.name, process.pid)
+        self.processes.clear()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited already; it only waits for its parent to reap it
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        _signal(pid, sig)

@@ -1,0 +1,72 @@
+"""Rich progress display and end-of-run summary for the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["RoundProgress", "print_summary"]
+
+
+class RoundProgress:
+    """One progress bar over rounds; each finished round also prints a compact line."""
+
+    def __init__(self, console: Console, rounds: int) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("[bold blue]rounds"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+        )
+        self.task = self.progress.add_task("rounds", total=rounds, status="starting engine...")
+        self.uplink = 0
+        self.fp32 = 0
+
+    def __enter__(self) -> RoundProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.uplink += row["uplink_bytes"]
+        self.fp32 += row["uplink_fp32_bytes"]
+        status = (
+            f"acc {100 * row['accuracy']:.1f}%  loss {row['loss']:.3f}  "
+            f"clients {row['clients_used']}/{row['clients_sampled']}  "
+            f"uplink {self.uplink / 1e6:.2f} MB (fp32 {self.fp32 / 1e6:.2f} MB)"
+        )
+        self.progress.update(self.task, completed=row["round"], status=status)
+        self.progress.console.print(f"round {row['round']:>3}: {status}  ({row['seconds']:.1f} s)")
+
+
+def print_summary(console: Console, result: Any) -> None:
+    rows = result.rows
+    summary = result.summary or {}
+    table = Table(title="fedge run summary", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    if rows:
+        last = rows[-1]
+        table.add_row("rounds", str(last["round"]))
+        table.add_row("held-out accuracy", f"{100 * last['accuracy']:.2f}%")
+        table.add_row("held-out loss", f"{last['loss']:.4f}")
+        up = sum(r["uplink_bytes"] for r in rows)
+        fp32 = sum(r["uplink_fp32_bytes"] for r in rows)
+        table.add_row("uplink bytes (real payloads)", f"{up:,}")
+        table.add_row("uplink bytes if fp32", f"{fp32:,}")
+        table.add_row("uplink compression", f"{fp32 / up:.2f}x" if up else "-")
+        table.add_row("downlink bytes", f"{sum(r['downlink_bytes'] for r in rows):,}")
+        table.add_row("failed client replies", str(sum(r["clients_failed"] for r in rows)))
+    if summary.get("resumed_from_round"):
+        table.add_row("resumed after round", str(summary["resumed_from_round"]))
+    table.add_row("wall time", f"{result.seconds:.1f} s")
+    console.print(table)
+    console.print(f"run directory: [bold]{result.run_dir}[/bold]  (metrics.jsonl, plot.png, model.pt)")

@@ -1,0 +1,130 @@
+"""Run settings: the one configuration vocabulary of Fedge.
+
+Every option has one key (``codec``, ``rounds``, ``clients-per-round``, ...) used identically in
+``[tool.flwr.app.config]`` of pyproject.toml, in ``flwr run --run-config 'key=value'`` and as the
+``--key`` flag of the ``fedge`` CLI. :data:`OPTIONS` is the single table all three are derived from
+(a test checks pyproject.toml against it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["OPTIONS", "Option", "RunSettings", "SettingsError"]
+
+
+class SettingsError(ValueError):
+    """A run-config value is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def field(self) -> str:
+        return self.key.replace("-", "_")
+
+
+def _opt(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Resolved settings of one run; field ``clients_per_round`` is key ``clients-per-round``."""
+
+    task: str = _opt("digits", "task spec: 'digits' (embedded, offline) or 'synthetic:hidden=N,...'")
+    partitioning: str = _opt(
+        "dirichlet:alpha=0.5",
+        "how client data is split: 'iid', 'dirichlet:alpha=A', 'pathological:classes=C'",
+    )
+    algorithm: str = _opt("fedavg", "round algorithm (fedavg; FedProx through prox-mu)")
+    codec: str = _opt(
+        "qsgd:bits=4,bucket=512,norm=max",
+        "uplink codec spec: 'none' (fp32), 'fp16', 'qsgd:bits=B,bucket=N,norm=l2|max'",
+    )
+    error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
+    server_opt: str = _opt(
+        "fedavg", "server optimizer: fedavg[:lr=], fedavgm[:lr=,momentum=], fedadam, fedyogi, fedadagrad"
+    )
+    rounds: int = _opt(30, "number of federated rounds")
+    clients_per_round: int = _opt(10, "clients sampled per round (all connected ones if fewer)")
+    min_replies: int = _opt(1, "fewest valid replies that still update the model in a round")
+    round_timeout: float = _opt(300.0, "seconds to wait for replies before closing a round")
+    wait_for_nodes: float = _opt(120.0, "seconds to wait at start until clients-per-round nodes are up")
+    local_epochs: int = _opt(5, "local epochs per round on each client")
+    batch_size: int = _opt(32, "local mini-batch size")
+    lr: float = _opt(0.1, "client learning rate (SGD)")
+    momentum: float = _opt(0.0, "client SGD momentum")
+    prox_mu: float = _opt(0.0, "FedProx proximal coefficient mu (0 = plain FedAvg)")
+    seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
+    run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
+
+    def __post_init__(self) -> None:
+        for name, low in (("rounds", 1), ("clients_per_round", 1), ("min_replies", 1),
+                          ("local_epochs", 1), ("batch_size", 1)):
+            if getattr(self, name) < low:
+                raise SettingsError(f"{name.replace('_', '-')} must be >= {low}")
+        for name in ("round_timeout", "wait_for_nodes", "lr"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name.replace('_', '-')} must be > 0")
+        if not 0 <= self.momentum < 1:
+            raise SettingsError("momentum must be in [0, 1)")
+        if self.prox_mu < 0:
+            raise SettingsError("prox-mu must be >= 0")
+        if self.min_replies > self.clients_per_round:
+            raise SettingsError("min-replies cannot exceed clients-per-round")
+        if self.algorithm != "fedavg":
+            raise SettingsError(f"unknown algorithm {self.algorithm!r} (available: fedavg)")
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
+        """Build settings from Flower's run config (unknown keys are an error, not ignored)."""
+        values: dict[str, Any] = {}
+        for key, raw in config.items():
+            option = _BY_KEY.get(key)
+            if option is None:
+                raise SettingsError(f"unknown setting {key!r}; known: {', '.join(_BY_KEY)}")
+            values[option.field] = _coerce(option, raw)
+        return cls(**values)
+
+    def to_run_config(self) -> dict[str, Any]:
+        return {opt.key: getattr(self, opt.field) for opt in OPTIONS}
+
+    def replace(self, **changes: Any) -> RunSettings:
+        return dataclasses.replace(self, **changes)
+
+
+OPTIONS: tuple[Option, ...] = tuple(
+    Option(f.name.replace("_", "-"), type(f.default), f.default, f.metadata["help"])
+    for f in dataclasses.fields(RunSettings)
+)
+_BY_KEY = {opt.key: opt for opt in OPTIONS}
+
+
+def _coerce(option: Option, raw: Any) -> Any:
+    try:
+        if option.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0"):
+                return raw.lower() in ("true", "1")
+            raise ValueError("expected true or false")
+        if option.type is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError("expected an integer")
+            return int(raw)
+        if option.type is float:
+            if isinstance(raw, bool):
+                raise ValueError("expected a number")
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError) as err:
+        raise SettingsError(f"setting {option.key}={raw!r}: {err}") from None

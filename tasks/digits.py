@@ -1,0 +1,79 @@
+"""The embedded default task: scikit-learn's handwritten digits (1,797 8x8 images, 10 classes).
+
+The data ships inside the scikit-learn wheel, so the default demo and every test run offline. A
+stratified 20% of the images is held out for evaluation (seeded, identical on every process) and
+never partitioned to clients.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+from tasks.base import Task, TensorData
+
+__all__ = ["DigitsCNN", "DigitsTask"]
+
+
+class DigitsCNN(nn.Module):
+    """Two 3x3 convolutions, one 2x2 max-pool, two linear layers: 38,282 parameters."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 64),
+            nn.ReLU(),
+            nn.Linear(64, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+@lru_cache(maxsize=4)
+def _split(test_fraction: float, seed: int) -> tuple[TensorData, TensorData]:
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
+    y = torch.tensor(digits.target, dtype=torch.long)
+    train_idx, test_idx = train_test_split(
+        list(range(len(y))), test_size=test_fraction, stratify=digits.target, random_state=seed
+    )
+    pool = TensorData(x[train_idx], y[train_idx])
+    test = TensorData(x[test_idx], y[test_idx])
+    return pool, test
+
+
+class DigitsTask(Task):
+    """scikit-learn digits with the 2-conv CNN; ``test_fraction`` and ``split_seed`` fix the split."""
+
+    num_classes = 10
+
+    def __init__(self, test_fraction: float = 0.2, split_seed: int = 42) -> None:
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+        self.spec = "digits" if (test_fraction, split_seed) == (0.2, 42) else (
+            f"digits:test_fraction={test_fraction},split_seed={split_seed}"
+        )
+
+    def build_model(self) -> nn.Module:
+        return DigitsCNN(self.num_classes)
+
+    def train_pool(self) -> TensorData:
+        return _split(self.test_fraction, self.split_seed)[0]
+
+    def test_data(self) -> TensorData:
+        return _split(self.test_fraction, self.split_seed)[1]

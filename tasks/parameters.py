@@ -1,0 +1,47 @@
+"""Model state <-> one flat float32 vector, the unit that codecs and aggregators work on.
+
+The order is the model's ``state_dict`` order, identical on every process that builds the same
+task, so a flat update from a client lines up with the server's model element by element.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+__all__ = ["flatten_state", "numel_of", "unflatten_state"]
+
+
+def _float_items(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    return [(k, v) for k, v in state.items() if torch.is_floating_point(v)]
+
+
+def numel_of(state: dict[str, torch.Tensor]) -> int:
+    """Number of floating-point elements (integer buffers such as step counters are not trained)."""
+    return sum(v.numel() for _, v in _float_items(state))
+
+
+def flatten_state(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Concatenate every floating-point tensor of ``state`` into one float32 vector."""
+    items = _float_items(state)
+    if not items:
+        return torch.zeros(0)
+    return torch.cat([v.detach().reshape(-1).to(torch.float32) for _, v in items])
+
+
+def unflatten_state(vector: torch.Tensor, template: dict[str, torch.Tensor]) -> OrderedDict[str, torch.Tensor]:
+    """Split ``vector`` back into tensors shaped like ``template`` (non-float entries are copied)."""
+    expected = numel_of(template)
+    if vector.numel() != expected:
+        raise ValueError(f"vector has {vector.numel()} elements, the model has {expected}")
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    offset = 0
+    for key, value in template.items():
+        if torch.is_floating_point(value):
+            n = value.numel()
+            out[key] = vector[offset : offset + n].view(value.shape).to(value.dtype).clone()
+            offset += n
+        else:
+            out[key] = value.clone()
+    return out
