@@ -5,7 +5,7 @@ and ``edge_client/`` and the DDP communication hooks of the cloud tier share it.
 """
 
 from compression.codec import Codec
-from compression.error_feedback import ErrorFeedback
+from compression.error_feedback import ErrorFeedback, relative_error
 from compression.errors import PayloadError, SpecError
 from compression.registry import available_codecs, make_codec, register_codec
 from compression.spec import parse_spec
@@ -21,5 +21,6 @@ __all__ = [
     "make_codec",
     "parse_payload",
     "parse_spec",
+    "relative_error",
     "register_codec",
 ]

@@ -61,6 +61,25 @@ def _global_model(msg: Message, config: ConfigRecord) -> torch.nn.Module:
     return model
 
 
+_FAULTS = ("truncate", "bitflip", "garbage")
+
+
+def _inject_fault(payload: bytes, context: Context) -> bytes:
+    """Chaos testing: a node started with ``--node-config "... fault='truncate'"`` corrupts its
+    updates so operators (and our integration tests) can watch the coordinator reject them."""
+    fault = context.node_config.get("fault")
+    if not fault:
+        return payload
+    if fault not in _FAULTS:
+        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(_FAULTS)}")
+    log.warning("fault injection %r: corrupting this update on purpose", fault)
+    if fault == "truncate":
+        return payload[: len(payload) // 2]
+    if fault == "bitflip":
+        return payload[:-1] + bytes([payload[-1] ^ 0x10])
+    return b"\x00" * len(payload)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train on the local partition and reply with the encoded ``local - global`` delta."""
@@ -86,6 +105,7 @@ def train(msg: Message, context: Context) -> Message:
     payload, residual_norm = encode_update(
         delta, codec, context.state, error_feedback=bool(config["error-feedback"]), generator=generator
     )
+    payload = _inject_fault(payload, context)
     update = ArrayRecord(
         {PAYLOAD_KEY: Array(dtype="uint8", shape=(len(payload),), stype=PAYLOAD_STYPE, data=payload)}
     )

@@ -103,11 +103,13 @@ def launch(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     timeout: float = 3600.0,
     stop_after_round: int | None = None,
+    node_faults: Mapping[int, str] | None = None,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
     ``stop_after_round`` kills all processes with SIGKILL as soon as that round's metrics line is
     written: a simulated crash of the whole installation, used by the resume test.
+    ``node_faults`` (deployment only) makes SuperNode ``i`` corrupt its updates (chaos testing).
     """
     if engine not in ("simulation", "deployment"):
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
@@ -137,12 +139,15 @@ def launch(
         federation_args: list[str] = []
         if engine == "deployment":
             for i in range(num_supernodes):
+                node_config = f"partition-id={i} num-partitions={num_supernodes}"
+                if node_faults and i in node_faults:
+                    node_config += f" fault={_toml_value(node_faults[i])}"
                 group.start(
                     f"supernode-{i}",
                     [
                         "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
                         "--port", str(free_port()),
-                        "--node-config", f"partition-id={i} num-partitions={num_supernodes}",
+                        "--node-config", node_config,
                     ],
                     cwd=run_dir,
                 )

@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from aggregation import StreamingMean, make_server_optimizer
-from compression import Codec, PayloadError, make_codec
+from compression import Codec, PayloadError, make_codec, relative_error
 from compression.protocol import (
     CONFIG_RECORD,
     METRICS_RECORD,
@@ -80,6 +80,14 @@ class FedAvgLoop:
         self.task = task
         self.run_dir = run_dir
         self.codec: Codec = make_codec(settings.codec)
+        if settings.error_feedback:
+            noise = relative_error(self.codec, 1 << 16)
+            if noise >= 1.0:
+                log.warning(
+                    "codec %s has relative squared error %.2f >= 1 (not contractive): error feedback "
+                    "can amplify its noise; prefer norm=max, more bits, or error-feedback=false",
+                    self.codec.spec, noise,
+                )
         self.server_opt = make_server_optimizer(settings.server_opt)
         self.on_round = on_round
         self._model = task.build_model()

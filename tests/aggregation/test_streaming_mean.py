@@ -1,0 +1,57 @@
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aggregation import StreamingMean
+from compression import PayloadError, make_codec
+
+
+@given(
+    weights=st.lists(st.integers(1, 500), min_size=1, max_size=12),
+    n=st.integers(1, 300),
+    seed=st.integers(0, 1000),
+)
+def test_equals_weighted_mean_of_decoded_updates(weights: list[int], n: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    codec = make_codec("qsgd:bits=4,bucket=64,norm=max")
+    acc = StreamingMean(n)
+    decoded = []
+    for w in weights:
+        payload = codec.encode(torch.randn(n, generator=gen), gen)
+        decoded.append(codec.decode(payload, n))
+        acc.add_payload(payload, codec, w)
+    expected = sum(w * d.double() for w, d in zip(weights, decoded)) / sum(weights)
+    assert torch.allclose(acc.mean(), expected.float(), atol=1e-5)
+    assert acc.count == len(weights)
+
+
+def test_order_does_not_matter() -> None:
+    codec = make_codec("none")
+    updates = [(torch.randn(1000), w) for w in (3, 1, 7, 2)]
+    a, b = StreamingMean(1000), StreamingMean(1000)
+    for u, w in updates:
+        a.add_payload(codec.encode(u), codec, w)
+    for u, w in reversed(updates):
+        b.add_payload(codec.encode(u), codec, w)
+    assert torch.allclose(a.mean(), b.mean(), atol=1e-7)
+
+
+def test_rejected_payload_leaves_accumulator_untouched() -> None:
+    codec = make_codec("qsgd:bits=4")
+    acc = StreamingMean(100)
+    acc.add_payload(codec.encode(torch.ones(100)), codec, 5)
+    before = acc.mean().clone()
+    good = codec.encode(torch.full((100,), 9.0))
+    for bad in (good[:-1], b"junk", make_codec("fp16").encode(torch.ones(100))):
+        with pytest.raises(PayloadError):
+            acc.add_payload(bad, codec, 5)
+    for weight in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            acc.add_payload(good, codec, weight)
+    assert acc.count == 1 and torch.equal(acc.mean(), before)
+
+
+def test_empty_mean_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        StreamingMean(3).mean()

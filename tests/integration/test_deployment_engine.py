@@ -1,0 +1,44 @@
+"""The deployment engine for real: flower-superlink + flower-supernode processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.engines import launch
+from server.settings import RunSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, assert_no_leftovers) -> None:
+    settings = RunSettings(rounds=2, clients_per_round=2, min_replies=2, run_dir=str(tmp_path / "run"),
+                           round_timeout=240, wait_for_nodes=120)
+    result = launch(settings, engine="deployment", num_supernodes=2, timeout=400)
+
+    assert [row["round"] for row in result.rows] == [1, 2]
+    assert all(row["clients_used"] == 2 and row["clients_failed"] == 0 for row in result.rows)
+    summary = result.summary
+    assert summary is not None
+    assert summary["final_accuracy"] > summary["initial_accuracy"] + 0.3
+    assert result.rows[1]["accuracy"] >= result.rows[0]["accuracy"]
+    # uplink is the real payload size: 2 clients x 2 rounds x the 4-bit QSGD wire size
+    from compression import make_codec
+
+    assert summary["uplink_bytes"] == 4 * make_codec(settings.codec).wire_bytes(38_282)
+    assert (result.run_dir / "model.pt").exists() and (result.run_dir / "plot.png").exists()
+    assert_no_leftovers(result.run_dir / "flwr-home")
+
+
+def test_coordinator_rejects_a_corrupt_update_and_finishes_the_round(tmp_path, assert_no_leftovers) -> None:
+    settings = RunSettings(rounds=1, clients_per_round=2, min_replies=1, run_dir=str(tmp_path / "run"),
+                           round_timeout=240, wait_for_nodes=120)
+    result = launch(settings, engine="deployment", num_supernodes=2, node_faults={1: "bitflip"}, timeout=400)
+
+    (row,) = result.rows
+    assert row["clients_used"] == 1 and row["clients_failed"] == 1
+    (rejected,) = row["rejected"]
+    assert "checksum mismatch" in rejected["reason"]
+    assert row["accuracy"] > result.summary["initial_accuracy"]
+    server_log = (result.run_dir / "logs" / "flwr-run.log").read_text()
+    assert f"rejected update from node {rejected['node']}: checksum mismatch" in server_log
+    assert_no_leftovers(result.run_dir / "flwr-home")

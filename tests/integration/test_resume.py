@@ -1,0 +1,32 @@
+"""Crash and resume: every Flower process is SIGKILLed after round k, then the run is restarted."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.checkpoint import CheckpointStore
+from server.engines import launch
+from server.settings import RunSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers) -> None:
+    settings = RunSettings(rounds=4, clients_per_round=4, local_epochs=2, run_dir=str(tmp_path / "run"))
+
+    crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
+    assert crashed.summary is None  # the run did not finish
+    assert_no_leftovers(crashed.run_dir / "flwr-home")
+    store = CheckpointStore(crashed.run_dir / "checkpoint")
+    saved = store.load()
+    assert saved is not None and saved.round in (1, 2, 3)
+    assert not list(store.directory.glob("*.tmp"))
+
+    resumed = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
+    assert [row["round"] for row in resumed.rows] == [1, 2, 3, 4]
+    assert resumed.summary["rounds"] == 4
+    assert resumed.summary["resumed_from_round"] == saved.round
+    final = CheckpointStore(resumed.run_dir / "checkpoint").load()
+    assert final.round == 4
+    assert resumed.summary["final_accuracy"] > resumed.summary["initial_accuracy"] + 0.3
+    assert_no_leftovers(resumed.run_dir / "flwr-home")

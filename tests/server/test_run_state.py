@@ -1,0 +1,61 @@
+import json
+import os
+
+import pytest
+import torch
+
+from server.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from server.metrics_log import MetricsLog
+from server.run_directory import RunDirectory
+from server.settings import RunSettings, SettingsError
+
+
+def _ckpt(round_: int) -> Checkpoint:
+    return Checkpoint(round=round_, params=torch.full((10,), float(round_)), task="digits",
+                      optimizer_state={"m": torch.ones(10)}, totals={"uplink_bytes": 5.0})
+
+
+def test_checkpoint_round_trip_and_previous_kept(tmp_path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.load() is None
+    store.save(_ckpt(1))
+    store.save(_ckpt(2))
+    loaded = store.load()
+    assert loaded.round == 2 and torch.equal(loaded.params, torch.full((10,), 2.0))
+    assert loaded.optimizer_state["m"].sum() == 10 and loaded.totals == {"uplink_bytes": 5.0}
+    assert store.previous.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.save(_ckpt(1))
+    store.save(_ckpt(2))
+    data = store.current.read_bytes()
+    store.current.write_bytes(data[: len(data) // 2])
+    assert store.load().round == 1
+    store.previous.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError):
+        store.load()
+
+
+def test_metrics_truncation_and_torn_line(tmp_path) -> None:
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for r in (1, 2, 3):
+        log.append({"round": r, "accuracy": 0.5})
+    with open(log.path, "a") as handle:
+        handle.write('{"round": 4, "acc')  # crash mid-write
+    assert [r["round"] for r in log.read()] == [1, 2, 3]
+    log.truncate_after(2)
+    assert [r["round"] for r in log.read()] == [1, 2]
+    assert log.path.read_text().endswith("\n")
+
+
+def test_run_directory_refuses_incompatible_resume(tmp_path) -> None:
+    run = RunDirectory(tmp_path / "run")
+    run.start(RunSettings(rounds=5))
+    assert json.loads(run.config_path.read_text())["settings"]["rounds"] == 5
+    run.start(RunSettings(rounds=9))  # more rounds: fine
+    with pytest.raises(SettingsError, match="codec"):
+        run.start(RunSettings(codec="fp16"))
+    assert os.path.exists(run.config_path)

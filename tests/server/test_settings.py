@@ -1,0 +1,44 @@
+import sys
+
+import pytest
+
+from server.cli import build_parser
+from server.settings import OPTIONS, RunSettings, SettingsError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from pathlib import Path
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_pyproject_run_config_is_the_settings_vocabulary() -> None:
+    config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+    assert config == {opt.key: opt.default for opt in OPTIONS}
+    assert RunSettings.from_run_config(config) == RunSettings()
+
+
+def test_every_option_is_a_cli_flag_of_demo_and_local_cluster() -> None:
+    parser = build_parser()
+    for command in ("demo", "local-cluster"):
+        args = parser.parse_args([command, "--codec", "fp16", "--no-error-feedback", "--rounds", "7"])
+        assert args.codec == "fp16" and args.error_feedback is False and args.rounds == 7
+        for option in OPTIONS:
+            assert hasattr(args, option.field)
+
+
+def test_values_are_validated() -> None:
+    with pytest.raises(SettingsError, match="unknown setting"):
+        RunSettings.from_run_config({"round": 3})
+    with pytest.raises(SettingsError):
+        RunSettings.from_run_config({"rounds": 2.5})
+    with pytest.raises(SettingsError):
+        RunSettings.from_run_config({"error-feedback": "maybe"})
+    with pytest.raises(SettingsError):
+        RunSettings(rounds=0)
+    with pytest.raises(SettingsError):
+        RunSettings(clients_per_round=2, min_replies=3)
+    assert RunSettings.from_run_config({"lr": 1, "error-feedback": "false"}).lr == 1.0
