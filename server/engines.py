@@ -202,8 +202,7 @@ def _follow(
                 on_row(row)
             if stop_after_round is not None and row["round"] >= stop_after_round:
                 log.info("simulating a crash after round %d: killing every process", row["round"])
-                for process in group.processes:
-                    _kill_tree(process)
+                group.kill_all()
                 return rows
         seen = len(rows)
         if finished:
@@ -223,15 +222,3 @@ def _follow(
             f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}"
         )
     return rows
-
-
-def _kill_tree(process: ManagedProcess) -> None:
-    import signal
-
-    from server.processes import descendants
-
-    for pid in [process.pid, *descendants(process.pid)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -190,7 +190,7 @@ class FedAvgLoop:
         started = time.perf_counter()
         sampled = self._sample(grid, server_round)
         model_record = ArrayRecord(unflatten_state(params, self._template))
-        model_bytes = sum(len(a.data) for a in model_record.values())
+        model_bytes = _record_bytes(model_record)
         config = self._train_config(server_round)
         messages = [
             Message(
@@ -214,6 +214,7 @@ class FedAvgLoop:
                 server_round, tally.used, self.settings.min_replies,
             )
         loss, accuracy = self.evaluate(params)
+        client_eval, eval_bytes = self._client_evaluation(grid, server_round, sampled, params, config)
         row = {
             "round": server_round,
             "accuracy": accuracy,
@@ -221,13 +222,14 @@ class FedAvgLoop:
             "train_loss": tally.loss_sum / tally.mean.total_weight if tally.used else None,
             "uplink_bytes": tally.uplink_bytes,
             "uplink_fp32_bytes": tally.used * model_bytes,
-            "downlink_bytes": len(messages) * model_bytes,
+            "downlink_bytes": len(messages) * model_bytes + eval_bytes,
             "seconds": time.perf_counter() - started,
             "clients_sampled": len(sampled),
             "clients_used": tally.used,
             "clients_failed": len(sampled) - tally.used,
             "codec": self.codec.spec,
             "rejected": tally.rejected,
+            **client_eval,
         }
         log.info(
             "round %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
@@ -235,6 +237,53 @@ class FedAvgLoop:
             row["uplink_fp32_bytes"], row["seconds"],
         )
         return params, row
+
+    def _client_evaluation(
+        self, grid: Grid, server_round: int, nodes: list[int], params: torch.Tensor, config: ConfigRecord
+    ) -> tuple[dict[str, Any], int]:
+        """Federated evaluation of the new global model on the clients' local data, every
+        ``client-eval-every`` rounds and at the last round. Returns the metrics and downlink bytes."""
+        every = self.settings.client_eval_every
+        if not every or (server_round % every and server_round != self.settings.rounds):
+            return {}, 0
+        model_record = ArrayRecord(unflatten_state(params, self._template))
+        sent = len(nodes) * _record_bytes(model_record)
+        messages = [
+            Message(
+                RecordDict({MODEL_RECORD: model_record, CONFIG_RECORD: config}),
+                dst_node_id=node,
+                message_type=MessageType.EVALUATE,
+                group_id=f"{server_round}-eval",
+                ttl=self.settings.round_timeout + 60.0,
+            )
+            for node in nodes
+        ]
+        totals = {"examples": 0.0, "loss": 0.0, "correct": 0.0, "replies": 0}
+
+        def absorb(reply: Message) -> None:
+            try:
+                metrics = reply.content.metric_records[METRICS_RECORD]
+                examples = float(metrics["num-examples"])
+                loss, accuracy = float(metrics["loss"]), float(metrics["accuracy"])
+                if not (examples > 0 and np.isfinite(loss) and 0.0 <= accuracy <= 1.0):
+                    raise ValueError(f"implausible evaluation metrics {dict(metrics)}")
+            except (KeyError, TypeError, ValueError) as err:
+                node = reply.metadata.src_node_id
+                log.warning("round %d: ignored evaluation from node %d: %s", server_round, node, err)
+                return
+            totals["examples"] += examples
+            totals["loss"] += loss * examples
+            totals["correct"] += accuracy * examples
+            totals["replies"] += 1
+
+        self._collect(grid, messages, lambda reply: None if reply.has_error() else absorb(reply))
+        if not totals["replies"]:
+            return {"client_eval_replies": 0}, sent
+        return {
+            "client_accuracy": totals["correct"] / totals["examples"],
+            "client_loss": totals["loss"] / totals["examples"],
+            "client_eval_replies": int(totals["replies"]),
+        }, sent
 
     def _collect(self, grid: Grid, messages: list[Message], handle: Callable[[Message], None]) -> list[int]:
         """Push ``messages``, feed each reply to ``handle`` as it arrives; return silent node ids."""
@@ -271,6 +320,11 @@ class FedAvgLoop:
 
 class _Rejected(ValueError):
     pass
+
+
+def _record_bytes(record: ArrayRecord) -> int:
+    """Serialized size of an ArrayRecord's arrays: what Flower sends for it, npy headers included."""
+    return sum(len(array.data) for array in record.values())
 
 
 def _unpack_reply(reply: Message) -> tuple[bytes, float, float]:

@@ -1,9 +1,11 @@
 """Lifetimes of the real processes Fedge starts (SuperLink, SuperNodes, ``flwr run``).
 
 Every process is started in its own session (so a signal reaches its whole process group) with its
-output in a log file. :meth:`ProcessGroup.stop` terminates, in reverse start order, each process and
-every descendant it spawned (Flower's SuperExec, ServerApp/ClientApp subprocesses, Ray workers),
-found through ``/proc`` before the first signal; whatever still runs after a grace period is killed.
+output in a log file, and with a marker variable ``FEDGE_PROCESS_GROUP=<uuid>`` in its environment
+that every descendant inherits (Flower's SuperExec, ServerApp/ClientApp subprocesses, Ray's daemons
+and workers, even those that detach into their own session or get re-parented to init).
+:meth:`ProcessGroup.stop` terminates, in reverse start order, each process and its descendants, then
+sweeps ``/proc`` for anything still carrying the marker; whatever outlives a grace period is killed.
 Used as a context manager it stops everything on normal exit, on error and on Ctrl-C alike; the CLI
 turns SIGTERM into the same path.
 """
@@ -16,13 +18,25 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ManagedProcess", "ProcessGroup", "descendants", "free_port", "wait_for_port"]
+__all__ = [
+    "MARKER",
+    "ManagedProcess",
+    "ProcessGroup",
+    "descendants",
+    "free_port",
+    "processes_with_env",
+    "wait_for_port",
+]
 
 log = logging.getLogger(__name__)
+
+#: Environment variable that tags every process a ProcessGroup starts, and their descendants.
+MARKER = "FEDGE_PROCESS_GROUP"
 
 
 @dataclass
@@ -93,6 +107,22 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def processes_with_env(key: str, value: str) -> list[int]:
+    """Live (non-zombie) PIDs whose environment contains ``key=value``."""
+    needle = f"{key}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and _exists(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 class ProcessGroup:
     """Start processes with logs under ``log_dir``; stop all of them (and their trees) reliably."""
 
@@ -100,6 +130,8 @@ class ProcessGroup:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env if env is not None else os.environ)
+        self.marker = uuid.uuid4().hex
+        self.env[MARKER] = self.marker
         self.processes: list[ManagedProcess] = []
 
     def start(self, name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> ManagedProcess:
@@ -140,18 +172,36 @@ class ProcessGroup:
                 pass
         while time.monotonic() < deadline and any(_exists(pid) for pid in targets):
             time.sleep(0.1)
+        # Orphans: processes that detached or were re-parented before we looked for descendants.
+        for pid in self.stragglers():
+            _signal(pid, signal.SIGTERM)
+            targets.append(pid)
+        while time.monotonic() < deadline and any(_exists(pid) for pid in targets):
+            time.sleep(0.1)
         for process in self.processes:
             if process.alive():
                 log.warning("%s (pid %d) ignored SIGTERM; killing it", process.name, process.pid)
                 _signal_group(process.pid, signal.SIGKILL)
-        for pid in targets:
+        for pid in set(targets) | set(self.stragglers()):
             _signal(pid, signal.SIGKILL)
         for process in self.processes:
             try:
                 process.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.error("%s (pid %d) is still running after SIGKILL", process.name, process.pid)
+        left = self.stragglers()
+        if left:
+            log.error("processes of this group survived SIGKILL: %s", left)
         self.processes.clear()
+
+    def kill_all(self) -> None:
+        """SIGKILL every process of the group at once, without grace: a simulated power cut."""
+        for pid in self.stragglers():
+            _signal(pid, signal.SIGKILL)
+
+    def stragglers(self) -> list[int]:
+        """Live processes that carry this group's marker."""
+        return processes_with_env(MARKER, self.marker)
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -64,6 +64,9 @@ class RunSettings:
     lr: float = _opt(0.1, "client learning rate (SGD)")
     momentum: float = _opt(0.0, "client SGD momentum")
     prox_mu: float = _opt(0.0, "FedProx proximal coefficient mu (0 = plain FedAvg)")
+    client_eval_every: int = _opt(
+        0, "every N rounds (and the last) clients also evaluate the global model on local data; 0 = off"
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
 
@@ -77,6 +80,8 @@ class RunSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be > 0")
         if not 0 <= self.momentum < 1:
             raise SettingsError("momentum must be in [0, 1)")
+        if self.client_eval_every < 0:
+            raise SettingsError("client-eval-every must be >= 0")
         if self.prox_mu < 0:
             raise SettingsError("prox-mu must be >= 0")
         if self.min_replies > self.clients_per_round:

@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers) -> None:
-    settings = RunSettings(rounds=4, clients_per_round=4, local_epochs=2, run_dir=str(tmp_path / "run"))
+    settings = RunSettings(rounds=4, clients_per_round=4, local_epochs=2, client_eval_every=2,
+                           run_dir=str(tmp_path / "run"))
 
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None  # the run did not finish
@@ -29,4 +30,7 @@ def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, asser
     final = CheckpointStore(resumed.run_dir / "checkpoint").load()
     assert final.round == 4
     assert resumed.summary["final_accuracy"] > resumed.summary["initial_accuracy"] + 0.3
+    # federated evaluation by the clients' evaluate handler, every 2 rounds
+    assert resumed.rows[3]["client_eval_replies"] == 4 and 0.3 < resumed.rows[3]["client_accuracy"] <= 1.0
+    assert "client_accuracy" not in resumed.rows[2]
     assert_no_leftovers(resumed.run_dir / "flwr-home")
