@@ -1,6 +1,6 @@
 """The codec registry: spec string -> codec object.
 
-``none`` (fp32), ``fp16``, ``qsgd:bits=4,bucket=512,norm=l2``. Unspecified parameters take the codec's
+``none`` (fp32), ``fp16``, ``qsgd:bits=4,bucket=512,norm=max``. Unspecified parameters take the codec's
 defaults; :attr:`Codec.spec` gives the canonical form with every parameter spelled out.
 """
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from compression import HEADER_SIZE, SpecError, available_codecs, make_codec
 from compression.qsgd import QSGDCodec
 
-SPECS = ["none", "fp16", "qsgd:bits=2", "qsgd:bits=3,bucket=7", "qsgd:bits=4,bucket=512",
+SPECS = ["none", "fp16", "qsgd:bits=2", "qsgd:bits=3,bucket=7", "qsgd:bits=4,bucket=512,norm=l2",
          "qsgd:bits=4,norm=max", "qsgd:bits=8,bucket=64"]
 
 vectors = st.integers(1, 700).flatmap(
@@ -96,7 +96,7 @@ def test_encode_refuses_non_finite_input() -> None:
 
 
 def test_spec_strings() -> None:
-    assert make_codec("qsgd:bits=4").spec == "qsgd:bits=4,bucket=512,norm=l2"
+    assert make_codec("qsgd:bits=4").spec == "qsgd:bits=4,bucket=512,norm=max"
     assert make_codec(make_codec("qsgd:bits=2,bucket=64,norm=max").spec) == make_codec(
         "qsgd:bucket=64,bits=2,norm=max"
     )
