@@ -48,16 +48,19 @@ def main() -> None:
             s = result.summary
             rows.append({
                 "codec": codec, "error_feedback": ef, "final_accuracy": s["final_accuracy"],
+                "final_loss": s["final_loss"],
                 "uplink_bytes": s["uplink_bytes"], "uplink_fp32_bytes": s["uplink_fp32_bytes"],
                 "compression_ratio": s["compression_ratio"], "seconds": round(result.seconds, 1),
             })
             print(f"{codec} ef={ef}: {100 * s['final_accuracy']:.2f}%", file=sys.stderr)
     print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()} ({platform.processor() or 'cpu'}), "
           f"{args.clients} clients, {args.rounds} rounds, digits, Dirichlet(0.5), seed 42. Command: `{command}`\n")
-    print("| codec | error feedback | held-out accuracy | uplink bytes | fp32-equivalent bytes | ratio | wall s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| codec | error feedback | held-out accuracy | held-out loss | uplink bytes | fp32-equivalent bytes "
+          "| ratio | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| `{r['codec']}` | {'yes' if r['error_feedback'] else 'no'} | {100 * r['final_accuracy']:.2f}% | "
+              f"{r['final_loss']:.4f} | "
               f"{r['uplink_bytes']:,} | {r['uplink_fp32_bytes']:,} | {r['compression_ratio']:.2f}x | {r['seconds']} |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 
 from compression.errors import PayloadError
-from compression.wire import CODEC_IDS, HEADER_SIZE, Header, pack_payload, parse_payload
+from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, pack_payload, parse_payload
 
 __all__ = ["Codec", "as_flat_float32"]
 
@@ -79,8 +79,9 @@ class Codec(ABC):
         Raises :class:`PayloadError` for anything malformed, including a payload produced by a
         different codec or configuration than this one.
         """
-        header, body = parse_payload(payload)
+        header, body = parse_payload(payload, verify_checksum=False)
         self._check_header(header, expected_numel)
+        check_crc(memoryview(payload).cast("B"))
         out = self._decode_body(body, header.numel)
         if not bool(torch.isfinite(out).all()):
             raise PayloadError("decoded values are not all finite")

@@ -7,36 +7,42 @@ import torch
 
 from compression.codec import Codec
 
-__all__ = ["Float32Codec", "Float16Codec"]
-
-_FP16_MAX = float(np.finfo(np.float16).max)
+__all__ = ["Float16Codec", "Float32Codec"]
 
 
-class Float32Codec(Codec):
-    """Raw little-endian float32: the baseline every compression ratio is measured against."""
+class _DenseCodec(Codec):
+    """Every element as one little-endian float of ``_dtype``; values beyond its range are clamped."""
 
-    name = "none"
-    unbiased = True
+    _dtype: np.dtype
 
     @property
     def spec(self) -> str:
-        return "none"
+        return self.name
 
     def params_bytes(self) -> bytes:
         return bytes(8)
 
     def body_size(self, numel: int) -> int:
-        return 4 * numel
+        return self._dtype.itemsize * numel
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
-        return x.numpy().astype("<f4", copy=False).tobytes()
+        limit = float(np.finfo(self._dtype).max)
+        return x.numpy().clip(-limit, limit).astype(self._dtype).tobytes()
 
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
-        return torch.from_numpy(np.frombuffer(body, dtype="<f4").astype(np.float32))
+        return torch.from_numpy(np.frombuffer(body, dtype=self._dtype).astype(np.float32))
 
 
-class Float16Codec(Codec):
-    """IEEE half precision, round to nearest; values beyond ±65504 are clamped, not sent as inf.
+class Float32Codec(_DenseCodec):
+    """Raw float32: the baseline every compression ratio is measured against."""
+
+    name = "none"
+    unbiased = True
+    _dtype = np.dtype("<f4")
+
+
+class Float16Codec(_DenseCodec):
+    """IEEE half precision, round to nearest; values beyond +-65504 are clamped, not sent as inf.
 
     Round-to-nearest is biased, which is why the edge client wraps it in error feedback like any
     other lossy codec; the clamped excess also lands in the residual rather than being lost.
@@ -44,19 +50,4 @@ class Float16Codec(Codec):
 
     name = "fp16"
     unbiased = False
-
-    @property
-    def spec(self) -> str:
-        return "fp16"
-
-    def params_bytes(self) -> bytes:
-        return bytes(8)
-
-    def body_size(self, numel: int) -> int:
-        return 2 * numel
-
-    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
-        return x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16).numpy().astype("<f2").tobytes()
-
-    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
-        return torch.from_numpy(np.frombuffer(body, dtype="<f2").astype(np.float32))
+    _dtype = np.dtype("<f2")

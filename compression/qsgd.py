@@ -34,6 +34,8 @@ from compression.errors import PayloadError, SpecError
 __all__ = ["QSGDCodec"]
 
 _NORMS = ("l2", "max")
+_F32_MAX = float(np.finfo(np.float32).max)
+_TINY = float(np.finfo(np.float32).tiny)
 _PARAMS = struct.Struct("<BBHI")  # bits, norm id, reserved, bucket
 
 
@@ -74,9 +76,16 @@ class QSGDCodec(Codec):
         padded = torch.zeros(nb * self.bucket, dtype=torch.float32)
         padded[:n] = x
         v = padded.view(nb, self.bucket)
-        scales = v.norm(dim=1) if self.norm == "l2" else v.abs().amax(dim=1)
-        inv = torch.where(scales > 0, s / scales, torch.zeros_like(scales))
-        r = v.abs().mul_(inv[:, None])  # in [0, s] up to rounding
+        if self.norm == "l2":
+            # float64 so that the norm of large (but finite) float32 values cannot overflow
+            scales = v.double().norm(dim=1)
+            if bool((scales > _F32_MAX).any()):
+                raise ValueError("a bucket's L2 norm exceeds the float32 range; use norm=max")
+            scales = scales.float()
+        else:
+            scales = v.abs().amax(dim=1)
+        # |v| / scale <= 1 always, so dividing first cannot overflow even for denormal scales.
+        r = v.abs().div_(scales.clamp_min(_TINY)[:, None]).mul_(s)  # in [0, s] up to rounding
         level = r.floor()
         # Stochastic rounding: round up with probability equal to the fractional part.
         level += torch.rand(r.shape, generator=generator) < (r - level)

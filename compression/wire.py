@@ -35,6 +35,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "VERSION",
     "Header",
+    "check_crc",
     "pack_payload",
     "parse_payload",
 ]
@@ -74,17 +75,24 @@ def pack_payload(codec_id: int, numel: int, params: bytes, body: bytes | bytearr
     return b"".join((head[:_CRC_OFFSET], struct.pack("<I", crc), body))
 
 
-def parse_payload(payload: bytes | bytearray | memoryview) -> tuple[Header, memoryview]:
+def parse_payload(
+    payload: bytes | bytearray | memoryview, *, verify_checksum: bool = True
+) -> tuple[Header, memoryview]:
     """Validate the envelope and return the header and a zero-copy view of the body.
 
-    Raises :class:`PayloadError` naming the first field that is wrong.
+    Raises :class:`PayloadError` naming the first field that is wrong. A codec passes
+    ``verify_checksum=False`` to compare the cheap header fields with its expectations first and
+    calls :func:`check_crc` afterwards, so an oversized payload is refused before it is hashed.
     """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise PayloadError(f"payload must be bytes, got {type(payload).__name__}")
-    view = memoryview(payload).cast("B")
+    try:
+        view = memoryview(payload).cast("B")
+    except TypeError as err:  # e.g. a non-contiguous memoryview
+        raise PayloadError(f"payload is not a contiguous byte buffer: {err}") from None
     if len(view) < HEADER_SIZE:
         raise PayloadError(f"truncated header: {len(view)} bytes, need {HEADER_SIZE}")
-    magic, version, codec_id, dtype_id, flags, numel, params, body_length, crc = _HEADER.unpack(
+    magic, version, codec_id, dtype_id, flags, numel, params, body_length, _ = _HEADER.unpack(
         view[:HEADER_SIZE]
     )
     if magic != MAGIC:
@@ -104,8 +112,14 @@ def parse_payload(payload: bytes | bytearray | memoryview) -> tuple[Header, memo
         raise PayloadError(
             f"body length field says {body_length} bytes but {actual_body} follow the header"
         )
-    body = view[HEADER_SIZE:]
-    expected_crc = zlib.crc32(body, zlib.crc32(view[:_CRC_OFFSET]))
-    if crc != expected_crc:
-        raise PayloadError(f"checksum mismatch (header {crc:#010x}, computed {expected_crc:#010x})")
-    return Header(codec_id, dtype_id, numel, bytes(params), body_length), body
+    if verify_checksum:
+        check_crc(view)
+    return Header(codec_id, dtype_id, numel, bytes(params), body_length), view[HEADER_SIZE:]
+
+
+def check_crc(view: memoryview) -> None:
+    """Compare the stored CRC-32 with one computed over the header fields and the body."""
+    (stored,) = struct.unpack("<I", view[_CRC_OFFSET:HEADER_SIZE])
+    computed = zlib.crc32(view[HEADER_SIZE:], zlib.crc32(view[:_CRC_OFFSET]))
+    if stored != computed:
+        raise PayloadError(f"checksum mismatch (header {stored:#010x}, computed {computed:#010x})")

@@ -61,7 +61,7 @@ def _global_model(msg: Message, config: ConfigRecord) -> torch.nn.Module:
     return model
 
 
-_FAULTS = ("truncate", "bitflip", "garbage")
+_FAULTS = ("truncate", "bitflip", "garbage", "hang")
 
 
 def _inject_fault(payload: bytes, context: Context) -> bytes:
@@ -72,7 +72,9 @@ def _inject_fault(payload: bytes, context: Context) -> bytes:
         return payload
     if fault not in _FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(_FAULTS)}")
-    log.warning("fault injection %r: corrupting this update on purpose", fault)
+    log.warning("fault injection %r on purpose (node config 'fault')", fault)
+    if fault == "hang":  # a device that goes silent mid-round: the coordinator's timeout must cope
+        time.sleep(24 * 3600)
     if fault == "truncate":
         return payload[: len(payload) // 2]
     if fault == "bitflip":

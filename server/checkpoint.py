@@ -8,16 +8,16 @@ The client-sampling RNG needs no saving: each round's sample is derived from ``(
 
 from __future__ import annotations
 
-import io
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deploy.atomic import atomic_write_bytes
+from deploy.atomic import atomic_torch_save
 
 __all__ = ["Checkpoint", "CheckpointError", "CheckpointStore"]
 
@@ -36,7 +36,6 @@ class Checkpoint:
     params: torch.Tensor  # flat float32 global model
     optimizer_state: dict[str, torch.Tensor] = field(default_factory=dict)
     task: str = ""
-    totals: dict[str, float] = field(default_factory=dict)  # cumulative counters (bytes, seconds)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -45,7 +44,6 @@ class Checkpoint:
             "params": self.params.detach().cpu().to(torch.float32).clone(),
             "optimizer_state": {k: v.detach().cpu().clone() for k, v in self.optimizer_state.items()},
             "task": self.task,
-            "totals": {k: float(v) for k, v in self.totals.items()},
         }
 
     @classmethod
@@ -60,13 +58,14 @@ class Checkpoint:
         round_ = raw.get("round")
         if not isinstance(round_, int) or round_ < 0:
             raise CheckpointError(f"checkpoint round {round_!r} is invalid")
-        return cls(
-            round=round_,
-            params=params,
-            optimizer_state=dict(raw.get("optimizer_state") or {}),
-            task=str(raw.get("task", "")),
-            totals=dict(raw.get("totals") or {}),
-        )
+        state = raw.get("optimizer_state") or {}
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) and v.shape == params.shape
+            and bool(torch.isfinite(v).all())
+            for k, v in state.items()
+        ):
+            raise CheckpointError("checkpoint optimizer state is not a set of finite model-sized tensors")
+        return cls(round=round_, params=params, optimizer_state=dict(state), task=str(raw.get("task", "")))
 
 
 class CheckpointStore:
@@ -76,11 +75,10 @@ class CheckpointStore:
         self.previous = self.directory / "state.prev.pt"
 
     def save(self, checkpoint: Checkpoint) -> None:
-        buffer = io.BytesIO()
-        torch.save(checkpoint.to_dict(), buffer)
+        """Keep the current checkpoint as the previous one, then write the new one atomically."""
         if self.current.exists():
             os.replace(self.current, self.previous)
-        atomic_write_bytes(self.current, buffer.getvalue())
+        atomic_torch_save(self.current, checkpoint.to_dict())
 
     def load(self) -> Checkpoint | None:
         """The newest readable checkpoint, or None when the run has none yet."""
@@ -94,5 +92,9 @@ class CheckpointStore:
                 return Checkpoint.from_dict(raw)
             except Exception as err:  # corrupt files surface as several unrelated exception types
                 errors.append(f"{path.name}: {err}")
-                log.error("checkpoint %s is unreadable (%s); trying an older one", path, err)
+                # Move it aside, so the next save cannot rotate it over the good previous checkpoint.
+                quarantine = path.with_name(f"{path.stem}.corrupt-{int(time.time())}.pt")
+                os.replace(path, quarantine)
+                log.error("checkpoint %s is unreadable (%s); kept as %s, trying an older one",
+                          path, err, quarantine.name)
         raise CheckpointError("no readable checkpoint in " + str(self.directory) + ": " + "; ".join(errors))

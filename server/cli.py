@@ -129,6 +129,10 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     return 0
 
 
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     # SIGTERM takes the Ctrl-C path, so every started process is stopped either way.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         if args.command == "settings":
             for option in OPTIONS:

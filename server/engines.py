@@ -119,6 +119,7 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     # A summary is the mark of a finished run: drop a stale one so only this launch can write it.
     (run_dir / "summary.json").unlink(missing_ok=True)
+    _drop_rows_after_checkpoint(run_dir)
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
     started = time.monotonic()
@@ -178,6 +179,16 @@ def launch(
         seconds=time.monotonic() - started,
         logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
     )
+
+
+def _drop_rows_after_checkpoint(run_dir: Path) -> None:
+    """Metrics rows past the last checkpoint belong to rounds that will run again: drop them now
+    (the ServerApp does the same when it resumes) so progress does not report them twice."""
+    from server.run_directory import RunDirectory
+
+    directory = RunDirectory(run_dir)
+    checkpoint = directory.checkpoints.load()
+    directory.metrics.truncate_after(checkpoint.round if checkpoint else 0)
 
 
 def _follow(

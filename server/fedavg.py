@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from aggregation import StreamingMean, make_server_optimizer
-from compression import Codec, PayloadError, make_codec, relative_error
+from compression import Codec, make_codec, relative_error
 from compression.protocol import (
     CONFIG_RECORD,
     METRICS_RECORD,
@@ -96,7 +96,7 @@ class FedAvgLoop:
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: Grid, initial_params: torch.Tensor) -> LoopResult:
-        params, start, totals = self._restore(initial_params)
+        params, start = self._restore(initial_params)
         result = LoopResult(params=params, rows=self.run_dir.metrics.read(), resumed_from=start)
         if start >= self.settings.rounds:
             log.info("run already complete (%d rounds)", start)
@@ -105,8 +105,6 @@ class FedAvgLoop:
         log.info("%d nodes connected; rounds %d..%d", len(nodes), start + 1, self.settings.rounds)
         for server_round in range(start + 1, self.settings.rounds + 1):
             params, row = self._round(grid, server_round, params)
-            for key in ("uplink_bytes", "uplink_fp32_bytes", "downlink_bytes", "seconds"):
-                totals[key] = totals.get(key, 0.0) + row[key]
             # Metrics first, then the checkpoint: after a crash in between, the round is re-run and
             # its metrics row replaced (see MetricsLog.truncate_after).
             self.run_dir.metrics.append(row)
@@ -116,7 +114,6 @@ class FedAvgLoop:
                     params=params,
                     optimizer_state=self.server_opt.state_dict(),
                     task=self.task.spec,
-                    totals=totals,
                 )
             )
             result.rows.append(row)
@@ -130,11 +127,11 @@ class FedAvgLoop:
         return evaluate(self._model, self._test)
 
     # -- internals ------------------------------------------------------------------------------
-    def _restore(self, initial_params: torch.Tensor) -> tuple[torch.Tensor, int, dict[str, float]]:
+    def _restore(self, initial_params: torch.Tensor) -> tuple[torch.Tensor, int]:
         checkpoint = self.run_dir.checkpoints.load()
         if checkpoint is None:
             self.run_dir.metrics.truncate_after(0)
-            return initial_params.clone(), 0, {}
+            return initial_params.clone(), 0
         if checkpoint.task != self.task.spec or checkpoint.params.numel() != initial_params.numel():
             raise ValueError(
                 f"checkpoint in {self.run_dir.path} belongs to task {checkpoint.task!r} "
@@ -143,7 +140,7 @@ class FedAvgLoop:
         self.server_opt.load_state_dict(checkpoint.optimizer_state)
         self.run_dir.metrics.truncate_after(checkpoint.round)
         log.info("resuming from checkpoint after round %d", checkpoint.round)
-        return checkpoint.params.clone(), checkpoint.round, dict(checkpoint.totals)
+        return checkpoint.params.clone(), checkpoint.round
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         wanted = self.settings.clients_per_round
@@ -189,25 +186,21 @@ class FedAvgLoop:
     def _round(self, grid: Grid, server_round: int, params: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         started = time.perf_counter()
         sampled = self._sample(grid, server_round)
-        model_record = ArrayRecord(unflatten_state(params, self._template))
-        model_bytes = _record_bytes(model_record)
         config = self._train_config(server_round)
-        messages = [
-            Message(
-                RecordDict({MODEL_RECORD: model_record, CONFIG_RECORD: config}),
-                dst_node_id=node,
-                message_type=MessageType.TRAIN,
-                group_id=str(server_round),
-                ttl=self.settings.round_timeout + 60.0,
-            )
-            for node in sampled
-        ]
+        messages, sent_bytes = self._broadcast(sampled, params, config, MessageType.TRAIN, str(server_round))
         tally = _RoundTally(mean=StreamingMean(params.numel()))
         unanswered = self._collect(grid, messages, lambda reply: self._absorb(reply, tally, server_round))
-        for node in unanswered:
-            tally.rejected.append({"node": node, "reason": f"no reply within {self.settings.round_timeout:g} s"})
+        for node, reason in unanswered:
+            tally.rejected.append({"node": node, "reason": reason})
         if tally.used >= self.settings.min_replies:
-            params = self.server_opt.step(params, tally.mean.mean())
+            stepped = self.server_opt.step(params, tally.mean.mean())
+            if bool(torch.isfinite(stepped).all()):
+                params = stepped
+            else:
+                # Each update was finite, but their sum overflowed float32: some client sent values
+                # near the float32 limit. Keep the model rather than poison every later round.
+                log.error("round %d: the aggregated model is not finite; global model unchanged", server_round)
+                tally.rejected.append({"node": None, "reason": "aggregate not finite; round skipped"})
         else:
             log.warning(
                 "round %d: %d valid replies < min-replies %d; global model unchanged",
@@ -221,8 +214,8 @@ class FedAvgLoop:
             "loss": loss,
             "train_loss": tally.loss_sum / tally.mean.total_weight if tally.used else None,
             "uplink_bytes": tally.uplink_bytes,
-            "uplink_fp32_bytes": tally.used * model_bytes,
-            "downlink_bytes": len(messages) * model_bytes + eval_bytes,
+            "uplink_fp32_bytes": tally.used * sent_bytes // max(len(messages), 1),
+            "downlink_bytes": sent_bytes + eval_bytes,
             "seconds": time.perf_counter() - started,
             "clients_sampled": len(sampled),
             "clients_used": tally.used,
@@ -246,18 +239,7 @@ class FedAvgLoop:
         every = self.settings.client_eval_every
         if not every or (server_round % every and server_round != self.settings.rounds):
             return {}, 0
-        model_record = ArrayRecord(unflatten_state(params, self._template))
-        sent = len(nodes) * _record_bytes(model_record)
-        messages = [
-            Message(
-                RecordDict({MODEL_RECORD: model_record, CONFIG_RECORD: config}),
-                dst_node_id=node,
-                message_type=MessageType.EVALUATE,
-                group_id=f"{server_round}-eval",
-                ttl=self.settings.round_timeout + 60.0,
-            )
-            for node in nodes
-        ]
+        messages, sent = self._broadcast(nodes, params, config, MessageType.EVALUATE, f"{server_round}-eval")
         totals = {"examples": 0.0, "loss": 0.0, "correct": 0.0, "replies": 0}
 
         def absorb(reply: Message) -> None:
@@ -285,9 +267,35 @@ class FedAvgLoop:
             "client_eval_replies": int(totals["replies"]),
         }, sent
 
-    def _collect(self, grid: Grid, messages: list[Message], handle: Callable[[Message], None]) -> list[int]:
-        """Push ``messages``, feed each reply to ``handle`` as it arrives; return silent node ids."""
+    def _broadcast(
+        self, nodes: list[int], params: torch.Tensor, config: ConfigRecord, message_type: str, group: str
+    ) -> tuple[list[Message], int]:
+        """One message per node carrying the model and the config; also the total bytes of models sent
+        (each ArrayRecord's serialized arrays, as Flower sends them)."""
+        model_record = ArrayRecord(unflatten_state(params, self._template))
+        messages = [
+            Message(
+                RecordDict({MODEL_RECORD: model_record, CONFIG_RECORD: config}),
+                dst_node_id=node,
+                message_type=message_type,
+                group_id=group,
+                ttl=self.settings.round_timeout + 60.0,
+            )
+            for node in nodes
+        ]
+        return messages, len(nodes) * _record_bytes(model_record)
+
+    def _collect(
+        self, grid: Grid, messages: list[Message], handle: Callable[[Message], None]
+    ) -> list[tuple[int, str]]:
+        """Push ``messages``, feed each reply to ``handle`` as it arrives; return (node, reason) for
+        every message that got no reply."""
         ids = list(grid.push_messages(messages))
+        missing = [
+            (msg.metadata.dst_node_id, "the SuperLink did not accept the message")
+            for mid, msg in zip(ids, messages)
+            if not mid
+        ]
         pending = {mid: msg.metadata.dst_node_id for mid, msg in zip(ids, messages) if mid}
         deadline = time.monotonic() + self.settings.round_timeout
         pause = _POLL_START
@@ -299,7 +307,8 @@ class FedAvgLoop:
             if pending:
                 pause = _POLL_START if replies else min(pause * 2, _POLL_MAX)
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        return sorted(pending.values())
+        timeout = f"no reply within {self.settings.round_timeout:g} s"
+        return missing + [(node, timeout) for node in sorted(pending.values())]
 
     def _absorb(self, reply: Message, tally: _RoundTally, server_round: int) -> None:
         """Validate one reply and decode it into the accumulator, or record why it was rejected."""
@@ -309,7 +318,7 @@ class FedAvgLoop:
                 raise _Rejected(f"client error {reply.error.code}: {reply.error.reason}")
             payload, examples, train_loss = _unpack_reply(reply)
             tally.mean.add_payload(payload, self.codec, weight=examples)
-        except (_Rejected, PayloadError, ValueError) as err:
+        except ValueError as err:  # PayloadError and _Rejected are ValueErrors
             log.warning("round %d: rejected update from node %d: %s", server_round, node, err)
             tally.rejected.append({"node": node, "reason": str(err)})
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,16 @@ class MetricsLog:
         self.path = Path(path)
 
     def append(self, row: dict[str, Any]) -> None:
-        line = json.dumps(row, sort_keys=False, allow_nan=False) + "\n"
+        # NaN/inf (a diverged loss) become null: strict JSON, and a bad round never stops the log.
+        line = json.dumps(_finite_or_null(row), allow_nan=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(line)
+        with open(self.path, "a+b") as handle:
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() > 0:
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":  # a torn line from a crash: never glue a row onto it
+                    line = "\n" + line
+            handle.write(line.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -55,3 +62,13 @@ class MetricsLog:
     def _well_formed(self) -> bool:
         text = self.path.read_text(encoding="utf-8")
         return text == "" or text.endswith("\n")
+
+
+def _finite_or_null(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value

@@ -4,8 +4,8 @@ Every process is started in its own session (so a signal reaches its whole proce
 output in a log file, and with a marker variable ``FEDGE_PROCESS_GROUP=<uuid>`` in its environment
 that every descendant inherits (Flower's SuperExec, ServerApp/ClientApp subprocesses, Ray's daemons
 and workers, even those that detach into their own session or get re-parented to init).
-:meth:`ProcessGroup.stop` terminates, in reverse start order, each process and its descendants, then
-sweeps ``/proc`` for anything still carrying the marker; whatever outlives a grace period is killed.
+:meth:`ProcessGroup.stop` sends SIGTERM to every process carrying the marker (found through
+``/proc``, Linux) and SIGKILL to whatever outlives a grace period.
 Used as a context manager it stops everything on normal exit, on error and on Ctrl-C alike; the CLI
 turns SIGTERM into the same path.
 """
@@ -27,7 +27,6 @@ __all__ = [
     "MARKER",
     "ManagedProcess",
     "ProcessGroup",
-    "descendants",
     "free_port",
     "processes_with_env",
     "wait_for_port",
@@ -83,30 +82,6 @@ def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = No
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (children first), read from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # The command name may contain spaces and parentheses: fields start after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        nxt = []
-        for parent in frontier:
-            for child in children.get(parent, []):
-                found.append(child)
-                nxt.append(child)
-        frontier = nxt
-    return found
-
-
 def processes_with_env(key: str, value: str) -> list[int]:
     """Live (non-zombie) PIDs whose environment contains ``key=value``."""
     needle = f"{key}={value}".encode()
@@ -155,44 +130,42 @@ class ProcessGroup:
         return process
 
     def stop(self, grace: float = 10.0) -> None:
-        """Terminate every process tree, newest first; SIGKILL what outlives ``grace`` seconds."""
-        targets: list[int] = []
-        for process in reversed(self.processes):
-            tree = descendants(process.pid) if process.alive() else []
-            targets += [process.pid] + tree
-            if process.alive():
-                _signal_group(process.pid, signal.SIGTERM)
-            for pid in tree:
+        """SIGTERM every process of the group, SIGKILL whatever outlives ``grace`` seconds.
+
+        Only processes that still carry this group's marker are signalled, so a PID that was reused
+        by an unrelated process after ours exited is never touched. SIGINT/SIGTERM are blocked while
+        this runs: a second Ctrl-C cannot abandon the cleanup half-way.
+        """
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            for process in reversed(self.processes):
+                if process.alive():
+                    _signal_group(process.pid, signal.SIGTERM)
+            for pid in self.stragglers():
                 _signal(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for process in self.processes:
-            try:
-                process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        while time.monotonic() < deadline and any(_exists(pid) for pid in targets):
-            time.sleep(0.1)
-        # Orphans: processes that detached or were re-parented before we looked for descendants.
-        for pid in self.stragglers():
-            _signal(pid, signal.SIGTERM)
-            targets.append(pid)
-        while time.monotonic() < deadline and any(_exists(pid) for pid in targets):
-            time.sleep(0.1)
-        for process in self.processes:
-            if process.alive():
-                log.warning("%s (pid %d) ignored SIGTERM; killing it", process.name, process.pid)
-                _signal_group(process.pid, signal.SIGKILL)
-        for pid in set(targets) | set(self.stragglers()):
-            _signal(pid, signal.SIGKILL)
-        for process in self.processes:
-            try:
-                process.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                log.error("%s (pid %d) is still running after SIGKILL", process.name, process.pid)
-        left = self.stragglers()
-        if left:
-            log.error("processes of this group survived SIGKILL: %s", left)
-        self.processes.clear()
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and (
+                self.stragglers() or any(p.alive() for p in self.processes)
+            ):
+                for process in self.processes:
+                    process.popen.poll()  # reap our direct children so they stop counting
+                time.sleep(0.1)
+            left = self.stragglers()
+            if left:
+                log.warning("processes %s ignored SIGTERM for %.0f s; killing them", left, grace)
+            self.kill_all()
+            for process in self.processes:
+                try:
+                    process.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    log.error("%s (pid %d) is still running after SIGKILL", process.name, process.pid)
+            left = self.stragglers()
+            if left:
+                log.error("processes of this group survived SIGKILL: %s", left)
+            self.processes.clear()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def kill_all(self) -> None:
         """SIGKILL every process of the group at once, without grace: a simulated power cut."""
