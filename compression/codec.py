@@ -64,7 +64,8 @@ class Codec(ABC):
         """Decode a body whose length has already been checked against :meth:`body_size`."""
 
     def wire_bytes(self, numel: int) -> int:
-        """Total bytes on the wire (header included) for an update of ``numel`` elements."""
+        """Bytes on the wire (header included) for ``numel`` elements: exact for fixed-size codecs,
+        an upper bound for sparsifiers whose index coding depends on the data."""
         return HEADER_SIZE + self.body_size(numel)
 
     def encode(self, x: torch.Tensor, generator: torch.Generator | None = None) -> bytes:
@@ -102,11 +103,15 @@ class Codec(ABC):
             )
         if header.numel != expected_numel:
             raise PayloadError(f"element count {header.numel} != expected {expected_numel}")
-        if header.params != self.params_bytes():
+        if header.params != self.params_bytes().ljust(8, b"\0"):
             raise PayloadError(
                 f"codec parameters {header.params.hex()} do not match {self.spec!r} "
                 f"({self.params_bytes().hex()})"
             )
+        self._check_body_length(header)
+
+    def _check_body_length(self, header: Header) -> None:
+        """Fixed-size codecs: the body must be exactly :meth:`body_size` bytes."""
         expected_body = self.body_size(header.numel)
         if header.body_length != expected_body:
             raise PayloadError(

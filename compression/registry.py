@@ -1,7 +1,11 @@
 """The codec registry: spec string -> codec object.
 
-``none`` (fp32), ``fp16``, ``qsgd:bits=4,bucket=512,norm=max``. Unspecified parameters take the codec's
-defaults; :attr:`Codec.spec` gives the canonical form with every parameter spelled out.
+Quantizers: ``none`` (fp32), ``fp16``, ``bf16``, ``qsgd:bits=4,bucket=512,norm=max``,
+``terngrad:bucket=4096,clip=2.5``, ``onebit:bucket=512``, ``sign:bucket=512``.
+Sparsifiers: ``topk:ratio=0.01[,sample=0.01]``, ``threshold:value=1e-3``,
+``randk:ratio=0.01[,unbiased=true][,seed=S]``; each may be followed by ``+`` and a quantizer for the
+kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Unspecified parameters take the codec's defaults;
+:attr:`Codec.spec` gives the canonical form.
 """
 
 from __future__ import annotations
@@ -9,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from compression.codec import Codec
-from compression.dense import Float16Codec, Float32Codec
+from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
 from compression.qsgd import QSGDCodec
-from compression.spec import build_from_spec
+from compression.sign import OneBitCodec, ScaledSignCodec
+from compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
+from compression.terngrad import TernGradCodec
+from compression.errors import SpecError
+from compression.spec import build_from_spec, parse_spec
 
 __all__ = ["available_codecs", "make_codec", "register_codec"]
 
@@ -29,7 +37,11 @@ def available_codecs() -> list[str]:
 
 def make_codec(spec: str) -> Codec:
     """Build the codec a spec string names, with typed and validated parameters."""
-    codec = build_from_spec(spec, _REGISTRY, family="codec")
+    head, plus, tail = spec.partition("+")
+    if "values" in parse_spec(head)[1]:
+        raise SpecError("give a sparsifier's values codec after '+', e.g. topk:ratio=0.01+qsgd:bits=4")
+    extra = {"values": make_codec(tail)} if plus else None
+    codec = build_from_spec(head, _REGISTRY, family="codec", extra=extra)
     assert isinstance(codec, Codec)
     return codec
 
@@ -37,4 +49,11 @@ def make_codec(spec: str) -> Codec:
 register_codec("none", Float32Codec)
 register_codec("fp32", Float32Codec)
 register_codec("fp16", Float16Codec)
+register_codec("bf16", BFloat16Codec)
 register_codec("qsgd", QSGDCodec)
+register_codec("terngrad", TernGradCodec)
+register_codec("onebit", OneBitCodec)
+register_codec("sign", ScaledSignCodec)
+register_codec("topk", TopKCodec)
+register_codec("threshold", ThresholdCodec)
+register_codec("randk", RandomKCodec)

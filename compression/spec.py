@@ -34,10 +34,13 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def build_from_spec(
-    spec: str, registry: dict[str, Callable[..., Any]], family: str = "component"
+    spec: str,
+    registry: dict[str, Callable[..., Any]],
+    family: str = "component",
+    extra: dict[str, Any] | None = None,
 ) -> Any:
     """Call the factory ``registry[name]`` with the spec's parameters converted to the types of
-    the factory's defaults (int, float, str, bool)."""
+    the factory's defaults (int, float, str, bool), plus the ready-made objects in ``extra``."""
     name, raw = parse_spec(spec)
     factory = registry.get(name)
     if factory is None:
@@ -46,7 +49,7 @@ def build_from_spec(
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         param = signature.parameters.get(key.replace("-", "_"))
-        if param is None:
+        if param is None or (extra and param.name in extra):
             allowed = ", ".join(signature.parameters) or "none"
             raise SpecError(f"{family} {name!r} has no parameter {key!r} (parameters: {allowed})")
         default = param.default
@@ -62,4 +65,8 @@ def build_from_spec(
         except ValueError as err:
             raise SpecError(f"{family} {name!r} parameter {key}={value!r}: {err}") from None
         kwargs[param.name] = converted
+    for key, obj in (extra or {}).items():
+        if key not in signature.parameters:
+            raise SpecError(f"{family} {name!r} does not take {key!r}")
+        kwargs[key] = obj
     return factory(**kwargs)

@@ -5,9 +5,9 @@ from hypothesis import strategies as st
 
 from compression import HEADER_SIZE, SpecError, available_codecs, make_codec
 from compression.qsgd import QSGDCodec
+from tests.compression.specs import ALL, QUANTIZERS, SPARSIFIERS
 
-SPECS = ["none", "fp16", "qsgd:bits=2", "qsgd:bits=3,bucket=7", "qsgd:bits=4,bucket=512,norm=l2",
-         "qsgd:bits=4,norm=max", "qsgd:bits=8,bucket=64"]
+SPECS = ALL
 
 vectors = st.integers(1, 700).flatmap(
     lambda n: st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=n, max_size=n)
@@ -20,7 +20,10 @@ def test_round_trip_shape_and_exact_size(spec: str, values: list[float]) -> None
     codec = make_codec(spec)
     x = torch.tensor(values, dtype=torch.float32)
     payload = codec.encode(x, torch.Generator().manual_seed(1))
-    assert len(payload) == codec.wire_bytes(x.numel()) == HEADER_SIZE + codec.body_size(x.numel())
+    if spec in QUANTIZERS or spec.startswith("randk"):
+        assert len(payload) == codec.wire_bytes(x.numel()) == HEADER_SIZE + codec.body_size(x.numel())
+    else:  # index coding depends on the data: wire_bytes is an upper bound
+        assert len(payload) <= codec.wire_bytes(x.numel())
     decoded = codec.decode(payload, x.numel())
     assert decoded.shape == (x.numel(),) and decoded.dtype == torch.float32
     assert torch.isfinite(decoded).all()
@@ -39,6 +42,32 @@ def test_fp16_error_is_half_precision_rounding(values: list[float]) -> None:
     codec = make_codec("fp16")
     decoded = codec.decode(codec.encode(x), x.numel())
     assert torch.allclose(decoded, x, rtol=2**-10, atol=2**-14)
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if make_codec(s).unbiased and s != "none"])
+def test_codecs_that_claim_unbiasedness_are_unbiased(spec: str) -> None:
+    codec = make_codec(spec)
+    x = torch.randn(50, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(2)
+    trials = 6000
+    samples = torch.stack([codec.decode(codec.encode(x, gen), 50) for _ in range(trials)])
+    standard_error = samples.std(0) / trials**0.5
+    assert ((samples.mean(0) - x).abs() <= 5 * standard_error + 1e-6).all()
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if not make_codec(s).unbiased])
+@given(values=vectors)
+def test_biased_codecs_are_contractions(spec: str, values: list[float]) -> None:
+    """|C(x) - x|^2 <= |x|^2: what error feedback needs (top-k, sign, 1-bit, dense rounding).
+
+    Stochastic biased codecs (TernGrad's clipping) are checked on average in a test of their own.
+    """
+    codec = make_codec(spec)
+    if spec.startswith(("terngrad", "randk")):
+        return
+    x = torch.tensor(values, dtype=torch.float32)
+    err = (codec.decode(codec.encode(x), x.numel()) - x).double().pow(2).sum()
+    assert err <= x.double().pow(2).sum() * (1 + 1e-5) + 1e-30
 
 
 @pytest.mark.parametrize("bits,bucket,norm", [(2, 16, "l2"), (4, 8, "l2"), (4, 32, "max"), (8, 5, "max")])
@@ -95,14 +124,55 @@ def test_encode_refuses_non_finite_input() -> None:
         make_codec("qsgd:bits=4").encode(torch.tensor([1.0, float("nan")]))
 
 
+def test_sparsifiers_keep_the_largest_and_send_few_bytes() -> None:
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    exact = make_codec("topk:ratio=0.01")
+    kept = exact.decode(exact.encode(x), x.numel())
+    assert int((kept != 0).sum()) == 1000
+    assert float(x[kept == 0].abs().max()) <= float(kept[kept != 0].abs().min())
+    sampled = make_codec("topk:ratio=0.01,sample=0.01")
+    approx = sampled.decode(sampled.encode(x, torch.Generator().manual_seed(1)), x.numel())
+    assert 900 <= int((approx != 0).sum()) <= 1000
+    # 1% top-k with 4-bit values: indices ~1 byte, values 4 bits -> > 200x smaller than fp32
+    composed = make_codec("topk:ratio=0.01+qsgd:bits=4")
+    assert 4 * x.numel() / len(composed.encode(x)) > 200
+
+
+def test_randk_support_is_shared_through_the_seed() -> None:
+    codec = make_codec("randk:ratio=0.01,seed=11")
+    a = codec.decode(codec.encode(torch.randn(5000)), 5000)
+    b = codec.decode(codec.encode(torch.randn(5000)), 5000)
+    assert torch.equal(a != 0, b != 0)
+    other = make_codec("randk:ratio=0.01,seed=12").encode(torch.randn(5000))
+    from compression import PayloadError
+
+    with pytest.raises(PayloadError, match="seed"):
+        codec.decode(other, 5000)
+
+
+def test_terngrad_is_ternary_with_clipping() -> None:
+    codec = make_codec("terngrad:bucket=1000")
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    x[0] = 100.0  # an outlier is clipped to 2.5 sigma, not allowed to flatten the bucket
+    y = codec.decode(codec.encode(x, torch.Generator().manual_seed(1)), 1000)
+    assert len(set(y.abs().unique().tolist()) - {0.0}) == 1
+    assert float(y.abs().max()) < 2.5 * float(x.std()) * 1.01
+    assert 4 * 100_000 / len(codec.encode(torch.randn(100_000))) > 15.5  # 2 bits + a scale per bucket
+
+
 def test_spec_strings() -> None:
     assert make_codec("qsgd:bits=4").spec == "qsgd:bits=4,bucket=512,norm=max"
     assert make_codec(make_codec("qsgd:bits=2,bucket=64,norm=max").spec) == make_codec(
         "qsgd:bucket=64,bits=2,norm=max"
     )
     assert make_codec("fp32").spec == "none"
-    assert {"none", "fp16", "qsgd"} <= set(available_codecs())
+    assert make_codec("topk:ratio=0.01+qsgd:bits=4").spec == "topk:ratio=0.01+qsgd:bits=4,bucket=512,norm=max"
+    assert make_codec("randk:ratio=0.5,unbiased=true").unbiased
+    assert {"none", "fp16", "bf16", "qsgd", "terngrad", "onebit", "sign", "topk", "randk",
+            "threshold"} <= set(available_codecs())
     for bad in ["", "zip", "qsgd:bits", "qsgd:bits=four", "qsgd:bits=9", "qsgd:bits=4,bits=4",
-                "qsgd:bucket=0", "qsgd:norm=l1", "qsgd:speed=3"]:
+                "qsgd:bucket=0", "qsgd:norm=l1", "qsgd:speed=3", "topk:ratio=0", "topk:ratio=2",
+                "topk:values=none", "topk+topk", "qsgd+fp16", "randk:unbiased=maybe",
+                "threshold:value=-1", "terngrad:clip=-1"]:
         with pytest.raises(SpecError):
             make_codec(bad)

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from compression import HEADER_SIZE, PayloadError, make_codec
+from tests.compression.specs import ALL
 
-SPECS = ["none", "fp16", "qsgd:bits=4,bucket=512", "qsgd:bits=2,bucket=16,norm=max", "qsgd:bits=3,bucket=7"]
+SPECS = ALL
 N = 1000
+FUZZ_PER_CODEC = 10_000  # mutated payloads per codec in CI
 
 
 def _payload(spec: str) -> bytes:
@@ -62,7 +64,7 @@ def test_consistent_but_wrong_length(spec: str) -> None:
     """Body-length field and actual length agree, but do not fit the element count."""
     data = bytearray(_payload(spec)[:-3])
     data[24:32] = struct.pack("<Q", len(data) - HEADER_SIZE)
-    with pytest.raises(PayloadError, match="body is"):
+    with pytest.raises(PayloadError, match="body is|index|varint|length|truncated|overruns"):
         _decode(spec, _recrc(data))
 
 
@@ -131,14 +133,14 @@ def test_not_bytes() -> None:
         make_codec("none").decode("not bytes", 1)  # type: ignore[arg-type]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("spec", SPECS)
 def test_fuzz_mutations_only_raise_payload_error(spec: str) -> None:
     """Random byte flips, truncations, insertions; with and without a repaired checksum."""
     rng = random.Random(spec)
     genuine = _payload(spec)
     codec = make_codec(spec)
-    for i in range(2000):
+    for i in range(FUZZ_PER_CODEC):
         data = bytearray(genuine)
         kind = rng.randrange(4)
         if kind == 0:

@@ -1,0 +1,216 @@
+"""Sparsifiers: send few coordinates, their values encoded by any dense codec.
+
+* ``topk:ratio=R`` - the ``ceil(R*n)`` largest magnitudes, exact (``torch.topk``, slow on CPU).
+* ``topk:ratio=R,sample=F`` - DGC-style (Lin et al., ICLR 2018, https://arxiv.org/abs/1712.01887):
+  estimate the magnitude threshold from a random fraction ``F`` of the elements, keep what passes,
+  trim to at most ``ceil(R*n)`` with an exact top-k over the (few) survivors.
+* ``threshold:value=T`` - every element with ``|x| >= T`` (variable size).
+* ``randk:ratio=R`` - ``ceil(R*n)`` coordinates drawn from a seed carried in the payload; no
+  indices are sent. With a seed shared by all clients of a round, every client keeps the same
+  support (compatible with secure aggregation). ``unbiased=true`` scales values by ``n/k``.
+
+Composition: ``topk:ratio=0.01+qsgd:bits=4`` quantizes the kept values (SparCML's "top-k + Q4").
+Body of the index-carrying sparsifiers::
+
+    u64 k | u64 index-section length | delta+varint indices | payload of the values codec (k values)
+
+The values payload is a complete nested payload, validated by its own codec. Biased sparsifiers
+need error feedback: the residual keeps what was not sent.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import torch
+
+from compression.codec import Codec
+from compression.dense import Float32Codec
+from compression.errors import PayloadError, SpecError
+from compression.varint import MAX_VARINT_BYTES, decode_indices, encode_indices
+from compression.wire import CODEC_IDS, HEADER_SIZE, Header
+
+__all__ = ["RandomKCodec", "ThresholdCodec", "TopKCodec"]
+
+_COUNTS = struct.Struct("<QQ")
+
+
+def _f32(value: float) -> float:
+    """``value`` as it survives a float32 field of the wire format."""
+    return float(np.float32(value))
+
+
+class _SparseCodec(Codec):
+    """Common body layout and validation of the index-carrying sparsifiers."""
+
+    unbiased = False
+
+    def __init__(self, values: Codec | None) -> None:
+        self.values = values if values is not None else Float32Codec()
+        if isinstance(self.values, _SparseCodec | RandomKCodec):
+            raise SpecError("the values of a sparsifier must use a dense codec")
+
+    def max_kept(self, numel: int) -> int:
+        return numel
+
+    def body_size(self, numel: int) -> int:
+        """Upper bound: the exact size depends on the index gaps (and on k for thresholds)."""
+        k = self.max_kept(numel)
+        return _COUNTS.size + MAX_VARINT_BYTES * k + self.values.wire_bytes(k)
+
+    def _check_body_length(self, header: Header) -> None:
+        if header.body_length > self.body_size(header.numel):
+            raise PayloadError(f"body of {header.body_length} bytes exceeds the {self.spec!r} bound")
+
+    def _select(self, magnitude: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Sorted int64 indices of the coordinates to send, from the elements' magnitudes."""
+        raise NotImplementedError
+
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        indices = self._select(x.abs(), generator)
+        index_bytes = encode_indices(indices.numpy())
+        values = self.values.encode(x[indices], generator)
+        return _COUNTS.pack(indices.numel(), len(index_bytes)) + index_bytes + values
+
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        if len(body) < _COUNTS.size:
+            raise PayloadError("sparse body too short for its counts")
+        k, index_length = _COUNTS.unpack(body[: _COUNTS.size])
+        if k > self.max_kept(numel):
+            raise PayloadError(f"{k} kept elements exceed the {self.max_kept(numel)} allowed")
+        if index_length > len(body) - _COUNTS.size - HEADER_SIZE:
+            raise PayloadError(f"index section length {index_length} overruns the body")
+        start = _COUNTS.size
+        indices = decode_indices(body[start : start + index_length], k, numel)
+        values = self.values.decode(body[start + index_length :], k)
+        out = torch.zeros(numel, dtype=torch.float32)
+        out[torch.from_numpy(indices)] = values
+        return out
+
+    def _params(self, value: float) -> bytes:
+        return struct.pack("<fB", value, CODEC_IDS[self.values.name])
+
+    def _spec_with_values(self, head: str) -> str:
+        return head if isinstance(self.values, Float32Codec) else f"{head}+{self.values.spec}"
+
+
+class TopKCodec(_SparseCodec):
+    name = "topk"
+
+    def __init__(self, ratio: float = 0.01, sample: float = 0.0, values: Codec | None = None) -> None:
+        super().__init__(values)
+        if not 0 < ratio <= 1:
+            raise SpecError(f"topk ratio must be in (0, 1], got {ratio}")
+        if not 0 <= sample <= 1:
+            raise SpecError(f"topk sample must be in [0, 1] (0 = exact), got {sample}")
+        self.ratio, self.sample = _f32(ratio), _f32(sample)
+
+    @property
+    def spec(self) -> str:
+        head = f"topk:ratio={self.ratio:g}" + (f",sample={self.sample:g}" if self.sample else "")
+        return self._spec_with_values(head)
+
+    def params_bytes(self) -> bytes:
+        return self._params(self.ratio) + struct.pack("<f", self.sample)[:3]
+
+    def max_kept(self, numel: int) -> int:
+        return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def _select(self, magnitude: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        k = self.max_kept(magnitude.numel())
+        if k == 0:
+            return torch.zeros(0, dtype=torch.long)
+        if self.sample and k < magnitude.numel():
+            n = magnitude.numel()
+            size = min(n, max(k, math.ceil(self.sample * n), 1000))
+            probe = magnitude[torch.randint(n, (size,), generator=generator)]
+            # The (1 - ratio) quantile of the sample, a little lower so that we rarely fall short.
+            threshold = torch.kthvalue(probe, max(1, size - math.ceil(1.2 * self.ratio * size))).values
+            candidates = torch.nonzero(magnitude >= threshold).squeeze(1)
+            if candidates.numel() > k:
+                candidates = candidates[torch.topk(magnitude[candidates], k, sorted=False).indices]
+            return candidates.sort().values
+        return torch.topk(magnitude, k, sorted=False).indices.sort().values
+
+
+class ThresholdCodec(_SparseCodec):
+    name = "threshold"
+
+    def __init__(self, value: float = 1e-3, values: Codec | None = None) -> None:
+        super().__init__(values)
+        if not (value > 0 and math.isfinite(value)):
+            raise SpecError(f"threshold value must be a positive number, got {value}")
+        self.value = _f32(value)
+
+    @property
+    def spec(self) -> str:
+        return self._spec_with_values(f"threshold:value={self.value:g}")
+
+    def params_bytes(self) -> bytes:
+        return self._params(self.value)
+
+    def _select(self, magnitude: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return torch.nonzero(magnitude >= self.value).squeeze(1)
+
+
+class RandomKCodec(Codec):
+    """Random-k: body is ``u64 seed | values payload``; the support is regenerated from the seed."""
+
+    name = "randk"
+
+    def __init__(self, ratio: float = 0.01, unbiased: bool = False, seed: int = -1,
+                 values: Codec | None = None) -> None:
+        if not 0 < ratio <= 1:
+            raise SpecError(f"randk ratio must be in (0, 1], got {ratio}")
+        self.values = values if values is not None else Float32Codec()
+        if isinstance(self.values, _SparseCodec | RandomKCodec):
+            raise SpecError("the values of a sparsifier must use a dense codec")
+        self.ratio = _f32(ratio)
+        self.scale_values = bool(unbiased)
+        self.unbiased = self.scale_values and self.values.unbiased  # type: ignore[misc]
+        # seed >= 0: a fixed support (e.g. shared by all clients of a round); -1: drawn per encode.
+        self.seed = int(seed)
+
+    @property
+    def spec(self) -> str:
+        head = f"randk:ratio={self.ratio:g}" + (",unbiased=true" if self.scale_values else "")
+        head += f",seed={self.seed}" if self.seed >= 0 else ""
+        return head if isinstance(self.values, Float32Codec) else f"{head}+{self.values.spec}"
+
+    def params_bytes(self) -> bytes:
+        return struct.pack("<fBB", self.ratio, CODEC_IDS[self.values.name], int(self.scale_values))
+
+    def kept(self, numel: int) -> int:
+        return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def body_size(self, numel: int) -> int:
+        return 8 + self.values.wire_bytes(self.kept(numel))
+
+    def support(self, numel: int, seed: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randperm(numel, generator=gen)[: self.kept(numel)].sort().values
+
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        seed = self.seed
+        if seed < 0:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        index = self.support(x.numel(), seed)
+        values = x[index]
+        if self.scale_values and index.numel():
+            values = values * (x.numel() / index.numel())
+        return struct.pack("<Q", seed) + self.values.encode(values, generator)
+
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        (seed,) = struct.unpack("<Q", body[:8])
+        if seed >= 2**63:
+            raise PayloadError(f"random-k seed {seed} out of range")
+        if self.seed >= 0 and seed != self.seed:
+            raise PayloadError(f"random-k seed {seed} differs from the round's seed {self.seed}")
+        values = self.values.decode(body[8:], self.kept(numel))
+        out = torch.zeros(numel, dtype=torch.float32)
+        out[self.support(numel, seed)] = values
+        return out
+
+

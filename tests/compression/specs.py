@@ -1,0 +1,15 @@
+"""One list of codec specs that every compression test runs over (new codecs join here)."""
+
+QUANTIZERS = [
+    "none", "fp16", "bf16",
+    "qsgd:bits=2", "qsgd:bits=3,bucket=7", "qsgd:bits=4,bucket=512,norm=l2", "qsgd:bits=4,norm=max",
+    "qsgd:bits=8,bucket=64",
+    "terngrad:bucket=64", "terngrad:bucket=100,clip=0",
+    "onebit:bucket=64", "sign:bucket=64",
+]
+SPARSIFIERS = [
+    "topk:ratio=0.05", "topk:ratio=0.05,sample=0.2", "topk:ratio=0.02+qsgd:bits=4,bucket=16",
+    "threshold:value=1.5", "threshold:value=0.5+fp16",
+    "randk:ratio=0.1", "randk:ratio=0.1,unbiased=true", "randk:ratio=0.1,seed=5+qsgd:bits=8",
+]
+ALL = QUANTIZERS + SPARSIFIERS
