@@ -7,6 +7,7 @@ client of a round and the coordinator's decoder alike.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -15,7 +16,16 @@ import torch
 from compression.errors import PayloadError
 from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, pack_payload, parse_payload
 
-__all__ = ["Codec", "as_flat_float32"]
+__all__ = ["Codec", "all_finite", "as_flat_float32"]
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """True when no element is NaN or infinite.
+
+    One summing pass decides the common case (a finite sum means finite elements); only when the
+    sum is not finite, which large but finite values can also cause, is the exact check run.
+    """
+    return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
 
 
 def as_flat_float32(x: torch.Tensor) -> torch.Tensor:
@@ -25,7 +35,7 @@ def as_flat_float32(x: torch.Tensor) -> torch.Tensor:
     loudly instead (its reply becomes an error the coordinator logs).
     """
     flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-    if not bool(torch.isfinite(flat).all()):
+    if not all_finite(flat):
         raise ValueError("cannot encode a tensor with NaN or infinite values")
     return flat
 
@@ -56,12 +66,26 @@ class Codec(ABC):
         """Exact body length in bytes for ``numel`` elements."""
 
     @abstractmethod
-    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
-        """Encode a validated flat float32 tensor into the body bytes."""
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes | memoryview:
+        """Encode a validated flat float32 tensor into the body bytes (a view avoids one copy)."""
 
     @abstractmethod
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         """Decode a body whose length has already been checked against :meth:`body_size`."""
+
+    def for_round(self, server_round: int, seed: int) -> Codec:
+        """The codec that encodes round ``server_round``'s updates. Most codecs are the same every
+        round; schedules (DGC's sparsity warm-up) and round-shared randomness (random-k's common
+        support) derive their round's codec here, identically on every client and the server."""
+        return self
+
+    def make_memory(self, wire: Codec, numel: int, state: dict[str, torch.Tensor] | None):  # type: ignore[no-untyped-def]
+        """The client-side memory that wraps ``wire`` (this round's codec): error feedback by
+        default, restored from ``state`` (a previous :meth:`state_dict` of the same memory)."""
+        from compression.error_feedback import ErrorFeedback
+
+        residual = (state or {}).get("residual")
+        return ErrorFeedback(wire, numel, residual)
 
     def wire_bytes(self, numel: int) -> int:
         """Bytes on the wire (header included) for ``numel`` elements: exact for fixed-size codecs,
@@ -84,7 +108,7 @@ class Codec(ABC):
         self._check_header(header, expected_numel)
         check_crc(memoryview(payload).cast("B"))
         out = self._decode_body(body, header.numel)
-        if not bool(torch.isfinite(out).all()):
+        if not all_finite(out):
             raise PayloadError("decoded values are not all finite")
         return out
 

@@ -25,9 +25,12 @@ class _DenseCodec(Codec):
     def body_size(self, numel: int) -> int:
         return self._dtype.itemsize * numel
 
-    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
-        limit = float(np.finfo(self._dtype).max)
-        return x.numpy().clip(-limit, limit).astype(self._dtype).tobytes()
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> memoryview:
+        values = x.numpy()
+        if self._dtype.itemsize < 4:  # narrower than float32: clamp instead of overflowing to inf
+            limit = float(np.finfo(self._dtype).max)
+            values = np.clip(values, -limit, limit)
+        return memoryview(values.astype(self._dtype, copy=False)).cast("B")
 
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         return torch.from_numpy(np.frombuffer(body, dtype=self._dtype).astype(np.float32))

@@ -48,6 +48,9 @@ class ErrorFeedback:
     def reset(self) -> None:
         self.residual.zero_()
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"residual": self.residual}
+
 
 def relative_error(codec: Codec, numel: int, seed: int = 0) -> float:
     """``|D(C(x)) - x|^2 / |x|^2`` for one Gaussian ``x`` of ``numel`` elements (>= 1: not contractive)."""

@@ -3,7 +3,8 @@
 Quantizers: ``none`` (fp32), ``fp16``, ``bf16``, ``qsgd:bits=4,bucket=512,norm=max``,
 ``terngrad:bucket=4096,clip=2.5``, ``onebit:bucket=512``, ``sign:bucket=512``.
 Sparsifiers: ``topk:ratio=0.01[,sample=0.01]``, ``threshold:value=1e-3``,
-``randk:ratio=0.01[,unbiased=true][,seed=S]``; each may be followed by ``+`` and a quantizer for the
+``randk:ratio=0.01[,unbiased=true][,seed=S|,shared=true]``, and Deep Gradient Compression
+``dgc:ratio=0.001,momentum=0.9,warmup=4`` (a client memory over sampled top-k); each may be followed by ``+`` and a quantizer for the
 kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Unspecified parameters take the codec's defaults;
 :attr:`Codec.spec` gives the canonical form.
 """
@@ -14,6 +15,7 @@ from collections.abc import Callable
 
 from compression.codec import Codec
 from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
+from compression.dgc import DGCCodec
 from compression.qsgd import QSGDCodec
 from compression.sign import OneBitCodec, ScaledSignCodec
 from compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
@@ -57,3 +59,4 @@ register_codec("sign", ScaledSignCodec)
 register_codec("topk", TopKCodec)
 register_codec("threshold", ThresholdCodec)
 register_codec("randk", RandomKCodec)
+register_codec("dgc", DGCCodec)

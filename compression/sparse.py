@@ -160,7 +160,7 @@ class RandomKCodec(Codec):
 
     name = "randk"
 
-    def __init__(self, ratio: float = 0.01, unbiased: bool = False, seed: int = -1,
+    def __init__(self, ratio: float = 0.01, unbiased: bool = False, seed: int = -1, shared: bool = False,
                  values: Codec | None = None) -> None:
         if not 0 < ratio <= 1:
             raise SpecError(f"randk ratio must be in (0, 1], got {ratio}")
@@ -170,13 +170,16 @@ class RandomKCodec(Codec):
         self.ratio = _f32(ratio)
         self.scale_values = bool(unbiased)
         self.unbiased = self.scale_values and self.values.unbiased  # type: ignore[misc]
-        # seed >= 0: a fixed support (e.g. shared by all clients of a round); -1: drawn per encode.
+        # seed >= 0: a fixed support; -1: drawn per encode; shared: one support per round, derived
+        # from the run seed and the round number (see for_round), the same on every client.
         self.seed = int(seed)
+        self.shared = bool(shared)
 
     @property
     def spec(self) -> str:
         head = f"randk:ratio={self.ratio:g}" + (",unbiased=true" if self.scale_values else "")
         head += f",seed={self.seed}" if self.seed >= 0 else ""
+        head += ",shared=true" if self.shared else ""
         return head if isinstance(self.values, Float32Codec) else f"{head}+{self.values.spec}"
 
     def params_bytes(self) -> bytes:
@@ -184,6 +187,12 @@ class RandomKCodec(Codec):
 
     def kept(self, numel: int) -> int:
         return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def for_round(self, server_round: int, seed: int) -> Codec:
+        if not self.shared:
+            return self
+        round_seed = int(np.random.SeedSequence([seed, server_round, 0x72616E64]).generate_state(1)[0])
+        return RandomKCodec(self.ratio, self.scale_values, round_seed, False, self.values)
 
     def body_size(self, numel: int) -> int:
         return 8 + self.values.wire_bytes(self.kept(numel))

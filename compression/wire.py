@@ -1,6 +1,6 @@
 """The self-describing binary envelope of every encoded update.
 
-Layout (little-endian), a fixed 36-byte header followed by the codec's body::
+Layout (little-endian), a fixed 40-byte header followed by the codec's body::
 
     offset size field
     0      4    magic            b"FDGE"
@@ -11,7 +11,8 @@ Layout (little-endian), a fixed 36-byte header followed by the codec's body::
     8      8    element count    number of decoded elements
     16     8    codec params     codec-specific, 8 bytes (e.g. QSGD: bits u8, pad, bucket u32)
     24     8    body length      bytes after the header; must equal the rest of the payload
-    32     4    crc32            zlib.crc32 over bytes [0, 32) and the body
+    32     8    checksum         XXH3-64 over bytes [0, 32) and the body (~15 GB/s here, against
+                                 ~3 GB/s for zlib.crc32: the checksum must not be the bottleneck)
 
 The header is checked completely (magic, version, known ids, zero flags, exact length, checksum)
 before a codec looks at its body, and every codec validates its body sizes against the element count
@@ -22,8 +23,9 @@ element count the caller expects.
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
+
+import xxhash
 
 from compression.errors import PayloadError
 
@@ -38,6 +40,7 @@ __all__ = [
     "check_crc",
     "pack_payload",
     "parse_payload",
+    "reseal",
 ]
 
 MAGIC = b"FDGE"
@@ -51,9 +54,9 @@ CODEC_IDS: dict[str, int] = {
 # A hard ceiling independent of the caller's expectation (2^36 floats = 256 GiB decoded).
 MAX_ELEMENTS = 1 << 36
 
-_HEADER = struct.Struct("<4sBBBBQ8sQI")
-HEADER_SIZE = _HEADER.size  # 36
-_CRC_OFFSET = HEADER_SIZE - 4
+_HEADER = struct.Struct("<4sBBBBQ8sQQ")
+HEADER_SIZE = _HEADER.size  # 40
+_CRC_OFFSET = HEADER_SIZE - 8
 
 
 @dataclass(frozen=True)
@@ -67,15 +70,28 @@ class Header:
     body_length: int
 
 
-def pack_payload(codec_id: int, numel: int, params: bytes, body: bytes | bytearray) -> bytes:
+def pack_payload(codec_id: int, numel: int, params: bytes, body: bytes | bytearray | memoryview) -> bytes:
     """Frame ``body`` with a header and checksum. ``params`` is padded to 8 bytes."""
     if len(params) > 8:
         raise ValueError("codec params must fit in 8 bytes")
     head = _HEADER.pack(
-        MAGIC, VERSION, codec_id, DTYPE_FLOAT32, 0, numel, params.ljust(8, b"\0"), len(body), 0
+        MAGIC, VERSION, codec_id, DTYPE_FLOAT32, 0, numel, params.ljust(8, b"\0"), body.nbytes if isinstance(body, memoryview) else len(body), 0
     )
-    crc = zlib.crc32(body, zlib.crc32(head[:_CRC_OFFSET]))
-    return b"".join((head[:_CRC_OFFSET], struct.pack("<I", crc), body))
+    return b"".join((head[:_CRC_OFFSET], struct.pack("<Q", _digest(head[:_CRC_OFFSET], body)), body))
+
+
+def _digest(head: bytes | memoryview, body: bytes | bytearray | memoryview) -> int:
+    hasher = xxhash.xxh3_64(head)
+    hasher.update(body)
+    return hasher.intdigest()
+
+
+def reseal(payload: bytes | bytearray) -> bytes:
+    """Recompute the checksum of ``payload`` (for tests that must get past it to reach deeper checks)."""
+    data = bytearray(payload)
+    if len(data) >= HEADER_SIZE:
+        data[_CRC_OFFSET:HEADER_SIZE] = struct.pack("<Q", _digest(bytes(data[:_CRC_OFFSET]), bytes(data[HEADER_SIZE:])))
+    return bytes(data)
 
 
 def parse_payload(
@@ -121,8 +137,8 @@ def parse_payload(
 
 
 def check_crc(view: memoryview) -> None:
-    """Compare the stored CRC-32 with one computed over the header fields and the body."""
-    (stored,) = struct.unpack("<I", view[_CRC_OFFSET:HEADER_SIZE])
-    computed = zlib.crc32(view[HEADER_SIZE:], zlib.crc32(view[:_CRC_OFFSET]))
+    """Compare the stored checksum with one computed over the header fields and the body."""
+    (stored,) = struct.unpack("<Q", view[_CRC_OFFSET:HEADER_SIZE])
+    computed = _digest(view[:_CRC_OFFSET], view[HEADER_SIZE:])
     if stored != computed:
-        raise PayloadError(f"checksum mismatch (header {stored:#010x}, computed {computed:#010x})")
+        raise PayloadError(f"checksum mismatch (header {stored:#018x}, computed {computed:#018x})")

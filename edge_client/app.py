@@ -105,7 +105,8 @@ def train(msg: Message, context: Context) -> Message:
     delta = flatten_state(model.state_dict()) - global_flat
     codec = make_codec(str(config["codec"]))
     payload, residual_norm = encode_update(
-        delta, codec, context.state, error_feedback=bool(config["error-feedback"]), generator=generator
+        delta, codec, context.state, server_round=int(config["round"]), seed=int(config["seed"]),
+        error_feedback=bool(config["error-feedback"]), generator=generator,
     )
     payload = _inject_fault(payload, context)
     update = ArrayRecord(

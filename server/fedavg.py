@@ -189,7 +189,8 @@ class FedAvgLoop:
         config = self._train_config(server_round)
         messages, sent_bytes = self._broadcast(sampled, params, config, MessageType.TRAIN, str(server_round))
         tally = _RoundTally(mean=StreamingMean(params.numel()))
-        unanswered = self._collect(grid, messages, lambda reply: self._absorb(reply, tally, server_round))
+        wire = self.codec.for_round(server_round, self.settings.seed)  # what the clients encode with
+        unanswered = self._collect(grid, messages, lambda reply: self._absorb(reply, tally, server_round, wire))
         for node, reason in unanswered:
             tally.rejected.append({"node": node, "reason": reason})
         if tally.used >= self.settings.min_replies:
@@ -310,14 +311,14 @@ class FedAvgLoop:
         timeout = f"no reply within {self.settings.round_timeout:g} s"
         return missing + [(node, timeout) for node in sorted(pending.values())]
 
-    def _absorb(self, reply: Message, tally: _RoundTally, server_round: int) -> None:
+    def _absorb(self, reply: Message, tally: _RoundTally, server_round: int, wire: Codec | None = None) -> None:
         """Validate one reply and decode it into the accumulator, or record why it was rejected."""
         node = reply.metadata.src_node_id
         try:
             if reply.has_error():
                 raise _Rejected(f"client error {reply.error.code}: {reply.error.reason}")
             payload, examples, train_loss = _unpack_reply(reply)
-            tally.mean.add_payload(payload, self.codec, weight=examples)
+            tally.mean.add_payload(payload, wire or self.codec, weight=examples)
         except ValueError as err:  # PayloadError and _Rejected are ValueErrors
             log.warning("round %d: rejected update from node %d: %s", server_round, node, err)
             tally.rejected.append({"node": node, "reason": str(err)})

@@ -34,7 +34,7 @@ def test_order_does_not_matter() -> None:
         a.add_payload(codec.encode(u), codec, w)
     for u, w in reversed(updates):
         b.add_payload(codec.encode(u), codec, w)
-    assert torch.allclose(a.mean(), b.mean(), atol=1e-7)
+    assert torch.allclose(a.mean(), b.mean(), rtol=1e-5, atol=1e-6)
 
 
 def test_rejected_payload_leaves_accumulator_untouched() -> None:

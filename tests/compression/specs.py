@@ -11,5 +11,6 @@ SPARSIFIERS = [
     "topk:ratio=0.05", "topk:ratio=0.05,sample=0.2", "topk:ratio=0.02+qsgd:bits=4,bucket=16",
     "threshold:value=1.5", "threshold:value=0.5+fp16",
     "randk:ratio=0.1", "randk:ratio=0.1,unbiased=true", "randk:ratio=0.1,seed=5+qsgd:bits=8",
+    "dgc:ratio=0.05,sample=0+qsgd:bits=4,bucket=32",
 ]
 ALL = QUANTIZERS + SPARSIFIERS

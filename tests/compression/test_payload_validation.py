@@ -2,13 +2,13 @@
 
 import random
 import struct
-import zlib
 
 import numpy as np
 import pytest
 import torch
 
 from compression import HEADER_SIZE, PayloadError, make_codec
+from compression.wire import reseal
 from tests.compression.specs import ALL
 
 SPECS = ALL
@@ -22,10 +22,7 @@ def _payload(spec: str) -> bytes:
 
 def _recrc(data: bytes | bytearray) -> bytes:
     """Fix the checksum so that validation must catch the mutation by looking at the fields."""
-    data = bytearray(data)
-    crc = zlib.crc32(bytes(data[HEADER_SIZE:]), zlib.crc32(bytes(data[: HEADER_SIZE - 4])))
-    data[HEADER_SIZE - 4 : HEADER_SIZE] = struct.pack("<I", crc)
-    return bytes(data)
+    return reseal(data)
 
 
 def _decode(spec: str, data: bytes, numel: int = N) -> None:

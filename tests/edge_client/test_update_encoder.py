@@ -2,7 +2,11 @@ import torch
 from flwr.app import RecordDict
 
 from compression import make_codec
-from edge_client.update_encoder import encode_update, load_residual
+from edge_client.update_encoder import encode_update, load_memory_state
+
+
+def _encode(delta, codec, state, gen=None, round_=1):  # type: ignore[no-untyped-def]
+    return encode_update(delta, codec, state, server_round=round_, seed=42, error_feedback=True, generator=gen)
 
 
 def test_residual_persists_in_context_state_across_rounds() -> None:
@@ -12,24 +16,46 @@ def test_residual_persists_in_context_state_across_rounds() -> None:
     deltas = [torch.randn(500, generator=gen) for _ in range(3)]
     sent = torch.zeros(500)
     for delta in deltas:
-        payload, norm = encode_update(delta, codec, state, error_feedback=True, generator=gen)
+        payload, norm = _encode(delta, codec, state, gen)
         sent += codec.decode(payload, 500)
         assert norm > 0
-    residual = load_residual(state, codec, 500)
-    assert residual is not None
+    residual = load_memory_state(state, codec, 500)["residual"]
     assert torch.allclose(sent + residual, sum(deltas), atol=1e-4)
 
 
-def test_residual_resets_when_codec_or_model_changes() -> None:
+def test_memory_resets_when_codec_or_model_changes() -> None:
     state = RecordDict()
     codec = make_codec("qsgd:bits=2,bucket=64")
-    encode_update(torch.randn(100), codec, state, error_feedback=True)
-    assert load_residual(state, codec, 100) is not None
-    assert load_residual(state, make_codec("qsgd:bits=4,bucket=64"), 100) is None
-    assert load_residual(state, codec, 101) is None
+    _encode(torch.randn(100), codec, state)
+    assert load_memory_state(state, codec, 100) is not None
+    assert load_memory_state(state, make_codec("qsgd:bits=4,bucket=64"), 100) is None
+    assert load_memory_state(state, codec, 101) is None
 
 
 def test_without_error_feedback_nothing_is_stored() -> None:
     state = RecordDict()
-    encode_update(torch.randn(10), make_codec("fp16"), state, error_feedback=False)
+    encode_update(torch.randn(10), make_codec("fp16"), state, server_round=1, seed=0, error_feedback=False)
     assert len(state) == 0
+
+
+def test_dgc_memory_survives_rounds_and_warms_up() -> None:
+    codec = make_codec("dgc:ratio=0.01,sample=0,momentum=0.9,warmup=3")
+    state = RecordDict()
+    sizes = []
+    for round_ in (1, 2, 3, 4):
+        payload, _ = _encode(torch.randn(10_000), codec, state, round_=round_)
+        wire = codec.for_round(round_, 42)
+        sizes.append(int((wire.decode(payload, 10_000) != 0).sum()))
+    assert sizes == [2500, 625, 157, 100]  # 0.25^r until the final 1%
+    saved = load_memory_state(state, codec, 10_000)
+    assert set(saved) == {"u", "v"}
+
+
+def test_shared_random_k_support_is_the_same_for_all_clients_of_a_round() -> None:
+    codec = make_codec("randk:ratio=0.01,shared=true")
+    a = codec.for_round(3, 42)
+    b = codec.for_round(3, 42)
+    c = codec.for_round(4, 42)
+    x, y = torch.randn(5000), torch.randn(5000)
+    assert torch.equal(a.decode(a.encode(x), 5000) != 0, b.decode(b.encode(y), 5000) != 0)
+    assert not torch.equal(a.decode(a.encode(x), 5000) != 0, c.decode(c.encode(x), 5000) != 0)
