@@ -7,6 +7,7 @@ one is a protocol change. A train reply carries the encoded update as raw bytes 
 
 __all__ = [
     "CONFIG_RECORD",
+    "DOWNLINK_RECORD",
     "METRICS_RECORD",
     "MODEL_RECORD",
     "PAYLOAD_KEY",
@@ -15,6 +16,7 @@ __all__ = [
 ]
 
 MODEL_RECORD = "arrays"  # server -> client: the global model as an ArrayRecord (state dict)
+DOWNLINK_RECORD = "downlink"  # server -> client: encoded change since the client's public copy
 CONFIG_RECORD = "config"  # server -> client: round, codec spec, hyper-parameters
 UPDATE_RECORD = "update"  # client -> server: ArrayRecord holding the payload
 PAYLOAD_KEY = "payload"

@@ -18,15 +18,17 @@ from flwr.clientapp import ClientApp
 from compression import make_codec
 from compression.protocol import (
     CONFIG_RECORD,
+    DOWNLINK_RECORD,
     METRICS_RECORD,
     MODEL_RECORD,
     PAYLOAD_KEY,
     PAYLOAD_STYPE,
     UPDATE_RECORD,
 )
+from edge_client import public_copy
 from edge_client.trainer import train_local
 from edge_client.update_encoder import encode_update
-from tasks import TensorData, evaluate, flatten_state, make_task
+from tasks import TensorData, evaluate, flatten_state, make_task, unflatten_state
 
 __all__ = ["app"]
 
@@ -61,6 +63,24 @@ def _global_model(msg: Message, config: ConfigRecord) -> torch.nn.Module:
     return model
 
 
+def _training_start(msg: Message, config: ConfigRecord, context: Context) -> torch.nn.Module:
+    """The model to train from: the full model the server sent, or (compressed downlink) the
+    node's public copy moved by the encoded change the server sent."""
+    downlink = str(config.get("downlink-codec", "none"))
+    if MODEL_RECORD in msg.content.array_records:
+        model = _global_model(msg, config)
+        if downlink != "none":
+            public_copy.store(context.state, flatten_state(model.state_dict()), int(config["round"]))
+        return model
+    model = make_task(str(config["task"])).build_model()
+    array = msg.content.array_records[DOWNLINK_RECORD][PAYLOAD_KEY]
+    public = public_copy.apply(
+        context.state, make_codec(downlink), array.data, int(config["base-round"]), int(config["round"])
+    )
+    model.load_state_dict(unflatten_state(public, model.state_dict()))
+    return model
+
+
 _FAULTS = ("truncate", "bitflip", "garbage", "hang")
 
 
@@ -88,7 +108,7 @@ def train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     config = msg.content.config_records[CONFIG_RECORD]
     data = _local_data(context, config)
-    model = _global_model(msg, config)
+    model = _training_start(msg, config, context)
     global_flat = flatten_state(model.state_dict())
     generator = torch.Generator().manual_seed(_seed(config, context))
 

@@ -21,13 +21,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from aggregation import StreamingMean, make_server_optimizer
+from aggregation.broadcast import Broadcast
 from compression import Codec, make_codec, relative_error
 from compression.protocol import (
     CONFIG_RECORD,
+    DOWNLINK_RECORD,
     METRICS_RECORD,
     MODEL_RECORD,
     PAYLOAD_KEY,
@@ -90,8 +92,12 @@ class FedAvgLoop:
                 )
         self.server_opt = make_server_optimizer(settings.server_opt)
         self.on_round = on_round
+        self.downlink: Codec | None = None if settings.downlink_codec == "none" else make_codec(settings.downlink_codec)
+        self._broadcast_state: Broadcast | None = None
         self._model = task.build_model()
         self._template = self._model.state_dict()
+        # what one fp32 model costs as a Flower ArrayRecord: the baseline of every compression ratio
+        self._fp32_bytes = _record_bytes(ArrayRecord(self._template))
         self._test = task.test_data()
 
     # -- public ---------------------------------------------------------------------------------
@@ -180,6 +186,8 @@ class FedAvgLoop:
                 "momentum": s.momentum,
                 "prox-mu": s.prox_mu,
                 "seed": s.seed,
+                "downlink-codec": self.downlink.spec if self.downlink else "none",
+                "base-round": server_round - 1,
             }
         )
 
@@ -187,12 +195,22 @@ class FedAvgLoop:
         started = time.perf_counter()
         sampled = self._sample(grid, server_round)
         config = self._train_config(server_round)
-        messages, sent_bytes = self._broadcast(sampled, params, config, MessageType.TRAIN, str(server_round))
+        if self.downlink is None:
+            messages, sent_bytes = self._broadcast(sampled, params, config, MessageType.TRAIN, str(server_round))
+        else:
+            messages, sent_bytes = self._broadcast_compressed(sampled, params, config, server_round)
         tally = _RoundTally(mean=StreamingMean(params.numel()))
         wire = self.codec.for_round(server_round, self.settings.seed)  # what the clients encode with
         unanswered = self._collect(grid, messages, lambda reply: self._absorb(reply, tally, server_round, wire))
         for node, reason in unanswered:
             tally.rejected.append({"node": node, "reason": reason})
+        if self._broadcast_state is not None:
+            failed = {r["node"] for r in tally.rejected}
+            for node in sampled:
+                if node in failed:
+                    self._broadcast_state.forget(node)
+                else:
+                    self._broadcast_state.confirm(node)
         if tally.used >= self.settings.min_replies:
             stepped = self.server_opt.step(params, tally.mean.mean())
             if bool(torch.isfinite(stepped).all()):
@@ -215,7 +233,7 @@ class FedAvgLoop:
             "loss": loss,
             "train_loss": tally.loss_sum / tally.mean.total_weight if tally.used else None,
             "uplink_bytes": tally.uplink_bytes,
-            "uplink_fp32_bytes": tally.used * sent_bytes // max(len(messages), 1),
+            "uplink_fp32_bytes": tally.used * self._fp32_bytes,
             "downlink_bytes": sent_bytes + eval_bytes,
             "seconds": time.perf_counter() - started,
             "clients_sampled": len(sampled),
@@ -267,6 +285,35 @@ class FedAvgLoop:
             "client_loss": totals["loss"] / totals["examples"],
             "client_eval_replies": int(totals["replies"]),
         }, sent
+
+    def _broadcast_compressed(
+        self, nodes: list[int], params: torch.Tensor, config: ConfigRecord, server_round: int
+    ) -> tuple[list[Message], int]:
+        """Up-to-date clients get the encoded change of the public copy, the others the full copy."""
+        assert self.downlink is not None
+        if self._broadcast_state is None:
+            self._broadcast_state = Broadcast(self.downlink, params)
+        state = self._broadcast_state
+        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + server_round)
+        state.advance(params, server_round, generator)
+        delta = state.delta or b""
+        current = [n for n in nodes if state.is_current(n)]
+        stale = [n for n in nodes if not state.is_current(n)]
+        messages, sent = self._broadcast(stale, state.public, config, MessageType.TRAIN, str(server_round))
+        record = ArrayRecord(
+            {PAYLOAD_KEY: Array(dtype="uint8", shape=(len(delta),), stype=PAYLOAD_STYPE, data=delta)}
+        )
+        for node in current:
+            messages.append(
+                Message(
+                    RecordDict({DOWNLINK_RECORD: record, CONFIG_RECORD: config}),
+                    dst_node_id=node,
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                    ttl=self.settings.round_timeout + 60.0,
+                )
+            )
+        return messages, sent + len(current) * len(delta)
 
     def _broadcast(
         self, nodes: list[int], params: torch.Tensor, config: ConfigRecord, message_type: str, group: str

@@ -154,7 +154,20 @@ class ProcessGroup:
             left = self.stragglers()
             if left:
                 log.warning("processes %s ignored SIGTERM for %.0f s; killing them", left, grace)
-            self.kill_all()
+            # Kill until the group stays empty: a dying supervisor (Ray's raylet) may still spawn a
+            # child between two sweeps; it carries the marker and is caught by the next one.
+            quiet_since, deadline = None, time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                self.kill_all()
+                for process in self.processes:
+                    process.popen.poll()
+                if self.stragglers():
+                    quiet_since = None
+                elif quiet_since is None:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since > 0.5:
+                    break
+                time.sleep(0.1)
             for process in self.processes:
                 try:
                     process.popen.wait(timeout=5)

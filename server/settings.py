@@ -51,6 +51,11 @@ class RunSettings:
         "uplink codec spec: 'none' (fp32), 'fp16', 'qsgd:bits=B,bucket=N,norm=l2|max'",
     )
     error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
+    downlink_codec: str = _opt(
+        "none",
+        "codec for the model sent to clients: 'none' sends the full fp32 model; any other codec sends "
+        "up-to-date clients only the change since their copy (server-side error feedback)",
+    )
     server_opt: str = _opt(
         "fedavg", "server optimizer: fedavg[:lr=], fedavgm[:lr=,momentum=], fedadam, fedyogi, fedadagrad"
     )

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers) -> None:
     settings = RunSettings(rounds=4, clients_per_round=4, local_epochs=2, client_eval_every=2,
-                           run_dir=str(tmp_path / "run"))
+                           downlink_codec="qsgd:bits=8", run_dir=str(tmp_path / "run"))
 
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None  # the run did not finish
@@ -33,4 +33,9 @@ def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, asser
     # federated evaluation by the clients' evaluate handler, every 2 rounds
     assert resumed.rows[3]["client_eval_replies"] == 4 and 0.3 < resumed.rows[3]["client_accuracy"] <= 1.0
     assert "client_accuracy" not in resumed.rows[2]
+    # compressed downlink: the first round after each start sends full models, the others deltas
+    full = 4 * 154_152  # four fp32 models as Flower ArrayRecords
+    # rows with client evaluation also sent every client the full model for evaluation
+    train_downlink = [row["downlink_bytes"] - (full if "client_accuracy" in row else 0) for row in resumed.rows]
+    assert max(train_downlink) == full and min(train_downlink) < full / 3
     assert_no_leftovers(resumed.run_dir / "flwr-home")

@@ -1,0 +1,120 @@
+"""Federated runs side by side: the same task, clients, rounds and seeds; only the uplink codec changes.
+
+Presets:
+* ``demo``  - the demo setting (10 clients, 30 rounds) for the default codec and its neighbours.
+* ``suite`` - issue 3's comparison: 20 clients, Dirichlet(0.5), every codec family.
+
+For each configuration and seed: final held-out accuracy and loss, total uplink and downlink bytes
+(real payloads; downlink is the fp32 model sent to every sampled client), compression ratio against
+the fp32-equivalent uplink, and the first round (and cumulative uplink MB) at which held-out
+accuracy reached ``--target``. Prints a markdown table (mean ± std over seeds) and writes JSON
+with the command that produced it.
+
+    .venv/bin/python bench/communication.py --preset suite --seeds 42 43 44
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from server.engines import launch  # noqa: E402
+from server.settings import RunSettings  # noqa: E402
+
+PRESETS = {
+    "demo": {
+        "clients": 10, "rounds": 30,
+        "configs": [
+            ("none", True), ("fp16", True), ("qsgd:bits=8", True), ("qsgd:bits=4", True),
+            ("qsgd:bits=4,norm=l2", True), ("qsgd:bits=4,norm=l2", False), ("qsgd:bits=2", True),
+        ],
+    },
+    "suite": {
+        "clients": 20, "rounds": 40,
+        "configs": [
+            ("none", True), ("fp16", True), ("qsgd:bits=8", True), ("qsgd:bits=4", True),
+            ("qsgd:bits=2", True), ("terngrad", True), ("onebit", True), ("sign", True),
+            ("topk:ratio=0.01", True), ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True),
+            ("topk:ratio=0.001,sample=0.05+qsgd:bits=4", True), ("randk:ratio=0.01,shared=true", True),
+            ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.001,sample=0.05+qsgd:bits=4", True),
+        ],
+    },
+}
+
+
+def run_one(codec: str, ef: bool, seed: int, clients: int, rounds: int, target: float, run_dir: str) -> dict:
+    settings = RunSettings(codec=codec, error_feedback=ef, rounds=rounds, clients_per_round=clients,
+                           seed=seed, run_dir=run_dir)
+    result = launch(settings, engine="simulation", num_supernodes=clients, timeout=3600)
+    rows, summary = result.rows, result.summary
+    reached = next((r for r in rows if r["accuracy"] >= target), None)
+    uplink_at = sum(r["uplink_bytes"] for r in rows if reached and r["round"] <= reached["round"])
+    return {
+        "codec": codec, "error_feedback": ef, "seed": seed,
+        "accuracy": summary["final_accuracy"], "loss": summary["final_loss"],
+        "uplink_bytes": summary["uplink_bytes"], "downlink_bytes": summary["downlink_bytes"],
+        "uplink_fp32_bytes": summary["uplink_fp32_bytes"], "ratio": summary["compression_ratio"],
+        "round_to_target": reached["round"] if reached else None,
+        "uplink_mb_to_target": uplink_at / 1e6 if reached else None,
+    }
+
+
+def _mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    values = [v * scale for v in values]
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--rounds", type=int, help="override the preset's rounds")
+    parser.add_argument("--target", type=float, default=0.95, help="accuracy for rounds-to-target")
+    parser.add_argument("--only", nargs="*", help="run only these codec specs")
+    parser.add_argument("--out", help="JSON output (default bench/results/communication-<preset>.json)")
+    args = parser.parse_args()
+    preset = PRESETS[args.preset]
+    rounds = args.rounds or preset["rounds"]
+    configs = [c for c in preset["configs"] if not args.only or c[0] in args.only]
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (codec, ef) in enumerate(configs):
+            for seed in args.seeds:
+                run = run_one(codec, ef, seed, preset["clients"], rounds, args.target, f"{tmp}/run{i}-{seed}")
+                runs.append(run)
+                print(f"{codec} ef={ef} seed={seed}: {100 * run['accuracy']:.2f}% ratio {run['ratio']:.1f}x",
+                      file=sys.stderr)
+    print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()}: digits, Dirichlet(0.5), "
+          f"{preset['clients']} clients (all sampled), {rounds} rounds, seeds {args.seeds}. Command: `{command}`\n")
+    print(f"| codec | EF | held-out accuracy % | uplink MB | downlink MB | uplink vs fp32 | round to {args.target:.0%} | "
+          f"uplink MB to {args.target:.0%} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for codec, ef in configs:
+        group = [r for r in runs if r["codec"] == codec and r["error_feedback"] == ef]
+        reached = [r for r in group if r["round_to_target"] is not None]
+        to_round = _mean_std([r["round_to_target"] for r in reached], digits=1) if len(reached) == len(group) else (
+            f"{len(reached)}/{len(group)} runs")
+        to_mb = _mean_std([r["uplink_mb_to_target"] for r in reached], digits=3) if reached else "-"
+        print(f"| `{codec}` | {'yes' if ef else 'no'} | {_mean_std([r['accuracy'] for r in group], 100)} | "
+              f"{_mean_std([r['uplink_bytes'] for r in group], 1e-6, 3)} | "
+              f"{_mean_std([r['downlink_bytes'] for r in group], 1e-6, 1)} | "
+              f"{statistics.mean(r['ratio'] for r in group):.1f}x | {to_round} | {to_mb} |")
+    out = Path(args.out or Path(__file__).parent / "results" / f"communication-{args.preset}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
+                               "machine": platform.platform(), "runs": runs}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
