@@ -43,6 +43,7 @@ PRESETS = {
             ("none", True), ("fp16", True), ("qsgd:bits=8", True), ("qsgd:bits=4", True),
             ("qsgd:bits=2", True), ("terngrad", True), ("onebit", True), ("sign", True),
             ("topk:ratio=0.01", True), ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True),
+            ("topk:ratio=0.02,sample=0.05+qsgd:bits=4", True),
             ("topk:ratio=0.001,sample=0.05+qsgd:bits=4", True), ("randk:ratio=0.01,shared=true", True),
             ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.001,sample=0.05+qsgd:bits=4", True),
         ],

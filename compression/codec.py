@@ -73,6 +73,11 @@ class Codec(ABC):
     def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
         """Decode a body whose length has already been checked against :meth:`body_size`."""
 
+    def for_model(self, sizes: list[int] | tuple[int, ...]) -> Codec:
+        """The codec bound to a model's tensor sizes (in flattening order). Only per-tensor policies
+        (``layerwise``) use them; every other codec treats the update as one flat vector."""
+        return self
+
     def for_round(self, server_round: int, seed: int) -> Codec:
         """The codec that encodes round ``server_round``'s updates. Most codecs are the same every
         round; schedules (DGC's sparsity warm-up) and round-shared randomness (random-k's common

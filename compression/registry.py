@@ -5,7 +5,8 @@ Quantizers: ``none`` (fp32), ``fp16``, ``bf16``, ``qsgd:bits=4,bucket=512,norm=m
 Sparsifiers: ``topk:ratio=0.01[,sample=0.01]``, ``threshold:value=1e-3``,
 ``randk:ratio=0.01[,unbiased=true][,seed=S|,shared=true]``, and Deep Gradient Compression
 ``dgc:ratio=0.001,momentum=0.9,warmup=4`` (a client memory over sampled top-k); each may be followed by ``+`` and a quantizer for the
-kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Unspecified parameters take the codec's defaults;
+kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Per-tensor policy:
+``layerwise:min=1024,small=none+qsgd:bits=4`` (small tensors uncompressed; needs ``for_model``). Unspecified parameters take the codec's defaults;
 :attr:`Codec.spec` gives the canonical form.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from compression.codec import Codec
 from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
 from compression.dgc import DGCCodec
+from compression.layerwise import LayerwiseCodec
 from compression.qsgd import QSGDCodec
 from compression.sign import OneBitCodec, ScaledSignCodec
 from compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
@@ -60,3 +62,4 @@ register_codec("topk", TopKCodec)
 register_codec("threshold", ThresholdCodec)
 register_codec("randk", RandomKCodec)
 register_codec("dgc", DGCCodec)
+register_codec("layerwise", LayerwiseCodec)

@@ -28,7 +28,7 @@ from compression.protocol import (
 from edge_client import public_copy
 from edge_client.trainer import train_local
 from edge_client.update_encoder import encode_update
-from tasks import TensorData, evaluate, flatten_state, make_task, unflatten_state
+from tasks import TensorData, evaluate, flatten_state, make_task, tensor_sizes, unflatten_state
 
 __all__ = ["app"]
 
@@ -74,9 +74,8 @@ def _training_start(msg: Message, config: ConfigRecord, context: Context) -> tor
         return model
     model = make_task(str(config["task"])).build_model()
     array = msg.content.array_records[DOWNLINK_RECORD][PAYLOAD_KEY]
-    public = public_copy.apply(
-        context.state, make_codec(downlink), array.data, int(config["base-round"]), int(config["round"])
-    )
+    codec = make_codec(downlink).for_model(tensor_sizes(model.state_dict()))
+    public = public_copy.apply(context.state, codec, array.data, int(config["base-round"]), int(config["round"]))
     model.load_state_dict(unflatten_state(public, model.state_dict()))
     return model
 
@@ -123,7 +122,7 @@ def train(msg: Message, context: Context) -> Message:
         generator=generator,
     )
     delta = flatten_state(model.state_dict()) - global_flat
-    codec = make_codec(str(config["codec"]))
+    codec = make_codec(str(config["codec"])).for_model(tensor_sizes(model.state_dict()))
     payload, residual_norm = encode_update(
         delta, codec, context.state, server_round=int(config["round"]), seed=int(config["seed"]),
         error_feedback=bool(config["error-feedback"]), generator=generator,

@@ -39,7 +39,7 @@ from compression.protocol import (
 from server.checkpoint import Checkpoint
 from server.run_directory import RunDirectory
 from server.settings import RunSettings
-from tasks import Task, evaluate, flatten_state, unflatten_state
+from tasks import Task, evaluate, flatten_state, tensor_sizes, unflatten_state
 
 __all__ = ["FedAvgLoop", "LoopResult", "NotEnoughNodesError", "initial_params"]
 
@@ -81,9 +81,11 @@ class FedAvgLoop:
         self.settings = settings
         self.task = task
         self.run_dir = run_dir
-        self.codec: Codec = make_codec(settings.codec)
+        self._model = task.build_model()
+        self._template = self._model.state_dict()
+        self.codec: Codec = make_codec(settings.codec).for_model(tensor_sizes(self._template))
         if settings.error_feedback:
-            noise = relative_error(self.codec, 1 << 16)
+            noise = relative_error(self.codec, sum(tensor_sizes(self._template)))
             if noise >= 1.0:
                 log.warning(
                     "codec %s has relative squared error %.2f >= 1 (not contractive): error feedback "
@@ -92,10 +94,10 @@ class FedAvgLoop:
                 )
         self.server_opt = make_server_optimizer(settings.server_opt)
         self.on_round = on_round
-        self.downlink: Codec | None = None if settings.downlink_codec == "none" else make_codec(settings.downlink_codec)
+        self.downlink: Codec | None = None
+        if settings.downlink_codec != "none":
+            self.downlink = make_codec(settings.downlink_codec).for_model(tensor_sizes(self._template))
         self._broadcast_state: Broadcast | None = None
-        self._model = task.build_model()
-        self._template = self._model.state_dict()
         # what one fp32 model costs as a Flower ArrayRecord: the baseline of every compression ratio
         self._fp32_bytes = _record_bytes(ArrayRecord(self._template))
         self._test = task.test_data()

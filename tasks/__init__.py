@@ -2,7 +2,7 @@
 
 from tasks.base import Task, TensorData
 from tasks.evaluation import evaluate
-from tasks.parameters import flatten_state, numel_of, unflatten_state
+from tasks.parameters import flatten_state, numel_of, tensor_sizes, unflatten_state
 from tasks.registry import available_tasks, make_task, register_task
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "make_task",
     "numel_of",
     "register_task",
+    "tensor_sizes",
     "unflatten_state",
 ]

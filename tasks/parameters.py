@@ -10,11 +10,16 @@ from collections import OrderedDict
 
 import torch
 
-__all__ = ["flatten_state", "numel_of", "unflatten_state"]
+__all__ = ["flatten_state", "numel_of", "tensor_sizes", "unflatten_state"]
 
 
 def _float_items(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in state.items() if torch.is_floating_point(v)]
+
+
+def tensor_sizes(state: dict[str, torch.Tensor]) -> list[int]:
+    """Element counts of the floating-point tensors, in flattening order (per-tensor codec policies)."""
+    return [v.numel() for _, v in _float_items(state)]
 
 
 def numel_of(state: dict[str, torch.Tensor]) -> int:

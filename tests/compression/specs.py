@@ -14,3 +14,13 @@ SPARSIFIERS = [
     "dgc:ratio=0.05,sample=0+qsgd:bits=4,bucket=32",
 ]
 ALL = QUANTIZERS + SPARSIFIERS
+
+# Per-tensor policies need the model's tensor sizes; these tests bind them to a 1,000-element model.
+LAYERWISE = ["layerwise:min=100,small=fp16+qsgd:bits=4,bucket=64"]
+SIZES = (50, 300, 20, 630)
+
+
+def make(spec: str):  # type: ignore[no-untyped-def]
+    from compression import make_codec
+
+    return make_codec(spec).for_model(SIZES)

@@ -176,3 +176,28 @@ def test_spec_strings() -> None:
                 "threshold:value=-1", "terngrad:clip=-1"]:
         with pytest.raises(SpecError):
             make_codec(bad)
+
+
+def test_layerwise_policy_keeps_small_tensors_exact_and_counts_their_bytes() -> None:
+    from compression import PayloadError
+    from tasks import make_task, tensor_sizes
+
+    sizes = tensor_sizes(make_task("digits").build_model().state_dict())
+    codec = make_codec("layerwise:min=1024,small=none+qsgd:bits=4").for_model(sizes)
+    x = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(0))
+    payload = codec.encode(x)
+    decoded = codec.decode(payload, x.numel())
+    offset = 0
+    for n in sizes:
+        if n < 1024:  # biases and the first conv: sent as fp32, exactly
+            assert torch.equal(decoded[offset : offset + n], x[offset : offset + n])
+        offset += n
+    small = sum(n for n in sizes if n < 1024)
+    qsgd = make_codec("qsgd:bits=4")
+    assert len(payload) == 40 + 8 + make_codec("none").wire_bytes(small) + qsgd.wire_bytes(sum(sizes) - small)
+    with pytest.raises(ValueError, match="for_model"):
+        make_codec("layerwise+qsgd:bits=4").encode(x)
+    with pytest.raises(PayloadError):
+        codec.decode(payload, x.numel() + 1)
+    with pytest.raises(SpecError):
+        make_codec("layerwise:small=qsgd+qsgd:bits=4")

@@ -9,15 +9,15 @@ import torch
 
 from compression import HEADER_SIZE, PayloadError, make_codec
 from compression.wire import reseal
-from tests.compression.specs import ALL
+from tests.compression.specs import ALL, LAYERWISE, make
 
-SPECS = ALL
+SPECS = ALL + LAYERWISE
 N = 1000
 FUZZ_PER_CODEC = 10_000  # mutated payloads per codec in CI
 
 
 def _payload(spec: str) -> bytes:
-    return make_codec(spec).encode(torch.randn(N, generator=torch.Generator().manual_seed(0)))
+    return make(spec).encode(torch.randn(N, generator=torch.Generator().manual_seed(0)))
 
 
 def _recrc(data: bytes | bytearray) -> bytes:
@@ -26,7 +26,7 @@ def _recrc(data: bytes | bytearray) -> bytes:
 
 
 def _decode(spec: str, data: bytes, numel: int = N) -> None:
-    make_codec(spec).decode(data, numel)
+    make(spec).decode(data, numel)
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -136,7 +136,7 @@ def test_fuzz_mutations_only_raise_payload_error(spec: str) -> None:
     """Random byte flips, truncations, insertions; with and without a repaired checksum."""
     rng = random.Random(spec)
     genuine = _payload(spec)
-    codec = make_codec(spec)
+    codec = make(spec)
     for i in range(FUZZ_PER_CODEC):
         data = bytearray(genuine)
         kind = rng.randrange(4)
