@@ -51,7 +51,7 @@ def main(grid: Grid, context: Context) -> None:
 
     task = make_task(settings.task)
     loop = FedAvgLoop(settings, task, run_dir)
-    start_params = initial_params(task, settings.seed)
+    start_params = initial_params(task, settings.seed, settings.init)
     first_loss, first_accuracy = loop.evaluate(start_params)
     result = loop.run(grid, start_params)
 

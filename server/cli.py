@@ -26,6 +26,8 @@ examples:
   fedge demo --codec none --rounds 10          # the fp32 baseline
   fedge demo --partitioning iid --server-opt fedadam
   fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
+  fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
+  fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
   flwr run . <connection> --run-config 'codec="fp16" rounds=5'   # the same app, your own Flower setup
 
 every --option below is also a key of [tool.flwr.app.config] and of `flwr run --run-config`.
@@ -77,6 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
+    cloud = sub.add_parser(
+        "cloud-train",
+        help="cloud tier: data-parallel training with torchrun (DDP; gloo on CPU, NCCL on GPU)",
+        description="Runs `torchrun ... -m deploy.train ...`, or prints it with --print. The final "
+        "model.pt in --out is accepted by `fedge demo --init`. Multi-node: give the same "
+        "--nnodes/--rdzv-endpoint on every node and a distinct --node-rank.",
+    )
+    cloud.add_argument("--nproc-per-node", type=int, default=2)
+    cloud.add_argument("--nnodes", type=int, default=1)
+    cloud.add_argument("--node-rank", type=int, default=0)
+    cloud.add_argument("--rdzv-endpoint", default="127.0.0.1:29500", help="host:port of node 0")
+    cloud.add_argument("--print", action="store_true", dest="print_only", help="print the command only")
+    cloud.add_argument("train_args", nargs=argparse.REMAINDER,
+                       help="arguments for deploy.train, e.g. --out runs/cloud --epochs 5 --hook qsgd:bits=4")
+
     sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
     return parser
 
@@ -104,6 +121,13 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     if not settings.run_dir:
         settings = settings.replace(run_dir=_default_run_dir("demo" if engine == "simulation" else "cluster"))
     settings = settings.replace(run_dir=str(Path(settings.run_dir).resolve()))
+    if settings.init:  # the ServerApp runs elsewhere: pass an absolute path, checked here
+        from deploy.model_file import load_model_file
+
+        init = Path(settings.init).resolve()
+        if load_model_file(init).task != make_task(settings.task).spec:
+            raise SettingsError(f"--init {init} was trained for another task than {settings.task!r}")
+        settings = settings.replace(init=str(init))
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
     make_codec(settings.codec)
     make_task(settings.task)
@@ -129,6 +153,33 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     return 0
 
 
+def cloud_train_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command line: torchrun itself does process management and rendezvous."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    command = [torchrun, f"--nproc-per-node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
+    if args.nnodes > 1:
+        command += [f"--node-rank={args.node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={args.rdzv_endpoint}"]
+    else:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        command += [f"--master-addr={host}", f"--master-port={port}"]
+    train_args = [a for a in args.train_args if a != "--"]
+    return [*command, "-m", "deploy.train", *train_args]
+
+
+def _cloud_train(args: argparse.Namespace) -> int:
+    import shlex
+    import subprocess
+
+    if "--out" not in args.train_args:
+        raise SettingsError("cloud-train needs --out DIR among the deploy.train arguments")
+    command = cloud_train_command(args)
+    print(shlex.join(command))
+    if args.print_only:
+        return 0
+    return subprocess.run(command, check=False).returncode
+
+
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -151,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, "simulation", args.clients)
         if args.command == "local-cluster":
             return _run(args, "deployment", args.supernodes)
+        if args.command == "cloud-train":
+            return _cloud_train(args)
     except (SettingsError, ValueError) as err:
         print(f"fedge: error: {err}", file=sys.stderr)
         return 2

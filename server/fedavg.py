@@ -408,9 +408,19 @@ def _unpack_reply(reply: Message) -> tuple[bytes, float, float]:
     return array.data, float(examples), float(train_loss)
 
 
-def initial_params(task: Task, seed: int) -> torch.Tensor:
-    """The seeded initial global model of ``task`` as a flat vector."""
+def initial_params(task: Task, seed: int, init: str = "") -> torch.Tensor:
+    """The initial global model as a flat vector: from a model file (cloud pretraining hands off to
+    federated fine-tuning) or, without one, the seeded random initialisation of ``task``."""
     torch.manual_seed(seed)
-    return flatten_state(task.build_model().state_dict())
+    model = task.build_model()
+    if init:
+        from deploy.model_file import ModelFileError, load_model_file
+
+        loaded = load_model_file(init)
+        if loaded.task != task.spec:
+            raise ModelFileError(f"{init} holds a model of task {loaded.task!r}, this run trains {task.spec!r}")
+        model.load_state_dict(loaded.state_dict, strict=True)
+        log.info("initial model from %s", init)
+    return flatten_state(model.state_dict())
 
 

@@ -72,6 +72,9 @@ class RunSettings:
     client_eval_every: int = _opt(
         0, "every N rounds (and the last) clients also evaluate the global model on local data; 0 = off"
     )
+    init: str = _opt(
+        "", "initial global model: a model.pt (e.g. from fedge cloud-train); empty = seeded random init"
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
 

@@ -25,3 +25,15 @@ def test_bad_codec_fails_fast_with_a_clear_error(capsys, tmp_path) -> None:
 def test_settings_command(capsys) -> None:
     assert main(["settings"]) == 0
     assert "clients-per-round" in capsys.readouterr().out
+
+
+def test_cloud_train_builds_the_torchrun_command(capsys) -> None:
+    assert main(["cloud-train", "--print", "--", "--out", "runs/c", "--epochs", "2"]) == 0
+    single = capsys.readouterr().out.split()
+    assert single[0].endswith("torchrun") and "--nproc-per-node=2" in single
+    assert single[-6:] == ["-m", "deploy.train", "--out", "runs/c", "--epochs", "2"]
+    assert main(["cloud-train", "--print", "--nnodes", "2", "--node-rank", "1",
+                 "--rdzv-endpoint", "10.0.0.1:29400", "--", "--out", "x"]) == 0
+    multi = capsys.readouterr().out.split()
+    assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400"} <= set(multi)
+    assert main(["cloud-train", "--print"]) == 2  # --out is required
