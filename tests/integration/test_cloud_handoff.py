@@ -7,22 +7,31 @@ import sys
 
 import pytest
 
-from server.engines import launch
+from server.fedavg import initial_params
+from server.run_directory import RunDirectory
 from server.settings import RunSettings
+from tasks import make_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def test_pretrained_init_starts_the_federation_above_random(tmp_path, assert_no_leftovers) -> None:
+def test_pretrained_init_starts_the_federation_above_random(tmp_path) -> None:
     cloud = tmp_path / "cloud"
     # a world of one without torchrun: the same trainer, process group of size 1
     done = subprocess.run([sys.executable, "-m", "deploy.train", "--epochs", "4", "--out", str(cloud)],
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
 
-    settings = RunSettings(rounds=1, clients_per_round=2, init=str(cloud / "model.pt"),
-                           run_dir=str(tmp_path / "fed"))
-    pretrained = launch(settings, engine="simulation", num_supernodes=2, timeout=240)
-    assert_no_leftovers(pretrained.run_dir / "flwr-home")
-    assert pretrained.summary["initial_accuracy"] > 0.85  # a random init is near 10%
-    assert pretrained.summary["final_accuracy"] > 0.85
+    # The coordinator's starting point (what it evaluates as "initial_accuracy" before round 1).
+    from server.fedavg import FedAvgLoop
+
+    task = make_task("digits")
+    loop = FedAvgLoop(RunSettings(run_dir=str(tmp_path / "fed")), task, RunDirectory(tmp_path / "fed"))
+    _, random_accuracy = loop.evaluate(initial_params(task, 42))
+    _, pretrained_accuracy = loop.evaluate(initial_params(task, 42, str(cloud / "model.pt")))
+    assert random_accuracy < 0.3 and pretrained_accuracy > 0.85
+
+    from deploy.model_file import ModelFileError
+
+    with pytest.raises(ModelFileError):
+        initial_params(make_task("synthetic"), 42, str(cloud / "model.pt"))
