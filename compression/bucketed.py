@@ -59,7 +59,10 @@ class BucketedCodec(Codec):
         nb = self.num_buckets(n)
         padded = torch.zeros(nb * self.bucket, dtype=torch.float32)
         padded[:n] = x
-        valid = (torch.arange(nb * self.bucket) < n).view(nb, self.bucket)
+        # Only the last bucket can hold padding: mark it there instead of comparing n indices.
+        valid = torch.ones(nb, self.bucket, dtype=torch.bool)
+        if nb:
+            valid[-1, n - (nb - 1) * self.bucket :] = False
         scales, codes = self._quantize(padded.view(nb, self.bucket), valid, generator)
         scales = scales.reshape(nb, self.scales_per_bucket).to(torch.float32)
         if not bool(torch.isfinite(scales).all()):

@@ -37,6 +37,20 @@ __all__ = ["RandomKCodec", "ThresholdCodec", "TopKCodec"]
 _COUNTS = struct.Struct("<QQ")
 
 
+def _dense_values(values: Codec | None) -> Codec:
+    """The codec of a sparsifier's kept values: fp32 by default, never another sparsifier."""
+    if values is None:
+        return Float32Codec()
+    if isinstance(values, _SparseCodec | RandomKCodec):
+        raise SpecError("the values of a sparsifier must use a dense codec")
+    return values
+
+
+def _with_values(head: str, values: Codec) -> str:
+    """Spec of a sparsifier: ``head``, plus ``+values`` unless the values go as fp32."""
+    return head if isinstance(values, Float32Codec) else f"{head}+{values.spec}"
+
+
 def _f32(value: float) -> float:
     """``value`` as it survives a float32 field of the wire format."""
     return float(np.float32(value))
@@ -48,9 +62,7 @@ class _SparseCodec(Codec):
     unbiased = False
 
     def __init__(self, values: Codec | None) -> None:
-        self.values = values if values is not None else Float32Codec()
-        if isinstance(self.values, _SparseCodec | RandomKCodec):
-            raise SpecError("the values of a sparsifier must use a dense codec")
+        self.values = _dense_values(values)
 
     def max_kept(self, numel: int) -> int:
         return numel
@@ -93,7 +105,7 @@ class _SparseCodec(Codec):
         return struct.pack("<fB", value, CODEC_IDS[self.values.name])
 
     def _spec_with_values(self, head: str) -> str:
-        return head if isinstance(self.values, Float32Codec) else f"{head}+{self.values.spec}"
+        return _with_values(head, self.values)
 
 
 class TopKCodec(_SparseCodec):
@@ -164,9 +176,7 @@ class RandomKCodec(Codec):
                  values: Codec | None = None) -> None:
         if not 0 < ratio <= 1:
             raise SpecError(f"randk ratio must be in (0, 1], got {ratio}")
-        self.values = values if values is not None else Float32Codec()
-        if isinstance(self.values, _SparseCodec | RandomKCodec):
-            raise SpecError("the values of a sparsifier must use a dense codec")
+        self.values = _dense_values(values)
         self.ratio = _f32(ratio)
         self.scale_values = bool(unbiased)
         self.unbiased = self.scale_values and self.values.unbiased  # type: ignore[misc]
@@ -180,7 +190,7 @@ class RandomKCodec(Codec):
         head = f"randk:ratio={self.ratio:g}" + (",unbiased=true" if self.scale_values else "")
         head += f",seed={self.seed}" if self.seed >= 0 else ""
         head += ",shared=true" if self.shared else ""
-        return head if isinstance(self.values, Float32Codec) else f"{head}+{self.values.spec}"
+        return _with_values(head, self.values)
 
     def params_bytes(self) -> bytes:
         return struct.pack("<fBB", self.ratio, CODEC_IDS[self.values.name], int(self.scale_values))

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from compression import HEADER_SIZE, SpecError, available_codecs, make_codec
 from compression.qsgd import QSGDCodec
-from tests.compression.specs import ALL, QUANTIZERS, SPARSIFIERS
+from tests.compression.specs import ALL, QUANTIZERS
 
 SPECS = ALL
 
