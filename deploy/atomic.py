@@ -13,14 +13,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_torch_save"]
+__all__ = ["atomic_torch_save", "atomic_write_bytes", "atomic_write_text"]
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically. The file is private (0600) unless ``mode`` is given."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -35,8 +38,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     _fsync_dir(target.parent)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
 
 
 def atomic_torch_save(path: str | os.PathLike[str], obj: Any) -> None:

@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--hook", default="allreduce")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--local-sgd", type=int, default=0, metavar="PERIOD",
+                        help="local SGD: average the models every PERIOD steps instead of allreducing "
+                        "gradients every step (PeriodicModelAverager; 0 = off)")
+    parser.add_argument("--local-sgd-warmup", type=int, default=20, metavar="STEPS",
+                        help="steps of plain gradient allreduce before local SGD starts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output directory (checkpoint, metrics, model.pt)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -73,7 +78,7 @@ def _setup() -> tuple[int, int, torch.device, str]:
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
     dist.init_process_group(backend=backend)
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -90,7 +95,7 @@ def _free_port() -> int:
 
 def _register_hook(model: DistributedDataParallel, spec: str, backend: str, buckets: int) -> Any:
     """Install the requested gradient communication; return its state (None for built-ins)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
     from compression import make_codec
     from compression.spec import parse_spec
@@ -98,6 +103,15 @@ def _register_hook(model: DistributedDataParallel, spec: str, backend: str, buck
     name, params = parse_spec(spec)
     if name == "allreduce":
         return None
+    if name == "local-sgd":
+        # Gradients are allreduced during the warm-up, then not at all: the models drift apart for
+        # `period` steps and PeriodicModelAverager (after optimizer.step) averages them.
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=None, start_localSGD_iter=int(params["warmup"]),
+            post_local_gradient_allreduce=False,
+        )
+        model.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        return state
     if name == "fp16":
         # bf16 keeps fp32's range; PyTorch's bf16 hook needs NCCL, gloo gets fp16.
         hook = default_hooks.bf16_compress_hook if backend == "nccl" else default_hooks.fp16_compress_hook
@@ -134,6 +148,13 @@ def _parameter_digest(model: nn.Module) -> str:
     return hasher.hexdigest()
 
 
+def _averagings(averager: Any, step: int) -> int:
+    """How many model averagings PeriodicModelAverager has done in the first ``step`` steps."""
+    if averager is None or step <= averager.warmup_steps:
+        return 0
+    return (step - averager.warmup_steps - 1) // averager.period + 1
+
+
 def _gradient_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
@@ -151,11 +172,26 @@ def main(argv: list[str] | None = None) -> int:
     gradient_mb = _gradient_bytes(model) / 2**20
     buckets = max(1, math.ceil(gradient_mb / args.bucket_cap_mb))
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    hook_state = _register_hook(ddp, args.hook, backend, buckets)
+    if args.local_sgd and args.hook != "allreduce":
+        raise SystemExit("--local-sgd replaces gradient communication: it cannot be combined with --hook")
+    if args.local_sgd == 1:
+        raise SystemExit("--local-sgd 1 would average every step: use plain allreduce instead")
+    hook_spec = (f"local-sgd:period={args.local_sgd},warmup={args.local_sgd_warmup}" if args.local_sgd
+                 else args.hook)
+    hook_state = _register_hook(ddp, hook_spec, backend, buckets)
 
     global_batch = args.batch_size * world
     peak_lr = args.lr * global_batch / args.base_batch
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=peak_lr, momentum=args.momentum)
+    optimizer: torch.optim.Optimizer = torch.optim.SGD(ddp.parameters(), lr=peak_lr, momentum=args.momentum)
+    averager = None
+    if args.local_sgd:
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        # The data-centre twin of FedAvg: each replica takes `period` local steps, then all models
+        # are averaged (one dense allreduce of the parameters instead of `period` gradient ones).
+        averager = PeriodicModelAverager(period=args.local_sgd, warmup_steps=args.local_sgd_warmup)
+        optimizer = PostLocalSGDOptimizer(optim=optimizer, averager=averager)
     pool = task.train_pool()
     dataset = TensorDataset(pool.x, pool.y)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
@@ -181,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         ddp.train()
         seen, loss_sum, compute_s, total_s = 0, 0.0, 0.0, 0.0
         bytes_before = getattr(hook_state, "bytes_sent", 0)
+        averaged_before = _averagings(averager, step)
         epoch_steps = 0
         for x, y in loader:
             if args.max_steps and step >= args.max_steps:
@@ -206,16 +243,20 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             test_loss, accuracy = evaluate(model, task.test_data())
             payload_bytes = getattr(hook_state, "bytes_sent", 0) - bytes_before
+            averagings = _averagings(averager, step) - averaged_before
             row = {
-                "epoch": epoch, "step": step, "world_size": world, "backend": backend, "hook": args.hook,
+                "epoch": epoch, "step": step, "world_size": world, "backend": backend, "hook": hook_spec,
                 "train_loss": loss_sum / max(1, epoch_steps), "test_loss": test_loss, "accuracy": accuracy,
                 "samples_per_s": seen / total_s if total_s else None,
                 "step_s": total_s / max(1, epoch_steps),
                 "forward_s": compute_s / max(1, epoch_steps),
                 "backward_comm_optimizer_s": (total_s - compute_s) / max(1, epoch_steps),
-                "payload_bytes_per_step": payload_bytes / max(1, epoch_steps) if hook_state is not None
-                and hasattr(hook_state, "bytes_sent") else None,
+                # Fedge codecs count their encoded bytes; local SGD sends one dense copy of the
+                # parameters per averaging; PyTorch's own hooks do not expose a count.
+                "payload_bytes_per_step": payload_bytes / max(1, epoch_steps) if hasattr(hook_state, "bytes_sent")
+                else averagings * _gradient_bytes(model) / max(1, epoch_steps) if averager is not None else None,
                 "dense_gradient_bytes_per_step": _gradient_bytes(model),
+                "model_averagings": averagings if averager is not None else None,
                 "lr": optimizer.param_groups[0]["lr"],
             }
             with open(metrics, "a", encoding="utf-8") as handle:
@@ -230,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_steps and step >= args.max_steps:
             break
 
+    if averager is not None:
+        # A last average so that every replica ends with the same model, whatever the step count.
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        average_parameters(iter(model.parameters()), dist.group.WORLD)
     # Release DDP (its reducer and any comm-hook state) before the process group goes away: tearing
     # the group down under a live reducer aborted a rank at exit ("terminate called without an
     # active exception") in about one run in ten here.
@@ -243,11 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         save_model_file(out / "model.pt", ModelFile(
             task=task.spec, state_dict=model.state_dict(),
             metadata={"source": "deploy.train", "accuracy": accuracy, "steps": step, "world_size": world,
-                      "hook": args.hook, "backend": backend},
+                      "hook": hook_spec, "backend": backend},
         ))
         atomic_write_text(out / "summary.json", json.dumps(
             {"accuracy": accuracy, "test_loss": test_loss, "steps": step, "world_size": world,
-             "hook": args.hook, "backend": backend, "parameter_digests": digests,
+             "hook": hook_spec, "backend": backend, "parameter_digests": digests,
              "replicas_identical": len(set(digests)) == 1}, indent=2) + "\n")
         if len(set(digests)) != 1:
             log.error("replicas diverged: parameter digests %s", digests)

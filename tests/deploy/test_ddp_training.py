@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 def _torchrun(out: Path, *args: str, nproc: int = 2) -> dict:
     command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), "-m", "deploy.train", "--out", str(out), *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
@@ -82,6 +84,65 @@ def test_powersgd_on_gloo_refuses_several_buckets(tmp_path) -> None:
     command = [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
                str(free_port()), "-m", "deploy.train", "--out", str(tmp_path), "--hook", "powersgd",
                "--bucket-cap-mb", "0.05"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     assert "PowerSGD on gloo needs a single gradient bucket" in done.stderr + done.stdout
+
+
+def test_local_sgd_averages_models_periodically(tmp_path) -> None:
+    summary = _torchrun(tmp_path, "--epochs", "8", "--local-sgd", "4", "--local-sgd-warmup", "20")
+    assert summary["replicas_identical"], summary["parameter_digests"]  # the final average syncs them
+    assert summary["accuracy"] >= 0.95, summary
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps_per_epoch = rows[0]["step"]
+    # epoch 0: 20 warm-up steps of gradient allreduce, then one averaging every 4 steps
+    assert rows[0]["model_averagings"] == (steps_per_epoch - 20 - 1) // 4 + 1
+    assert sum(r["model_averagings"] for r in rows) == (rows[-1]["step"] - 20 - 1) // 4 + 1
+    # one dense parameter allreduce every 4 steps: a quarter of the bytes of per-step allreduce
+    assert rows[-1]["payload_bytes_per_step"] == pytest.approx(
+        rows[-1]["dense_gradient_bytes_per_step"] * rows[-1]["model_averagings"] / steps_per_epoch)
+
+
+def test_local_sgd_refuses_a_gradient_hook(tmp_path) -> None:
+    command = [TORCHRUN, "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+               str(free_port()), "-m", "deploy.train", "--out", str(tmp_path), "--local-sgd", "4",
+               "--hook", "fp16"]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0 and "cannot be combined with --hook" in done.stderr + done.stdout
+
+
+def test_two_nodes_rendezvous_through_fedge_cloud_train(tmp_path) -> None:
+    """Two `torchrun --nnodes=2` launchers on 127.0.0.1, started by `fedge cloud-train` as on two hosts."""
+    fedge = str(Path(sys.executable).parent / "fedge")
+    endpoint = f"127.0.0.1:{free_port()}"
+    launchers = [
+        subprocess.Popen([fedge, "cloud-train", "--nnodes", "2", "--node-rank", str(rank),
+                          "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--",
+                          "--out", str(tmp_path), "--epochs", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for rank in range(2)
+    ]
+    try:
+        outputs = [launcher.communicate(timeout=240)[0] for launcher in launchers]
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:  # fedge, torchrun and its workers share one process group
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
+    assert "--nnodes=2" in outputs[0] and "--rdzv-backend=c10d" in outputs[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    assert summary["accuracy"] > 0.5, summary
+
+
+NO_GPU = "needs a CUDA GPU (NCCL backend, bf16 hook and bf16 autocast); this machine has none"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("hook", ["allreduce", "fp16", "powersgd:rank=4,start=10", "qsgd:bits=4"])
+def test_cuda_path_selects_nccl_and_trains(tmp_path, hook: str) -> None:
+    nproc = min(2, torch.cuda.device_count())
+    summary = _torchrun(tmp_path, "--epochs", "8", "--hook", hook, nproc=nproc)
+    assert summary["backend"] == "nccl" and summary["replicas_identical"], summary
+    assert summary["accuracy"] >= 0.95, summary
