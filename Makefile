@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if (3,10)<=v[:2]<(3,14) else "Fedge needs Python 3.10-3.13 (3.14 has a stdlib package named compression); set PYTHON=python3.X")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[platform,test]'
 	@touch $(STAMP)
 
 install: $(STAMP)

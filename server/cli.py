@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.deploy_commands import add_deploy_parsers, run_export, run_keys
 from server.settings import OPTIONS, RunSettings, SettingsError
 
 __all__ = ["main"]
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="arguments for deploy.train, e.g. --out runs/cloud --epochs 5 --hook qsgd:bits=4")
 
     sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
+    add_deploy_parsers(sub)
     return parser
 
 
@@ -204,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, "deployment", args.supernodes)
         if args.command == "cloud-train":
             return _cloud_train(args)
+        if args.command == "keys":
+            return run_keys(args)
+        if args.command == "export":
+            return run_export(args)
     except (SettingsError, ValueError) as err:
         print(f"fedge: error: {err}", file=sys.stderr)
         return 2

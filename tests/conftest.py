@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 for key, value in {
@@ -20,3 +22,38 @@ settings.register_profile(
     "fedge", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("fedge")
+
+
+# ---- shared model/key fixtures (deploy and edge tests), built once per session ---------------------
+
+
+@pytest.fixture(scope="session")
+def trained_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A digits CNN trained for a few epochs (about 97% held-out), saved as training round 5."""
+    import torch
+
+    from deploy.model_file import ModelFile, save_model_file
+    from deploy.prune import fine_tune
+    from tasks import make_task
+
+    task = make_task("digits")
+    torch.manual_seed(0)
+    model = task.build_model()
+    fine_tune(model, task.train_pool(), epochs=6, lr=0.05, seed=0)
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    save_model_file(path, ModelFile(task=task.spec, state_dict=model.state_dict(), metadata={"round": 5}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from deploy.keys import generate_keypair
+
+    return generate_keypair(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def rogue_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from deploy.keys import generate_keypair
+
+    return generate_keypair(tmp_path_factory.mktemp("rogue"))
