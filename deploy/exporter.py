@@ -22,7 +22,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deploy.bundle import encode_golden, make_session, write_bundle
 from deploy.model_file import ModelFile, load_model_file
-from deploy.onnx_export import INPUT_NAME, export_onnx, min_onnxruntime, model_versions, parity_error
+from deploy.onnx_export import (
+    INPUT_NAME,
+    ExportError,
+    export_onnx,
+    min_onnxruntime,
+    model_versions,
+    parity_error,
+)
 from deploy.prune import apply_pruning
 from deploy.quantize import quantize_dynamic_int8, quantize_static_int8
 from tasks import evaluate, make_task
@@ -105,7 +112,7 @@ def export_bundle(
     fp32 = export_onnx(model, pool.x[:1])
     parity = parity_error(model, fp32.data, test.x[:64])
     if parity > 1e-3:
-        raise RuntimeError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")
+        raise ExportError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")
     x_test, y_test = test.x.numpy(), test.y.numpy()
     fp32_accuracy = onnx_accuracy(make_session(fp32.data), x_test, y_test)
 

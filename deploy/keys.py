@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from deploy.atomic import atomic_write_bytes
 
 __all__ = [
-    "KeyFileError",
     "PRIVATE_KEY_FILE",
     "PUBLIC_KEY_FILE",
+    "KeyFileError",
     "generate_keypair",
     "key_id",
     "load_private_key",

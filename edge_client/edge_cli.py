@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--state", default=None,
                              help=f"anti-rollback store (default: {default_state_path()})")
         command.add_argument("--threads", type=int, default=1, help="intra-op threads (default: 1)")
+        if name == "verify":
+            command.add_argument("--install", default=None, metavar="ROOT",
+                                 help="then make it the active model: ROOT/<name> -> ROOT/versions/... (atomic)")
         if name == "infer":
             command.add_argument("--input", required=True, help=".npy file, float32, shape as the manifest says")
             command.add_argument("--output", default=None, help="write the outputs here as .npy")
@@ -71,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                "quantization": meta["quantization"]["mode"], "accuracy": meta["accuracy"]["bundle"],
                "expires": meta["expires"], "key_id": model.bundle.key_id,
                "verify_ms": round(model.bundle.seconds * 1e3, 2)}
+    if args.command == "verify" and args.install:
+        summary["installed"] = str(model.install(args.install))
     if args.command == "infer":
         x = _load_input(args.input)
         try:

@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from deploy.bundle import AcceptedRounds, LatencyReport, VerifiedBundle, measure_latency, verify_bundle
+from deploy.bundle import (
+    AcceptedRounds,
+    LatencyReport,
+    VerifiedBundle,
+    install,
+    measure_latency,
+    verify_bundle,
+)
 from deploy.keys import load_public_key
 
 __all__ = ["EdgeModel", "default_state_path"]
@@ -61,3 +68,7 @@ class EdgeModel:
 
     def latency(self, x: np.ndarray, runs: int = 50) -> LatencyReport:
         return measure_latency(self.bundle, x, runs=runs)
+
+    def install(self, root: str | os.PathLike[str]) -> Path:
+        """Atomically make this (verified) model the active one under ``root/<name>``."""
+        return install(self.bundle, root)

@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -41,6 +42,38 @@ def configure_logging() -> None:
             logger.propagate = False
 
 
+def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) -> dict[str, Any]:
+    """Sign the final model as an edge bundle. A refused export is logged; the model.pt stays."""
+    from deploy.exporter import AccuracyGateError, ExportOptions, export_bundle
+    from deploy.keys import PRIVATE_KEY_FILE, generate_keypair, load_private_key
+    from deploy.onnx_export import ExportError
+    from deploy.quantize import QuantizationError
+
+    if settings.export_bundle == "auto":
+        key_path = run_dir.path / "keys" / PRIVATE_KEY_FILE
+        if not key_path.exists():  # a resumed run keeps its key
+            generate_keypair(key_path.parent)
+    else:
+        key_path = Path(settings.export_bundle)
+    out = run_dir.path / "bundle"
+    try:
+        statement = export_bundle(run_dir.model_path, out, load_private_key(key_path),
+                                  ExportOptions(prune=settings.export_prune, round=round_))
+    except (AccuracyGateError, ExportError, QuantizationError, ValueError) as err:
+        log.error("bundle export refused: %s", err)
+        return {"path": None, "error": str(err)}
+    except Exception as err:  # model.pt is saved: an export bug is logged, it must not fail the run
+        log.exception("bundle export failed")
+        return {"path": None, "error": f"{type(err).__name__}: {err}"}
+    predicate = statement["predicate"]
+    log.info("signed bundle %s (round %d, %d bytes, accuracy %.2f%%)", out, round_, predicate["model"]["size"],
+             100 * predicate["accuracy"]["bundle"])
+    return {"path": str(out), "public_key": str(key_path.parent / "signing-key.pub.pem"),
+            "bytes": predicate["model"]["size"], "accuracy": predicate["accuracy"]["bundle"],
+            "fp32_accuracy": predicate["accuracy"]["fp32"], "quantization": predicate["quantization"]["mode"],
+            "pruning": predicate["pruning"]["spec"]}
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     configure_logging()
@@ -65,6 +98,7 @@ def main(grid: Grid, context: Context) -> None:
             metadata={"round": final["round"], "accuracy": final["accuracy"], "codec": settings.codec},
         ),
     )
+    bundle = _export_bundle(settings, run_dir, final["round"]) if settings.export_bundle else None
     if rows:
         plot_run(rows, run_dir.plot_path, title=f"{task.spec} · {settings.codec} · {settings.partitioning}")
     uplink = sum(r["uplink_bytes"] for r in rows)
@@ -82,6 +116,7 @@ def main(grid: Grid, context: Context) -> None:
             "seconds": sum(r["seconds"] for r in rows),
             "resumed_from_round": result.resumed_from,
             "codec": settings.codec,
+            "bundle": bundle,
         }
     )
     log.info("done: accuracy %.4f after %d rounds; model %s", final["accuracy"], final["round"], run_dir.model_path)

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default: 10)")
     demo.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
-    _add_run_options(demo, {})
+    _add_run_options(demo, {"export-bundle": "auto"})
 
     cluster = sub.add_parser(
         "local-cluster",
@@ -130,6 +130,16 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         if load_model_file(init).task != make_task(settings.task).spec:
             raise SettingsError(f"--init {init} was trained for another task than {settings.task!r}")
         settings = settings.replace(init=str(init))
+    if settings.export_bundle not in ("", "auto"):  # a key path: absolute, and usable, before the run
+        from deploy.keys import load_private_key
+
+        key = Path(settings.export_bundle).resolve()
+        load_private_key(key)
+        settings = settings.replace(export_bundle=str(key))
+    if settings.export_prune:
+        from deploy.prune import parse_pruning
+
+        parse_pruning(settings.export_prune)
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
     make_codec(settings.codec)
     make_task(settings.task)

@@ -67,6 +67,13 @@ def print_summary(console: Console, result: Any) -> None:
         table.add_row("failed client replies", str(sum(r["clients_failed"] for r in rows)))
     if summary.get("resumed_from_round"):
         table.add_row("resumed after round", str(summary["resumed_from_round"]))
+    bundle = summary.get("bundle")
+    if bundle and bundle.get("path"):
+        table.add_row("edge bundle (int8, signed)", f"{bundle['bytes']:,} B, {100 * bundle['accuracy']:.2f}%")
+    elif bundle:
+        table.add_row("edge bundle", f"refused: {bundle['error']}")
     table.add_row("wall time", f"{result.seconds:.1f} s")
     console.print(table)
     console.print(f"run directory: [bold]{result.run_dir}[/bold]  (metrics.jsonl, plot.png, model.pt)")
+    if bundle and bundle.get("path"):
+        console.print(f"verify on a device: fedge-edge verify {bundle['path']} --trusted-key {bundle['public_key']}")

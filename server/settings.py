@@ -75,6 +75,14 @@ class RunSettings:
     init: str = _opt(
         "", "initial global model: a model.pt (e.g. from fedge cloud-train); empty = seeded random init"
     )
+    export_bundle: str = _opt(
+        "",
+        "after the last round, sign the final model as an edge bundle in <run-dir>/bundle with this "
+        "private key; 'auto' generates one in <run-dir>/keys; empty = no bundle",
+    )
+    export_prune: str = _opt(
+        "", "pruning before the bundle's int8 export: 'unstructured:sparsity=S', 'channels:fraction=F', both with '+'"
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
 
@@ -94,6 +102,8 @@ class RunSettings:
             raise SettingsError("prox-mu must be >= 0")
         if self.min_replies > self.clients_per_round:
             raise SettingsError("min-replies cannot exceed clients-per-round")
+        if self.export_prune and not self.export_bundle:
+            raise SettingsError("export-prune needs export-bundle (a signing key, or 'auto')")
         if self.algorithm != "fedavg":
             raise SettingsError(f"unknown algorithm {self.algorithm!r} (available: fedavg)")
 

@@ -231,3 +231,24 @@ def test_accuracy_claimed_matches_a_plain_onnxruntime_session(genuine: Path) -> 
     accuracy = float((predictions == y_test).mean())
     claimed = read_statement_unverified(genuine)["predicate"]["accuracy"]["bundle"]
     assert abs(accuracy - claimed) <= 1 / len(y_test) + 1e-9, (accuracy, claimed)
+
+
+def test_install_swaps_the_active_model_atomically(bundle: Path, trusted, keypair, tmp_path: Path) -> None:
+    from deploy.bundle import install
+
+    root = tmp_path / "device"
+    first = install(verify_bundle(bundle, trusted), root)
+    assert first == root / "digits" and (first / MODEL_FILE).read_bytes() == (bundle / MODEL_FILE).read_bytes()
+    verify_bundle(first, trusted)  # the installed copy is itself a valid bundle
+    newer = _resign(bundle, tmp_path / "newer", keypair[0], lambda p: p.update(round=6))
+    install(verify_bundle(newer, trusted), root)
+    assert read_statement_unverified(root / "digits")["predicate"]["round"] == 6
+    assert sorted(p.name.split("-")[1] for p in (root / "versions").iterdir()) == ["r5", "r6"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temporary link left
+
+
+def test_damaged_store_entry_fails_closed(bundle: Path, trusted, tmp_path: Path) -> None:
+    store = AcceptedRounds(tmp_path / "accepted.json")
+    store.path.write_text(json.dumps({"digits": {"round": "seven"}}))
+    with pytest.raises(RollbackError, match="damaged entry"):
+        verify_bundle(bundle, trusted, accepted=store)

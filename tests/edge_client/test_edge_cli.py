@@ -40,6 +40,9 @@ def test_keys_export_verify_infer_end_to_end(tmp_path: Path, trained_model_file:
     report = json.loads(done.stdout)
     assert report["verified"] and report["round"] == 5 and report["quantization"] == "int8"
     assert json.loads(state.read_text())["digits"]["round"] == 5
+    done = _run(str(BIN / "fedge-edge"), "verify", str(bundle), "--trusted-key", public, "--state", str(state),
+                "--install", str(tmp_path / "device"))
+    assert done.returncode == 0 and (tmp_path / "device" / "digits" / "model.onnx").exists(), done.stderr
 
     from tasks import make_task
 

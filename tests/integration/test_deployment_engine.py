@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, assert_no_leftovers) -> None:
     settings = RunSettings(rounds=2, clients_per_round=2, min_replies=2, run_dir=str(tmp_path / "run"),
-                           round_timeout=240, wait_for_nodes=120)
+                           round_timeout=240, wait_for_nodes=120, export_bundle="auto")
     result = launch(settings, engine="deployment", num_supernodes=2, timeout=400)
 
     assert [row["round"] for row in result.rows] == [1, 2]
@@ -26,6 +26,13 @@ def test_superlink_and_two_supernodes_train_two_rounds(tmp_path, assert_no_lefto
 
     assert summary["uplink_bytes"] == 4 * make_codec(settings.codec).wire_bytes(38_282)
     assert (result.run_dir / "model.pt").exists() and (result.run_dir / "plot.png").exists()
+    # Closing the loop: the coordinator signed the final model; a device verifies and runs it.
+    from edge_client.inference import EdgeModel
+
+    bundle = summary["bundle"]
+    device = EdgeModel.load(bundle["path"], [bundle["public_key"]], state=tmp_path / "device.json")
+    assert device.metadata["round"] == 2 and device.metadata["task"] == "digits"
+    assert abs(device.metadata["accuracy"]["fp32"] - summary["final_accuracy"]) < 0.01
     assert_no_leftovers(result.run_dir / "flwr-home")
 
 

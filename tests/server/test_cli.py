@@ -37,3 +37,24 @@ def test_cloud_train_builds_the_torchrun_command(capsys) -> None:
     multi = capsys.readouterr().out.split()
     assert {"--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400"} <= set(multi)
     assert main(["cloud-train", "--print"]) == 2  # --out is required
+
+
+def test_demo_exports_a_bundle_by_default_and_checks_export_options_early(capsys, tmp_path) -> None:
+    from server.cli import build_parser
+
+    assert build_parser().parse_args(["demo"]).export_bundle == "auto"
+    assert build_parser().parse_args(["local-cluster"]).export_bundle == ""
+    assert main(["demo", "--export-bundle", str(tmp_path / "no-such-key.pem"), "--run-dir", str(tmp_path)]) == 2
+    assert "no-such-key.pem" in capsys.readouterr().err
+    assert main(["demo", "--export-prune", "magic:x=1", "--run-dir", str(tmp_path)]) == 2
+    assert "unknown pruning" in capsys.readouterr().err
+
+
+def test_keys_and_export_commands(capsys, tmp_path, trained_model_file) -> None:
+    assert main(["keys", "generate", "--out", str(tmp_path / "k")]) == 0
+    assert main(["keys", "generate", "--out", str(tmp_path / "k")]) == 2  # never overwrites a key
+    assert "refusing to overwrite" in capsys.readouterr().err
+    code = main(["export", str(trained_model_file), "--sign-key", str(tmp_path / "k" / "signing-key.pem"),
+                 "--out", str(tmp_path / "b"), "--quantize", "dynamic-int8"])
+    assert code == 1 and "ConvInteger" in capsys.readouterr().out  # refused, with the reason
+    assert not (tmp_path / "b" / "bundle.dsse.json").exists()
