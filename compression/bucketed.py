@@ -11,14 +11,16 @@ back. The padding of the last bucket is masked out of every statistic (mean, nor
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
 
 import numpy as np
 import torch
 
-from compression import bitpack
+from compression import bitpack, kernels
 from compression.codec import Codec
 from compression.errors import PayloadError, SpecError
+from compression.wire import check_crc, parse_payload
 
 __all__ = ["BucketedCodec"]
 
@@ -54,7 +56,39 @@ class BucketedCodec(Codec):
     def _dequantize(self, scales: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Inverse map: float32 values (buckets, bucket) from validated scales and codes."""
 
-    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+    def _fused_encode(self, x: np.ndarray, generator: torch.Generator | None, body: np.ndarray) -> bool:
+        """Write the body (scales, then packed codes) into ``body`` with a fused kernel; False
+        where this codec has none."""
+        return False
+
+    def _scratch(self, size: int) -> np.ndarray:
+        """A per-thread body buffer reused across encodes: writing into warm pages instead of a
+        fresh allocation saves the page faults (~1 ms per 5 MB here)."""
+        local = self.__dict__.setdefault("_local", threading.local())
+        buffer = getattr(local, "buffer", None)
+        if buffer is None or buffer.size != size:
+            buffer = local.buffer = np.empty(size, dtype=np.uint8)
+        return buffer
+
+    @property
+    def checks_finite(self) -> bool:
+        # The fused encoders find NaN/inf in the max pass they make anyway: no separate pass.
+        return kernels.available() and type(self)._fused_encode is not BucketedCodec._fused_encode
+
+    def _decode_two_level(self, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(hi, lo) per bucket when 1-bit codes decode to ``hi`` or ``-lo``; else None."""
+        return None
+
+    def _decode_affine(self, scales: np.ndarray) -> tuple[float, np.ndarray] | None:
+        """(offset, per-bucket multiplier) when decoding is ``(code - offset) * mult``, computed in
+        float32 exactly as :meth:`_dequantize` does, so both paths agree bit for bit; else None."""
+        return None
+
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes | memoryview:
+        if kernels.available():
+            body = self._scratch(self.body_size(x.numel()))
+            if self._fused_encode(x.numpy(), generator, body):
+                return memoryview(body)  # copied into the payload by pack_payload, so reusable
         n = x.numel()
         nb = self.num_buckets(n)
         padded = torch.zeros(nb * self.bucket, dtype=torch.float32)
@@ -70,14 +104,67 @@ class BucketedCodec(Codec):
         packed = bitpack.pack(codes.reshape(-1)[:n].to(torch.uint8).numpy(), self.bits)
         return scales.numpy().astype("<f4").tobytes() + packed
 
-    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
-        nb = self.num_buckets(numel)
-        scale_bytes = 4 * self.scales_per_bucket * nb
+    def _fused_decode_into(self, payload: bytes | bytearray | memoryview, out: torch.Tensor, alpha: float) -> bool:
+        """Validate ``payload`` and accumulate it into ``out`` with the fused kernel.
+
+        Returns False (having touched nothing) where the kernel does not apply; raises
+        PayloadError for a bad payload before writing anything into ``out``.
+        """
+        if not kernels.available() or out.dtype != torch.float32 or not out.is_contiguous() or out.device.type != "cpu":
+            return False
+        header, body = parse_payload(payload, verify_checksum=False)
+        self._check_header(header, out.numel())
+        numel = header.numel
+        scales = self._checked_scales(body, numel)
+        affine = self._decode_affine(scales)
+        two_level = self._decode_two_level(scales) if affine is None else None
+        if affine is None and (two_level is None or self.bucket % 8):
+            return False
+        check_crc(memoryview(payload).cast("B"))
+        if two_level is not None:  # 1-bit codes need no range check; +-scales are finite
+            packed = np.frombuffer(body[scales.nbytes :], dtype=np.uint8)
+            return kernels.two_level_decode_into(packed, self.bucket, *two_level, alpha, out.numpy())
+        offset, mult = affine
+        packed = np.frombuffer(body[scales.nbytes :], dtype=np.uint8)
+        codes = None if 8 % self.bits == 0 else kernels.unpack(packed, numel, self.bits)
+        if numel:
+            top = kernels.max_code_of(packed, numel, self.bits) if codes is None else int(codes.max())
+            if top > self.max_code:
+                raise PayloadError(f"quantized code {top} out of range 0..{self.max_code}")
+        # Largest |decoded value|: above float32's range the reference decoder yields inf and fails.
+        with np.errstate(over="ignore"):
+            extreme = np.float32(max(offset, self.max_code - offset)) * np.abs(mult).max(initial=np.float32(0))
+        if not np.isfinite(extreme):
+            raise PayloadError("decoded values are not all finite")
+        if codes is None:
+            kernels.bucketed_decode_into(packed, numel, self.bits, self.bucket, offset, mult, alpha, out.numpy())
+        else:
+            kernels.accumulate_codes(codes, self.bucket, offset, mult, alpha, out.numpy())
+        return True
+
+    def decode_into(self, payload: bytes | bytearray | memoryview, out: torch.Tensor, alpha: float = 1.0) -> None:
+        if not self._fused_decode_into(payload, out, alpha):
+            super().decode_into(payload, out, alpha)
+
+    def decode(self, payload: bytes | bytearray | memoryview, expected_numel: int) -> torch.Tensor:
+        out = self._zeros_for(payload, expected_numel)
+        if self._fused_decode_into(payload, out, 1.0):
+            return out
+        return super().decode(payload, expected_numel)
+
+    def _checked_scales(self, body: memoryview, numel: int) -> np.ndarray:
+        scale_bytes = 4 * self.scales_per_bucket * self.num_buckets(numel)
         scales = np.frombuffer(body[:scale_bytes], dtype="<f4")
         if not np.isfinite(scales).all():
             raise PayloadError("a bucket scale is NaN or infinite")
         if (scales < 0).any():
             raise PayloadError("a bucket scale is negative")
+        return scales
+
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        nb = self.num_buckets(numel)
+        scale_bytes = 4 * self.scales_per_bucket * nb
+        scales = self._checked_scales(body, numel)
         codes = bitpack.unpack(body[scale_bytes:], numel, self.bits)
         if numel and int(codes.max()) > self.max_code:
             raise PayloadError(f"quantized code {int(codes.max())} out of range 0..{self.max_code}")

@@ -28,14 +28,14 @@ def all_finite(x: torch.Tensor) -> bool:
     return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
 
 
-def as_flat_float32(x: torch.Tensor) -> torch.Tensor:
+def as_flat_float32(x: torch.Tensor, *, check_finite: bool = True) -> torch.Tensor:
     """Return ``x`` as a contiguous 1-D float32 CPU tensor, refusing non-finite values.
 
     Encoding NaN or inf would poison every model that averages the update, so the client fails
     loudly instead (its reply becomes an error the coordinator logs).
     """
     flat = x.detach().reshape(-1).to(device="cpu", dtype=torch.float32).contiguous()
-    if not all_finite(flat):
+    if check_finite and not all_finite(flat):
         raise ValueError("cannot encode a tensor with NaN or infinite values")
     return flat
 
@@ -92,6 +92,11 @@ class Codec(ABC):
         residual = (state or {}).get("residual")
         return ErrorFeedback(wire, numel, residual)
 
+    @property
+    def checks_finite(self) -> bool:
+        """True when :meth:`_encode_body` rejects NaN/inf itself (saving the separate pass)."""
+        return False
+
     def wire_bytes(self, numel: int) -> int:
         """Bytes on the wire (header included) for ``numel`` elements: exact for fixed-size codecs,
         an upper bound for sparsifiers whose index coding depends on the data."""
@@ -99,7 +104,7 @@ class Codec(ABC):
 
     def encode(self, x: torch.Tensor, generator: torch.Generator | None = None) -> bytes:
         """Encode ``x`` (any shape, flattened) into a complete payload."""
-        flat = as_flat_float32(x)
+        flat = as_flat_float32(x, check_finite=not self.checks_finite)
         body = self._encode_body(flat, generator)
         return pack_payload(self.codec_id, flat.numel(), self.params_bytes(), body)
 
@@ -116,6 +121,13 @@ class Codec(ABC):
         if not all_finite(out):
             raise PayloadError("decoded values are not all finite")
         return out
+
+    def _zeros_for(self, payload: bytes | bytearray | memoryview, expected_numel: int) -> torch.Tensor:
+        """A zero accumulator for a decode, allocated only after the header is known to be valid
+        (a forged element count must cost an error, not a huge allocation)."""
+        header, _ = parse_payload(payload, verify_checksum=False)
+        self._check_header(header, expected_numel)
+        return torch.zeros(expected_numel, dtype=torch.float32)
 
     def decode_into(
         self, payload: bytes | bytearray | memoryview, out: torch.Tensor, alpha: float = 1.0

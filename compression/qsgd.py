@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import torch
 
 from compression.bucketed import F32_MAX, F32_TINY, BucketedCodec
@@ -82,3 +83,14 @@ class QSGDCodec(BucketedCodec):
     def _dequantize(self, scales, codes):  # type: ignore[no-untyped-def]
         s = self.levels
         return (codes.to(torch.float32) - s).mul_(scales / s)
+
+    def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
+        from compression import kernels
+
+        seed = int(torch.randint(0, 2**32, (1,), generator=generator, dtype=torch.int64))
+        kernels.qsgd_encode(x, self.bucket, self.levels, self.bits, self.norm == "l2", seed, body)
+        return True
+
+    def _decode_affine(self, scales):  # type: ignore[no-untyped-def]
+        # float32 scale / levels, as torch computes it in _dequantize
+        return float(self.levels), (scales.astype(np.float32) / np.float32(self.levels)).astype(np.float32)

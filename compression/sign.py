@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import torch
 
 from compression.bucketed import BucketedCodec
@@ -47,6 +48,16 @@ class OneBitCodec(BucketedCodec):
     def _dequantize(self, scales, codes):  # type: ignore[no-untyped-def]
         return torch.where(codes.bool(), scales[:, :1], -scales[:, 1:])
 
+    def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
+        from compression import kernels
+
+        kernels.sign_encode(x, self.bucket, True, body)
+        return True
+
+    def _decode_two_level(self, scales):  # type: ignore[no-untyped-def]
+        pairs = scales.astype(np.float32).reshape(-1, 2)
+        return np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+
 
 class ScaledSignCodec(BucketedCodec):
     name = "sign"
@@ -70,3 +81,15 @@ class ScaledSignCodec(BucketedCodec):
 
     def _dequantize(self, scales, codes):  # type: ignore[no-untyped-def]
         return torch.where(codes.bool(), scales, -scales)
+
+    def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
+        from compression import kernels
+
+        kernels.sign_encode(x, self.bucket, False, body)
+        return True
+
+    def _decode_affine(self, scales):  # type: ignore[no-untyped-def]
+        # (code - 0.5) * 2s is exactly +-s: scaling by powers of two is exact in float32
+        with np.errstate(over="ignore"):
+            mult = scales.astype(np.float32) * np.float32(2)
+        return (0.5, mult) if np.isfinite(mult).all() else None

@@ -26,11 +26,12 @@ import struct
 import numpy as np
 import torch
 
+from compression import kernels
 from compression.codec import Codec
 from compression.dense import Float32Codec
 from compression.errors import PayloadError, SpecError
 from compression.varint import MAX_VARINT_BYTES, decode_indices, encode_indices
-from compression.wire import CODEC_IDS, HEADER_SIZE, Header
+from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, parse_payload
 
 __all__ = ["RandomKCodec", "ThresholdCodec", "TopKCodec"]
 
@@ -80,13 +81,44 @@ class _SparseCodec(Codec):
         """Sorted int64 indices of the coordinates to send, from the elements' magnitudes."""
         raise NotImplementedError
 
+    def _fused_select(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+        """Indices from a fused kernel (which also rejects NaN/inf), or None to use :meth:`_select`."""
+        return None
+
+    @property
+    def checks_finite(self) -> bool:
+        return kernels.available() and type(self)._fused_select is not _SparseCodec._fused_select
+
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
-        indices = self._select(x.abs(), generator)
+        indices = self._fused_select(x, generator) if kernels.available() else None
+        if indices is None:
+            if self.checks_finite and not bool(torch.isfinite(x).all()):  # the kernel declined
+                raise ValueError("cannot encode a tensor with NaN or infinite values")
+            indices = self._select(x.abs(), generator)
         index_bytes = encode_indices(indices.numpy())
         values = self.values.encode(x[indices], generator)
         return _COUNTS.pack(indices.numel(), len(index_bytes)) + index_bytes + values
 
-    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+    def decode_into(self, payload: bytes | bytearray | memoryview, out: torch.Tensor, alpha: float = 1.0) -> None:
+        """Validate everything, then add the k kept values in place: no dense temporary."""
+        if out.dtype != torch.float32 or not out.is_contiguous() or out.device.type != "cpu":
+            return super().decode_into(payload, out, alpha)
+        header, body = parse_payload(payload, verify_checksum=False)
+        self._check_header(header, out.numel())
+        check_crc(memoryview(payload).cast("B"))
+        indices, values = self._indices_and_values(body, header.numel)
+        if kernels.available():
+            kernels.scatter_add(out.numpy(), indices, values.numpy(), alpha)
+        else:
+            out.index_put_((torch.from_numpy(indices),), values * alpha, accumulate=True)  # distinct indices
+        return None
+
+    def decode(self, payload: bytes | bytearray | memoryview, expected_numel: int) -> torch.Tensor:
+        out = self._zeros_for(payload, expected_numel)
+        self.decode_into(payload, out)
+        return out
+
+    def _indices_and_values(self, body: memoryview, numel: int) -> tuple[np.ndarray, torch.Tensor]:
         if len(body) < _COUNTS.size:
             raise PayloadError("sparse body too short for its counts")
         k, index_length = _COUNTS.unpack(body[: _COUNTS.size])
@@ -97,6 +129,10 @@ class _SparseCodec(Codec):
         start = _COUNTS.size
         indices = decode_indices(body[start : start + index_length], k, numel)
         values = self.values.decode(body[start + index_length :], k)
+        return indices, values
+
+    def _decode_body(self, body: memoryview, numel: int) -> torch.Tensor:
+        indices, values = self._indices_and_values(body, numel)
         out = torch.zeros(numel, dtype=torch.float32)
         out[torch.from_numpy(indices)] = values
         return out
@@ -129,6 +165,28 @@ class TopKCodec(_SparseCodec):
 
     def max_kept(self, numel: int) -> int:
         return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def _fused_select(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+        """Sampled top-k in one pass over ``x``: threshold from the probe, then the kernel collects
+        the survivors in index order (room for 4k of them; with more it declines)."""
+        n = x.numel()
+        k = self.max_kept(n)
+        if not self.sample or k == 0 or k >= n:
+            return None
+        size = min(n, max(k, math.ceil(self.sample * n), 1000))
+        probe = x[torch.randint(n, (size,), generator=generator)].abs()
+        threshold = float(torch.kthvalue(probe, max(1, size - math.ceil(1.2 * self.ratio * size))).values)
+        found = kernels.select_above(x.numpy(), threshold, 4 * k + 64)
+        if found is None:
+            return None
+        candidates = torch.from_numpy(found)
+        if candidates.numel() > k:
+            # trim to exactly the k largest while keeping index order (no sort needed)
+            order = torch.topk(x[candidates].abs(), k, sorted=False).indices
+            keep = torch.zeros(candidates.numel(), dtype=torch.bool)
+            keep[order] = True
+            candidates = candidates[keep]
+        return candidates
 
     def _select(self, magnitude: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         k = self.max_kept(magnitude.numel())

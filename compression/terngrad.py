@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import torch
 
 from compression.bucketed import F32_TINY, BucketedCodec
@@ -53,3 +54,13 @@ class TernGradCodec(BucketedCodec):
 
     def _dequantize(self, scales, codes):  # type: ignore[no-untyped-def]
         return (codes.to(torch.float32) - 1).mul_(scales)
+
+    def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
+        from compression import kernels
+
+        seed = int(torch.randint(0, 2**32, (1,), generator=generator, dtype=torch.int64))
+        kernels.terngrad_encode(x, self.bucket, self.clip, seed, body)
+        return True
+
+    def _decode_affine(self, scales):  # type: ignore[no-untyped-def]
+        return 1.0, scales.astype(np.float32)

@@ -127,7 +127,7 @@ def launch(
     _write_connection(flwr_home, "fedge", port)
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
-    group = ProcessGroup(run_dir / "logs", env=env)
+    group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
     try:
         superlink_argv = [
             "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),

@@ -101,7 +101,18 @@ def processes_with_env(key: str, value: str) -> list[int]:
 class ProcessGroup:
     """Start processes with logs under ``log_dir``; stop all of them (and their trees) reliably."""
 
-    def __init__(self, log_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        also_match: Mapping[str, str] | None = None,
+    ) -> None:
+        """``also_match``: further ``KEY=value`` environment entries that mark a process as ours.
+
+        The engines pass the run's unique FLWR_HOME: Ray's dashboard and runtime-env agents were
+        seen (2 in ~20 runs) outliving the marker sweeps while carrying the run's FLWR_HOME.
+        """
+        self.also_match = dict(also_match or {})
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env if env is not None else os.environ)
@@ -165,7 +176,7 @@ class ProcessGroup:
                     quiet_since = None
                 elif quiet_since is None:
                     quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since > 0.5:
+                elif time.monotonic() - quiet_since > 2.0:
                     break
                 time.sleep(0.1)
             for process in self.processes:
@@ -186,8 +197,11 @@ class ProcessGroup:
             _signal(pid, signal.SIGKILL)
 
     def stragglers(self) -> list[int]:
-        """Live processes that carry this group's marker."""
-        return processes_with_env(MARKER, self.marker)
+        """Live processes that carry this group's marker (or one of the ``also_match`` entries)."""
+        found = set(processes_with_env(MARKER, self.marker))
+        for key, value in self.also_match.items():
+            found.update(processes_with_env(key, value))
+        return sorted(found)
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -14,6 +14,7 @@ from tests.compression.specs import ALL, LAYERWISE, make
 SPECS = ALL + LAYERWISE
 N = 1000
 FUZZ_PER_CODEC = 10_000  # mutated payloads per codec in CI
+FUZZ_UNDER_LIMIT = 1_000  # per codec again, under an address-space limit
 
 
 def _payload(spec: str) -> bytes:
@@ -130,14 +131,12 @@ def test_not_bytes() -> None:
         make_codec("none").decode("not bytes", 1)  # type: ignore[arg-type]
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("spec", SPECS)
-def test_fuzz_mutations_only_raise_payload_error(spec: str) -> None:
+def fuzz(spec: str, count: int) -> None:
     """Random byte flips, truncations, insertions; with and without a repaired checksum."""
     rng = random.Random(spec)
     genuine = _payload(spec)
     codec = make(spec)
-    for i in range(FUZZ_PER_CODEC):
+    for i in range(count):
         data = bytearray(genuine)
         kind = rng.randrange(4)
         if kind == 0:
@@ -158,3 +157,37 @@ def test_fuzz_mutations_only_raise_payload_error(spec: str) -> None:
             continue
         # A mutation may land on a still-valid encoding (e.g. a different quantized level).
         assert out.shape == (N,) and bool(np.isfinite(out.numpy()).all())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("spec", SPECS)
+def test_fuzz_mutations_only_raise_payload_error(spec: str) -> None:
+    fuzz(spec, FUZZ_PER_CODEC)
+
+
+@pytest.mark.timeout(300)
+def test_fuzzed_decoders_never_allocate_beyond_a_bound() -> None:
+    """Every codec's fuzz loop again, in a process whose address space may grow by 512 MB at most.
+
+    A decoder that trusted a forged count or length would try to allocate far more (the declared
+    size of these payloads is 4 KB) and fail with MemoryError, which is not a PayloadError.
+    """
+    script = f"""
+import resource, sys, torch
+torch.set_num_threads(1)
+from tests.compression import test_payload_validation as t
+for spec in t.SPECS:  # compile kernels and warm every path before the limit
+    t.make(spec).decode(t._payload(spec), t.N)
+size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + 512 * 2**20, resource.RLIM_INFINITY))
+for spec in t.SPECS:
+    t.fuzz(spec, {FUZZ_UNDER_LIMIT})
+print("ok")
+"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
