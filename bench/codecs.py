@@ -36,6 +36,7 @@ CODECS = [
     "topk:ratio=0.01", "topk:ratio=0.01,sample=0.01", "topk:ratio=0.001,sample=0.01",
     "topk:ratio=0.01,sample=0.01+qsgd:bits=4", "threshold:value=2.5",
     "randk:ratio=0.01", "randk:ratio=0.01+qsgd:bits=4",
+    "zstd:level=1+qsgd:bits=4", "zstd:level=3+qsgd:bits=4", "zstd:level=3+topk:ratio=0.01,sample=0.01+qsgd:bits=4",
 ]
 # Acceptance targets of issue 3 (fraction of the memory-copy rate).
 TARGET = {"quantizer": 0.25, "sampled": 0.10}
@@ -75,7 +76,7 @@ def main() -> None:
         decoded = codec.decode(payload, args.n)
         rate = nbytes / (encode_s + decode_s)
         copy_rate = nbytes / copy_s
-        kind = "baseline" if spec == "none" else "sampled" if "sample=" in spec else ("exact top-k" if spec.startswith("topk") else
+        kind = "baseline" if spec == "none" else "entropy" if spec.startswith("zstd") else "sampled" if "sample=" in spec else ("exact top-k" if spec.startswith("topk") else
                                                       "sparsifier" if spec.startswith(("threshold", "randk")) else
                                                       "quantizer")
         rows.append({

@@ -3,6 +3,8 @@
 Presets:
 * ``demo``  - the demo setting (10 clients, 30 rounds) for the default codec and its neighbours.
 * ``suite`` - issue 3's comparison: 20 clients, Dirichlet(0.5), every codec family.
+* ``fashion`` - the same on Fashion-MNIST (12,000 training / 2,000 test images), when Debian's
+  ``dataset-fashion-mnist`` is installed; skipped with a message otherwise.
 
 For each configuration and seed: final held-out accuracy and loss, total uplink and downlink bytes
 (real payloads; downlink is the fp32 model sent to every sampled client), compression ratio against
@@ -37,6 +39,14 @@ PRESETS = {
             ("qsgd:bits=4,norm=l2", True), ("qsgd:bits=4,norm=l2", False), ("qsgd:bits=2", True),
         ],
     },
+    "fashion": {
+        "task": "fashion:train_samples=12000,test_samples=2000", "clients": 20, "rounds": 20, "local_epochs": 2,
+        "configs": [
+            ("none", True), ("qsgd:bits=4", True), ("qsgd:bits=2", True), ("sign", True),
+            ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True),
+            ("zstd:level=3+qsgd:bits=4", True),
+        ],
+    },
     "suite": {
         "clients": 20, "rounds": 40,
         "configs": [
@@ -51,9 +61,10 @@ PRESETS = {
 }
 
 
-def run_one(codec: str, ef: bool, seed: int, clients: int, rounds: int, target: float, run_dir: str) -> dict:
+def run_one(codec: str, ef: bool, seed: int, clients: int, rounds: int, target: float, run_dir: str,
+            task: str = "digits", local_epochs: int = 5) -> dict:
     settings = RunSettings(codec=codec, error_feedback=ef, rounds=rounds, clients_per_round=clients,
-                           seed=seed, run_dir=run_dir)
+                           seed=seed, run_dir=run_dir, task=task, local_epochs=local_epochs)
     result = launch(settings, engine="simulation", num_supernodes=clients, timeout=3600)
     rows, summary = result.rows, result.summary
     reached = next((r for r in rows if r["accuracy"] >= target), None)
@@ -85,6 +96,14 @@ def main() -> None:
     parser.add_argument("--out", help="JSON output (default bench/results/communication-<preset>.json)")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
+    task = preset.get("task", "digits")
+    if task.startswith("fashion"):
+        from tasks import fashion_mnist
+
+        if not fashion_mnist.available():
+            print(f"skipped: Fashion-MNIST is not installed in {fashion_mnist.data_dir()} "
+                  "(apt-get install dataset-fashion-mnist)")
+            return
     rounds = args.rounds or preset["rounds"]
     configs = [c for c in preset["configs"] if not args.only or c[0] in args.only]
     command = " ".join([Path(sys.executable).name, *sys.argv])
@@ -92,11 +111,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (codec, ef) in enumerate(configs):
             for seed in args.seeds:
-                run = run_one(codec, ef, seed, preset["clients"], rounds, args.target, f"{tmp}/run{i}-{seed}")
+                run = run_one(codec, ef, seed, preset["clients"], rounds, args.target, f"{tmp}/run{i}-{seed}",
+                              task=task, local_epochs=preset.get("local_epochs", 5))
                 runs.append(run)
                 print(f"{codec} ef={ef} seed={seed}: {100 * run['accuracy']:.2f}% ratio {run['ratio']:.1f}x",
                       file=sys.stderr)
-    print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()}: digits, Dirichlet(0.5), "
+    print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()}: {task}, Dirichlet(0.5), "
           f"{preset['clients']} clients (all sampled), {rounds} rounds, seeds {args.seeds}. Command: `{command}`\n")
     print(f"| codec | EF | held-out accuracy % | uplink MB | downlink MB | uplink vs fp32 | round to {args.target:.0%} | "
           f"uplink MB to {args.target:.0%} |")

@@ -6,7 +6,8 @@ Sparsifiers: ``topk:ratio=0.01[,sample=0.01]``, ``threshold:value=1e-3``,
 ``randk:ratio=0.01[,unbiased=true][,seed=S|,shared=true]``, and Deep Gradient Compression
 ``dgc:ratio=0.001,momentum=0.9,warmup=4`` (a client memory over sampled top-k); each may be followed by ``+`` and a quantizer for the
 kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Per-tensor policy:
-``layerwise:min=1024,small=none+qsgd:bits=4`` (small tensors uncompressed; needs ``for_model``). Unspecified parameters take the codec's defaults;
+``layerwise:min=1024,small=none+qsgd:bits=4`` (small tensors uncompressed; needs ``for_model``).
+Lossless entropy stage: ``zstd:level=3+<codec>``. Unspecified parameters take the codec's defaults;
 :attr:`Codec.spec` gives the canonical form.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from compression.codec import Codec
 from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
 from compression.dgc import DGCCodec
+from compression.entropy import ZstdCodec
 from compression.layerwise import LayerwiseCodec
 from compression.qsgd import QSGDCodec
 from compression.sign import OneBitCodec, ScaledSignCodec
@@ -63,3 +65,4 @@ register_codec("threshold", ThresholdCodec)
 register_codec("randk", RandomKCodec)
 register_codec("dgc", DGCCodec)
 register_codec("layerwise", LayerwiseCodec)
+register_codec("zstd", ZstdCodec)

@@ -49,7 +49,7 @@ DTYPE_FLOAT32 = 0
 # Codec ids are part of the wire format: never renumber, only append.
 CODEC_IDS: dict[str, int] = {
     "none": 0, "fp16": 1, "qsgd": 2, "bf16": 3, "terngrad": 4, "onebit": 5, "sign": 6,
-    "topk": 7, "randk": 8, "threshold": 9, "layerwise": 10,
+    "topk": 7, "randk": 8, "threshold": 9, "layerwise": 10, "zstd": 11,
 }
 # A hard ceiling independent of the caller's expectation (2^36 floats = 256 GiB decoded).
 MAX_ELEMENTS = 1 << 36

