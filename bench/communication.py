@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.engines import launch  # noqa: E402
-from server.settings import RunSettings  # noqa: E402
+from server.engines import launch
+from server.settings import RunSettings
 
 PRESETS = {
     "demo": {

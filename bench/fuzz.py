@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.compression import test_payload_validation as validation  # noqa: E402  (the CI fuzz loop)
+from tests.compression import test_payload_validation as validation
 
 
 def main() -> None:
