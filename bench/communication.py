@@ -41,6 +41,7 @@ PRESETS = {
     },
     "fashion": {
         "task": "fashion:train_samples=12000,test_samples=2000", "clients": 20, "rounds": 20, "local_epochs": 2,
+        "target": 0.75,
         "configs": [
             ("none", True), ("qsgd:bits=4", True), ("qsgd:bits=2", True), ("sign", True),
             ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True),
@@ -91,7 +92,8 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--rounds", type=int, help="override the preset's rounds")
-    parser.add_argument("--target", type=float, default=0.95, help="accuracy for rounds-to-target")
+    parser.add_argument("--target", type=float, default=None,
+                        help="accuracy for rounds-to-target (default: the preset's, 0.95 on digits)")
     parser.add_argument("--only", nargs="*", help="run only these codec specs")
     parser.add_argument("--out", help="JSON output (default bench/results/communication-<preset>.json)")
     args = parser.parse_args()
@@ -105,6 +107,7 @@ def main() -> None:
                   "(apt-get install dataset-fashion-mnist)")
             return
     rounds = args.rounds or preset["rounds"]
+    args.target = args.target if args.target is not None else preset.get("target", 0.95)
     configs = [c for c in preset["configs"] if not args.only or c[0] in args.only]
     command = " ".join([Path(sys.executable).name, *sys.argv])
     runs = []
