@@ -88,6 +88,9 @@ class BucketedCodec(Codec):
         if kernels.available():
             body = self._scratch(self.body_size(x.numel()))
             if self._fused_encode(x.numpy(), generator, body):
+                scales = body[: 4 * self.scales_per_bucket * self.num_buckets(x.numel())].view(np.float32)
+                if not np.isfinite(scales).all():  # e.g. a mean |x| that overflows float32
+                    raise ValueError(f"{self.name}: a bucket scale overflows float32; the update is too large")
                 return memoryview(body)  # copied into the payload by pack_payload, so reusable
         n = x.numel()
         nb = self.num_buckets(n)

@@ -30,7 +30,6 @@ import numpy as np
 
 __all__ = [
     "accumulate_codes",
-    "all_finite_bits",
     "available",
     "bucketed_decode_into",
     "max_code_of",
@@ -66,6 +65,9 @@ try:  # numba is an accelerator, not a requirement: without it the torch path ru
 except ImportError as _err:  # pragma: no cover - exercised by the FEDGE_KERNELS=off test run
     numba = None
     log.debug("fused kernels unavailable (%s): using the torch reference path", _err)
+
+
+_ABS32 = np.uint32(0x7FFFFFFF)  # float32 bits without the sign
 
 
 def available() -> bool:
@@ -110,10 +112,7 @@ if numba is not None:
                 return 2
             scales[b] = np.float32(norm)
             return 0
-        ub = xu[start : start + bucket]
-        m = np.uint32(0)
-        for k in range(ub.size):
-            m = max(m, ub[k] & np.uint32(0x7FFFFFFF))
+        m = _max_magnitude_bits(xu[start : start + bucket], _ABS32)
         if m >= np.uint32(0x7F800000):
             return 1
         scales_u[b] = m  # the bits of max|x|: no float conversion involved
@@ -138,14 +137,6 @@ if numba is not None:
         return 0
 
     @_jit
-    def _max_bits(ub):  # type: ignore[no-untyped-def]
-        """Largest |x| of a slice as float32 bits (>= 0x7f800000: an infinity or NaN is there)."""
-        m = np.uint32(0)
-        for k in range(ub.size):
-            m = max(m, ub[k] & np.uint32(0x7FFFFFFF))
-        return m
-
-    @_jit
     def _terngrad_encode(x, xu, bucket, clip, seed, scales, codes):  # type: ignore[no-untyped-def]
         """Mean and variance in float32 like the reference; max of the clipped values as
         min(max |x|, bound), which needs no second pass."""
@@ -154,7 +145,7 @@ if numba is not None:
             start = b * bucket
             xb = x[start : start + bucket]
             cb = codes[start : start + bucket]
-            top = _max_bits(xu[start : start + bucket])
+            top = _max_magnitude_bits(xu[start : start + bucket], _ABS32)
             if top >= np.uint32(0x7F800000):
                 return 1
             scales.view(np.uint32)[b] = top
@@ -188,7 +179,7 @@ if numba is not None:
             start = b * bucket
             xb = x[start : start + bucket]
             cb = codes[start : start + bucket]
-            if _max_bits(xu[start : start + bucket]) >= np.uint32(0x7F800000):
+            if _max_magnitude_bits(xu[start : start + bucket], _ABS32) >= np.uint32(0x7F800000):
                 return 1
             pos = zero
             neg = zero
@@ -249,8 +240,6 @@ if numba is not None:
                     break
             else:
                 return -2
-            if gap:
-                return -2
         return j
 
     @_jit
@@ -265,7 +254,7 @@ if numba is not None:
             length = 0
             while True:
                 if j >= raw.size:
-                    return -1 if i < count else -2
+                    return -1
                 byte = raw[j]
                 j += 1
                 length += 1
@@ -277,12 +266,14 @@ if numba is not None:
                     break
             if i > 0 and value < 1:
                 return -4
+            if value >= np.uint64(limit):  # also keeps the running sum far from overflowing
+                return -5
             total += np.int64(value)
+            if total >= limit:
+                return -5
             out[i] = total
         if j != raw.size:
             return -2
-        if count and out[count - 1] >= limit:
-            return -5
         return 0
 
     @_jit
@@ -549,7 +540,7 @@ def varint_decode(raw: np.ndarray, count: int, limit: int) -> np.ndarray:
     out = np.empty(count, dtype=np.int64)
     status = _varint_decode(raw, count, limit, out)
     if status == -5:
-        raise ValueError(f"index {int(out[count - 1])} out of range 0..{limit - 1}")
+        raise ValueError(f"an index is out of range 0..{limit - 1}")
     if status:
         raise ValueError(_VARINT_ERRORS[status])
     return out
@@ -558,14 +549,6 @@ def varint_decode(raw: np.ndarray, count: int, limit: int) -> np.ndarray:
 def scatter_add(out: np.ndarray, indices: np.ndarray, values: np.ndarray, alpha: float) -> None:
     """``out[indices] += alpha * values`` for distinct, validated indices."""
     _scatter_add(out, indices, values, alpha)
-
-
-def all_finite_bits(raw: np.ndarray) -> bool:
-    """True when no element of a float32 (as uint32) or float16/bfloat16 (as uint16) bit array is
-    an infinity or NaN: the exponent field is all ones exactly for those."""
-    if raw.dtype == np.uint32:
-        return bool(_max_magnitude_bits(raw, np.uint32(0x7FFFFFFF)) < np.uint32(0x7F800000))
-    raise TypeError("use max_magnitude_bits for 16-bit formats (their exponent fields differ)")
 
 
 def max_magnitude_bits(raw: np.ndarray) -> int:

@@ -19,13 +19,13 @@ from compression.codec import Codec
 from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
 from compression.dgc import DGCCodec
 from compression.entropy import ZstdCodec
+from compression.errors import SpecError
 from compression.layerwise import LayerwiseCodec
 from compression.qsgd import QSGDCodec
 from compression.sign import OneBitCodec, ScaledSignCodec
 from compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
-from compression.terngrad import TernGradCodec
-from compression.errors import SpecError
 from compression.spec import build_from_spec, parse_spec
+from compression.terngrad import TernGradCodec
 
 __all__ = ["available_codecs", "make_codec", "register_codec"]
 

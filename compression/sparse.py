@@ -42,8 +42,9 @@ def _dense_values(values: Codec | None) -> Codec:
     """The codec of a sparsifier's kept values: fp32 by default, never another sparsifier."""
     if values is None:
         return Float32Codec()
-    if isinstance(values, _SparseCodec | RandomKCodec):
-        raise SpecError("the values of a sparsifier must use a dense codec")
+    if isinstance(values, _SparseCodec | RandomKCodec) or values.name in ("zstd", "layerwise", "dgc"):
+        raise SpecError("the values of a sparsifier must use a fixed-size dense codec (wrap the whole "
+                        "sparsifier in zstd instead: zstd:level=3+topk:...)")
     return values
 
 

@@ -72,7 +72,9 @@ def decode_indices(data: bytes | memoryview, count: int, limit: int) -> np.ndarr
     gaps = np.add.reduceat(parts, starts).astype(np.int64)
     if count > 1 and (gaps[1:] < 1).any():
         raise PayloadError("indices are not strictly increasing")
+    if (gaps < 0).any() or (gaps >= limit).any():  # gaps up to 2^42 could wrap the running sum
+        raise PayloadError(f"an index gap is out of range 0..{limit - 1}")
     indices = np.cumsum(gaps)
-    if int(indices[-1]) >= limit:
-        raise PayloadError(f"index {int(indices[-1])} out of range 0..{limit - 1}")
+    if int(indices[-1]) >= limit or (count > 1 and (np.diff(indices) <= 0).any()):
+        raise PayloadError(f"an index is out of range 0..{limit - 1}")
     return indices

@@ -25,14 +25,17 @@ Only then is the round recorded, atomically, in the anti-rollback store.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,9 @@ STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://github.com/fedge/fedge/bundle/v1"
 MAX_ENVELOPE_BYTES = 16 * 2**20  # golden data included; anything larger is not ours
 MAX_MODEL_BYTES = 2 * 2**30
+MAX_SIGNATURES = 8
+_DTYPES = ("float32", "float16", "int64", "int8", "uint8")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=,-]{0,127}")
 
 
 class BundleError(Exception):
@@ -248,9 +254,23 @@ class AcceptedRounds:
             )
 
     def record(self, name: str, round_: int, sha256: str) -> None:
+        """Store ``round_`` for ``name``; re-checks first, so the stored round never goes down."""
+        self.check(name, round_, sha256)
         data = self.load()
         data[name] = {"round": round_, "sha256": sha256, "accepted": _utc(time.time())}
         atomic_write_text(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive lock from check to record: two verifications running at once cannot
+        both pass against the same stored round and then write in either order."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @dataclass
@@ -343,23 +363,41 @@ def make_session(model_bytes: bytes, *, threads: int = 1, spinning: bool = False
     return ort.InferenceSession(model_bytes, sess_options=options, providers=["CPUExecutionProvider"])
 
 
+def _read_regular(path: Path, limit: int, error: type[BundleError]) -> bytes:
+    """At most ``limit + 1`` bytes of a regular file, opened without blocking (a FIFO or device in
+    its place must not hang or flood the verifier)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        raise error(f"cannot open {path}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def _open_envelope(directory: Path, trusted: Sequence[Ed25519PublicKey]) -> tuple[dict[str, Any], str, bytes]:
     path = directory / ENVELOPE_FILE
-    if not path.is_file():
+    if not path.exists():
         raise SignatureError(f"no {ENVELOPE_FILE} in {directory}: not a signed bundle")
-    raw = path.read_bytes()
+    raw = _read_regular(path, MAX_ENVELOPE_BYTES, SignatureError)
     if len(raw) > MAX_ENVELOPE_BYTES:
-        raise SignatureError(f"{ENVELOPE_FILE} is {len(raw)} bytes, larger than any Fedge envelope")
+        raise SignatureError(f"{ENVELOPE_FILE} is larger than any Fedge envelope ({MAX_ENVELOPE_BYTES} bytes)")
     try:
         envelope = json.loads(raw)
-    except ValueError as err:
-        raise SignatureError(f"{ENVELOPE_FILE} is not JSON: {err}") from err
+    except (ValueError, RecursionError) as err:
+        raise SignatureError(f"{ENVELOPE_FILE} is not usable JSON: {type(err).__name__}") from None
     if not isinstance(envelope, dict) or envelope.get("payloadType") != PAYLOAD_TYPE:
         raise SignatureError(f"envelope payloadType must be {PAYLOAD_TYPE!r}")
     payload = _b64decode(envelope.get("payload"), "envelope payload")
     signatures = envelope.get("signatures")
     if not isinstance(signatures, list) or not signatures:
         raise SignatureError("envelope has no signatures")
+    if len(signatures) > MAX_SIGNATURES:  # each one costs an Ed25519 check per trusted key
+        raise SignatureError(f"envelope carries {len(signatures)} signatures, at most {MAX_SIGNATURES} are read")
     message = pae(PAYLOAD_TYPE, payload)
     keys = {key_id(k): k for k in trusted}
     if not keys:
@@ -367,7 +405,10 @@ def _open_envelope(directory: Path, trusted: Sequence[Ed25519PublicKey]) -> tupl
     for entry in signatures:
         if not isinstance(entry, dict):
             continue
-        signature = _b64decode(entry.get("sig"), "signature")
+        try:
+            signature = _b64decode(entry.get("sig"), "signature")
+        except SignatureError:
+            continue  # a malformed entry must not hide a valid one after it
         # Try every trusted key, not only the one the (unauthenticated) keyid names.
         for kid, key in keys.items():
             try:
@@ -376,8 +417,8 @@ def _open_envelope(directory: Path, trusted: Sequence[Ed25519PublicKey]) -> tupl
                 continue
             try:
                 statement = json.loads(payload)
-            except ValueError as err:  # signed garbage is still garbage
-                raise ManifestError(f"signed payload is not JSON: {err}") from err
+            except (ValueError, RecursionError) as err:  # signed garbage is still garbage
+                raise ManifestError(f"signed payload is not usable JSON: {type(err).__name__}") from None
             if not isinstance(statement, dict):
                 raise ManifestError("signed payload is not a JSON object")
             return statement, kid, raw
@@ -400,12 +441,23 @@ def _check_predicate(predicate: Any) -> None:
                 raise ManifestError(f"{side} entries need name, dtype and shape")
     if len(predicate["inputs"]) != 1 or len(predicate["outputs"]) != 1:
         raise ManifestError("a bundle model has exactly one input and one output")
+    for tensor in predicate["inputs"] + predicate["outputs"]:
+        if tensor["dtype"] not in _DTYPES:
+            raise ManifestError(f"tensor dtype {tensor['dtype']!r} is not one of {_DTYPES}")
+    if not _SAFE_NAME.fullmatch(predicate["name"]):
+        raise ManifestError(f"model name {predicate['name']!r} must match {_SAFE_NAME.pattern}")
+    if predicate["round"] < 0:
+        raise ManifestError("round must be >= 0")
     model = predicate["model"]
-    if not (isinstance(model.get("size"), int) and isinstance(model.get("sha256"), str)
+    if not (isinstance(model.get("size"), int) and 0 < model["size"] <= MAX_MODEL_BYTES
+            and isinstance(model.get("sha256"), str)
             and re.fullmatch(r"[0-9a-f]{64}", model["sha256"]) and model.get("file") == MODEL_FILE):
-        raise ManifestError("predicate.model needs file, size and a sha256 hex digest")
+        raise ManifestError("predicate.model needs file, a size in (0, 2 GiB] and a sha256 hex digest")
     if not isinstance(predicate["runtime"].get("min_onnxruntime"), str):
         raise ManifestError("predicate.runtime.min_onnxruntime missing")
+    atol = predicate["golden"].get("atol", 1e-4)
+    if isinstance(atol, bool) or not isinstance(atol, int | float) or not (0 <= atol < float("inf")):
+        raise ManifestError("golden.atol must be a finite number >= 0")
 
 
 def _shape_signature(values: Any) -> list[dict[str, Any]]:
@@ -464,8 +516,23 @@ def verify_bundle(
     """Verify a bundle in the documented order; return it with a session over the verified bytes.
 
     ``accepted`` is the anti-rollback store (None skips the rollback check: for inspection only).
-    With ``record``, a bundle that passes every check has its round recorded there.
+    With ``record``, a bundle that passes every check has its round recorded there; the store is
+    locked from the rollback check to the record.
     """
+    if accepted is None:
+        return _verify(directory, trusted_keys, None, now, threads, record)
+    with accepted.locked():
+        return _verify(directory, trusted_keys, accepted, now, threads, record)
+
+
+def _verify(
+    directory: str | os.PathLike[str],
+    trusted_keys: Sequence[Ed25519PublicKey],
+    accepted: AcceptedRounds | None,
+    now: float | None,
+    threads: int,
+    record: bool,
+) -> VerifiedBundle:
     started = time.perf_counter()
     folder = Path(directory)
     statement, kid, envelope_bytes = _open_envelope(folder, trusted_keys)
@@ -481,12 +548,7 @@ def verify_bundle(
         raise ManifestError("statement subject must name model.onnx with the predicate's sha256")
 
     # 3. integrity over the bytes we will actually load (read once, never re-opened)
-    model_path = folder / MODEL_FILE
-    try:
-        with open(model_path, "rb") as handle:
-            model_bytes = handle.read(min(model["size"], MAX_MODEL_BYTES) + 1)
-    except OSError as err:
-        raise IntegrityError(f"cannot read {model_path}: {err}") from err
+    model_bytes = _read_regular(folder / MODEL_FILE, model["size"], IntegrityError)
     if len(model_bytes) != model["size"]:
         raise IntegrityError(f"{MODEL_FILE} has {len(model_bytes)}+ bytes, the manifest says {model['size']}")
     digest = hashlib.sha256(model_bytes).hexdigest()

@@ -21,7 +21,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deploy.bundle import encode_golden, make_session, write_bundle
-from deploy.model_file import ModelFile, load_model_file
+from deploy.model_file import ModelFile, ModelFileError, load_model_file
 from deploy.onnx_export import (
     INPUT_NAME,
     ExportError,
@@ -98,8 +98,12 @@ def export_bundle(
     source_sha = None
     if not isinstance(model_file, ModelFile):
         path = resolve_model_file(model_file)
-        source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-        model_file = load_model_file(path)
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise ModelFileError(f"cannot read model file {path}: {err}") from None
+        source_sha = hashlib.sha256(data).hexdigest()
+        model_file = load_model_file(path, data)
     task = make_task(model_file.task)
     model = task.build_model()
     model.load_state_dict(model_file.state_dict)

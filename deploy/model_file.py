@@ -7,6 +7,7 @@ elsewhere cannot execute code.
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +45,14 @@ def save_model_file(path: str | os.PathLike[str], model: ModelFile) -> None:
     )
 
 
-def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
+def load_model_file(path: str | os.PathLike[str], data: bytes | None = None) -> ModelFile:
+    """Load a model file; with ``data``, parse those bytes (already read from ``path``) instead, so
+    a caller that hashed them loads exactly what it hashed."""
     file = Path(path)
-    if not file.is_file():
+    if data is None and not file.is_file():
         raise ModelFileError(f"no model file at {file}")
     try:
-        raw = torch.load(file, map_location="cpu", weights_only=True)
+        raw = torch.load(io.BytesIO(data) if data is not None else file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several unrelated types for corrupt files
         raise ModelFileError(f"{file} is not a readable model file: {err}") from err
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:

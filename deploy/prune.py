@@ -92,13 +92,6 @@ def _check_chain(model: nn.Module, example: torch.Tensor) -> list[nn.Module]:
 
 def _prune_channels(model: nn.Module, fraction: float, example: torch.Tensor) -> None:
     leaves = _check_chain(model.eval(), example)
-    # Channel count entering each leaf, to know how a Flatten spreads channels over features.
-    shapes: dict[int, torch.Size] = {}
-    with torch.no_grad():
-        x = example
-        for index, leaf in enumerate(leaves):
-            shapes[index] = x.shape
-            x = leaf(x)
     layers = [i for i, m in enumerate(leaves) if isinstance(m, (nn.Conv2d, nn.Linear))]
     for position, index in enumerate(layers[:-1]):  # never the output layer: it defines the classes
         layer, following = leaves[index], leaves[layers[position + 1]]

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REJECTED
     meta = model.metadata
     summary = {"verified": True, "name": meta["name"], "round": meta["round"], "task": meta["task"],
-               "quantization": meta["quantization"]["mode"], "accuracy": meta["accuracy"]["bundle"],
+               "quantization": (meta.get("quantization") or {}).get("mode"),
+               "accuracy": (meta.get("accuracy") or {}).get("bundle"),
                "expires": meta["expires"], "key_id": model.bundle.key_id,
                "verify_ms": round(model.bundle.seconds * 1e3, 2)}
     if args.command == "verify" and args.install:

@@ -36,8 +36,11 @@ __all__ = ["EdgeModel", "default_state_path"]
 def default_state_path() -> Path:
     """Where a device keeps the last accepted round per model (``$FEDGE_EDGE_HOME`` overrides)."""
     home = os.environ.get("FEDGE_EDGE_HOME")
-    base = Path(home) if home else Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fedge-edge"
-    return base / "accepted-rounds.json"
+    if home:
+        return Path(home).absolute() / "accepted-rounds.json"
+    state = os.environ.get("XDG_STATE_HOME")  # empty or relative means unset (XDG spec)
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local" / "state"
+    return base / "fedge-edge" / "accepted-rounds.json"
 
 
 @dataclass

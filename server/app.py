@@ -45,7 +45,7 @@ def configure_logging() -> None:
 def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) -> dict[str, Any]:
     """Sign the final model as an edge bundle. A refused export is logged; the model.pt stays."""
     from deploy.exporter import AccuracyGateError, ExportOptions, export_bundle
-    from deploy.keys import PRIVATE_KEY_FILE, generate_keypair, load_private_key
+    from deploy.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair, load_private_key
     from deploy.onnx_export import ExportError
     from deploy.quantize import QuantizationError
 
@@ -68,7 +68,8 @@ def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) ->
     predicate = statement["predicate"]
     log.info("signed bundle %s (round %d, %d bytes, accuracy %.2f%%)", out, round_, predicate["model"]["size"],
              100 * predicate["accuracy"]["bundle"])
-    return {"path": str(out), "public_key": str(key_path.parent / "signing-key.pub.pem"),
+    public = key_path.parent / PUBLIC_KEY_FILE  # next to the private key, as `fedge keys generate` writes it
+    return {"path": str(out), "public_key": str(public) if public.is_file() else None,
             "bytes": predicate["model"]["size"], "accuracy": predicate["accuracy"]["bundle"],
             "fp32_accuracy": predicate["accuracy"]["fp32"], "quantization": predicate["quantization"]["mode"],
             "pruning": predicate["pruning"]["spec"]}

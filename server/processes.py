@@ -167,6 +167,8 @@ class ProcessGroup:
                 log.warning("processes %s ignored SIGTERM for %.0f s; killing them", left, grace)
             # Kill until the group stays empty: a dying supervisor (Ray's raylet) may still spawn a
             # child between two sweeps; it carries the marker and is caught by the next one.
+            # (2 s of quiet after a real kill, 0.5 s when everything had already gone)
+            quiet_needed = 2.0 if left else 0.5
             quiet_since, deadline = None, time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 self.kill_all()
@@ -176,7 +178,7 @@ class ProcessGroup:
                     quiet_since = None
                 elif quiet_since is None:
                     quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since > 2.0:
+                elif time.monotonic() - quiet_since > quiet_needed:
                     break
                 time.sleep(0.1)
             for process in self.processes:
@@ -197,17 +199,30 @@ class ProcessGroup:
             _signal(pid, signal.SIGKILL)
 
     def stragglers(self) -> list[int]:
-        """Live processes that carry this group's marker (or one of the ``also_match`` entries)."""
+        """Live processes that carry this group's marker (or one of the ``also_match`` entries),
+        never this process or its ancestors (a shell that exported the same FLWR_HOME)."""
         found = set(processes_with_env(MARKER, self.marker))
         for key, value in self.also_match.items():
             found.update(processes_with_env(key, value))
-        return sorted(found)
+        return sorted(found - _ancestors())
 
     def __enter__(self) -> ProcessGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _ancestors() -> set[int]:
+    """PIDs of this process and its ancestors (from /proc/<pid>/stat's parent field)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
 
 
 def _exists(pid: int) -> bool:

@@ -75,5 +75,5 @@ def print_summary(console: Console, result: Any) -> None:
     table.add_row("wall time", f"{result.seconds:.1f} s")
     console.print(table)
     console.print(f"run directory: [bold]{result.run_dir}[/bold]  (metrics.jsonl, plot.png, model.pt)")
-    if bundle and bundle.get("path"):
+    if bundle and bundle.get("path") and bundle.get("public_key"):
         console.print(f"verify on a device: fedge-edge verify {bundle['path']} --trusted-key {bundle['public_key']}")

@@ -172,3 +172,33 @@ def test_varint_kernel_matches_numpy(values: list[int]) -> None:
     finally:
         kernels.available = original  # type: ignore[assignment]
     assert decoded.tolist() == indices.tolist()
+
+
+def test_index_gaps_that_would_wrap_the_sum_are_rejected_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    from compression.varint import decode_indices
+
+    huge_gaps = bytes([0xFF] * 5 + [0x7F]) * 5  # five gaps of 2^42 - 1: their sum wraps nothing now
+    for result in _both_paths(monkeypatch, lambda: _raises(lambda: decode_indices(huge_gaps, 5, 1000))):
+        assert isinstance(result, PayloadError) and "out of range" in str(result)
+
+
+def _raises(fn):  # type: ignore[no-untyped-def]
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001 - the test inspects which type it was
+        return err
+    return None
+
+
+@pytest.mark.parametrize("spec", ["sign", "onebit"])
+def test_scale_overflow_is_refused_on_the_fused_path(spec: str) -> None:
+    with pytest.raises(ValueError, match="overflows float32"):
+        make_codec(spec).encode(torch.full((512,), 3e38))
+
+
+def test_variable_size_values_codecs_are_refused() -> None:
+    from compression import SpecError
+
+    for spec in ("randk:ratio=0.1+zstd:level=3+qsgd:bits=4", "topk:ratio=0.1+zstd:level=3+qsgd:bits=4"):
+        with pytest.raises(SpecError, match="fixed-size dense codec"):
+            make_codec(spec)

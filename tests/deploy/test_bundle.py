@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from deploy.bundle import (
     ENVELOPE_FILE,
     MODEL_FILE,
+    PAYLOAD_TYPE,
     AcceptedRounds,
     ExpiredError,
     GoldenTestError,
@@ -25,6 +27,7 @@ from deploy.bundle import (
     RollbackError,
     RuntimeCompatibilityError,
     SignatureError,
+    pae,
     read_statement_unverified,
     verify_bundle,
     write_bundle,
@@ -252,3 +255,40 @@ def test_damaged_store_entry_fails_closed(bundle: Path, trusted, tmp_path: Path)
     store.path.write_text(json.dumps({"digits": {"round": "seven"}}))
     with pytest.raises(RollbackError, match="damaged entry"):
         verify_bundle(bundle, trusted, accepted=store)
+
+
+def test_hostile_files_get_named_errors_not_hangs(bundle: Path, genuine: Path, trusted, keypair,
+                                                 tmp_path: Path) -> None:
+    envelope = bundle / ENVELOPE_FILE
+    envelope.write_text("[" * 100_000)  # nesting deep enough to exhaust the JSON parser's recursion
+    with pytest.raises(SignatureError, match="not usable JSON"):
+        verify_bundle(bundle, trusted)
+    shutil.copy(genuine / ENVELOPE_FILE, envelope)
+    (bundle / MODEL_FILE).unlink()
+    os.mkfifo(bundle / MODEL_FILE)  # a FIFO must not block the verifier
+    with pytest.raises(IntegrityError, match="not a regular file"):
+        verify_bundle(bundle, trusted)
+    # A NaN tolerance would disable the golden test: the signer refuses to write it ...
+    with pytest.raises(ManifestError, match="atol"):
+        _resign(genuine, tmp_path / "nan", keypair[0], lambda p: p["golden"].update(atol=float("nan")))
+    # ... and the verifier refuses it even when correctly signed by hand.
+    statement = read_statement_unverified(genuine)
+    statement["predicate"]["golden"]["atol"] = float("nan")
+    payload = json.dumps(statement).encode()
+    key = load_private_key(keypair[0])
+    signed = tmp_path / "signed-nan"
+    shutil.copytree(genuine, signed)
+    (signed / ENVELOPE_FILE).write_text(json.dumps({
+        "payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
+        "signatures": [{"keyid": "x", "sig": base64.b64encode(key.sign(pae(PAYLOAD_TYPE, payload))).decode()}],
+    }))
+    with pytest.raises(ManifestError, match="atol"):
+        verify_bundle(signed, trusted)
+
+
+def test_the_stored_round_never_goes_down(tmp_path: Path) -> None:
+    store = AcceptedRounds(tmp_path / "accepted.json")
+    store.record("m", 7, "a" * 64)
+    with pytest.raises(RollbackError):
+        store.record("m", 5, "b" * 64)
+    assert json.loads(store.path.read_text())["m"]["round"] == 7
