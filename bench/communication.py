@@ -42,10 +42,13 @@ PRESETS = {
     "fashion": {
         "task": "fashion:train_samples=12000,test_samples=2000", "clients": 20, "rounds": 20, "local_epochs": 2,
         "target": 0.75,
+        # issue 3's list; the run recorded in bench/results/communication-fashion.md covers 7 of them
+        # (`--only`), one seed: about 2 minutes per run here
         "configs": [
-            ("none", True), ("qsgd:bits=4", True), ("qsgd:bits=2", True), ("sign", True),
-            ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True),
-            ("zstd:level=3+qsgd:bits=4", True),
+            ("none", True), ("fp16", True), ("qsgd:bits=8", True), ("qsgd:bits=4", True), ("qsgd:bits=2", True),
+            ("terngrad", True), ("onebit", True), ("sign", True), ("topk:ratio=0.01,sample=0.05+qsgd:bits=4", True),
+            ("topk:ratio=0.001,sample=0.05+qsgd:bits=4", True), ("randk:ratio=0.01,shared=true", True),
+            ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("zstd:level=3+qsgd:bits=4", True),
         ],
     },
     "suite": {
