@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import numpy as np
@@ -33,11 +32,7 @@ class _FastDense(Codec):
         return kernels.available()
 
     def _scratch(self, numel: int) -> torch.Tensor:
-        local = self.__dict__.setdefault("_local", threading.local())
-        buffer = getattr(local, "buffer", None)
-        if buffer is None or buffer.numel() != numel:
-            buffer = local.buffer = torch.empty(numel, dtype=self._torch_dtype)
-        return buffer
+        return kernels.thread_buffer(self, "wire", numel, lambda n: torch.empty(n, dtype=self._torch_dtype))
 
     def _input_magnitude(self, x: torch.Tensor) -> int:
         """Largest |x| as float32 bits; raises for NaN/inf (the check as_flat_float32 skipped)."""
@@ -75,11 +70,7 @@ class _FastDense(Codec):
     _CHUNK = 1 << 20
 
     def _f32_chunk(self) -> torch.Tensor:
-        local = self.__dict__.setdefault("_local", threading.local())
-        buffer = getattr(local, "f32", None)
-        if buffer is None:
-            buffer = local.f32 = torch.empty(self._CHUNK, dtype=torch.float32)
-        return buffer
+        return kernels.thread_buffer(self, "f32", self._CHUNK, lambda n: torch.empty(n, dtype=torch.float32))
 
     def decode(self, payload: bytes | bytearray | memoryview, expected_numel: int) -> torch.Tensor:
         if not kernels.available():

@@ -24,9 +24,13 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+import types
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 __all__ = [
     "accumulate_codes",
@@ -40,6 +44,7 @@ __all__ = [
     "select_above",
     "sign_encode",
     "terngrad_encode",
+    "thread_buffer",
     "two_level_decode_into",
     "unpack",
     "varint_decode",
@@ -444,15 +449,26 @@ if numba is not None:
                 ob[k] += a * ((np.float32(cb[k]) - off) * m)
 
 
-_LOCAL = threading.local()
+def thread_buffer(owner: object, name: str, size: int, make: Callable[[int], T]) -> T:
+    """A 1-D buffer of ``size`` elements kept per thread on ``owner`` and reused across calls.
+
+    Writing into warm pages instead of a fresh allocation saves the page faults (~1 ms per 5 MB
+    here). ``make(size)`` builds it the first time and whenever the size changes.
+    """
+    local = owner.__dict__.setdefault("_thread_buffers", threading.local())
+    buffer = getattr(local, name, None)
+    if buffer is None or len(buffer) != size:
+        buffer = make(size)
+        setattr(local, name, buffer)
+    return buffer
+
+
+_MODULE_BUFFERS = types.SimpleNamespace()
 
 
 def _codes_scratch(n: int) -> np.ndarray:
-    """A per-thread uint8 buffer for unpacked codes, reused across calls (warm pages)."""
-    buffer = getattr(_LOCAL, "codes", None)
-    if buffer is None or buffer.size < n:
-        buffer = _LOCAL.codes = np.empty(n, dtype=np.uint8)
-    return buffer[:n]
+    """A per-thread uint8 buffer for unpacked codes."""
+    return thread_buffer(_MODULE_BUFFERS, "codes", n, lambda size: np.empty(size, dtype=np.uint8))
 
 
 def _split_body(body: np.ndarray, num_scales: int) -> tuple[np.ndarray, np.ndarray]:
