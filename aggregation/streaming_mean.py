@@ -50,6 +50,13 @@ class StreamingMean:
             raise ValueError("no update was accumulated")
         return self._sum / self.total_weight
 
+    def sum(self) -> torch.Tensor:
+        """The weighted sum ``sum_k w_k x_k`` (EASGD's center moves by the sum of elastic differences,
+        not their mean); raises if nothing was accumulated."""
+        if self.count == 0:
+            raise ValueError("no update was accumulated")
+        return self._sum.clone()
+
     def _accumulate(self, flat: torch.Tensor, weight: float) -> None:
         # float32, like the model: a float64 sum was measured 3x slower per reply here, and reply
         # order changes the float32 result only by rounding (~1e-7 relative per reply).

@@ -8,6 +8,7 @@ from compression.codec import Codec
 from compression.error_feedback import ErrorFeedback, relative_error
 from compression.errors import PayloadError, SpecError
 from compression.registry import available_codecs, make_codec, register_codec
+from compression.seeds import derive_seed
 from compression.spec import parse_spec
 from compression.wire import HEADER_SIZE, parse_payload
 
@@ -18,6 +19,7 @@ __all__ = [
     "PayloadError",
     "SpecError",
     "available_codecs",
+    "derive_seed",
     "make_codec",
     "parse_payload",
     "parse_spec",

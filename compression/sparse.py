@@ -30,6 +30,7 @@ from compression import kernels
 from compression.codec import Codec
 from compression.dense import Float32Codec
 from compression.errors import PayloadError, SpecError
+from compression.seeds import derive_seed
 from compression.varint import MAX_VARINT_BYTES, decode_indices, encode_indices
 from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, parse_payload
 
@@ -260,7 +261,7 @@ class RandomKCodec(Codec):
     def for_round(self, server_round: int, seed: int) -> Codec:
         if not self.shared:
             return self
-        round_seed = int(np.random.SeedSequence([seed, server_round, 0x72616E64]).generate_state(1)[0])
+        round_seed = derive_seed(seed, server_round, purpose="randk-support")
         return RandomKCodec(self.ratio, self.scale_values, round_seed, False, self.values)
 
     def body_size(self, numel: int) -> int:

@@ -1,42 +1,54 @@
-"""The node's copy of the broadcast model, for the compressed downlink (see aggregation.broadcast).
+"""A node's copy of a public model, moved only by encoded changes it receives (CHOCO's x_hat).
 
-Kept in ``context.state`` with the round it belongs to. A change from the server applies only to the
-copy of the round it was computed from; anything else is refused so that the node can never train
-from a model that silently differs from the server's public copy (the server then sends the full
-model next time).
+Used twice: the FedAvg compressed downlink (the node's copy of the server's broadcast model, see
+``aggregation.broadcast``) and gossip (the node's copies of its own and its neighbours' public
+models). Each copy lives in the node store with the version (round) it belongs to. A change applies
+only to the copy of the version it was computed from; anything else raises :class:`OutOfSyncError`
+so that a node can never train from a model that silently differs from the one its peers hold (the
+coordinator then sends the full copy next time).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from compression import Codec
+from edge_client.node_store import NodeStore
 
-__all__ = ["OutOfSyncError", "apply", "store"]
-
-_MODEL = "fedge.downlink.model"
-_META = "fedge.downlink.meta"
+__all__ = ["OutOfSyncError", "PublicCopy"]
 
 
 class OutOfSyncError(RuntimeError):
-    """The server sent a change for a model version this node does not hold."""
+    """The coordinator sent a change for a version of a copy that this node does not hold."""
 
 
-def store(state: RecordDict, public: torch.Tensor, server_round: int) -> None:
-    state[_MODEL] = ArrayRecord({"public": Array(public.detach().to(torch.float32).numpy())})
-    state[_META] = ConfigRecord({"round": server_round})
+class PublicCopy:
+    """The copy named ``key`` in ``store``."""
 
+    def __init__(self, store: NodeStore, key: str) -> None:
+        self.store = store
+        self.key = key
 
-def apply(state: RecordDict, codec: Codec, payload: bytes, base_round: int, server_round: int) -> torch.Tensor:
-    """Move the stored copy of ``base_round`` by the decoded change; store and return the new copy."""
-    if _MODEL not in state or _META not in state:
-        raise OutOfSyncError("no public model copy on this node; the server must send the full model")
-    held = int(state.config_records[_META]["round"])
-    if held != base_round:
-        raise OutOfSyncError(f"this node holds the model of round {held}, the change is from round {base_round}")
-    public = torch.from_numpy(np.array(state.array_records[_MODEL]["public"].numpy(), dtype=np.float32))
-    public += codec.decode(payload, public.numel())
-    store(state, public, server_round)
-    return public
+    @property
+    def version(self) -> int | None:
+        meta = self.store.get_meta(f"{self.key}.meta")
+        return None if meta is None else int(meta["version"])
+
+    def get(self) -> torch.Tensor | None:
+        return self.store.get_tensor(self.key)
+
+    def set(self, value: torch.Tensor, version: int) -> None:
+        self.store.put_tensor(self.key, value.detach().to(torch.float32))
+        self.store.put_meta(f"{self.key}.meta", {"version": int(version)})
+
+    def apply(self, codec: Codec, payload: bytes, base: int, version: int) -> torch.Tensor:
+        """Move the copy of version ``base`` by the decoded change; store it as ``version``."""
+        held = self.version
+        current = self.get()
+        if held is None or current is None:
+            raise OutOfSyncError(f"no copy of {self.key!r} on this node; the coordinator must send it in full")
+        if held != base:
+            raise OutOfSyncError(f"this node holds {self.key!r} of version {held}, the change is from {base}")
+        current += codec.decode(payload, current.numel())
+        self.set(current, version)
+        return current

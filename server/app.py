@@ -1,8 +1,9 @@
 """The Fedge ServerApp: the coordinator that the simulation and deployment engines both run.
 
 It reads the run config (one vocabulary, see ``server.settings``), prepares or resumes the run
-directory, runs the round loop and writes the final artifacts: ``model.pt``, ``plot.png`` and
-``summary.json``.
+directory, builds the round algorithm the ``algorithm`` key names (``server.algorithms``), runs it
+on the round engine (``server.engine``) and writes the final artifacts: ``model.pt``, ``plot.png``
+and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from deploy.model_file import ModelFile, save_model_file
-from server.fedavg import FedAvgLoop, initial_params
+from server.algorithms import make_algorithm
+from server.engine import Engine, make_context
+from server.initial_model import initial_params
 from server.plot import plot_run
 from server.run_directory import RunDirectory
 from server.settings import RunSettings
@@ -84,40 +87,46 @@ def main(grid: Grid, context: Context) -> None:
     log.info("run directory: %s", run_dir.path)
 
     task = make_task(settings.task)
-    loop = FedAvgLoop(settings, task, run_dir)
+    algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
+    engine = Engine(algorithm, run_dir)
     start_params = initial_params(task, settings.seed, settings.init)
-    first_loss, first_accuracy = loop.evaluate(start_params)
-    result = loop.run(grid, start_params)
+    first_loss, first_accuracy = engine.evaluate(start_params)
+    result = engine.run(grid, start_params)
 
     rows = result.rows
-    final = rows[-1] if rows else {"accuracy": first_accuracy, "loss": first_loss, "round": 0}
+    final_round = rows[-1].round if rows else 0
+    final_loss, final_accuracy = engine.evaluate(result.model) if rows else (first_loss, first_accuracy)
     save_model_file(
         run_dir.model_path,
         ModelFile(
             task=task.spec,
-            state_dict=unflatten_state(result.params, task.build_model().state_dict()),
-            metadata={"round": final["round"], "accuracy": final["accuracy"], "codec": settings.codec},
+            state_dict=unflatten_state(result.model, task.build_model().state_dict()),
+            metadata={"round": final_round, "accuracy": final_accuracy, "codec": settings.codec,
+                      "algorithm": algorithm.spec},
         ),
     )
-    bundle = _export_bundle(settings, run_dir, final["round"]) if settings.export_bundle else None
+    bundle = _export_bundle(settings, run_dir, final_round) if settings.export_bundle else None
     if rows:
-        plot_run(rows, run_dir.plot_path, title=f"{task.spec} · {settings.codec} · {settings.partitioning}")
-    uplink = sum(r["uplink_bytes"] for r in rows)
-    fp32 = sum(r["uplink_fp32_bytes"] for r in rows)
+        plot_run(rows, run_dir.plot_path,
+                 title=f"{task.spec} · {algorithm.spec} · {settings.codec} · {settings.partitioning}")
+    uplink = sum(r.uplink_bytes for r in rows)
+    fp32 = sum(r.uplink_fp32_bytes for r in rows)
     run_dir.write_summary(
         {
-            "rounds": final["round"],
+            "rounds": final_round,
+            "algorithm": algorithm.spec,
             "initial_accuracy": first_accuracy,
-            "final_accuracy": final["accuracy"],
-            "final_loss": final["loss"],
+            "final_accuracy": final_accuracy,
+            "final_loss": final_loss,
             "uplink_bytes": uplink,
             "uplink_fp32_bytes": fp32,
             "compression_ratio": fp32 / uplink if uplink else None,
-            "downlink_bytes": sum(r["downlink_bytes"] for r in rows),
-            "seconds": sum(r["seconds"] for r in rows),
+            "downlink_bytes": sum(r.downlink_bytes for r in rows),
+            "measurement_bytes": sum(r.measurement_bytes for r in rows),
+            "seconds": sum(r.seconds for r in rows),
             "resumed_from_round": result.resumed_from,
             "codec": settings.codec,
             "bundle": bundle,
         }
     )
-    log.info("done: accuracy %.4f after %d rounds; model %s", final["accuracy"], final["round"], run_dir.model_path)
+    log.info("done: accuracy %.4f after %d rounds; model %s", final_accuracy, final_round, run_dir.model_path)

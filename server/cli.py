@@ -26,6 +26,8 @@ examples:
   fedge demo                                   # 10 simulated clients, 4-bit QSGD + error feedback
   fedge demo --codec none --rounds 10          # the fp32 baseline
   fedge demo --partitioning iid --server-opt fedadam
+  fedge demo --algorithm easgd                 # elastic averaging: clients keep their own models
+  fedge demo --algorithm gossip:topology=exponential --clients 16   # decentralized, CHOCO relays
   fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
   fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
   fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
@@ -112,11 +114,9 @@ def _default_run_dir(prefix: str) -> str:
 def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     from rich.console import Console
 
-    from compression import make_codec
     from server.engines import EngineError, launch
     from server.progress import RoundProgress, print_summary
     from tasks import make_task
-    from tasks.partition import validate_partitioning
 
     console = Console(stderr=False)
     settings = _settings_from_args(args)
@@ -136,22 +136,18 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         key = Path(settings.export_bundle).resolve()
         load_private_key(key)
         settings = settings.replace(export_bundle=str(key))
-    if settings.export_prune:
-        from deploy.prune import parse_pruning
-
-        parse_pruning(settings.export_prune)
-    # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
-    make_codec(settings.codec)
-    make_task(settings.task)
-    validate_partitioning(settings.partitioning)
     if nodes < 1:
         raise SettingsError("need at least one client")
     if settings.clients_per_round > nodes:
         settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
+    # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
+    from server.preflight import preflight
+
+    preflight(settings)
 
     console.print(
         f"[bold]fedge[/bold] {engine} engine: {nodes} clients, task {settings.task}, "
-        f"codec {settings.codec}, {settings.rounds} rounds"
+        f"algorithm {settings.algorithm}, codec {settings.codec}, {settings.rounds} rounds"
     )
     console.print(f"run directory: {settings.run_dir}")
     with RoundProgress(console, settings.rounds) as progress:

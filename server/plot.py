@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Any
+
+from server.metrics_row import RoundRow
 
 __all__ = ["plot_run"]
 
 
-def plot_run(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> None:
+def plot_run(rows: Sequence[RoundRow], path: str | os.PathLike[str], title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
@@ -22,10 +23,10 @@ def plot_run(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], title
 
     from deploy.atomic import atomic_write_bytes
 
-    rounds = [r["round"] for r in rows]
-    accuracy = [100 * r["accuracy"] for r in rows]
-    uplink = [mb / 1e6 for mb in accumulate(r["uplink_bytes"] for r in rows)]
-    fp32 = [mb / 1e6 for mb in accumulate(r["uplink_fp32_bytes"] for r in rows)]
+    rounds = [r.round for r in rows]
+    accuracy = [100 * r.accuracy for r in rows]
+    uplink = [mb / 1e6 for mb in accumulate(r.uplink_bytes for r in rows)]
+    fp32 = [mb / 1e6 for mb in accumulate(r.uplink_fp32_bytes for r in rows)]
 
     fig, left = plt.subplots(figsize=(7, 4), dpi=120)
     left.plot(rounds, accuracy, color="tab:blue", marker="o", markersize=3, label="held-out accuracy")

@@ -16,6 +16,10 @@ from typing import Any
 __all__ = ["OPTIONS", "Option", "RunSettings", "SettingsError"]
 
 
+#: Round algorithms (``server.algorithms`` builds them; listed here so settings stay importable alone).
+_ALGORITHM_NAMES = ("easgd", "fedavg", "gossip")
+
+
 class SettingsError(ValueError):
     """A run-config value is missing, of the wrong type or out of range."""
 
@@ -45,7 +49,11 @@ class RunSettings:
         "dirichlet:alpha=0.5",
         "how client data is split: 'iid', 'dirichlet:alpha=A', 'pathological:classes=C'",
     )
-    algorithm: str = _opt("fedavg", "round algorithm (fedavg; FedProx through prox-mu)")
+    algorithm: str = _opt(
+        "fedavg",
+        "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:beta=0.9,alpha=A]' (elastic averaging), "
+        "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=G,degree=D,measure=K]' (decentralized, CHOCO)",
+    )
     codec: str = _opt(
         "qsgd:bits=4,bucket=512,norm=max",
         "uplink codec spec: 'none' (fp32), 'fp16', 'qsgd:bits=B,bucket=N,norm=l2|max'",
@@ -104,8 +112,23 @@ class RunSettings:
             raise SettingsError("min-replies cannot exceed clients-per-round")
         if self.export_prune and not self.export_bundle:
             raise SettingsError("export-prune needs export-bundle (a signing key, or 'auto')")
-        if self.algorithm != "fedavg":
-            raise SettingsError(f"unknown algorithm {self.algorithm!r} (available: fedavg)")
+        if self.seed < 0:
+            raise SettingsError("seed must be >= 0")
+        from compression.errors import SpecError
+        from compression.spec import parse_spec
+
+        try:
+            name = parse_spec(self.algorithm)[0]
+        except SpecError as err:
+            raise SettingsError(f"algorithm: {err}") from None
+        if name not in _ALGORITHM_NAMES:
+            raise SettingsError(f"unknown algorithm {name!r}; available: {', '.join(_ALGORITHM_NAMES)}")
+        if name != "fedavg":
+            fedavg_only = {"server-opt": (self.server_opt, "fedavg"), "downlink-codec": (self.downlink_codec, "none"),
+                           "prox-mu": (self.prox_mu, 0.0)}
+            for key, (value, neutral) in fedavg_only.items():
+                if value != neutral:
+                    raise SettingsError(f"{key}={value!r} applies to algorithm fedavg only, not {name}")
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:

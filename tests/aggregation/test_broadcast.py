@@ -4,7 +4,8 @@ from flwr.app import RecordDict
 
 from aggregation.broadcast import Broadcast
 from compression import make_codec
-from edge_client import public_copy
+from edge_client.node_store import NodeStore
+from edge_client.public_copy import OutOfSyncError, PublicCopy
 
 
 def test_client_copy_equals_server_copy_and_tracks_the_model() -> None:
@@ -12,13 +13,13 @@ def test_client_copy_equals_server_copy_and_tracks_the_model() -> None:
     gen = torch.Generator().manual_seed(0)
     params = torch.randn(1000, generator=gen)
     server = Broadcast(codec, params)
-    state = RecordDict()
-    public_copy.store(state, server.public, 0)
+    copy = PublicCopy(NodeStore(RecordDict(), "fedavg"), "downlink")
+    copy.set(server.public, 0)
     for round_ in range(1, 30):
         if round_ < 20:
             params = params + 0.1 * torch.randn(1000, generator=gen)  # training moves the model
         server.advance(params, round_, gen)
-        client = public_copy.apply(state, codec, server.delta, round_ - 1, round_)
+        client = copy.apply(codec, server.delta, round_ - 1, round_)
         assert torch.equal(client, server.public)  # bit-identical copies: nothing drifts
     # once the model stops moving, server-side error feedback closes the gap
     assert (params - server.public).norm() / params.norm() < 1e-2
@@ -37,9 +38,9 @@ def test_sync_bookkeeping() -> None:
 
 def test_out_of_sync_change_is_refused() -> None:
     codec = make_codec("fp16")
-    state = RecordDict()
-    with pytest.raises(public_copy.OutOfSyncError):
-        public_copy.apply(state, codec, codec.encode(torch.zeros(3)), 0, 1)
-    public_copy.store(state, torch.zeros(3), 4)
-    with pytest.raises(public_copy.OutOfSyncError, match="round 4"):
-        public_copy.apply(state, codec, codec.encode(torch.zeros(3)), 5, 6)
+    copy = PublicCopy(NodeStore(RecordDict(), "fedavg"), "downlink")
+    with pytest.raises(OutOfSyncError):
+        copy.apply(codec, codec.encode(torch.zeros(3)), 0, 1)
+    copy.set(torch.zeros(3), 4)
+    with pytest.raises(OutOfSyncError, match="version 4"):
+        copy.apply(codec, codec.encode(torch.zeros(3)), 5, 6)

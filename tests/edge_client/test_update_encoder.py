@@ -2,6 +2,7 @@ import torch
 from flwr.app import RecordDict
 
 from compression import make_codec
+from edge_client.node_store import NodeStore
 from edge_client.update_encoder import encode_update, load_memory_state
 
 
@@ -11,7 +12,7 @@ def _encode(delta, codec, state, gen=None, round_=1):  # type: ignore[no-untyped
 
 def test_residual_persists_in_context_state_across_rounds() -> None:
     codec = make_codec("qsgd:bits=2,bucket=64,norm=max")
-    state = RecordDict()
+    state = NodeStore(RecordDict(), "fedavg")
     gen = torch.Generator().manual_seed(0)
     deltas = [torch.randn(500, generator=gen) for _ in range(3)]
     sent = torch.zeros(500)
@@ -24,7 +25,7 @@ def test_residual_persists_in_context_state_across_rounds() -> None:
 
 
 def test_memory_resets_when_codec_or_model_changes() -> None:
-    state = RecordDict()
+    state = NodeStore(RecordDict(), "fedavg")
     codec = make_codec("qsgd:bits=2,bucket=64")
     _encode(torch.randn(100), codec, state)
     assert load_memory_state(state, codec, 100) is not None
@@ -33,14 +34,14 @@ def test_memory_resets_when_codec_or_model_changes() -> None:
 
 
 def test_without_error_feedback_nothing_is_stored() -> None:
-    state = RecordDict()
+    state = NodeStore(RecordDict(), "fedavg")
     encode_update(torch.randn(10), make_codec("fp16"), state, server_round=1, seed=0, error_feedback=False)
-    assert len(state) == 0
+    assert state.keys() == []
 
 
 def test_dgc_memory_survives_rounds_and_warms_up() -> None:
     codec = make_codec("dgc:ratio=0.01,sample=0,momentum=0.9,warmup=3")
-    state = RecordDict()
+    state = NodeStore(RecordDict(), "fedavg")
     sizes = []
     for round_ in (1, 2, 3, 4):
         payload, _ = _encode(torch.randn(10_000), codec, state, round_=round_)

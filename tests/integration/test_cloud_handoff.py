@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from server.fedavg import initial_params
-from server.run_directory import RunDirectory
+from server.initial_model import initial_params
 from server.settings import RunSettings
 from tasks import make_task
 
@@ -23,12 +22,12 @@ def test_pretrained_init_starts_the_federation_above_random(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
     # The coordinator's starting point (what it evaluates as "initial_accuracy" before round 1).
-    from server.fedavg import FedAvgLoop
+    from server.engine import make_context
 
     task = make_task("digits")
-    loop = FedAvgLoop(RunSettings(run_dir=str(tmp_path / "fed")), task, RunDirectory(tmp_path / "fed"))
-    _, random_accuracy = loop.evaluate(initial_params(task, 42))
-    _, pretrained_accuracy = loop.evaluate(initial_params(task, 42, str(cloud / "model.pt")))
+    ctx = make_context(RunSettings(run_dir=str(tmp_path / "fed")), task)
+    _, random_accuracy = ctx.evaluate(initial_params(task, 42))
+    _, pretrained_accuracy = ctx.evaluate(initial_params(task, 42, str(cloud / "model.pt")))
     assert random_accuracy < 0.3 and pretrained_accuracy > 0.85
 
     from deploy.model_file import ModelFileError

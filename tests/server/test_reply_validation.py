@@ -1,28 +1,43 @@
-"""The coordinator's per-reply validation, driven with real Flower records.
-
-Only the Message envelope is stood in for (a real Message needs a running app's run id); the
-content is made of real ``flwr.app`` records exactly as the edge client builds them.
-"""
+"""The coordinator's per-reply validation, driven with real Flower records through the engine's
+absorb path (what the FedAvg algorithm accepts, and why it refuses the rest)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import re
 
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from compression.protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
-from server.fedavg import FedAvgLoop, _RoundTally
+from compression import make_codec
+from protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
+from server.algorithm import Reply
+from server.engine import Engine, make_context
+from server.fedavg import FedAvg
 from server.run_directory import RunDirectory
 from server.settings import RunSettings
-from aggregation import StreamingMean
 from tasks import make_task
 
 N = 38_282
 
 
-def _reply(payload: bytes | None, metrics: dict | None, node: int = 7, error=None):
+class _Error:
+    def __init__(self, code: int, reason: str) -> None:
+        self.code, self.reason = code, reason
+
+
+class _Reply:
+    """A pulled reply: only the envelope is stood in for (a real Message needs a running app)."""
+
+    def __init__(self, content: RecordDict, node: int, error: _Error | None = None) -> None:
+        self.content, self.error = content, error
+        self.metadata = type("Metadata", (), {"src_node_id": node})()
+
+    def has_error(self) -> bool:
+        return self.error is not None
+
+
+def _content(payload: bytes | None, metrics: dict | None) -> RecordDict:
     content = RecordDict()
     if payload is not None:
         content[UPDATE_RECORD] = ArrayRecord(
@@ -30,25 +45,23 @@ def _reply(payload: bytes | None, metrics: dict | None, node: int = 7, error=Non
         )
     if metrics is not None:
         content[METRICS_RECORD] = MetricRecord(metrics)
-    return SimpleNamespace(
-        metadata=SimpleNamespace(src_node_id=node),
-        has_error=lambda: error is not None,
-        error=error,
-        content=content,
-    )
+    return content
 
 
 @pytest.fixture
-def loop(tmp_path) -> FedAvgLoop:
+def engine(tmp_path) -> Engine:
     settings = RunSettings(run_dir=str(tmp_path))
-    return FedAvgLoop(settings, make_task("digits"), RunDirectory(tmp_path))
+    algorithm = FedAvg(make_context(settings, make_task("digits")))
+    algorithm.start(torch.zeros(N))
+    algorithm.configure(1, [7, 42])
+    return Engine(algorithm, RunDirectory(tmp_path))
 
 
-def test_valid_reply_is_accumulated(loop: FedAvgLoop) -> None:
-    tally = _RoundTally(mean=StreamingMean(N))
-    payload = loop.codec.encode(torch.randn(N))
-    loop._absorb(_reply(payload, {"num-examples": 10, "train-loss": 0.5}), tally, 1)
-    assert tally.used == 1 and tally.uplink_bytes == len(payload) and not tally.rejected
+def test_valid_reply_is_accumulated(engine: Engine) -> None:
+    payload = engine.algorithm.codec.encode(torch.randn(N))
+    node, reason = engine._absorb(1, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7))
+    assert (node, reason) == (7, None)
+    assert engine.algorithm._mean.count == 1
 
 
 @pytest.mark.parametrize(
@@ -64,25 +77,20 @@ def test_valid_reply_is_accumulated(loop: FedAvgLoop) -> None:
         ("fp16", {"num-examples": 3}, "encoded with codec 'fp16'"),
     ],
 )
-def test_bad_replies_are_rejected_with_a_reason(loop: FedAvgLoop, payload, metrics, reason, caplog) -> None:
-    from compression import make_codec
-
-    good = loop.codec.encode(torch.randn(N))
+def test_bad_replies_are_rejected_with_a_reason(engine: Engine, payload, metrics, reason, caplog) -> None:
+    good = engine.algorithm.codec.encode(torch.randn(N))
     payload = {"good": good, "good-truncated": good[:100], "fp16": make_codec("fp16").encode(torch.randn(N))}.get(
         payload, payload
     )
-    tally = _RoundTally(mean=StreamingMean(N))
-    loop._absorb(_reply(payload, metrics, node=42), tally, 3)
-    assert tally.used == 0 and tally.mean.count == 0
-    (rejected,) = tally.rejected
-    assert rejected["node"] == 42
-    import re
-
-    assert re.search(reason, rejected["reason"]), rejected["reason"]
+    node, why = engine._absorb(3, _Reply(_content(payload, metrics), 42))
+    assert node == 42 and why is not None and re.search(reason, why), why
+    assert engine.algorithm._mean.count == 0  # nothing reached the accumulator
     assert "rejected update from node 42" in caplog.text
 
 
-def test_client_error_reply_is_recorded(loop: FedAvgLoop) -> None:
-    tally = _RoundTally(mean=StreamingMean(N))
-    loop._absorb(_reply(None, None, error=SimpleNamespace(code=3, reason="boom")), tally, 1)
-    assert tally.rejected == [{"node": 7, "reason": "client error 3: boom"}]
+def test_client_error_reply_is_recorded(engine: Engine) -> None:
+    assert engine._absorb(1, _Reply(RecordDict(), 7, _Error(3, "boom"))) == (7, "client error 3: boom")
+
+
+def test_reply_type_is_the_algorithms_own() -> None:
+    assert Reply(1, RecordDict()).node == 1

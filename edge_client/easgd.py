@@ -1,0 +1,48 @@
+"""Elastic averaging on the device (``train.easgd``): the node keeps its own model x_i.
+
+Per round: x_i (or, the first time, the center) trains for the round's local epochs; the node
+sends δ_i = α(x_i − x̃) encoded with error feedback and keeps x_i ← x_i − δ_i (see ``server/easgd.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import Context, Message
+
+from edge_client import local
+from protocol import MODEL_RECORD, read_state_dict
+from tasks import evaluate, flatten_state
+
+__all__ = ["train"]
+
+_NAMESPACE = "easgd"
+
+
+def train(msg: Message, context: Context) -> Message:
+    started = time.perf_counter()
+    config = local.round_config(msg)
+    alpha = config.number("alpha", low=0.0, high=1.0)
+    task = local.task_of(config)
+    template = task.build_model().state_dict()
+    center = flatten_state(read_state_dict(msg.content, MODEL_RECORD, template))
+    store = local.store(context, _NAMESPACE)
+    x = store.get_tensor("local")
+    if x is None or x.numel() != center.numel():
+        x = center.clone()  # first round this node takes part in
+    data = local.local_data(context, config)
+    model = local.load_flat(task, x)
+    generator = local.node_generator(config, context, "train")
+    result = local.train(model, data, config, generator)
+    x = local.flat_of(model)
+    distance = float((x - center).norm())
+    delta = alpha * (x - center)
+    x = x - delta
+    store.put_tensor("local", x)
+    payload, residual = local.encode(delta, config, task, store, generator)
+    # The node's own model on the task's held-out split, measured here (the coordinator never sees x_i).
+    _, accuracy = evaluate(local.load_flat(task, x), task.test_data())
+    return local.train_reply(msg, payload, {
+        "num-examples": result.examples, "train-loss": result.loss, "center-distance": distance,
+        "local-accuracy": float(accuracy), "residual-norm": residual,
+    }, started)

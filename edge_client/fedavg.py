@@ -1,0 +1,65 @@
+"""FedAvg / FedProx on the device: train from the global model, send ``local - global``.
+
+Receives ``train`` messages (Flower's default train action). The model comes in full (``arrays``)
+or, with a compressed downlink, as an encoded change of the node's public copy of the global model.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+
+from edge_client import local
+from edge_client.public_copy import PublicCopy
+from protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, read_payload, read_state_dict
+from protocol.round_config import RoundConfig
+from tasks import evaluate, flatten_state
+
+__all__ = ["evaluate_global", "train"]
+
+_NAMESPACE = "fedavg"
+
+
+def _training_start(msg: Message, config: RoundConfig, context: Context):  # type: ignore[no-untyped-def]
+    """The model to train from: the full model the server sent, or the node's public copy moved by
+    the encoded change the server sent (compressed downlink)."""
+    task = local.task_of(config)
+    downlink = config.text("downlink-codec")
+    copy = PublicCopy(local.store(context, _NAMESPACE), "downlink")
+    if MODEL_RECORD in msg.content.array_records:
+        model = task.build_model()
+        model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
+        if downlink != "none":
+            copy.set(flatten_state(model.state_dict()), config.round)
+        return model
+    payload = read_payload(msg.content, DOWNLINK_RECORD)
+    public = copy.apply(local.codec_for(downlink, task), payload, config.integer("base-round", 0), config.round)
+    return local.load_flat(task, public)
+
+
+def train(msg: Message, context: Context) -> Message:
+    """Train on the local partition and reply with the encoded ``local - global`` delta."""
+    started = time.perf_counter()
+    config = local.round_config(msg)
+    data = local.local_data(context, config)
+    model = _training_start(msg, config, context)
+    start = local.flat_of(model)
+    generator = local.node_generator(config, context, "train")
+    result = local.train(model, data, config, generator, prox_mu=config.number("prox-mu", low=0.0))
+    delta = local.flat_of(model) - start
+    memory = local.store(context, _NAMESPACE)
+    payload, residual = local.encode(delta, config, local.task_of(config), memory, generator)
+    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss,
+                                            "residual-norm": residual, "update-norm": float(delta.norm())}, started)
+
+
+def evaluate_global(msg: Message, context: Context) -> Message:
+    """Evaluate the received global model on this client's local data (no training)."""
+    config = local.round_config(msg)
+    data = local.local_data(context, config)
+    model = local.task_of(config).build_model()
+    model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
+    loss, accuracy = evaluate(model, data)
+    metrics = MetricRecord({"num-examples": len(data), "loss": loss, "accuracy": accuracy})
+    return Message(RecordDict({METRICS_RECORD: metrics}), reply_to=msg)

@@ -1,0 +1,122 @@
+"""What every algorithm's client handler shares: local data, seeds, the model start, local
+training, encoding through the node's compression memory, and the reply.
+
+Handlers (``edge_client/fedavg.py``, ``easgd.py``, ``gossip.py``) are thin: they read the typed round
+config, decide where training starts and what to send, and call these helpers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from compression import Codec, derive_seed, make_codec
+from edge_client.node_store import NodeStore
+from edge_client.trainer import LocalTrainResult, train_local
+from edge_client.update_encoder import encode_update
+from protocol import (
+    CONFIG_RECORD,
+    MEASURE_RECORD,
+    METRICS_RECORD,
+    UPDATE_RECORD,
+    ProtocolError,
+    flat_array,
+    payload_record,
+)
+from protocol.round_config import RoundConfig
+from tasks import Task, TensorData, flatten_state, make_task, tensor_sizes, unflatten_state
+
+__all__ = [
+    "codec_for",
+    "encode",
+    "load_flat",
+    "local_data",
+    "node_generator",
+    "partition_id",
+    "round_config",
+    "store",
+    "task_of",
+    "train",
+    "train_reply",
+]
+
+
+def round_config(msg: Message) -> RoundConfig:
+    """The message's typed config (every key checked before anything trains)."""
+    if CONFIG_RECORD not in msg.content.config_records:
+        raise ProtocolError(f"message has no {CONFIG_RECORD!r} ConfigRecord")
+    return RoundConfig.from_record(msg.content.config_records[CONFIG_RECORD])
+
+
+def partition_id(context: Context) -> tuple[int, int]:
+    node = context.node_config
+    try:
+        return int(node["partition-id"]), int(node["num-partitions"])
+    except KeyError as err:
+        raise ValueError(
+            f"node config lacks {err}; start the SuperNode with --node-config 'partition-id=I num-partitions=N'"
+        ) from None
+
+
+def task_of(config: RoundConfig) -> Task:
+    return make_task(config.task)
+
+
+def local_data(context: Context, config: RoundConfig) -> TensorData:
+    pid, count = partition_id(context)
+    return task_of(config).partition(pid, count, config.partitioning)
+
+
+def node_generator(config: RoundConfig, context: Context, purpose: str) -> torch.Generator:
+    """A generator for (run seed, round, partition, purpose): reproducible, different for every
+    client, round and use."""
+    pid = int(context.node_config.get("partition-id", 0))
+    return torch.Generator().manual_seed(derive_seed(config.seed, config.round, pid, purpose=purpose))
+
+
+def store(context: Context, namespace: str) -> NodeStore:
+    return NodeStore(context.state, namespace)
+
+
+def codec_for(spec: str, task: Task) -> Codec:
+    return make_codec(spec).for_model(tensor_sizes(task.build_model().state_dict()))
+
+
+def load_flat(task: Task, flat: torch.Tensor) -> torch.nn.Module:
+    model = task.build_model()
+    model.load_state_dict(unflatten_state(flat, model.state_dict()))
+    return model
+
+
+def train(model: torch.nn.Module, data: TensorData, config: RoundConfig, generator: torch.Generator,
+          prox_mu: float = 0.0) -> LocalTrainResult:
+    return train_local(model, data, epochs=config.local_epochs, lr=config.lr, batch_size=config.batch_size,
+                       momentum=config.momentum, prox_mu=prox_mu, generator=generator)
+
+
+def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,
+           generator: torch.Generator) -> tuple[bytes, float]:
+    """The update encoded with the round's codec through the node's persistent compression memory."""
+    return encode_update(update, codec_for(config.codec, task), memory, server_round=config.round,
+                         seed=config.seed, error_feedback=config.error_feedback, generator=generator)
+
+
+def train_reply(msg: Message, payload: bytes, metrics: dict[str, Any], started: float,
+                measure: torch.Tensor | None = None) -> Message:
+    """The reply of a train message: the payload (the only counted uplink), metrics, and
+    optionally the exact local model for measurement."""
+    content = RecordDict({
+        UPDATE_RECORD: payload_record(payload),
+        METRICS_RECORD: MetricRecord({**metrics, "payload-bytes": len(payload),
+                                      "seconds": time.perf_counter() - started}),
+    })
+    if measure is not None:
+        content[MEASURE_RECORD] = ArrayRecord({"model": flat_array(measure)})
+    return Message(content, reply_to=msg)
+
+
+def flat_of(model: torch.nn.Module) -> torch.Tensor:
+    return flatten_state(model.state_dict())

@@ -1,0 +1,33 @@
+"""The algorithm registry: spec string -> round algorithm, through the grammar codecs use.
+
+``fedavg``; ``easgd:beta=0.9[,alpha=A]``; ``gossip:topology=ring,gamma=0.5[,degree=4][,measure=1]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compression.spec import build_from_spec, parse_spec
+from server.algorithm import Algorithm, RunContext
+from server.easgd import EASGD
+from server.fedavg import FedAvg
+from server.gossip import Gossip
+
+__all__ = ["ALGORITHMS", "available_algorithms", "make_algorithm"]
+
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {"fedavg": FedAvg, "easgd": EASGD, "gossip": Gossip}
+
+
+def available_algorithms() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def make_algorithm(spec: str, ctx: RunContext) -> Algorithm:
+    """Build the algorithm ``spec`` names for the run ``ctx`` (parameters typed and validated)."""
+    algorithm = build_from_spec(spec, ALGORITHMS, family="algorithm", extra={"ctx": ctx})
+    assert isinstance(algorithm, Algorithm)
+    return algorithm
+
+
+def algorithm_name(spec: str) -> str:
+    return parse_spec(spec)[0]

@@ -1,0 +1,97 @@
+"""Push messages and pull their replies as they arrive, over Flower's ``Grid``.
+
+Flower's strategies call ``grid.send_and_receive``, which returns only when every reply is in (or
+the timeout passed) and holds them all. The dispatcher keeps a set of messages in flight and yields
+each reply the moment it is pulled, so the caller can decode it into an accumulator and drop it.
+``push`` may be called again while replies are being drained: a synchronous round is "push, then
+drain until done or timeout"; an asynchronous algorithm keeps clients busy by pushing a new message
+as each reply lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from flwr.app import Message
+
+__all__ = ["Dispatcher", "Missing"]
+
+log = logging.getLogger(__name__)
+
+_POLL_START, _POLL_MAX = 0.05, 1.0  # seconds between pulls: quick in simulation, gentle when deployed
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A message that got no reply: its node and why."""
+
+    node: int
+    reason: str
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        grid: object,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.grid = grid
+        self.clock = clock
+        self.sleep = sleep
+        self._pending: dict[str, tuple[int, float, float]] = {}  # message id -> (node, deadline, timeout)
+        self._missing: list[Missing] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def push(self, messages: list[Message], timeout: float) -> None:
+        """Send ``messages``; each must be answered within ``timeout`` seconds from now."""
+        if not messages:
+            return
+        returned = list(self.grid.push_messages(messages))  # type: ignore[attr-defined]
+        accepted = {str(mid) for mid in returned if mid}
+        deadline = self.clock() + timeout
+        for message in messages:
+            mid = message.metadata.message_id
+            node = message.metadata.dst_node_id
+            if mid and mid in accepted:
+                self._pending[mid] = (node, deadline, timeout)
+            else:
+                self._missing.append(Missing(node, "the SuperLink did not accept the message"))
+
+    def replies(self) -> Iterator[Message | Missing]:
+        """Yield replies as they arrive, and a :class:`Missing` for each message whose deadline
+        passed (or that the SuperLink refused), until nothing is in flight."""
+        pause = _POLL_START
+        while self._pending or self._missing:
+            while self._missing:
+                yield self._missing.pop(0)
+            if not self._pending:
+                break
+            got = list(self.grid.pull_messages(list(self._pending)))  # type: ignore[attr-defined]
+            for reply in got:
+                entry = self._pending.pop(reply.metadata.reply_to_message_id, None)
+                if entry is not None:
+                    yield reply
+            now = self.clock()
+            for mid, (node, deadline, timeout) in list(self._pending.items()):
+                if now >= deadline:
+                    del self._pending[mid]
+                    yield Missing(node, f"no reply within {timeout:g} s")
+            if self._pending and not got:
+                nearest = min(deadline for _, deadline, _ in self._pending.values())
+                self.sleep(max(0.0, min(pause, nearest - self.clock())))
+                pause = min(pause * 2, _POLL_MAX)
+            elif got:
+                pause = _POLL_START
+
+    def exchange(self, messages: list[Message], timeout: float) -> Iterable[Message | Missing]:
+        """Synchronous step: push ``messages`` and drain every reply or timeout."""
+        self.push(messages, timeout)
+        return self.replies()

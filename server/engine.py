@@ -1,0 +1,236 @@
+"""The round engine: the lifecycle every algorithm shares, over Flower's ``Grid``.
+
+Per run: resume from the run directory's checkpoint (or start the algorithm fresh), wait for nodes,
+then per step: select nodes (a seeded sample by default), push the algorithm's messages, feed each
+reply to the algorithm the moment it is pulled (validation failures, client errors and timeouts
+become rejected entries with their reason), close the step, evaluate the step's model on held-out
+data, run the optional evaluation exchange, then write one metrics row and an atomic checkpoint,
+in that order (after a crash in between, the step runs again and its row is replaced).
+
+The engine never looks inside an algorithm's messages beyond byte accounting: ``uplink_bytes`` are
+the bytes of the ``update`` record of used replies (the real encoded payloads, headers included),
+``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every array sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message
+
+from compression import PayloadError, derive_seed
+from deploy.atomic import atomic_write_text
+from protocol import MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes
+from server.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext
+from server.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
+from server.dispatcher import Dispatcher, Missing
+from server.metrics_row import RoundRow
+from server.run_directory import RunDirectory
+from server.settings import RunSettings
+from tasks import Task, evaluate, numel_of, unflatten_state
+
+__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
+
+log = logging.getLogger(__name__)
+
+
+class NotEnoughNodesError(RuntimeError):
+    """Fewer SuperNodes than the run needs connected within ``wait-for-nodes`` seconds."""
+
+
+@dataclass
+class EngineResult:
+    model: torch.Tensor
+    rows: list[RoundRow] = field(default_factory=list)
+    resumed_from: int = 0
+
+
+def make_context(settings: RunSettings, task: Task) -> RunContext:
+    template = task.build_model().state_dict()
+    return RunContext(
+        settings=settings, task=task, template=template, numel=numel_of(template),
+        fp32_bytes=sum(len(a.data) for a in ArrayRecord(template).values()),
+        nodes_expected=settings.clients_per_round,
+    )
+
+
+def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int]:
+    """``count`` of ``nodes``, drawn from (seed, step) alone: a resumed run samples exactly as an
+    uninterrupted one. Node ids are unsigned 64-bit: pick positions, never pass ids through numpy."""
+    nodes = sorted(nodes)
+    count = min(count, len(nodes))
+    rng = np.random.default_rng(derive_seed(seed, step, purpose="sample"))
+    return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+
+
+class Engine:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        run_dir: RunDirectory,
+        on_row: Callable[[RoundRow], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.algorithm = algorithm
+        self.ctx = algorithm.ctx
+        self.settings = algorithm.ctx.settings
+        self.run_dir = run_dir
+        self.on_row = on_row
+        self.clock = clock
+        self.sleep = sleep
+        self._model = self.ctx.task.build_model()
+        self._test = self.ctx.task.test_data()
+
+    # -- public ---------------------------------------------------------------------------------
+    def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
+        start = self._restore(initial_params)
+        rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
+        result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
+        atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(self.algorithm.describe(), indent=2) + "\n")
+        if start >= self.settings.rounds:
+            log.info("run already complete (%d rounds)", start)
+            return result
+        nodes = self._wait_for_nodes(grid)
+        log.info("%s: %d nodes connected; rounds %d..%d", self.algorithm.spec, len(nodes), start + 1,
+                 self.settings.rounds)
+        for step in range(start + 1, self.settings.rounds + 1):
+            row = self.step(grid, step)
+            self.run_dir.metrics.append(row.to_json())
+            self.run_dir.checkpoints.save(
+                Checkpoint(round=step, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
+                           numel=self.ctx.numel, state=self.algorithm.state_dict())
+            )
+            result.rows.append(row)
+            if self.on_row:
+                self.on_row(row)
+        result.model = self.algorithm.final_model()
+        return result
+
+    def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
+        """(loss, accuracy) of a flat model on the task's held-out split."""
+        self._model.load_state_dict(unflatten_state(params, self.ctx.template))
+        return evaluate(self._model, self._test)
+
+    def sample(self, nodes: list[int], step: int) -> list[int]:
+        return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
+
+    def step(self, grid: object, step: int) -> RoundRow:
+        started = time.perf_counter()
+        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+        selected = self.algorithm.select(step, nodes, self.sample)
+        outgoing = self.algorithm.configure(step, selected)
+        downlink = sum(array_bytes(o.content) for o in outgoing)
+        used, uplink, measurement = 0, 0, 0
+        rejected: list[dict[str, object]] = []
+        for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+            self._messages(outgoing, step, "train"), self.settings.round_timeout
+        ):
+            node, reason = self._absorb(step, item)
+            if reason is None:
+                used += 1
+                assert isinstance(item, Message)
+                uplink += array_bytes(item.content, (UPDATE_RECORD,))
+                measurement += array_bytes(item.content, (MEASURE_RECORD,))
+            else:
+                rejected.append({"node": node, "reason": reason})
+                self.algorithm.missed(step, node, reason)
+        outcome = self.algorithm.close(step)
+        rejected.extend(outcome.notes)
+        loss, accuracy = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
+        extra = dict(outcome.extra)
+        evaluation = self.algorithm.evaluation(step, selected)
+        if evaluation:
+            downlink += sum(array_bytes(o.content) for o in evaluation)
+            for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+                self._messages(evaluation, step, "eval"), self.settings.round_timeout
+            ):
+                if isinstance(item, Missing) or item.has_error():
+                    continue
+                try:
+                    self.algorithm.absorb_evaluation(step, Reply(item.metadata.src_node_id, item.content))
+                except (Rejected, ProtocolError) as err:
+                    log.warning("round %d: ignored evaluation from node %d: %s", step, item.metadata.src_node_id, err)
+            extra.update(self.algorithm.close_evaluation(step))
+        row = RoundRow(
+            round=step, algorithm=self.algorithm.name, accuracy=accuracy, loss=loss,
+            train_loss=outcome.train_loss, uplink_bytes=uplink, uplink_fp32_bytes=used * self.ctx.fp32_bytes,
+            downlink_bytes=downlink, measurement_bytes=measurement, seconds=time.perf_counter() - started,
+            clients_sampled=len(selected), clients_used=used, clients_failed=len(selected) - used,
+            codec=self.ctx.codec.spec, rejected=rejected, extra=extra,
+        )
+        log.info(
+            "round %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+            step, accuracy, loss, used, len(selected), uplink, row.uplink_fp32_bytes, row.seconds,
+        )
+        return row
+
+    # -- internals ------------------------------------------------------------------------------
+    def _absorb(self, step: int, item: Message | Missing) -> tuple[int, str | None]:
+        """Hand one reply to the algorithm; (node, None) if used, else (node, reason)."""
+        if isinstance(item, Missing):
+            return item.node, item.reason
+        node = item.metadata.src_node_id
+        if item.has_error():
+            return node, f"client error {item.error.code}: {item.error.reason}"
+        try:
+            self.algorithm.absorb(step, Reply(node, item.content))
+        except (Rejected, PayloadError, ProtocolError) as err:
+            log.warning("round %d: rejected update from node %d: %s", step, node, err)
+            return node, str(err)
+        return node, None
+
+    def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
+        return [
+            Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
+                    ttl=self.settings.round_timeout + 60.0)
+            for o in outgoing
+        ]
+
+    def _restore(self, initial_params: torch.Tensor) -> int:
+        checkpoint = self.run_dir.checkpoints.load()
+        if checkpoint is None:
+            self.run_dir.metrics.truncate_after(0)
+            self.algorithm.start(initial_params.clone())
+            return 0
+        where = self.run_dir.path
+        if checkpoint.task != self.ctx.task.spec or checkpoint.numel != self.ctx.numel:
+            raise IncompatibleCheckpointError(
+                f"checkpoint in {where} belongs to task {checkpoint.task!r} ({checkpoint.numel} parameters), "
+                f"not {self.ctx.task.spec!r} ({self.ctx.numel})"
+            )
+        if checkpoint.algorithm != self.algorithm.spec:
+            raise IncompatibleCheckpointError(
+                f"checkpoint in {where} was written by algorithm {checkpoint.algorithm!r}, this run is "
+                f"{self.algorithm.spec!r}; use a new run directory"
+            )
+        try:
+            self.algorithm.load_state_dict(checkpoint.state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None
+        self.run_dir.metrics.truncate_after(checkpoint.round)
+        log.info("resuming from checkpoint after round %d", checkpoint.round)
+        return checkpoint.round
+
+    def _wait_for_nodes(self, grid: object) -> list[int]:
+        wanted = self.algorithm.nodes_needed()
+        deadline = self.clock() + self.settings.wait_for_nodes
+        while True:
+            nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+            if len(nodes) >= wanted or self.clock() >= deadline:
+                break
+            self.sleep(1.0)
+        if len(nodes) < self.settings.min_replies:
+            raise NotEnoughNodesError(
+                f"only {len(nodes)} node(s) connected after {self.settings.wait_for_nodes:.0f} s; "
+                f"min-replies is {self.settings.min_replies}"
+            )
+        return nodes

@@ -1,0 +1,35 @@
+"""Every setting checked before any process starts.
+
+A spec that cannot work (``--server-opt fedadm``, ``--algorithm gossip:topology=torus`` on 8 nodes,
+``--codec qsgd:bits=12``) must fail in the CLI with the reason, not minutes later inside a Ray
+worker with Flower's generic exit code. This builds each component the run will build, from the
+same factories, and throws the objects away.
+"""
+
+from __future__ import annotations
+
+from aggregation import make_server_optimizer
+from compression import make_codec
+from server.settings import RunSettings
+from tasks import make_task
+from tasks.partition import validate_partitioning
+
+__all__ = ["preflight"]
+
+
+def preflight(settings: RunSettings) -> None:
+    """Raise ``ValueError`` (``SettingsError``, ``SpecError``) for the first setting that cannot work."""
+    make_codec(settings.codec)
+    if settings.downlink_codec != "none":
+        make_codec(settings.downlink_codec)
+    make_server_optimizer(settings.server_opt)
+    task = make_task(settings.task)
+    validate_partitioning(settings.partitioning)
+    if settings.export_prune:
+        from deploy.prune import parse_pruning
+
+        parse_pruning(settings.export_prune)
+    from server.algorithms import make_algorithm
+    from server.engine import make_context
+
+    make_algorithm(settings.algorithm, make_context(settings, task))

@@ -1,0 +1,85 @@
+"""EASGD: the center rule against its definition, and the client's elastic step through the engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from compression import make_codec
+from edge_client.node_store import NodeStore
+from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from server.algorithm import Rejected, Reply
+from server.easgd import EASGD
+from server.engine import make_context
+from server.settings import RunSettings
+from tasks import make_task
+from tests.server.in_process_grid import InProcessGrid
+from tests.server.test_engine import _engine, _start
+
+N = 38_282
+
+
+def _reply(delta: torch.Tensor, node: int, distance: float = 1.0) -> Reply:
+    content = RecordDict({UPDATE_RECORD: payload_record(make_codec("none").encode(delta)),
+                          METRICS_RECORD: MetricRecord({"num-examples": 5, "train-loss": 0.1,
+                                                        "center-distance": distance})})
+    return Reply(node, content)
+
+
+def _easgd(clients: int, **params) -> EASGD:
+    settings = RunSettings(codec="none", clients_per_round=clients)
+    return EASGD(make_context(settings, make_task("digits")), **params)
+
+
+def test_center_moves_by_the_sum_of_elastic_differences() -> None:
+    algorithm = _easgd(4, beta=0.8)  # alpha = beta / n = 0.2: the paper's coupling
+    assert algorithm.alpha == pytest.approx(0.2)
+    center = torch.randn(N)
+    algorithm.start(center)
+    algorithm.configure(1, [1, 2, 3, 4])
+    deltas = [torch.randn(N) * 0.01 for _ in range(4)]
+    for node, delta in enumerate(deltas, 1):
+        algorithm.absorb(1, _reply(delta, node))
+    outcome = algorithm.close(1)
+    assert torch.allclose(outcome.model, center + sum(deltas), atol=1e-6)  # x~ <- x~ + sum_i delta_i
+
+
+def test_partial_replies_move_the_center_beta_of_the_way_to_their_mean() -> None:
+    algorithm = _easgd(4, beta=0.9, alpha=0.1)
+    center = torch.zeros(N)
+    algorithm.start(center)
+    algorithm.configure(1, [1, 2, 3, 4])
+    models = [torch.full((N,), 1.0), torch.full((N,), 3.0)]  # x_i after local training
+    for node, x in enumerate(models, 1):
+        algorithm.absorb(1, _reply(0.1 * (x - center), node))  # delta_i = alpha (x_i - center)
+    outcome = algorithm.close(1)
+    assert torch.allclose(outcome.model, torch.full((N,), 0.9 * 2.0), atol=1e-6)
+    assert outcome.extra["center_distance"] == 1.0
+
+
+def test_bad_distance_is_rejected() -> None:
+    algorithm = _easgd(2)
+    algorithm.start(torch.zeros(N))
+    algorithm.configure(1, [1, 2])
+    with pytest.raises(Rejected, match="center-distance"):
+        algorithm.absorb(1, _reply(torch.zeros(N), 1, distance=float("nan")))
+    with pytest.raises(ValueError, match="beta"):
+        _easgd(2, beta=1.5)
+
+
+def test_clients_keep_their_own_models_and_unsampled_ones_are_left_alone(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=3, clients_per_round=2, local_epochs=2, algorithm="easgd")
+    grid = InProcessGrid(4)
+    start = _start(engine)
+    _, initial_accuracy = engine.evaluate(start)
+    result = engine.run(grid, start)
+    sampled = [m.metadata.dst_node_id for m in grid.pushed]
+    assert all(m.metadata.message_type == "train.easgd" for m in grid.pushed)
+    for node, context in grid.contexts.items():
+        local = NodeStore(context.state, "easgd").get_tensor("local")
+        assert (local is not None) == (node in sampled)  # never sampled: no state at all
+    row = result.rows[-1]
+    assert row.clients_used == 2 and 0 < row.extra["center_distance"]
+    assert 0.0 <= row.extra["client_model_accuracy"] <= 1.0
+    assert row.accuracy > initial_accuracy + 0.05  # the center learns

@@ -1,0 +1,157 @@
+"""The round engine on an in-process stand-in for Flower's Grid (the real ClientApp handlers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import MetricRecord, RecordDict
+
+from compression import make_codec
+from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from server.algorithms import make_algorithm
+from server.checkpoint import CheckpointStore, IncompatibleCheckpointError
+from server.engine import Engine, make_context, sample_nodes
+from server.initial_model import initial_params
+from server.run_directory import RunDirectory
+from server.settings import RunSettings
+from tasks import make_task
+from tests.server.in_process_grid import FakeClock, InProcessGrid
+
+TASK = make_task("digits")
+
+
+def _engine(tmp_path, clock: FakeClock | None = None, **overrides) -> Engine:
+    values = dict(rounds=2, clients_per_round=3, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
+                  run_dir=str(tmp_path / "run"))
+    values.update(overrides)
+    settings = RunSettings(**values)
+    run_dir = RunDirectory(settings.run_dir)
+    run_dir.start(settings)
+    algorithm = make_algorithm(settings.algorithm, make_context(settings, TASK))
+    clock = clock or FakeClock()
+    return Engine(algorithm, run_dir, clock=clock, sleep=clock.sleep)
+
+
+def _start(engine: Engine) -> torch.Tensor:
+    return initial_params(TASK, engine.settings.seed)
+
+
+def test_sampling_depends_on_seed_and_step_only() -> None:
+    nodes = list(range(100, 140))
+    first = sample_nodes(nodes, 10, seed=42, step=3)
+    assert first == sample_nodes(list(reversed(nodes)), 10, seed=42, step=3)  # order of ids does not matter
+    assert first != sample_nodes(nodes, 10, seed=42, step=4)
+    assert first != sample_nodes(nodes, 10, seed=43, step=3)
+    assert len(set(first)) == 10 and set(first) <= set(nodes)
+    big = [2**63 + i for i in range(5)]  # unsigned 64-bit node ids survive (never through float64)
+    assert set(sample_nodes(big, 3, 1, 1)) <= set(big)
+
+
+def test_fedavg_round_trains_and_accounts_bytes(tmp_path) -> None:
+    engine = _engine(tmp_path)
+    grid = InProcessGrid(3)
+    start = _start(engine)
+    _, before = engine.evaluate(start)
+    result = engine.run(grid, start)
+    assert [r.round for r in result.rows] == [1, 2]
+    row = result.rows[-1]
+    assert row.clients_used == 3 and row.clients_failed == 0 and not row.rejected
+    assert row.accuracy > before
+    wire = make_codec(engine.settings.codec).wire_bytes(engine.ctx.numel)
+    assert row.uplink_bytes == 3 * wire  # the real payloads, headers included
+    assert row.downlink_bytes == 3 * engine.ctx.fp32_bytes
+    assert row.uplink_fp32_bytes == 3 * engine.ctx.fp32_bytes
+    assert [m.metadata.message_type for m in grid.pushed] == ["train"] * 6
+
+
+def test_round_timeout_and_min_replies(tmp_path) -> None:
+    clock = FakeClock()
+    engine = _engine(tmp_path, clock, rounds=1, min_replies=2, round_timeout=7.0)
+    grid = InProcessGrid(3, silent={1, 2})
+    start = _start(engine)
+    result = engine.run(grid, start)
+    (row,) = result.rows
+    assert row.clients_used == 1 and row.clients_failed == 2
+    assert sorted(r["reason"] for r in row.rejected) == ["no reply within 7 s"] * 2
+    assert clock.now >= 7.0  # the deadline passed on the simulated clock, no real waiting
+    assert torch.equal(result.model, start)  # 1 valid reply < min-replies 2: model unchanged
+
+
+def test_non_finite_aggregate_keeps_the_model(tmp_path) -> None:
+    codec = make_codec("none")
+
+    def huge(msg, context):  # every client sends finite values whose sum overflows float32
+        from flwr.app import Message
+
+        payload = codec.encode(torch.full((38_282,), 3.0e38))
+        return Message(RecordDict({UPDATE_RECORD: payload_record(payload),
+                                   METRICS_RECORD: MetricRecord({"num-examples": 1})}), reply_to=msg)
+
+    engine = _engine(tmp_path, rounds=1, codec="none")
+    start = _start(engine)
+    result = engine.run(InProcessGrid(3, app=huge), start)
+    (row,) = result.rows
+    assert row.clients_used == 3
+    assert {"node": None, "reason": "aggregate not finite; round skipped"} in row.rejected
+    assert torch.equal(result.model, start)
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=2)
+    first = engine.run(InProcessGrid(3), _start(engine))
+    saved = CheckpointStore(tmp_path / "run" / "checkpoint").load()
+    assert saved.round == 2 and saved.algorithm == "fedavg" and torch.equal(saved.state["params"], first.model)
+    more = _engine(tmp_path, rounds=3)
+    result = more.run(InProcessGrid(3), _start(more))
+    assert result.resumed_from == 2 and [r.round for r in result.rows] == [1, 2, 3]
+    assert [r["round"] for r in more.run_dir.metrics.read()] == [1, 2, 3]
+    done = _engine(tmp_path, rounds=3)
+    grid = InProcessGrid(3)
+    assert done.run(grid, _start(done)).resumed_from == 3 and not grid.pushed  # nothing left to do
+
+
+def test_old_or_foreign_checkpoints_are_refused(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=1)
+    engine.run(InProcessGrid(3), _start(engine))
+    other = _engine(tmp_path / "x", rounds=1, algorithm="easgd")
+    other.run_dir = engine.run_dir
+    with pytest.raises(IncompatibleCheckpointError, match="written by algorithm 'fedavg'"):
+        other.run(InProcessGrid(3), _start(other))
+    store = CheckpointStore(tmp_path / "run" / "checkpoint")
+    torch.save({"format": "fedge.checkpoint/1", "round": 1, "params": torch.zeros(3)}, store.current)
+    with pytest.raises(IncompatibleCheckpointError, match="before the round engine"):
+        store.load()
+    assert store.current.exists()  # refused, not quarantined: the user decides
+
+
+def test_fault_mod_covers_every_handler(tmp_path) -> None:
+    for algorithm in ("fedavg", "easgd", "gossip"):
+        engine = _engine(tmp_path / algorithm, rounds=1, algorithm=algorithm)
+        grid = InProcessGrid(3, node_config={1: {"fault": "bitflip"}})
+        (row,) = engine.run(grid, _start(engine)).rows
+        assert row.clients_used == 2, algorithm
+        (rejected,) = row.rejected
+        assert rejected["node"] == grid.node_id(1) and rejected["reason"].startswith("checksum mismatch")
+
+
+def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
+    """The client validates the model it receives as strictly as the server validates an update."""
+    from flwr.app import Array
+
+    engine = _engine(tmp_path, rounds=1)
+    grid = InProcessGrid(3)
+    engine.algorithm.start(_start(engine))
+    outgoing = engine.algorithm.configure(1, grid.get_node_ids())
+    content = outgoing[0].content
+    record = content.array_records["arrays"]
+    first = next(iter(record.keys()))
+    record[first] = Array(torch.full(tuple(record[first].shape), float("nan")).numpy())
+    messages = engine._messages(outgoing[:1], 1, "train")
+    grid.push_messages(messages)
+    (reply,) = grid.pull_messages([messages[0].metadata.message_id])
+    assert reply.has_error() and "NaN" in reply.error.reason
+    del content.array_records["arrays"][first]
+    messages = engine._messages(outgoing[:1], 1, "train")
+    grid.push_messages(messages)
+    (reply,) = grid.pull_messages([messages[0].metadata.message_id])
+    assert reply.has_error() and "does not match the model" in reply.error.reason
