@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 @pytest.mark.parametrize("algorithm", ["easgd", "gossip:topology=ring"])
 def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers, algorithm) -> None:
-    settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=2,
+    settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
                            run_dir=str(tmp_path / "run"))
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=1, timeout=300)
     assert crashed.summary is None
@@ -41,7 +41,7 @@ def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_lef
 
 def test_gossip_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
     settings = RunSettings(algorithm="gossip:topology=ring", rounds=2, clients_per_round=3, min_replies=3,
-                           local_epochs=2, run_dir=str(tmp_path / "run"), round_timeout=240, wait_for_nodes=120)
+                           run_dir=str(tmp_path / "run"), round_timeout=240, wait_for_nodes=120)
     result = launch(settings, engine="deployment", num_supernodes=3, timeout=500)
     assert_no_leftovers(result.run_dir / "flwr-home")
     assert [row["round"] for row in result.rows] == [1, 2]

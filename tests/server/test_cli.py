@@ -58,3 +58,20 @@ def test_keys_and_export_commands(capsys, tmp_path, trained_model_file) -> None:
                  "--out", str(tmp_path / "b"), "--quantize", "dynamic-int8"])
     assert code == 1 and "ConvInteger" in capsys.readouterr().out  # refused, with the reason
     assert not (tmp_path / "b" / "bundle.dsse.json").exists()
+
+
+def test_every_setting_is_checked_before_any_process_starts(capsys, tmp_path) -> None:
+    """Issue 9: these used to start the SuperLink and Ray and die with Flower's exit code 700."""
+    cases = [
+        (["--server-opt", "fedadm"], "unknown server optimizer 'fedadm'"),
+        (["--downlink-codec", "qsgd:bits=1"], "qsgd bits must be in 2..8"),
+        (["--algorithm", "ring"], "unknown algorithm 'ring'"),
+        (["--algorithm", "easgd:beta=2"], "beta must be in (0, 1]"),
+        (["--algorithm", "gossip:topology=torus"], "2-D torus needs"),
+        (["--algorithm", "gossip:topology=onepeer", "--clients", "6"], "power of two"),
+        (["--algorithm", "gossip", "--server-opt", "fedadam"], "applies to algorithm fedavg only"),
+    ]
+    for flags, message in cases:
+        assert main(["demo", *flags, "--run-dir", str(tmp_path / "never")]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    assert not (tmp_path / "never").exists()  # nothing was started or written
