@@ -119,9 +119,14 @@ def main() -> int:
     parser.add_argument("--partitioning", default="dirichlet:alpha=0.5")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--only", nargs="+", help="labels to run (default: all)")
+    parser.add_argument("--config", action="append", default=[], metavar="LABEL;ALGORITHM;CODEC",
+                        help="an extra configuration, e.g. 'easgd-a0.5;easgd:alpha=0.5;qsgd:bits=4' (repeatable)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "algorithms"))
     args = parser.parse_args()
-    configs = [c for c in CONFIGS if not args.only or c[0] in args.only]
+    extra = [tuple(c.split(";")) for c in args.config]
+    if any(len(c) != 3 for c in extra):
+        parser.error("--config takes LABEL;ALGORITHM;CODEC")
+    configs = [c for c in [*CONFIGS, *extra] if not args.only or c[0] in args.only]
     results = []
     with tempfile.TemporaryDirectory(prefix="fedge-bench-algorithms-") as tmp:
         for seed in args.seeds:

@@ -17,8 +17,7 @@ from flwr.app import Context, Message
 from aggregation.choco import consensus_step
 from edge_client import local
 from edge_client.public_copy import OutOfSyncError, PublicCopy
-from protocol import PUBLIC_RECORD, RELAY_RECORD, ProtocolError
-from protocol.records import read_flats, read_payloads
+from protocol import PUBLIC_RECORD, RELAY_RECORD, ProtocolError, read_flats, read_payloads
 
 __all__ = ["train"]
 

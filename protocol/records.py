@@ -43,9 +43,12 @@ __all__ = [
     "array_bytes",
     "flat_array",
     "message_type_for",
+    "payload_array",
     "payload_record",
     "read_flat",
+    "read_flats",
     "read_payload",
+    "read_payloads",
     "read_state_dict",
 ]
 
@@ -81,15 +84,16 @@ def message_type_for(algorithm: str) -> str:
 
 def payload_record(payload: bytes | bytearray | memoryview, key: str = PAYLOAD_KEY) -> ArrayRecord:
     """An ArrayRecord carrying ``payload`` as one raw uint8 array (Flower chunks and streams it)."""
-    return ArrayRecord({key: _payload_array(payload)})
+    return ArrayRecord({key: payload_array(payload)})
 
 
-def _payload_array(payload: bytes | bytearray | memoryview) -> Array:
+def payload_array(payload: bytes | bytearray | memoryview) -> Array:
+    """One encoded payload as a raw uint8 Array (a relay record holds one per node)."""
     data = bytes(payload)
     return Array(dtype="uint8", shape=(len(data),), stype=PAYLOAD_STYPE, data=data)
 
 
-def _check_payload_array(array: Array, where: str) -> bytes:
+def _checkpayload_array(array: Array, where: str) -> bytes:
     if not isinstance(array, Array):
         raise ProtocolError(f"{where} is not an Array")
     if array.stype != PAYLOAD_STYPE or array.dtype != "uint8":
@@ -108,14 +112,14 @@ def read_payload(content: RecordDict, record: str, key: str = PAYLOAD_KEY) -> by
     arrays = content.array_records[record]
     if key not in arrays:
         raise ProtocolError(f"{record!r} record has no {key!r} array")
-    return _check_payload_array(arrays[key], f"{record}[{key}]")
+    return _checkpayload_array(arrays[key], f"{record}[{key}]")
 
 
 def read_payloads(content: RecordDict, record: str) -> dict[str, bytes]:
     """Every payload array of ``content[record]`` (a relay record: one payload per node id)."""
     if record not in content.array_records:
         return {}
-    return {key: _check_payload_array(array, f"{record}[{key}]")
+    return {key: _checkpayload_array(array, f"{record}[{key}]")
             for key, array in content.array_records[record].items()}
 
 

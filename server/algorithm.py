@@ -27,7 +27,7 @@ import torch
 from flwr.app import RecordDict
 
 from compression import Codec, make_codec
-from protocol import METRICS_RECORD, ProtocolError
+from protocol import METRICS_RECORD
 from protocol.round_config import RoundConfig
 from server.settings import RunSettings
 from tasks import Task, tensor_sizes
@@ -200,10 +200,6 @@ def reply_metrics(content: RecordDict, require_examples: bool = True) -> dict[st
     if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not torch.isfinite(torch.tensor(float(loss))):
         raise Rejected(f"train-loss must be a finite number, got {loss!r}")
     return metrics
-
-
-def as_rejected(err: ProtocolError) -> Rejected:
-    return Rejected(str(err))
 
 
 def finite_or_previous(new: torch.Tensor, old: torch.Tensor, step: int) -> tuple[torch.Tensor, list[dict[str, Any]]]:

@@ -50,10 +50,10 @@ from protocol import (
     UPDATE_RECORD,
     flat_array,
     message_type_for,
+    payload_array,
     read_flat,
     read_payload,
 )
-from protocol.records import _payload_array
 from server.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, StepOutcome, reply_metrics
 
 __all__ = ["Gossip"]
@@ -138,7 +138,7 @@ class Gossip(Algorithm):
             }
             content = RecordDict({CONFIG_RECORD: self.ctx.round_config(step, **extra).to_record()})
             if self.synced.get(i) == version - 1 and version >= 1:
-                relay = {str(j): _payload_array(self.pending[j]) for j in peers if self.pending[j] is not None}
+                relay = {str(j): payload_array(self.pending[j]) for j in peers if self.pending[j] is not None}
                 content[RELAY_RECORD] = ArrayRecord(relay) if relay else ArrayRecord()
             else:
                 content[PUBLIC_RECORD] = ArrayRecord({str(j): flat_array(self.public[j]) for j in peers})
