@@ -35,7 +35,7 @@ CONFIGS = [
     ("gossip-ring-q4", "gossip:topology=ring", "qsgd:bits=4"),
     ("gossip-exp-fp32", "gossip:topology=exponential", "none"),
     ("gossip-exp-q4", "gossip:topology=exponential", "qsgd:bits=4"),
-    ("gossip-exp-sign", "gossip:topology=exponential", "sign:bucket=512"),
+    ("gossip-exp-sign", "gossip:topology=exponential,gamma=0.5", "sign:bucket=512"),
     ("gossip-onepeer-q4", "gossip:topology=onepeer", "qsgd:bits=4"),
 ]
 
@@ -118,7 +118,8 @@ def main() -> int:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--partitioning", default="dirichlet:alpha=0.5")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
-    parser.add_argument("--only", nargs="+", help="labels to run (default: all)")
+    parser.add_argument("--only", nargs="*", help="labels of the built-in configurations to run (default: all; "
+                        "give none to run only --config ones)")
     parser.add_argument("--config", action="append", default=[], metavar="LABEL;ALGORITHM;CODEC",
                         help="an extra configuration, e.g. 'easgd-a0.5;easgd:alpha=0.5;qsgd:bits=4' (repeatable)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "algorithms"))
@@ -126,7 +127,7 @@ def main() -> int:
     extra = [tuple(c.split(";")) for c in args.config]
     if any(len(c) != 3 for c in extra):
         parser.error("--config takes LABEL;ALGORITHM;CODEC")
-    configs = [c for c in [*CONFIGS, *extra] if not args.only or c[0] in args.only]
+    configs = [c for c in CONFIGS if args.only is None or c[0] in args.only] + extra
     results = []
     with tempfile.TemporaryDirectory(prefix="fedge-bench-algorithms-") as tmp:
         for seed in args.seeds:

@@ -1,6 +1,6 @@
 """The algorithm registry: spec string -> round algorithm, through the grammar codecs use.
 
-``fedavg``; ``easgd:beta=0.9[,alpha=A]``; ``gossip:topology=ring,gamma=0.5[,degree=4][,measure=1]``.
+``fedavg``; ``easgd[:alpha=0.3,beta=0.9]``; ``gossip[:topology=ring,gamma=1,degree=4,measure=1]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Elastic averaging SGD, federated: ``algorithm = "easgd:beta=0.9[,alpha=A]"``.
+"""Elastic averaging SGD, federated: ``algorithm = "easgd[:alpha=0.3,beta=0.9]"``.
 
 Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015
 (https://arxiv.org/abs/1412.6651). Each client keeps its own model x_i between rounds (in its node
@@ -10,7 +10,11 @@ and every one of the n = clients-per-round clients answering, the factor is 1 an
 paper's x̃ ← x̃ + Σ_i δ_i exactly; when clients drop out, the center still moves β of the way to
 the mean of those that answered instead of being pulled less.
 
-Defaults follow the paper: β = 0.9 and α = β / n. Clients not sampled keep their x_i; a client
+Defaults: β = 0.9 as in the paper, α = 0.3 as measured here; ``alpha=0`` gives the paper's coupling
+α = β / n. On digits with 16 Dirichlet(0.5) clients and 5-epoch periods (``bench/algorithms.py``)
+the paper's α = 0.056 reached 87.5%, α = 0.2 / 0.3 / 0.6 / 1.0 reached 93.6 / 94.4 / 93.1 / 89.4%:
+a weak elastic tie lets label-skewed clients drift apart between rounds, and α = 1 restarts every
+client from the previous round's center. Clients not sampled keep their x_i; a client
 seeing the run for the first time starts from the center. Metrics: the center's held-out accuracy
 (the row's ``accuracy``), the mean held-out accuracy of the clients' own models measured on the
 clients (``client_model_accuracy``), and the mean distance ‖x_i − x̃‖ before the elastic step
@@ -49,7 +53,7 @@ log = logging.getLogger(__name__)
 class EASGD(Algorithm):
     name = "easgd"
 
-    def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.0) -> None:
+    def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
         super().__init__(ctx)
         if not 0 < beta <= 1:
             raise ValueError(f"easgd beta must be in (0, 1], got {beta}")

@@ -1,4 +1,4 @@
-"""Decentralized learning by compressed gossip: ``algorithm = "gossip:topology=ring,gamma=0.5"``.
+"""Decentralized learning by compressed gossip: ``algorithm = "gossip[:topology=ring,gamma=1,measure=1]"``.
 
 There is no global model. Every node keeps its own model x_i and mixes it with its neighbours'
 along a topology (``aggregation.topology``: ring, 2-D torus, static exponential graph, one-peer
@@ -21,6 +21,10 @@ to hold the previous version (it missed a step, joined late, or the coordinator 
 its copies in full instead of the q's. A q the coordinator rejects is relayed to no one, so the
 node and its peers skip it together. Public copies therefore agree bit for bit everywhere.
 
+The consensus step size γ defaults to 1 (full mixing): on digits with 16 nodes and an exponential
+graph it gave 96.1% against 95.3% at γ = 0.5, with 4-bit QSGD as with fp32. CHOCO's analysis asks
+for a smaller γ as the codec gets coarser: for 1-bit-class codecs (``sign``) use γ = 0.5.
+
 Measurement: every ``measure`` steps (and at the last one) nodes also upload their exact model
 (``measure`` record, counted as ``measurement_bytes``, not as training traffic). From those the
 coordinator computes, streaming, the consensus distance Ξ² = (1/n) Σ ‖x_i − x̄‖², each node model's
@@ -42,6 +46,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from aggregation.topology import Topology, make_topology
+from compression import relative_error
 from protocol import (
     CONFIG_RECORD,
     MEASURE_RECORD,
@@ -66,7 +71,7 @@ _TOPOLOGIES = ("ring", "torus", "exponential", "onepeer", "random")
 class Gossip(Algorithm):
     name = "gossip"
 
-    def __init__(self, ctx: RunContext, topology: str = "ring", gamma: float = 0.5, degree: int = 4,
+    def __init__(self, ctx: RunContext, topology: str = "ring", gamma: float = 1.0, degree: int = 4,
                  measure: int = 1) -> None:
         super().__init__(ctx)
         if topology not in _TOPOLOGIES:
@@ -78,6 +83,10 @@ class Gossip(Algorithm):
         self.n = ctx.settings.clients_per_round
         if self.n < 2:
             raise ValueError("gossip needs clients-per-round >= 2 (the number of nodes in the topology)")
+        noise = relative_error(ctx.codec, ctx.numel)
+        if noise > 0.2 and gamma > 0.5:
+            log.warning("codec %s has relative squared error %.2f: CHOCO may diverge at gamma %g; use gamma <= 0.5",
+                        ctx.codec.spec, noise, gamma)
         topo_spec = f"random:degree={degree}" if topology == "random" else topology
         self.topology: Topology = make_topology(topo_spec, self.n, seed=ctx.settings.seed)
         self.topology_name, self.gamma, self.degree, self.measure = topology, float(gamma), int(degree), int(measure)

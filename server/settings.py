@@ -51,8 +51,8 @@ class RunSettings:
     )
     algorithm: str = _opt(
         "fedavg",
-        "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:beta=0.9,alpha=A]' (elastic averaging), "
-        "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=G,degree=D,measure=K]' (decentralized, CHOCO)",
+        "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
+        "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO)",
     )
     codec: str = _opt(
         "qsgd:bits=4,bucket=512,norm=max",

@@ -33,7 +33,7 @@ def _easgd(clients: int, **params) -> EASGD:
 
 
 def test_center_moves_by_the_sum_of_elastic_differences() -> None:
-    algorithm = _easgd(4, beta=0.8)  # alpha = beta / n = 0.2: the paper's coupling
+    algorithm = _easgd(4, beta=0.8, alpha=0.0)  # alpha=0: the paper's coupling alpha = beta / n = 0.2
     assert algorithm.alpha == pytest.approx(0.2)
     center = torch.randn(N)
     algorithm.start(center)
