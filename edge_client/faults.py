@@ -4,6 +4,10 @@ A SuperNode started with ``--node-config "... fault='bitflip'"`` corrupts the up
 reply it sends, so operators (and the integration tests) can watch the coordinator reject it:
 ``truncate`` halves the payload, ``bitflip`` flips a bit of its last byte, ``garbage`` zeroes it,
 and ``hang`` never answers (the coordinator's round timeout must cope).
+
+Two Byzantine faults send *well-formed* hostile replies, which no decoder can catch, to exercise
+the robust aggregators, the norm bound and the weight cap: ``signflip`` re-encodes the update
+negated and scaled by 10 with the round's own codec, ``inflate`` claims 10^9 training examples.
 """
 
 from __future__ import annotations
@@ -11,16 +15,18 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from protocol import UPDATE_RECORD, payload_record, read_payload
+from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
 
 __all__ = ["FAULTS", "corrupt", "fault_injection_mod"]
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("truncate", "bitflip", "garbage", "hang")
+FAULTS = ("truncate", "bitflip", "garbage", "hang", "signflip", "inflate")
+BYZANTINE_SCALE = -10.0
+INFLATED_EXAMPLES = 10**9
 
 
 def corrupt(payload: bytes, fault: str) -> bytes:
@@ -46,5 +52,25 @@ def fault_injection_mod(msg: Message, context: Context, call_next: ClientAppCall
     if reply.has_error() or UPDATE_RECORD not in reply.content.array_records:
         return reply
     content = RecordDict(dict(reply.content.items()))
-    content[UPDATE_RECORD] = payload_record(corrupt(read_payload(reply.content, UPDATE_RECORD), str(fault)))
+    payload = read_payload(reply.content, UPDATE_RECORD)
+    if fault == "signflip":
+        content[UPDATE_RECORD] = payload_record(_signflip(msg, payload))
+    elif fault == "inflate":
+        metrics = MetricRecord(dict(reply.content.metric_records[METRICS_RECORD]))
+        metrics["num-examples"] = INFLATED_EXAMPLES
+        content[METRICS_RECORD] = metrics
+    else:
+        content[UPDATE_RECORD] = payload_record(corrupt(payload, str(fault)))
     return Message(content, reply_to=msg)
+
+
+def _signflip(msg: Message, payload: bytes) -> bytes:
+    """The update negated and scaled, encoded with the round's codec: it decodes cleanly."""
+    from edge_client import local
+    from tasks import numel_of
+
+    config = local.round_config(msg)
+    task = local.task_of(config)
+    codec = local.codec_for(config.codec, task).for_round(config.round, config.seed)
+    numel = numel_of(task.build_model().state_dict())
+    return codec.encode(codec.decode(payload, numel) * BYZANTINE_SCALE)

@@ -1,0 +1,282 @@
+"""Aggregation rules for the decoded updates of one step: ``aggregator = mean | median | ...``.
+
+``mean`` is the weighted mean (FedAvg) and streams: one accumulator, O(model) whatever the number of
+clients. The robust rules cannot stream: the coordinate-wise median, the trimmed mean and Krum look
+at every update of the step together, so they hold them all, ``capacity x numel`` float32 values
+(plus Krum's ``capacity x capacity`` distance matrix). :func:`aggregator_memory_bytes` states that
+cost before a run starts, so a configuration that would not fit its memory limit is refused up front.
+
+The rules, on updates (model deltas) rather than models: a coordinate-wise median, a trimmed mean
+and the Krum distances are all translation invariant, so the result equals the same rule applied
+to the client models ``global + delta_i`` minus ``global``.
+
+- ``median``: coordinate-wise median (Yin et al., ICML 2018), unweighted (the middle two averaged
+  for an even count, like ``numpy.median`` and Flower's ``FedMedian``).
+- ``trimmed-mean:beta=B``: per coordinate, drop the ``floor(B*n)`` largest and smallest values and
+  average the rest, unweighted (Yin et al.; Flower's ``FedTrimmedAvg``, default B = 0.2).
+- ``krum:f=F``: the one update whose summed squared distance to its ``n - f - 2`` nearest
+  neighbours is smallest (Blanchard et al., NeurIPS 2017); needs n >= 2f + 3.
+- ``multikrum:f=F,m=M``: the weighted mean of the M lowest-scoring updates (Flower's ``MultiKrum``
+  weights them by example count, and so does this).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from aggregation.streaming_mean import StreamingMean
+from compression.spec import build_from_spec
+
+__all__ = [
+    "AGGREGATORS",
+    "Aggregator",
+    "Mean",
+    "Median",
+    "MultiKrum",
+    "TrimmedMean",
+    "aggregator_memory_bytes",
+    "make_aggregator",
+    "validate_aggregator",
+]
+
+
+class Aggregator(ABC):
+    """Combines the decoded updates of one step into one update."""
+
+    #: a streaming rule holds O(model) whatever the number of updates
+    streaming = False
+
+    def __init__(self, numel: int, capacity: int) -> None:
+        self.numel, self.capacity = numel, capacity
+
+    @property
+    @abstractmethod
+    def spec(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def count(self) -> int:
+        """Updates added so far."""
+
+    @abstractmethod
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        """Add one decoded update with its (already bounded) aggregation weight."""
+
+    @abstractmethod
+    def result(self) -> torch.Tensor:
+        """The aggregated update; raises ``ValueError`` if nothing was added."""
+
+    def chosen(self) -> list[int] | None:
+        """Positions (in the order of :meth:`add`) of the updates the result is made of, when the
+        rule selects some (Krum); ``None`` when every update contributes."""
+        return None
+
+    @classmethod
+    def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
+        """Bytes the rule holds for ``capacity`` updates of ``numel`` float32 values."""
+        return 4 * numel
+
+
+class Mean(Aggregator):
+    """Weighted mean, streaming (``aggregation.StreamingMean``)."""
+
+    streaming = True
+
+    def __init__(self, numel: int, capacity: int) -> None:
+        super().__init__(numel, capacity)
+        self._mean = StreamingMean(numel)
+
+    @property
+    def spec(self) -> str:
+        return "mean"
+
+    @property
+    def count(self) -> int:
+        return self._mean.count
+
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        self._mean.add(vector, weight)
+
+    def result(self) -> torch.Tensor:
+        return self._mean.mean()
+
+
+class _Buffered(Aggregator):
+    """Holds every update of the step in one preallocated ``capacity x numel`` float32 matrix."""
+
+    def __init__(self, numel: int, capacity: int) -> None:
+        super().__init__(numel, capacity)
+        if capacity < 1:
+            raise ValueError(f"{type(self).__name__} needs a capacity of at least one update")
+        self._rows = torch.empty(capacity, numel, dtype=torch.float32)
+        self._weights: list[float] = []
+
+    @property
+    def count(self) -> int:
+        return len(self._weights)
+
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        flat = vector.reshape(-1)
+        if flat.numel() != self.numel:
+            raise ValueError(f"update has {flat.numel()} elements, expected {self.numel}")
+        if self.count >= self.capacity:
+            raise ValueError(f"{self.spec} holds at most {self.capacity} updates per step")
+        if not (np.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a finite positive number, got {weight!r}")
+        self._rows[self.count].copy_(flat)
+        self._weights.append(float(weight))
+
+    def _stack(self) -> torch.Tensor:
+        if not self.count:
+            raise ValueError("no update was accumulated")
+        return self._rows[: self.count]
+
+    @classmethod
+    def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
+        return 4 * numel * capacity
+
+
+class Median(_Buffered):
+    @property
+    def spec(self) -> str:
+        return "median"
+
+    def result(self) -> torch.Tensor:
+        # overwrite_input: numpy partitions the buffer in place instead of copying it (the buffer is
+        # spent after the step), so the rule costs the buffer and nothing more.
+        stacked = self._stack().numpy()
+        return torch.from_numpy(np.asarray(np.median(stacked, axis=0, overwrite_input=True), dtype=np.float32))
+
+
+class TrimmedMean(_Buffered):
+    def __init__(self, numel: int, capacity: int, beta: float = 0.2) -> None:
+        if not 0.0 <= beta < 0.5:
+            raise ValueError(f"trimmed-mean beta must be in [0, 0.5), got {beta}")
+        super().__init__(numel, capacity)
+        self.beta = beta
+
+    @property
+    def spec(self) -> str:
+        return f"trimmed-mean:beta={self.beta:g}"
+
+    def result(self) -> torch.Tensor:
+        stacked = self._stack().numpy()
+        n = stacked.shape[0]
+        cut = int(self.beta * n)
+        if n - 2 * cut < 1:  # cannot happen for beta < 0.5; kept as a guard for the arithmetic
+            raise ValueError(f"trimmed-mean beta={self.beta} leaves no update of {n}")
+        stacked.partition((cut, n - cut - 1), axis=0)  # in place, like overwrite_input above
+        return torch.from_numpy(np.asarray(stacked[cut : n - cut].mean(axis=0), dtype=np.float32))
+
+
+class MultiKrum(_Buffered):
+    """Krum (``m = 1``) and Multi-Krum selection, then the weighted mean of the chosen updates."""
+
+    def __init__(self, numel: int, capacity: int, f: int = 1, m: int = 1) -> None:
+        if f < 0:
+            raise ValueError(f"krum f (Byzantine clients tolerated) must be >= 0, got {f}")
+        if m < 1:
+            raise ValueError(f"multikrum m (updates kept) must be >= 1, got {m}")
+        if capacity < 2 * f + 3:
+            raise ValueError(f"krum with f={f} needs at least {2 * f + 3} updates per step (n >= 2f + 3), "
+                             f"but a step has at most {capacity}")
+        if m > capacity:
+            raise ValueError(f"multikrum m={m} keeps more updates than a step has ({capacity})")
+        super().__init__(numel, capacity)
+        self.f, self.m = f, m
+        self._chosen: list[int] | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"krum:f={self.f}" if self.m == 1 else f"multikrum:f={self.f},m={self.m}"
+
+    def scores(self) -> torch.Tensor:
+        """Each update's summed squared distance to its ``max(1, n - f - 2)`` nearest others
+        (the same neighbourhood Flower uses when fewer updates than planned arrive)."""
+        rows = self._stack()
+        n = rows.shape[0]
+        distances = torch.zeros(n, n, dtype=torch.float64)
+        for i in range(n):
+            # Direct differences, not |x|^2 + |y|^2 - 2xy: no cancellation between near-equal updates.
+            d = ((rows[i + 1 :] - rows[i]) ** 2).sum(dim=1, dtype=torch.float64)
+            distances[i, i + 1 :] = d
+            distances[i + 1 :, i] = d
+        closest = max(1, n - self.f - 2)
+        scores = torch.empty(n, dtype=torch.float64)
+        for i in range(n):
+            others = torch.cat([distances[i, :i], distances[i, i + 1 :]])
+            scores[i] = others.sort().values[:closest].sum() if others.numel() else 0.0
+        return scores
+
+    def result(self) -> torch.Tensor:
+        rows = self._stack()
+        order = torch.argsort(self.scores(), stable=True)
+        chosen = order[: min(self.m, rows.shape[0])].tolist()
+        self._chosen = sorted(chosen)
+        mean = StreamingMean(self.numel)
+        for i in chosen:
+            mean.add(rows[i], self._weights[i])
+        return mean.mean()
+
+    def chosen(self) -> list[int] | None:
+        return self._chosen
+
+    @classmethod
+    def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
+        return 4 * numel * (capacity + 1) + 8 * capacity * capacity
+
+
+def _krum(numel: int, capacity: int, f: int = 1) -> MultiKrum:
+    return MultiKrum(numel, capacity, f=f, m=1)
+
+
+def _multikrum(numel: int, capacity: int, f: int = 1, m: int = 2) -> MultiKrum:
+    return MultiKrum(numel, capacity, f=f, m=m)
+
+
+AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
+    "mean": Mean,
+    "median": Median,
+    "trimmed-mean": TrimmedMean,
+    "krum": _krum,
+    "multikrum": _multikrum,
+}
+_CLASSES: dict[str, type[Aggregator]] = {"mean": Mean, "median": Median, "trimmed-mean": TrimmedMean,
+                                         "krum": MultiKrum, "multikrum": MultiKrum}
+
+
+def make_aggregator(spec: str, numel: int, capacity: int) -> Aggregator:
+    """A fresh aggregator for one step of at most ``capacity`` updates of ``numel`` values."""
+    return build_from_spec(spec, AGGREGATORS, family="aggregator",
+                           extra={"numel": numel, "capacity": capacity})
+
+
+def aggregator_memory_bytes(spec: str, numel: int, capacity: int) -> int:
+    """What the rule ``spec`` holds per step, in bytes (the streaming mean: one accumulator)."""
+    from compression.spec import parse_spec
+
+    name, _ = parse_spec(spec)
+    cls = _CLASSES.get(name)
+    if cls is None:
+        make_aggregator(spec, 1, capacity)  # raises the registry's "unknown aggregator" error
+        raise AssertionError("unreachable")
+    return cls.memory_bytes(numel, capacity)
+
+
+def validate_aggregator(spec: str, numel: int, capacity: int, limit_bytes: int) -> Aggregator:
+    """Build ``spec`` once on a tiny model to check its parameters, then refuse it if one step of
+    ``capacity`` updates of ``numel`` values would need more than ``limit_bytes``."""
+    probe = make_aggregator(spec, 1, capacity)
+    need = aggregator_memory_bytes(spec, numel, capacity)
+    if need > limit_bytes:
+        raise ValueError(
+            f"aggregator {probe.spec} holds every update of a step: {capacity} x {numel} float32 values = "
+            f"{need / 2**20:.1f} MiB, over the limit of {limit_bytes / 2**20:.1f} MiB "
+            "(raise aggregator-memory-mb, sample fewer clients per step, or use the streaming 'mean')"
+        )
+    return probe
