@@ -1,4 +1,5 @@
-"""Round algorithms side by side: FedAvg, EASGD and gossip on the same task, clients, rounds and seeds.
+"""Round algorithms side by side: FedAvg, EASGD and gossip on the same task, clients, rounds and seeds;
+with ``--suite stragglers``, synchronous FedAvg against asynchronous FedBuff and FedAsync with slow clients.
 
 Every run goes through Flower's simulation engine (``server.engines.launch``), exactly as ``fedge demo``
 runs. Per configuration: final held-out accuracy of the run's model (FedAvg's global model, EASGD's
@@ -6,10 +7,19 @@ center, gossip's average model), the best and final accuracy, for gossip the con
 and the worst node's accuracy, uplink bytes (real encoded payloads), downlink bytes, measurement
 uploads (gossip's exact node models, not training traffic), bytes per node per round, wall time.
 Writes a markdown table, JSON with the command line, and a PNG (accuracy and consensus distance
-per round).
+per round, and accuracy against wall time).
+
+The straggler suite gives every configuration the same client work (30 FedAvg rounds of 16 updates
+= 60 FedBuff versions of 8 = 480 FedAsync versions of 1), slows a quarter of the clients 5x
+(``stragglers = "fraction=0.25,slowdown=5"``: each sleeps four times its real training time) and
+reports the wall-clock time to the target accuracy, measured from the first message of the run.
+On the simulation engine every client gets its own Ray actor (``parallel_clients``), so a slow client
+sleeping through its slowdown does not take a CPU slot the others queue behind, as on real devices.
 
     .venv/bin/python bench/algorithms.py                      # 16 clients, 30 rounds, seed 42
     .venv/bin/python bench/algorithms.py --rounds 10 --only fedavg easgd   # a quick look
+    .venv/bin/python bench/algorithms.py --suite stragglers   # FedAvg vs FedBuff vs FedAsync, time to 95%
+    .venv/bin/python bench/algorithms.py --suite stragglers --engine deployment --clients 8 --rounds 15
 """
 
 from __future__ import annotations
@@ -25,9 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from server.engines import launch
-from server.settings import RunSettings
+from server.settings import RunSettings, SettingsError
 
-# (label, algorithm spec, codec)
+# (label, algorithm spec, codec); a spec may use {n} (clients) and {half} (clients // 2)
 CONFIGS = [
     ("fedavg", "fedavg", "qsgd:bits=4"),
     ("easgd", "easgd", "qsgd:bits=4"),
@@ -38,21 +48,53 @@ CONFIGS = [
     ("gossip-exp-sign", "gossip:topology=exponential,gamma=0.5", "sign:bucket=512"),
     ("gossip-onepeer-q4", "gossip:topology=onepeer", "qsgd:bits=4"),
 ]
+STRAGGLER_CONFIGS = [
+    ("fedavg", "fedavg", "qsgd:bits=4"),
+    ("fedbuff", "fedbuff:concurrency={n},buffer={half}", "qsgd:bits=4"),
+    ("fedasync", "fedasync:concurrency={n}", "qsgd:bits=4"),
+]
+SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS}
+
+
+def versions_per_round(algorithm: str, clients: int) -> int:
+    """Model versions an algorithm publishes for one synchronous round's worth of client updates."""
+    from compression.spec import parse_spec
+
+    name, params = parse_spec(algorithm)
+    if name == "fedbuff":
+        return max(1, clients // int(params.get("buffer", max(1, clients // 2))))
+    return clients if name == "fedasync" else 1
+
+
+def time_to(target: float, accuracy: list[float], wall: list[float | None]) -> float | None:
+    """Wall seconds until the run's model first reached ``target`` held-out accuracy (None: never)."""
+    return next((w for a, w in zip(accuracy, wall) if a >= target and w is not None), None)
 
 
 def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, seed: int, root: Path) -> dict:
+    n = args.clients
+    algorithm = algorithm.format(n=n, half=max(1, n // 2))
+    rounds = args.rounds * versions_per_round(algorithm, n)
     settings = RunSettings(
-        algorithm=algorithm, codec=codec, rounds=args.rounds, clients_per_round=args.clients,
+        algorithm=algorithm, codec=codec, rounds=rounds, clients_per_round=n,
         local_epochs=args.local_epochs, partitioning=args.partitioning, seed=seed,
-        run_dir=str(root / f"{label}-{seed}"),
+        run_dir=str(root / f"{label}-{seed}"), **args.overrides,
     )
+    stragglers = settings.stragglers != "none"
     started = time.monotonic()
-    result = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=3600)
+    result = launch(settings, engine=args.engine, num_supernodes=n, timeout=3 * 3600,
+                    parallel_clients=n if stragglers and args.engine == "simulation" else 0)
     wall = time.monotonic() - started
     rows, summary = result.rows, result.summary or {}
-    n = args.clients
+    accuracy = [r["accuracy"] for r in rows]
+    elapsed = [r.get("wall_seconds") for r in rows]
     return {
-        "label": label, "algorithm": algorithm, "codec": codec, "seed": seed,
+        "label": label, "algorithm": algorithm, "codec": codec, "seed": seed, "engine": args.engine,
+        "versions": len(rows), "client_updates": sum(r["clients_used"] for r in rows),
+        "elapsed": elapsed, "time_to_target": time_to(args.target, accuracy, elapsed), "target": args.target,
+        "staleness_mean": _mean([r.get("staleness_mean") for r in rows]),
+        "staleness_max": max((r.get("staleness_max") or 0 for r in rows), default=0),
+        "dropped_stale": sum(r.get("dropped_stale", 0) for r in rows),
         "final_accuracy": summary.get("final_accuracy"),
         "best_accuracy": max(r["accuracy"] for r in rows),
         "accuracy": [r["accuracy"] for r in rows],
@@ -67,6 +109,11 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
         "round_seconds": sum(r["seconds"] for r in rows) / len(rows),
         "wall_seconds": wall,
     }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def table(results: list[dict]) -> str:
@@ -87,20 +134,50 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def straggler_table(results: list[dict]) -> str:
+    """Time to the target accuracy, with the ratio to synchronous FedAvg of the same seed."""
+    baseline = {r["seed"]: r["time_to_target"] for r in results if r["label"] == "fedavg"}
+    target = results[0]["target"] if results else 0.95
+    lines = [
+        f"| run | algorithm | versions | client updates | final acc | best acc | time to {100 * target:g}% | "
+        "speed-up vs FedAvg | staleness mean / max | dropped stale | wall s (whole run) | uplink MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        t, base = r["time_to_target"], baseline.get(r["seed"])
+        ratio = f"{base / t:.2f}x" if t and base else "-"
+        stale = "-" if r["staleness_mean"] is None else f"{r['staleness_mean']:.2f} / {r['staleness_max']}"
+        lines.append(
+            f"| {r['label']} | `{r['algorithm']}` | {r['versions']} | {r['client_updates']} | "
+            f"{100 * r['final_accuracy']:.2f}% | {100 * r['best_accuracy']:.2f}% | "
+            f"{'not reached' if t is None else f'{t:.0f} s'} | {ratio} | {stale} | {r['dropped_stale']} | "
+            f"{r['wall_seconds']:.0f} | {r['uplink_bytes'] / 1e6:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    fig, (left, right, timed) = plt.subplots(1, 3, figsize=(16, 4), dpi=120)
     for r in results:
+        wall = [(w, 100 * a) for w, a in zip(r["elapsed"], r["accuracy"]) if w is not None]
+        if wall:
+            timed.plot([w for w, _ in wall], [a for _, a in wall], label=f"{r['label']} (seed {r['seed']})")
         rounds = range(1, len(r["accuracy"]) + 1)
         left.plot(rounds, [100 * a for a in r["accuracy"]], label=r["label"])
         xi = [(i, x) for i, x in zip(rounds, r["consensus_distance"]) if x is not None]
         if xi:
             right.semilogy([i for i, _ in xi], [max(x, 1e-12) for _, x in xi], label=r["label"])
-    left.set(xlabel="round", ylabel="held-out accuracy (%)", title="accuracy of the run's model", ylim=(0, 100))
+    left.set(xlabel="round (asynchronous runs: model version)", ylabel="held-out accuracy (%)",
+             title="accuracy of the run's model", ylim=(0, 100))
+    timed.set(xlabel="wall seconds since the first message", ylabel="held-out accuracy (%)",
+              title="accuracy against wall time", ylim=(0, 100))
+    timed.grid(alpha=0.3)
+    timed.legend(fontsize=7)
     right.set(xlabel="round", ylabel="consensus distance (1/n) sum |x_i - x_bar|^2", title="gossip consensus")
     left.grid(alpha=0.3)
     right.grid(alpha=0.3)
@@ -118,30 +195,52 @@ def main() -> int:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--partitioning", default="dirichlet:alpha=0.5")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--suite", choices=sorted(SUITES), default="algorithms",
+                        help="algorithms: FedAvg/EASGD/gossip; stragglers: FedAvg/FedBuff/FedAsync with slow clients "
+                        "(sets stragglers=fraction=0.25,slowdown=5 unless --set gives it)")
+    parser.add_argument("--engine", choices=("simulation", "deployment"), default="simulation")
+    parser.add_argument("--target", type=float, default=0.95, help="accuracy for the time-to-target column")
     parser.add_argument("--only", nargs="*", help="labels of the built-in configurations to run (default: all; "
                         "give none to run only --config ones)")
     parser.add_argument("--config", action="append", default=[], metavar="LABEL;ALGORITHM;CODEC",
                         help="an extra configuration, e.g. 'easgd-a0.5;easgd:alpha=0.5;qsgd:bits=4' (repeatable)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "algorithms"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="a run setting for every configuration, e.g. 'momentum=0.9' (repeatable; "
+                        "see `fedge settings`)")
+    parser.add_argument("--out", help="output path without suffix (default: bench/results/algorithms, "
+                        "or algorithms-stragglers for that suite)")
     args = parser.parse_args()
+    if args.suite == "stragglers" and not any(item.startswith("stragglers=") for item in args.settings):
+        args.settings.append("stragglers=fraction=0.25,slowdown=5")
     extra = [tuple(c.split(";")) for c in args.config]
     if any(len(c) != 3 for c in extra):
         parser.error("--config takes LABEL;ALGORITHM;CODEC")
-    configs = [c for c in CONFIGS if args.only is None or c[0] in args.only] + extra
+    pairs = dict(item.split("=", 1) for item in args.settings if "=" in item)
+    if len(pairs) != len(args.settings):
+        parser.error("--set takes KEY=VALUE")
+    try:
+        chosen = RunSettings.from_run_config(pairs)
+    except SettingsError as exc:
+        parser.error(str(exc))
+    args.overrides = {key.replace("-", "_"): getattr(chosen, key.replace("-", "_")) for key in pairs}
+    configs = [c for c in SUITES[args.suite] if args.only is None or c[0] in args.only] + extra
+    show = straggler_table if args.suite == "stragglers" else table
     results = []
     with tempfile.TemporaryDirectory(prefix="fedge-bench-algorithms-") as tmp:
         for seed in args.seeds:
             for label, algorithm, codec in configs:
                 print(f"== {label} (seed {seed})", flush=True)
                 results.append(run_one(label, algorithm, codec, args, seed, Path(tmp)))
-                print(table(results[-1:]).splitlines()[-1], flush=True)
-    out = Path(args.out)
+                print(show(results[-1:]).splitlines()[-1], flush=True)
+    default = "algorithms" if args.suite == "algorithms" else f"algorithms-{args.suite}"
+    out = Path(args.out or Path(__file__).parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join([".venv/bin/python", "bench/algorithms.py", *sys.argv[1:]])
     header = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()} "
               f"({platform.platform()}); digits, {args.clients} clients, {args.partitioning}, {args.rounds} rounds "
-              f"of {args.local_epochs} local epochs, seeds {args.seeds}; `{command}`")
-    markdown = header + "\n\n" + table(results) + "\n"
+              f"of {args.local_epochs} local epochs, seeds {args.seeds}, {args.engine} engine"
+              f"{''.join(f', {item}' for item in args.settings)}; `{command}`")
+    markdown = header + "\n\n" + show(results) + "\n"
     out.with_suffix(".md").write_text(markdown)
     out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
     plot(results, out.with_suffix(".png"))

@@ -23,10 +23,11 @@ from flwr.clientapp import ClientApp
 
 from edge_client import easgd, fedavg, gossip
 from edge_client.faults import fault_injection_mod
+from edge_client.slowdown import slowdown_mod
 
 __all__ = ["app"]
 
-app = ClientApp(mods=[fault_injection_mod])
+app = ClientApp(mods=[slowdown_mod, fault_injection_mod])
 app.train()(fedavg.train)
 app.evaluate()(fedavg.evaluate_global)
 app.train("easgd")(easgd.train)

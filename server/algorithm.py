@@ -95,6 +95,8 @@ class Reply:
 
     node: int
     content: RecordDict
+    #: asynchronous algorithms: the model version the reply's message was built from
+    started: int | None = None
 
 
 @dataclass
@@ -113,6 +115,11 @@ class Algorithm(ABC):
 
     #: name in spec strings and in the checkpoint; also the Flower action of its train messages
     name: ClassVar[str]
+    #: asynchronous algorithms (FedBuff) are driven by ``Engine`` one reply at a time: they answer
+    #: :meth:`ready` and the engine closes a step whenever it is True
+    asynchronous: ClassVar[bool] = False
+    #: asynchronous algorithms: how many clients to keep training at once
+    concurrency: int = 0
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -149,6 +156,10 @@ class Algorithm(ABC):
     @abstractmethod
     def close(self, step: int) -> StepOutcome:
         """End the step: apply what was absorbed."""
+
+    def ready(self) -> bool:
+        """Asynchronous algorithms: whether enough was absorbed to close the step now."""
+        return False
 
     def evaluation(self, step: int, nodes: list[int]) -> list[Outgoing]:
         """Optional second exchange of the step (federated evaluation); none by default."""

@@ -1,6 +1,8 @@
 """The algorithm registry: spec string -> round algorithm, through the grammar codecs use.
 
-``fedavg``; ``easgd[:alpha=0.3,beta=0.9]``; ``gossip[:topology=ring,gamma=1,degree=4,measure=1]``.
+``fedavg``; ``easgd[:alpha=0.3,beta=0.9]``; ``gossip[:topology=ring,gamma=1,degree=4,measure=1]``;
+``fedbuff[:concurrency=C,buffer=K,staleness=poly,a=0.5,max-staleness=20]``;
+``fedasync[:alpha=0.6,concurrency=C,staleness=poly,a=0.5,max-staleness=20]``.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from collections.abc import Callable
 from compression.spec import build_from_spec, parse_spec
 from server.algorithm import Algorithm, RunContext
 from server.easgd import EASGD
+from server.fedasync import FedAsync
 from server.fedavg import FedAvg
+from server.fedbuff import FedBuff
 from server.gossip import Gossip
 
 __all__ = ["ALGORITHMS", "available_algorithms", "make_algorithm"]
 
-ALGORITHMS: dict[str, Callable[..., Algorithm]] = {"fedavg": FedAvg, "easgd": EASGD, "gossip": Gossip}
+ALGORITHMS: dict[str, Callable[..., Algorithm]] = {"fedavg": FedAvg, "easgd": EASGD, "gossip": Gossip,
+                                                  "fedbuff": FedBuff, "fedasync": FedAsync}
 
 
 def available_algorithms() -> list[str]:

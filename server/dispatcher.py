@@ -45,6 +45,9 @@ class Dispatcher:
         self.sleep = sleep
         self._pending: dict[str, tuple[int, float, float]] = {}  # message id -> (node, deadline, timeout)
         self._missing: list[Missing] = []
+        #: replies of the current pull not yet yielded: an asynchronous caller refills its free
+        #: slots once a pull's replies are all in, so simultaneous replies start from one version
+        self.batch_left = 0
 
     @property
     def in_flight(self) -> int:
@@ -75,10 +78,12 @@ class Dispatcher:
             if not self._pending:
                 break
             got = list(self.grid.pull_messages(list(self._pending)))  # type: ignore[attr-defined]
-            for reply in got:
-                entry = self._pending.pop(reply.metadata.reply_to_message_id, None)
-                if entry is not None:
-                    yield reply
+            mine = [r for r in got if r.metadata.reply_to_message_id in self._pending]
+            self.batch_left = len(mine)
+            for reply in mine:
+                self._pending.pop(reply.metadata.reply_to_message_id, None)
+                self.batch_left -= 1
+                yield reply
             now = self.clock()
             for mid, (node, deadline, timeout) in list(self._pending.items()):
                 if now >= deadline:

@@ -43,6 +43,7 @@ from server.algorithm import (
     reply_metrics,
 )
 from server.fedavg import warn_if_not_contractive
+from server.update_guard import UpdateGuard
 from tasks import unflatten_state
 
 __all__ = ["EASGD"]
@@ -64,6 +65,7 @@ class EASGD(Algorithm):
         self.alpha, self.beta = float(alpha), float(beta)
         warn_if_not_contractive(ctx.codec, ctx.numel, ctx.settings.error_feedback)
         self.center = torch.zeros(ctx.numel)
+        self.guard = UpdateGuard(ctx.settings)
         self._sum: StreamingMean | None = None
         self._loss = self._distance = self._accuracy = 0.0
         self._accuracy_replies = 0
@@ -95,7 +97,8 @@ class EASGD(Algorithm):
         accuracy = metrics.get("local-accuracy")
         if accuracy is not None and not (isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0):
             raise Rejected(f"local-accuracy must be in [0, 1], got {accuracy!r}")
-        self._sum.add_payload(payload, self._wire, weight=1.0)  # the center moves by the sum
+        delta = self.guard.bound(step, reply.node, self._wire.decode(payload, self.ctx.numel))
+        self._sum.add(delta, weight=1.0)  # the center moves by the sum
         self._loss += float(metrics.get("train-loss", 0.0))
         self._distance += float(distance)
         if accuracy is not None:
@@ -116,6 +119,7 @@ class EASGD(Algorithm):
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step, used, self.ctx.settings.min_replies)
+        extra.update(self.guard.close_step())
         return StepOutcome(model=self.center, train_loss=self._loss / used if used else None, extra=extra, notes=notes)
 
     def final_model(self) -> torch.Tensor:
@@ -123,12 +127,14 @@ class EASGD(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "alpha": self.alpha, "beta": self.beta,
-                "clients_per_round": self.ctx.settings.clients_per_round}
+                "clients_per_round": self.ctx.settings.clients_per_round, "update_norm": self.guard.norm.spec}
 
     def state_dict(self) -> dict[str, Any]:
         # The clients' own models live on the clients; after a coordinator restart (a new Flower
         # run, hence new node state) each client starts again from the center.
-        return {"center": self.center.clone()}
+        return {"center": self.center.clone(), "guard": self.guard.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.center = self.check_flat(state.get("center"), "EASGD center")
+        center = self.check_flat(state.get("center"), "EASGD center")
+        self.guard.load_state_dict(state.get("guard") or {})
+        self.center = center

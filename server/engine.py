@@ -94,6 +94,8 @@ class Engine:
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
         start = self._restore(initial_params)
         rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
+        # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
+        self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
         result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
         atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(self.algorithm.describe(), indent=2) + "\n")
         if start >= self.settings.rounds:
@@ -102,18 +104,26 @@ class Engine:
         nodes = self._wait_for_nodes(grid)
         log.info("%s: %d nodes connected; rounds %d..%d", self.algorithm.spec, len(nodes), start + 1,
                  self.settings.rounds)
-        for step in range(start + 1, self.settings.rounds + 1):
-            row = self.step(grid, step)
-            self.run_dir.metrics.append(row.to_json())
-            self.run_dir.checkpoints.save(
-                Checkpoint(round=step, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
-                           numel=self.ctx.numel, state=self.algorithm.state_dict())
-            )
-            result.rows.append(row)
-            if self.on_row:
-                self.on_row(row)
+        if self.algorithm.asynchronous:
+            self._run_async(grid, start, result)
+        else:
+            for step in range(start + 1, self.settings.rounds + 1):
+                self._publish(self.step(grid, step), result)
         result.model = self.algorithm.final_model()
         return result
+
+    def _publish(self, row: RoundRow, result: EngineResult) -> None:
+        """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
+        between, the step runs again and its row is replaced)."""
+        row.wall_seconds = self._wall + self.clock()
+        self.run_dir.metrics.append(row.to_json())
+        self.run_dir.checkpoints.save(
+            Checkpoint(round=row.round, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
+                       numel=self.ctx.numel, state=self.algorithm.state_dict())
+        )
+        result.rows.append(row)
+        if self.on_row:
+            self.on_row(row)
 
     def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
         """(loss, accuracy) of a flat model on the task's held-out split."""
@@ -173,8 +183,64 @@ class Engine:
         )
         return row
 
+    def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
+        """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
+        the algorithm and send that node's slot to a free node; close a step (a new model version)
+        whenever the algorithm is ready. Messages still out when the last version is published are
+        abandoned: their updates would train a finished model."""
+        alg = self.algorithm
+        dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
+        busy: dict[int, int] = {}  # node -> the version its message started from
+        version, dispatches = start, 0
+        acc = _AsyncStep(self.clock())
+
+        def fill() -> None:
+            nonlocal dispatches
+            free = [n for n in sorted(grid.get_node_ids()) if n not in busy]  # type: ignore[attr-defined]
+            want = min(alg.concurrency - len(busy), len(free))
+            if want <= 0:
+                return
+            # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
+            # given order of replies (the order itself follows the devices' real speed).
+            picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
+            dispatches += 1
+            outgoing = alg.configure(version + 1, picked)
+            acc.downlink += sum(array_bytes(o.content) for o in outgoing)
+            acc.dispatched += len(outgoing)
+            dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
+                            self.settings.round_timeout)
+            for o in outgoing:
+                busy[o.node] = version
+                acc.idle += max(0.0, self.clock() - acc.free_since.pop(o.node, self.clock()))
+
+        while version < self.settings.rounds:
+            fill()
+            if not busy:
+                self._wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
+                continue
+            for item in dispatcher.replies():
+                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
+                began = busy.pop(node, None)
+                acc.free_since[node] = self.clock()
+                _, reason = self._absorb(version + 1, item, started=began)
+                if reason is None:
+                    assert isinstance(item, Message)
+                    acc.used += 1
+                    acc.uplink += array_bytes(item.content, (UPDATE_RECORD,))
+                else:
+                    acc.rejected.append({"node": node, "reason": reason})
+                    alg.missed(version + 1, node, str(reason))
+                if alg.ready():
+                    version += 1
+                    self._publish(acc.row(self, version, result), result)
+                    acc = _AsyncStep(self.clock(), free_since=acc.free_since)
+                    if version >= self.settings.rounds:
+                        break
+                if not dispatcher.batch_left:
+                    fill()
+
     # -- internals ------------------------------------------------------------------------------
-    def _absorb(self, step: int, item: Message | Missing) -> tuple[int, str | None]:
+    def _absorb(self, step: int, item: Message | Missing, started: int | None = None) -> tuple[int, str | None]:
         """Hand one reply to the algorithm; (node, None) if used, else (node, reason)."""
         if isinstance(item, Missing):
             return item.node, item.reason
@@ -182,7 +248,7 @@ class Engine:
         if item.has_error():
             return node, f"client error {item.error.code}: {item.error.reason}"
         try:
-            self.algorithm.absorb(step, Reply(node, item.content))
+            self.algorithm.absorb(step, Reply(node, item.content, started=started))
         except (Rejected, PayloadError, ProtocolError) as err:
             log.warning("round %d: rejected update from node %d: %s", step, node, err)
             return node, str(err)
@@ -234,3 +300,34 @@ class Engine:
                 f"min-replies is {self.settings.min_replies}"
             )
         return nodes
+
+
+@dataclass
+class _AsyncStep:
+    """What happened between two published versions of an asynchronous run."""
+
+    began: float
+    free_since: dict[int, float] = field(default_factory=dict)  # node -> when its last reply landed
+    dispatched: int = 0
+    used: int = 0
+    uplink: int = 0
+    downlink: int = 0
+    idle: float = 0.0  # node-seconds between a node's reply and its next message
+    rejected: list[dict[str, object]] = field(default_factory=list)
+
+    def row(self, engine: Engine, version: int, result: EngineResult) -> RoundRow:
+        outcome = engine.algorithm.close(version)
+        loss, accuracy = engine.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
+        now = engine.clock()
+        row = RoundRow(
+            round=version, algorithm=engine.algorithm.name, accuracy=accuracy, loss=loss,
+            train_loss=outcome.train_loss, uplink_bytes=self.uplink,
+            uplink_fp32_bytes=self.used * engine.ctx.fp32_bytes, downlink_bytes=self.downlink,
+            seconds=now - self.began, clients_sampled=self.dispatched, clients_used=self.used,
+            clients_failed=len(self.rejected), codec=engine.ctx.codec.spec,
+            rejected=self.rejected + outcome.notes,
+            extra={**outcome.extra, "client_idle_seconds": self.idle},
+        )
+        log.info("version %d: accuracy %.4f loss %.4f | %d updates | uplink %d B | %.1f s",
+                 version, accuracy, loss, self.used, self.uplink, row.seconds)
+        return row

@@ -10,6 +10,11 @@ written to this run's own ``FLWR_HOME``, on free ports, so concurrent runs and t
 with each other or with a user's ``~/.flwr``. The environment switches off telemetry, update checks,
 runtime dependency installation (which would ``uv sync`` a multi-GB CUDA torch per run) and hub
 access. Progress comes from the run directory's ``metrics.jsonl``, the same file users read.
+
+The app is submitted from a staged copy holding only what the FAB carries (``pyproject.toml`` and the
+files its ``fab-include`` patterns name): ``flwr run`` walks and resolves every file under the
+directory it is given before it filters (flwr 1.41 ``collect_files``), which in a checkout with its
+``.venv`` is some 50,000 files and 5-10 s per launch. The bundle's content is the same.
 """
 
 from __future__ import annotations
@@ -17,12 +22,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10; flwr depends on tomli there
+    import tomli as tomllib
 
 from server.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 from server.settings import RunSettings
@@ -104,12 +115,20 @@ def launch(
     timeout: float = 3600.0,
     stop_after_round: int | None = None,
     node_faults: Mapping[int, str] | None = None,
+    node_config: Mapping[int, Mapping[str, str | int | float]] | None = None,
+    parallel_clients: int = 0,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
     ``stop_after_round`` kills all processes with SIGKILL as soon as that round's metrics line is
     written: a simulated crash of the whole installation, used by the resume test.
-    ``node_faults`` (deployment only) makes SuperNode ``i`` corrupt its updates (chaos testing).
+    ``node_faults`` (deployment only) makes SuperNode ``i`` corrupt its updates (chaos testing);
+    ``node_config`` (deployment only) adds keys to SuperNode ``i``'s node config, e.g.
+    ``{1: {"slowdown": 3}}`` for a device three times slower.
+    ``parallel_clients`` (simulation only): how many ClientApps Ray runs at once; default one per
+    core. Straggler runs set it to the number of clients, so that a slow client sleeping through
+    its slowdown occupies its own simulated device, as on real hardware, not one of the few slots
+    every other client is queued behind.
     """
     if engine not in ("simulation", "deployment"):
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
@@ -140,15 +159,17 @@ def launch(
         federation_args: list[str] = []
         if engine == "deployment":
             for i in range(num_supernodes):
-                node_config = f"partition-id={i} num-partitions={num_supernodes}"
+                config = f"partition-id={i} num-partitions={num_supernodes}"
                 if node_faults and i in node_faults:
-                    node_config += f" fault={_toml_value(node_faults[i])}"
+                    config += f" fault={_toml_value(node_faults[i])}"
+                for key, value in ((node_config or {}).get(i) or {}).items():
+                    config += f" {key}={_toml_value(value)}"
                 group.start(
                     f"supernode-{i}",
                     [
                         "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
                         "--port", str(free_port()),
-                        "--node-config", node_config,
+                        "--node-config", config,
                     ],
                     cwd=run_dir,
                 )
@@ -157,13 +178,14 @@ def launch(
                 "--federation-config",
                 {
                     "num-supernodes": num_supernodes,
-                    "client-resources-num-cpus": 1,
+                    "client-resources-num-cpus": (
+                        1 if parallel_clients <= 0 else round((os.cpu_count() or 1) / parallel_clients, 4)),
                     "init-args-num-cpus": max(1, os.cpu_count() or 1),
                 },
             )
         runner = group.start(
             "flwr-run",
-            ["flwr", "run", str(APP_DIR), "fedge", "--stream",
+            ["flwr", "run", str(stage_app(flwr_home / "app")), "fedge", "--stream",
              *config_args("--run-config", run_config), *federation_args],
             cwd=run_dir,
         )
@@ -179,6 +201,24 @@ def launch(
         seconds=time.monotonic() - started,
         logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
     )
+
+
+def stage_app(destination: Path, source: Path = APP_DIR) -> Path:
+    """Copy the files of the app bundle (``pyproject.toml`` + ``fab-include``) to ``destination``."""
+    pyproject = source / "pyproject.toml"
+    patterns = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"].get("fab-include")
+    if not patterns:
+        raise EngineError(f"{pyproject} has no [tool.flwr.app] fab-include patterns to stage the app with")
+    shutil.rmtree(destination, ignore_errors=True)
+    destination.mkdir(parents=True)
+    shutil.copy2(pyproject, destination / "pyproject.toml")
+    for pattern in patterns:
+        for path in source.glob(pattern):
+            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+                target = destination / path.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+    return destination
 
 
 def _drop_rows_after_checkpoint(run_dir: Path) -> None:

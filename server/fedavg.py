@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 
-from aggregation import StreamingMean, make_server_optimizer
+from aggregation import make_server_optimizer
 from aggregation.broadcast import Broadcast
+from aggregation.robust import Aggregator, aggregator_memory_bytes, make_aggregator, validate_aggregator
 from compression import Codec, derive_seed, make_codec, relative_error
 from protocol import (
     CONFIG_RECORD,
@@ -41,6 +42,7 @@ from server.algorithm import (
     finite_or_previous,
     reply_metrics,
 )
+from server.update_guard import UpdateGuard
 from tasks import tensor_sizes, unflatten_state
 
 __all__ = ["FedAvg"]
@@ -62,8 +64,12 @@ class FedAvg(Algorithm):
             self.downlink = make_codec(s.downlink_codec).for_model(tensor_sizes(ctx.template))
         self._broadcast: Broadcast | None = None
         self.params = torch.zeros(ctx.numel)
-        self._mean: StreamingMean | None = None
+        # Checked here, so the CLI's preflight refuses a rule that would not fit before any process starts.
+        validate_aggregator(s.aggregator, ctx.numel, max(s.clients_per_round, 1), s.aggregator_memory_mb * 2**20)
+        self.guard = UpdateGuard(s)
+        self._agg: Aggregator | None = None
         self._loss_sum = 0.0
+        self._loss_weight = 0.0
         self._used: list[int] = []
         self._failed: set[int] = set()
         self._sampled: list[int] = []
@@ -79,14 +85,14 @@ class FedAvg(Algorithm):
     def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
         s = self.ctx.settings
         self._sampled = list(nodes)
-        self._mean = StreamingMean(self.ctx.numel)
-        self._loss_sum, self._used, self._failed = 0.0, [], set()
+        self._agg = make_aggregator(s.aggregator, self.ctx.numel, capacity=max(len(nodes), 1))
+        self._loss_sum, self._loss_weight, self._used, self._failed = 0.0, 0.0, [], set()
         self._wire = self.codec.for_round(step, s.seed)  # what the clients encode with this round
         config = self.ctx.round_config(
             step, **{"prox-mu": s.prox_mu, "downlink-codec": self.downlink.spec if self.downlink else "none",
                      "base-round": step - 1}
         ).to_record()
-        kind = message_type_for(self.name)
+        kind = message_type_for("fedavg")  # FedBuff's clients do FedAvg's work: same handler
         if self.downlink is None:
             model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
             return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), kind) for n in nodes]
@@ -105,19 +111,22 @@ class FedAvg(Algorithm):
         ]
 
     def absorb(self, step: int, reply: Reply) -> None:
-        assert self._mean is not None
+        assert self._agg is not None
         payload = read_payload(reply.content, UPDATE_RECORD)
         metrics = reply_metrics(reply.content)
-        examples = float(metrics["num-examples"])
-        self._mean.add_payload(payload, self._wire, weight=examples)
-        self._loss_sum += float(metrics.get("train-loss", 0.0)) * examples
+        update = self._wire.decode(payload, self.ctx.numel)  # validated in full before anything moves
+        update = self.guard.bound(step, reply.node, update)
+        weight = self.guard.weight(step, reply.node, float(metrics["num-examples"]))
+        self._agg.add(update, weight)
+        self._loss_sum += float(metrics.get("train-loss", 0.0)) * weight
+        self._loss_weight += weight
         self._used.append(reply.node)
 
     def missed(self, step: int, node: int, reason: str) -> None:
         self._failed.add(node)
 
     def close(self, step: int) -> StepOutcome:
-        assert self._mean is not None
+        assert self._agg is not None
         if self._broadcast is not None:
             for node in self._sampled:
                 if node in self._failed:
@@ -126,14 +135,21 @@ class FedAvg(Algorithm):
                     self._broadcast.confirm(node)
         notes: list[dict[str, Any]] = []
         used = len(self._used)
+        extra: dict[str, Any] = {"aggregator": self._agg.spec}
+        if not self._agg.streaming:
+            extra["aggregator_bytes"] = aggregator_memory_bytes(self._agg.spec, self.ctx.numel, self._agg.capacity)
         if used >= self.ctx.settings.min_replies:
-            proposed = self.server_opt.step(self.params, self._mean.mean())
+            proposed = self.server_opt.step(self.params, self._agg.result())
             self.params, notes = finite_or_previous(proposed, self.params, step)
+            chosen = self._agg.chosen()
+            if chosen is not None:
+                extra["chosen_nodes"] = [self._used[i] for i in chosen]
         else:
             log.warning("round %d: %d valid replies < min-replies %d; global model unchanged",
                         step, used, self.ctx.settings.min_replies)
-        train_loss = self._loss_sum / self._mean.total_weight if used else None
-        return StepOutcome(model=self.params, train_loss=train_loss, notes=notes)
+        extra.update(self.guard.close_step())
+        train_loss = self._loss_sum / self._loss_weight if used else None
+        return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
     # -- federated evaluation: the global model on the clients' local data -----------------------
     def evaluation(self, step: int, nodes: list[int]) -> list[Outgoing]:
@@ -178,11 +194,14 @@ class FedAvg(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "server_opt": self.server_opt.spec,
-                "downlink_codec": self.downlink.spec if self.downlink else "none"}
+                "downlink_codec": self.downlink.spec if self.downlink else "none",
+                "aggregator": self.ctx.settings.aggregator, "update_norm": self.guard.norm.spec,
+                "weight_cap": self.guard.cap.spec}
 
     def state_dict(self) -> dict[str, Any]:
         # The downlink's public copy is not saved: after a restart every client gets the full model.
-        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict()}
+        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict(),
+                "guard": self.guard.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = self.check_flat(state.get("params"), "FedAvg global model")
@@ -192,6 +211,7 @@ class FedAvg(Algorithm):
         for key, value in optimizer.items():
             self.check_flat(value, f"server optimizer state {key!r}")
         self.server_opt.load_state_dict(optimizer)
+        self.guard.load_state_dict(state.get("guard") or {})
         self.params = params
 
 

@@ -60,6 +60,7 @@ from protocol import (
     read_payload,
 )
 from server.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, StepOutcome, reply_metrics
+from server.update_guard import UpdateGuard
 
 __all__ = ["Gossip"]
 
@@ -91,6 +92,7 @@ class Gossip(Algorithm):
         self.topology: Topology = make_topology(topo_spec, self.n, seed=ctx.settings.seed)
         self.topology_name, self.gamma, self.degree, self.measure = topology, float(gamma), int(degree), int(measure)
         self.holders = {i: self.topology.peers(i) + [i] for i in range(self.n)}  # copies node i keeps
+        self.guard = UpdateGuard(ctx.settings)
         self.public: list[torch.Tensor] = []
         self.pending: list[bytes | None] = [None] * self.n
         self.synced: dict[int, int] = {}  # position -> version of the copies it holds
@@ -161,6 +163,8 @@ class Gossip(Algorithm):
         payload = read_payload(reply.content, UPDATE_RECORD)
         metrics = reply_metrics(reply.content)
         q = self._wire.decode(payload, self.ctx.numel)  # validates fully before anything moves
+        # Reject only (settings refuse clip): the encoded bytes are relayed as sent.
+        self.guard.bound(step, reply.node, q)
         measured = None
         if self._measuring(step):
             if MEASURE_RECORD not in reply.content.array_records or "model" not in reply.content.array_records[
@@ -201,6 +205,7 @@ class Gossip(Algorithm):
             accuracies = m["accuracies"]
             extra.update({"consensus_distance": xi2, "node_accuracy_mean": sum(accuracies) / len(accuracies),
                           "node_accuracy_worst": min(accuracies), "nodes_measured": m["count"]})
+        extra.update(self.guard.close_step())
         loss = m["loss"] / m["loss_count"] if m["loss_count"] else None
         return StepOutcome(model=self.average, train_loss=loss, extra=extra)
 
@@ -211,7 +216,7 @@ class Gossip(Algorithm):
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "topology": self.topology.describe(), "gamma": self.gamma,
                 "copies_per_node": {str(i): len(h) for i, h in self.holders.items()},
-                "coordinator_bytes_per_node": 4 * self.ctx.numel}
+                "coordinator_bytes_per_node": 4 * self.ctx.numel, "update_norm": self.guard.norm.spec}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -219,6 +224,7 @@ class Gossip(Algorithm):
             "pending": [torch.frombuffer(bytearray(p), dtype=torch.uint8) if p is not None else torch.zeros(0, dtype=torch.uint8)
                         for p in self.pending],
             "average": self.average.clone() if self.average is not None else torch.zeros(0),
+            "guard": self.guard.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -227,6 +233,7 @@ class Gossip(Algorithm):
             raise ValueError(f"gossip public copies must be a {self.n} x {self.ctx.numel} tensor")
         self.public = [self.check_flat(row, f"public copy {i}") for i, row in enumerate(public)]
         self.average = self.check_flat(state.get("average"), "average model")
+        self.guard.load_state_dict(state.get("guard") or {})
         # The pending q's were addressed to nodes of the crashed run, whose state is gone: after a
         # restart every node gets its copies in full, so they are not relayed (but stay valid).
         pending = state.get("pending")

@@ -25,13 +25,16 @@ class RoundRow:
     uplink_bytes: int  # real encoded update bytes of used replies, headers included
     uplink_fp32_bytes: int  # what the same replies would have cost as fp32 ArrayRecords
     downlink_bytes: int  # array bytes of every message sent (models, payloads, public copies)
-    seconds: float
+    seconds: float  # this step's duration
     clients_sampled: int
     clients_used: int
     clients_failed: int
     codec: str
     measurement_bytes: int = 0  # uploads for measurement only (gossip's exact node models)
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    #: since the run's first message, across restarts (downtime not counted); set when published.
+    #: Synchronous and asynchronous runs compare on this axis (time to a target accuracy).
+    wall_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

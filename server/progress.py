@@ -48,7 +48,9 @@ class RoundProgress:
             f"uplink {self.uplink / 1e6:.2f} MB (fp32 {self.fp32 / 1e6:.2f} MB)"
         )
         self.progress.update(self.task, completed=row.round, status=status)
-        self.progress.console.print(f"round {row.round:>3}: {status}  ({row.seconds:.1f} s)")
+        step = "version" if "version" in row.extra else "round"
+        self.progress.console.print(f"{step} {row.round:>3}: {status}  ({row.seconds:.1f} s, "
+                                    f"{row.wall_seconds:.0f} s in all)")
 
 
 def _percent(value: float | None) -> str:

@@ -17,7 +17,7 @@ __all__ = ["OPTIONS", "Option", "RunSettings", "SettingsError"]
 
 
 #: Round algorithms (``server.algorithms`` builds them; listed here so settings stay importable alone).
-_ALGORITHM_NAMES = ("easgd", "fedavg", "gossip")
+_ALGORITHM_NAMES = ("easgd", "fedasync", "fedavg", "fedbuff", "gossip")
 
 
 class SettingsError(ValueError):
@@ -52,7 +52,9 @@ class RunSettings:
     algorithm: str = _opt(
         "fedavg",
         "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
-        "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO)",
+        "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO), "
+        "'fedbuff[:concurrency=C,buffer=K,staleness=constant|poly|hinge,a=0.5,b=4,max-staleness=20]' (asynchronous, buffered), "
+        "'fedasync[:alpha=0.6,concurrency=C,staleness=poly,a=0.5,max-staleness=20]' (asynchronous, one update per version)",
     )
     codec: str = _opt(
         "qsgd:bits=4,bucket=512,norm=max",
@@ -66,6 +68,24 @@ class RunSettings:
     )
     server_opt: str = _opt(
         "fedavg", "server optimizer: fedavg[:lr=], fedavgm[:lr=,momentum=], fedadam, fedyogi, fedadagrad"
+    )
+    aggregator: str = _opt(
+        "mean",
+        "FedAvg only: how a step's decoded updates combine: 'mean' (weighted, streaming), 'median', "
+        "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M' (robust rules hold every update of a step)",
+    )
+    aggregator_memory_mb: int = _opt(
+        1024, "largest memory a robust aggregator may hold per step (clients x model x 4 bytes); refused if over"
+    )
+    update_norm: str = _opt(
+        "none",
+        "bound on each decoded update's L2 norm: 'none', 'clip:max=M', 'reject:max=M' ('factor=F': F x the "
+        "previous step's median norm); gossip can only reject",
+    )
+    weight_cap: str = _opt(
+        "median:factor=5",
+        "cap on client-claimed example counts (aggregation weights): 'median:factor=F' (F x the previous "
+        "step's median claim; equal weights in the first step), 'fixed:max=N', 'none'",
     )
     rounds: int = _opt(30, "number of federated rounds")
     clients_per_round: int = _opt(10, "clients sampled per round (all connected ones if fewer)")
@@ -91,6 +111,11 @@ class RunSettings:
     export_prune: str = _opt(
         "", "pruning before the bundle's int8 export: 'unstructured:sparsity=S', 'channels:fraction=F', both with '+'"
     )
+    stragglers: str = _opt(
+        "none",
+        "slow clients on purpose, for benchmarks and tests: 'fraction=F,slowdown=S' makes the first "
+        "ceil(F x clients) partitions S times slower than their real work (node config 'slowdown=S' does it per node)",
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
 
@@ -114,6 +139,14 @@ class RunSettings:
             raise SettingsError("export-prune needs export-bundle (a signing key, or 'auto')")
         if self.seed < 0:
             raise SettingsError("seed must be >= 0")
+        from protocol.stragglers import parse_stragglers
+
+        try:
+            parse_stragglers(self.stragglers)
+        except ValueError as err:
+            raise SettingsError(f"stragglers: {err}") from None
+        if self.aggregator_memory_mb < 1:
+            raise SettingsError("aggregator-memory-mb must be >= 1")
         from compression.errors import SpecError
         from compression.spec import parse_spec
 
@@ -123,12 +156,23 @@ class RunSettings:
             raise SettingsError(f"algorithm: {err}") from None
         if name not in _ALGORITHM_NAMES:
             raise SettingsError(f"unknown algorithm {name!r}; available: {', '.join(_ALGORITHM_NAMES)}")
-        if name != "fedavg":
-            fedavg_only = {"server-opt": (self.server_opt, "fedavg"), "downlink-codec": (self.downlink_codec, "none"),
-                           "prox-mu": (self.prox_mu, 0.0)}
-            for key, (value, neutral) in fedavg_only.items():
-                if value != neutral:
-                    raise SettingsError(f"{key}={value!r} applies to algorithm fedavg only, not {name}")
+        # Keys only the FedAvg family uses (FedBuff is FedAvg with an asynchronous schedule; FedAsync
+        # mixes one model per version: no server optimizer, nothing to aggregate robustly).
+        family = {"server-opt": ((self.server_opt, "fedavg"), ("fedavg", "fedbuff")),
+                  "prox-mu": ((self.prox_mu, 0.0), ("fedavg", "fedbuff", "fedasync")),
+                  "aggregator": ((self.aggregator, "mean"), ("fedavg", "fedbuff")),
+                  "downlink-codec": ((self.downlink_codec, "none"), ("fedavg",))}
+        for key, ((value, neutral), users) in family.items():
+            if name not in users and value != neutral:
+                raise SettingsError(f"{key}={value!r} applies to algorithm {' and '.join(users)} only, not {name}")
+        try:
+            bound = parse_spec(self.update_norm)[0]
+        except SpecError as err:
+            raise SettingsError(f"update-norm: {err}") from None
+        if name == "gossip" and bound == "clip":
+            raise SettingsError("update-norm clip cannot apply to gossip: the coordinator relays each encoded "
+                                "message as sent, so a clipped copy would desynchronise the public copies; use "
+                                "reject:max=M")
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:

@@ -1,5 +1,7 @@
-"""EASGD and gossip on Flower's real engines: a crash and resume on the simulation engine each, and
-gossip once on the deployment engine (real SuperLink and SuperNodes on 127.0.0.1)."""
+"""EASGD, gossip, FedBuff and FedAsync on Flower's real engines: a crash and resume on the simulation
+engine for EASGD, gossip and FedBuff, FedAsync with a straggler, and gossip once on the deployment
+engine (real SuperLink and SuperNodes on 127.0.0.1; FedBuff's deployment run is in
+test_deployment_engine.py)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers, algorithm) -> None:
     settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
                            run_dir=str(tmp_path / "run"))
-    crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=1, timeout=300)
+    # killed as soon as round 2's metrics line appears: round 1's checkpoint is on disk (it is written
+    # before round 2 starts), round 2's may or may not be (the row is written first, then the checkpoint)
+    crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None
     assert_no_leftovers(crashed.run_dir / "flwr-home")
     saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
-    assert saved is not None and saved.round >= 1 and saved.algorithm.startswith(algorithm.split(":")[0])
+    assert saved is not None and saved.round in (1, 2) and saved.algorithm.startswith(algorithm.split(":")[0])
 
     resumed = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(resumed.run_dir / "flwr-home")
@@ -49,3 +53,44 @@ def test_gossip_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
     # step 1 sends every node its public copies in full, step 2 only the relayed 4-bit q's
     assert result.rows[1]["downlink_bytes"] < result.rows[0]["downlink_bytes"] / 4
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"]
+
+
+def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_leftovers) -> None:
+    """One client in four three times slower: versions keep coming, its updates arrive stale; a crash
+    after version 2 and a restart still publish exactly 10 versions."""
+    settings = RunSettings(algorithm="fedbuff:concurrency=4,buffer=2", rounds=10, clients_per_round=4,
+                           local_epochs=5, stragglers="fraction=0.25,slowdown=3", run_dir=str(tmp_path / "run"))
+    crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
+    assert crashed.summary is None
+    assert_no_leftovers(crashed.run_dir / "flwr-home")
+    saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
+    # versions come fast once the actors are up: a few more may land before every process is killed
+    assert saved is not None and 1 <= saved.round < 10 and saved.state["version"] == saved.round
+
+    result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    rows = result.rows
+    assert [row["round"] for row in rows] == list(range(1, 11))
+    assert result.summary["resumed_from_round"] == saved.round
+    assert CheckpointStore(result.run_dir / "checkpoint").load().round == 10
+    assert all(row["algorithm"] == "fedbuff" and row["updates_applied"] == 2 for row in rows)
+    assert max(row["staleness_max"] for row in rows) >= 1
+    walls = [row["wall_seconds"] for row in rows]  # cumulative across the restart
+    assert walls == sorted(walls) and walls[0] > 0
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
+    assert (result.run_dir / "model.pt").exists()
+
+
+def test_fedasync_with_a_straggler_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:
+    settings = RunSettings(algorithm="fedasync:concurrency=4", rounds=12, clients_per_round=4, local_epochs=5,
+                           stragglers="fraction=0.25,slowdown=3", run_dir=str(tmp_path / "run"))
+    result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    rows = result.rows
+    assert [row["round"] for row in rows] == list(range(1, 13))
+    assert all(row["algorithm"] == "fedasync" and row["updates_applied"] == 1 for row in rows)
+    stale = [row for row in rows if row["staleness_max"]]
+    assert stale and all(row["alpha_t"] < 0.6 for row in stale)  # mixed in with a smaller weight
+    assert all(1 <= row["versions_held"] <= 4 for row in rows)
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
+

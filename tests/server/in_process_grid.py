@@ -37,6 +37,7 @@ class InProcessGrid:
         silent: set[int] | None = None,
         node_config: dict[int, dict[str, object]] | None = None,
         first_node_id: int = 1001,
+        lag: dict[int, int] | None = None,
     ) -> None:
         # What Flower's ServerApp runtime sets before ``main``: messages built outside it need it.
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
@@ -46,6 +47,9 @@ class InProcessGrid:
             app = fedge_app
         self.app = app
         self.silent = silent or set()  # partition ids that never answer
+        # partition id -> pulls a reply stays invisible for: a straggler, for the asynchronous engine
+        self.lag = lag or {}
+        self._hidden: dict[str, int] = {}
         self.contexts: dict[int, Context] = {}
         for i in range(num_nodes):
             config = {"partition-id": i, "num-partitions": num_nodes, **(node_config or {}).get(i, {})}
@@ -74,7 +78,16 @@ class InProcessGrid:
             except Exception as err:  # what Flower's runtime does with a handler's exception
                 reply = Message(Error(code=2, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
             self.replies[msg.metadata.message_id] = reply
+            self._hidden[msg.metadata.message_id] = self.lag.get(int(context.node_config["partition-id"]), 0)
         return ids
 
     def pull_messages(self, message_ids: list[str]) -> list[Message]:
-        return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
+        out = []
+        for mid in list(message_ids):
+            if mid not in self.replies:
+                continue
+            if self._hidden.get(mid, 0) > 0:
+                self._hidden[mid] -= 1
+                continue
+            out.append(self.replies.pop(mid))
+        return out

@@ -61,7 +61,7 @@ def test_valid_reply_is_accumulated(engine: Engine) -> None:
     payload = engine.algorithm.codec.encode(torch.randn(N))
     node, reason = engine._absorb(1, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7))
     assert (node, reason) == (7, None)
-    assert engine.algorithm._mean.count == 1
+    assert engine.algorithm._agg.count == 1
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_bad_replies_are_rejected_with_a_reason(engine: Engine, payload, metrics
     )
     node, why = engine._absorb(3, _Reply(_content(payload, metrics), 42))
     assert node == 42 and why is not None and re.search(reason, why), why
-    assert engine.algorithm._mean.count == 0  # nothing reached the accumulator
+    assert engine.algorithm._agg.count == 0  # nothing reached the accumulator
     assert "rejected update from node 42" in caplog.text
 
 
