@@ -178,9 +178,10 @@ def launch(
                 "--federation-config",
                 {
                     "num-supernodes": num_supernodes,
-                    "client-resources-num-cpus": (
-                        1 if parallel_clients <= 0 else round((os.cpu_count() or 1) / parallel_clients, 4)),
-                    "init-args-num-cpus": max(1, os.cpu_count() or 1),
+                    "client-resources-num-cpus": 1,
+                    # Ray schedules one actor per logical CPU it is told about (Flower takes whole
+                    # CPUs only): more logical CPUs than cores means more ClientApps at once.
+                    "init-args-num-cpus": max(1, os.cpu_count() or 1, parallel_clients),
                 },
             )
         runner = group.start(
