@@ -20,12 +20,14 @@ sleeping through its slowdown does not take a CPU slot the others queue behind, 
     .venv/bin/python bench/algorithms.py --rounds 10 --only fedavg easgd   # a quick look
     .venv/bin/python bench/algorithms.py --suite stragglers   # FedAvg vs FedBuff vs FedAsync, time to 95%
     .venv/bin/python bench/algorithms.py --suite stragglers --engine deployment --clients 8 --rounds 15
+    .venv/bin/python bench/algorithms.py --suite byzantine --clients 20   # robust aggregators under attack
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import tempfile
@@ -53,7 +55,19 @@ STRAGGLER_CONFIGS = [
     ("fedbuff", "fedbuff:concurrency={n},buffer={half}", "qsgd:bits=4"),
     ("fedasync", "fedasync:concurrency={n}", "qsgd:bits=4"),
 ]
-SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS}
+# 20% of the clients send sign-flipped, 10x-scaled updates that decode cleanly (fault signflip)
+_ATTACK = {"faulty_clients": "fraction=0.2,fault=signflip"}
+BYZANTINE_CONFIGS = [
+    ("clean-mean", "fedavg", "qsgd:bits=4", {}),
+    ("attacked-mean", "fedavg", "qsgd:bits=4", _ATTACK),
+    ("attacked-median", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "median"}),
+    ("attacked-trimmed-mean", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "trimmed-mean:beta=0.2"}),
+    ("attacked-krum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "krum:f={fifth}"}),
+    ("attacked-multikrum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "multikrum:f={fifth},m={honest}"}),
+    ("attacked-norm-reject", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "reject:factor=3"}),
+    ("attacked-norm-clip", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "clip:factor=1"}),
+]
+SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS, "byzantine": BYZANTINE_CONFIGS}
 
 
 def versions_per_round(algorithm: str, clients: int) -> int:
@@ -71,14 +85,19 @@ def time_to(target: float, accuracy: list[float], wall: list[float | None]) -> f
     return next((w for a, w in zip(accuracy, wall) if a >= target and w is not None), None)
 
 
-def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, seed: int, root: Path) -> dict:
+def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, seed: int, root: Path,
+            own: dict | None = None) -> dict:
+    """One configuration; ``own`` settings (this configuration's) win over ``--set`` ones."""
     n = args.clients
-    algorithm = algorithm.format(n=n, half=max(1, n // 2))
+    fifth = math.ceil(0.2 * n)
+    names = {"n": n, "half": max(1, n // 2), "fifth": fifth, "honest": n - fifth}
+    algorithm = algorithm.format(**names)
+    own = {key: str(value).format(**names) for key, value in (own or {}).items()}
     rounds = args.rounds * versions_per_round(algorithm, n)
     settings = RunSettings(
         algorithm=algorithm, codec=codec, rounds=rounds, clients_per_round=n,
         local_epochs=args.local_epochs, partitioning=args.partitioning, seed=seed,
-        run_dir=str(root / f"{label}-{seed}"), **args.overrides,
+        run_dir=str(root / f"{label}-{seed}"), **{**args.overrides, **own},
     )
     stragglers = settings.stragglers != "none"
     started = time.monotonic()
@@ -90,6 +109,9 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
     elapsed = [r.get("wall_seconds") for r in rows]
     return {
         "label": label, "algorithm": algorithm, "codec": codec, "seed": seed, "engine": args.engine,
+        "settings": own,
+        "rejected_updates": sum(len([x for x in r["rejected"] if x.get("node") is not None]) for r in rows),
+        "clipped_updates": sum(len(r.get("clipped_nodes") or []) for r in rows),
         "versions": len(rows), "client_updates": sum(r["clients_used"] for r in rows),
         "elapsed": elapsed, "time_to_target": time_to(args.target, accuracy, elapsed), "target": args.target,
         "staleness_mean": _mean([r.get("staleness_mean") for r in rows]),
@@ -156,6 +178,25 @@ def straggler_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def byzantine_table(results: list[dict]) -> str:
+    """Accuracy under attack, against the clean run of the same seed."""
+    clean = {r["seed"]: r["final_accuracy"] for r in results if r["label"] == "clean-mean"}
+    lines = [
+        "| run | defence | final acc | best acc | vs clean | updates rejected | updates clipped | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        base = clean.get(r["seed"])
+        defence = ", ".join(f"{k.replace('_', '-')}={v}" for k, v in r["settings"].items()
+                            if k != "faulty_clients") or "none (weighted mean)"
+        delta = "-" if base is None or r["label"] == "clean-mean" else f"{100 * (r['final_accuracy'] - base):+.2f}"
+        lines.append(
+            f"| {r['label']} | `{defence}` | {100 * r['final_accuracy']:.2f}% | {100 * r['best_accuracy']:.2f}% | "
+            f"{delta} | {r['rejected_updates']} | {r['clipped_updates']} | {r['wall_seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -179,10 +220,13 @@ def plot(results: list[dict], path: Path) -> None:
     timed.grid(alpha=0.3)
     timed.legend(fontsize=7)
     right.set(xlabel="round", ylabel="consensus distance (1/n) sum |x_i - x_bar|^2", title="gossip consensus")
+    if not any(x is not None for r in results for x in r["consensus_distance"]):
+        fig.delaxes(right)  # no gossip run: no consensus to show
     left.grid(alpha=0.3)
     right.grid(alpha=0.3)
     left.legend(fontsize=7)
-    right.legend(fontsize=7)
+    if right in fig.axes:
+        right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -197,7 +241,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--suite", choices=sorted(SUITES), default="algorithms",
                         help="algorithms: FedAvg/EASGD/gossip; stragglers: FedAvg/FedBuff/FedAsync with slow clients "
-                        "(sets stragglers=fraction=0.25,slowdown=5 unless --set gives it)")
+                        "(sets stragglers=fraction=0.25,slowdown=5 unless --set gives it); byzantine: 20%% of the "
+                        "clients send sign-flipped 10x updates, against each aggregator and the norm bound")
     parser.add_argument("--engine", choices=("simulation", "deployment"), default="simulation")
     parser.add_argument("--target", type=float, default=0.95, help="accuracy for the time-to-target column")
     parser.add_argument("--only", nargs="*", help="labels of the built-in configurations to run (default: all; "
@@ -224,13 +269,13 @@ def main() -> int:
         parser.error(str(exc))
     args.overrides = {key.replace("-", "_"): getattr(chosen, key.replace("-", "_")) for key in pairs}
     configs = [c for c in SUITES[args.suite] if args.only is None or c[0] in args.only] + extra
-    show = straggler_table if args.suite == "stragglers" else table
+    show = {"stragglers": straggler_table, "byzantine": byzantine_table}.get(args.suite, table)
     results = []
     with tempfile.TemporaryDirectory(prefix="fedge-bench-algorithms-") as tmp:
         for seed in args.seeds:
-            for label, algorithm, codec in configs:
+            for label, algorithm, codec, *own in configs:
                 print(f"== {label} (seed {seed})", flush=True)
-                results.append(run_one(label, algorithm, codec, args, seed, Path(tmp)))
+                results.append(run_one(label, algorithm, codec, args, seed, Path(tmp), *own))
                 print(show(results[-1:]).splitlines()[-1], flush=True)
     default = "algorithms" if args.suite == "algorithms" else f"algorithms-{args.suite}"
     out = Path(args.out or Path(__file__).parent / "results" / default)

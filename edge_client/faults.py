@@ -1,7 +1,8 @@
 """Fault injection as a Flower mod, so it covers every handler (FedAvg, EASGD, gossip, ...).
 
-A SuperNode started with ``--node-config "... fault='bitflip'"`` corrupts the update of every train
-reply it sends, so operators (and the integration tests) can watch the coordinator reject it:
+A SuperNode started with ``--node-config "... fault='bitflip'"`` (or, in a simulation, one of the
+last partitions under the run setting ``faulty-clients = "fraction=0.2,fault=bitflip"``) corrupts the
+update of every train reply it sends, so operators (and the integration tests) can watch the coordinator reject it:
 ``truncate`` halves the payload, ``bitflip`` flips a bit of its last byte, ``garbage`` zeroes it,
 and ``hang`` never answers (the coordinator's round timeout must cope).
 
@@ -19,12 +20,12 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
+from protocol.faulty_clients import FAULTS, faulty_partition, parse_faulty_clients
 
-__all__ = ["FAULTS", "corrupt", "fault_injection_mod"]
+__all__ = ["FAULTS", "corrupt", "fault_injection_mod", "fault_of"]
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("truncate", "bitflip", "garbage", "hang", "signflip", "inflate")
 BYZANTINE_SCALE = -10.0
 INFLATED_EXAMPLES = 10**9
 
@@ -39,13 +40,25 @@ def corrupt(payload: bytes, fault: str) -> bytes:
     raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
 
 
+def fault_of(context: Context) -> str:
+    """This node's fault ('' for none): its own node config first, else the run's faulty-clients."""
+    own = context.node_config.get("fault")
+    if own:
+        return str(own)
+    fraction, fault = parse_faulty_clients(str(context.run_config.get("faulty-clients", "none")))
+    partition, partitions = context.node_config.get("partition-id"), context.node_config.get("num-partitions")
+    if not fault or partition is None or partitions is None:
+        return ""
+    return fault if faulty_partition(int(partition), int(partitions), fraction) else ""
+
+
 def fault_injection_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    fault = context.node_config.get("fault")
+    fault = fault_of(context)
     if not fault or not msg.metadata.message_type.startswith("train"):
         return call_next(msg, context)
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-    log.warning("fault injection %r on purpose (node config 'fault')", fault)
+    log.warning("fault injection %r on purpose (node config 'fault' or run setting 'faulty-clients')", fault)
     if fault == "hang":  # a device that goes silent mid-round
         time.sleep(24 * 3600)
     reply = call_next(msg, context)

@@ -116,6 +116,12 @@ class RunSettings:
         "slow clients on purpose, for benchmarks and tests: 'fraction=F,slowdown=S' makes the first "
         "ceil(F x clients) partitions S times slower than their real work (node config 'slowdown=S' does it per node)",
     )
+    faulty_clients: str = _opt(
+        "none",
+        "misbehaving clients on purpose, for benchmarks and tests: 'fraction=F,fault=signflip|inflate|bitflip|"
+        "truncate|garbage|hang' makes the last ceil(F x clients) partitions inject the fault (node config "
+        "'fault=NAME' does it per node)",
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
 
@@ -145,6 +151,12 @@ class RunSettings:
             parse_stragglers(self.stragglers)
         except ValueError as err:
             raise SettingsError(f"stragglers: {err}") from None
+        from protocol.faulty_clients import parse_faulty_clients
+
+        try:
+            parse_faulty_clients(self.faulty_clients)
+        except ValueError as err:
+            raise SettingsError(f"faulty-clients: {err}") from None
         if self.aggregator_memory_mb < 1:
             raise SettingsError("aggregator-memory-mb must be >= 1")
         from compression.errors import SpecError
