@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -203,7 +204,10 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right, timed) = plt.subplots(1, 3, figsize=(16, 4), dpi=120)
+    gossip = any(x is not None for r in results for x in r["consensus_distance"])
+    fig, axes = plt.subplots(1, 3 if gossip else 2, figsize=(16 if gossip else 11, 4), dpi=120)
+    left, timed = axes[0], axes[-1]
+    right = axes[1] if gossip else None
     for r in results:
         wall = [(w, 100 * a) for w, a in zip(r["elapsed"], r["accuracy"]) if w is not None]
         if wall:
@@ -211,7 +215,7 @@ def plot(results: list[dict], path: Path) -> None:
         rounds = range(1, len(r["accuracy"]) + 1)
         left.plot(rounds, [100 * a for a in r["accuracy"]], label=r["label"])
         xi = [(i, x) for i, x in zip(rounds, r["consensus_distance"]) if x is not None]
-        if xi:
+        if xi and right is not None:
             right.semilogy([i for i, _ in xi], [max(x, 1e-12) for _, x in xi], label=r["label"])
     left.set(xlabel="round (asynchronous runs: model version)", ylabel="held-out accuracy (%)",
              title="accuracy of the run's model", ylim=(0, 100))
@@ -219,20 +223,24 @@ def plot(results: list[dict], path: Path) -> None:
               title="accuracy against wall time", ylim=(0, 100))
     timed.grid(alpha=0.3)
     timed.legend(fontsize=7)
-    right.set(xlabel="round", ylabel="consensus distance (1/n) sum |x_i - x_bar|^2", title="gossip consensus")
-    if not any(x is not None for r in results for x in r["consensus_distance"]):
-        fig.delaxes(right)  # no gossip run: no consensus to show
-    left.grid(alpha=0.3)
-    right.grid(alpha=0.3)
-    left.legend(fontsize=7)
-    if right in fig.axes:
+    if right is not None:
+        right.set(xlabel="round", ylabel="consensus distance (1/n) sum |x_i - x_bar|^2", title="gossip consensus")
+        right.grid(alpha=0.3)
         right.legend(fontsize=7)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    # SIGTERM unwinds like Ctrl-C, so launch() stops every Flower process it started.
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=30)
