@@ -66,7 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output directory (checkpoint, metrics, model.pt)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # Refused here, before any rank joins the process group or loads data.
+    if args.local_sgd and args.hook != "allreduce":
+        parser.error("--local-sgd replaces gradient communication: it cannot be combined with --hook")
+    if args.local_sgd == 1:
+        parser.error("--local-sgd 1 would average every step: use plain allreduce instead")
+    return args
 
 
 def _setup() -> tuple[int, int, torch.device, str]:
@@ -172,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     gradient_mb = _gradient_bytes(model) / 2**20
     buckets = max(1, math.ceil(gradient_mb / args.bucket_cap_mb))
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
-    if args.local_sgd and args.hook != "allreduce":
-        raise SystemExit("--local-sgd replaces gradient communication: it cannot be combined with --hook")
-    if args.local_sgd == 1:
-        raise SystemExit("--local-sgd 1 would average every step: use plain allreduce instead")
     hook_spec = (f"local-sgd:period={args.local_sgd},warmup={args.local_sgd_warmup}" if args.local_sgd
                  else args.hook)
     hook_state = _register_hook(ddp, hook_spec, backend, buckets)
