@@ -59,10 +59,11 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch(tmp_path) -> None:
         assert torch.allclose(ddp[key], value, atol=1e-6), key
 
 
-# fp16, PowerSGD and top-k run with `make test-slow`, to keep the default suite under its time budget:
-# fp16 and top-k take the same paths as allreduce (a built-in hook) and qsgd (a Fedge codec), and
+# Only the Fedge-codec hook trains in the default suite (time budget); the others run with
+# `make test-slow`. Plain allreduce is covered by the one-step equivalence and local SGD tests below,
 # PowerSGD's gloo refusal stays in the default suite.
-@pytest.mark.parametrize("hook", ["allreduce", pytest.param("fp16", marks=pytest.mark.slow),
+@pytest.mark.parametrize("hook", [pytest.param("allreduce", marks=pytest.mark.slow),
+                                  pytest.param("fp16", marks=pytest.mark.slow),
                                   pytest.param("powersgd:rank=4,start=10", marks=pytest.mark.slow), "qsgd:bits=4",
                                   pytest.param("topk:ratio=0.1", marks=pytest.mark.slow)])
 def test_every_hook_trains_digits(tmp_path, hook: str) -> None:
@@ -76,11 +77,11 @@ def test_every_hook_trains_digits(tmp_path, hook: str) -> None:
 
 
 def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
-    _torchrun(tmp_path, "--epochs", "2")
+    _torchrun(tmp_path, "--epochs", "1")
     first = json.loads((tmp_path / "summary.json").read_text())
-    resumed = _torchrun(tmp_path, "--epochs", "4", "--resume")
+    resumed = _torchrun(tmp_path, "--epochs", "2", "--resume")
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [0, 1, 2, 3]
+    assert [r["epoch"] for r in rows] == [0, 1]
     assert resumed["steps"] == 2 * first["steps"]
 
 

@@ -13,34 +13,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle(tmp_path, assert_no_leftovers) -> None:
-    """The deployment engine end to end, asynchronously: FedBuff on a real SuperLink and two
+    """The deployment engine end to end, asynchronously: FedBuff (2 versions) on a real SuperLink and two
     SuperNodes, one of them ten times slower (its own node config ``slowdown=10``), then the signed
     bundle verified and run as on a device. FedAvg on this engine: the next test."""
-    settings = RunSettings(algorithm="fedbuff:concurrency=2,buffer=1", rounds=3, clients_per_round=2,
+    settings = RunSettings(algorithm="fedbuff:concurrency=2,buffer=1", rounds=2, clients_per_round=2,
                            local_epochs=3, run_dir=str(tmp_path / "run"), round_timeout=240, wait_for_nodes=120,
                            export_bundle="auto")
     result = launch(settings, engine="deployment", num_supernodes=2, node_config={1: {"slowdown": 10}}, timeout=500)
     assert_no_leftovers(result.run_dir / "flwr-home")
     rows = result.rows
-    assert [row["round"] for row in rows] == [1, 2, 3]
+    assert [row["round"] for row in rows] == [1, 2]
     assert all(row["algorithm"] == "fedbuff" and row["updates_applied"] == 1 and not row["rejected"] for row in rows)
-    # versions do not wait for the slow device: the fast one makes most of them (a synchronous round
-    # would need both every time)
+    # versions do not wait for the slow device: the fast one makes both (a synchronous round would
+    # need both nodes every time)
     contributions = Counter(node for row in rows for node in row["nodes"])
-    assert max(contributions.values()) >= 2 and sum(contributions.values()) == 3
+    assert sorted(contributions.values()) == [2]
     summary = result.summary
     assert summary["final_accuracy"] > summary["initial_accuracy"] + 0.2
-    # uplink is the real payload size: 3 updates of the 4-bit QSGD wire size
+    # uplink is the real payload size: 2 updates of the 4-bit QSGD wire size
     from compression import make_codec
 
-    assert summary["uplink_bytes"] == 3 * make_codec(settings.codec).wire_bytes(38_282)
+    assert summary["uplink_bytes"] == 2 * make_codec(settings.codec).wire_bytes(38_282)
     assert (result.run_dir / "model.pt").exists() and (result.run_dir / "plot.png").exists()
     # Closing the loop: the coordinator signed the final model; a device verifies and runs it.
     from edge_client.inference import EdgeModel
 
     bundle = summary["bundle"]
     device = EdgeModel.load(bundle["path"], [bundle["public_key"]], state=tmp_path / "device.json")
-    assert device.metadata["round"] == 3 and device.metadata["task"] == "digits"
+    assert device.metadata["round"] == 2 and device.metadata["task"] == "digits"
     assert abs(device.metadata["accuracy"]["fp32"] - summary["final_accuracy"]) < 0.01
 
 
