@@ -114,7 +114,6 @@ def launch(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     timeout: float = 3600.0,
     stop_after_round: int | None = None,
-    node_faults: Mapping[int, str] | None = None,
     node_config: Mapping[int, Mapping[str, str | int | float]] | None = None,
     parallel_clients: int = 0,
 ) -> LaunchResult:
@@ -122,9 +121,9 @@ def launch(
 
     ``stop_after_round`` kills all processes with SIGKILL as soon as that round's metrics line is
     written: a simulated crash of the whole installation, used by the resume test.
-    ``node_faults`` (deployment only) makes SuperNode ``i`` corrupt its updates (chaos testing);
     ``node_config`` (deployment only) adds keys to SuperNode ``i``'s node config, e.g.
-    ``{1: {"slowdown": 3}}`` for a device three times slower.
+    ``{1: {"slowdown": 3}}`` for a device three times slower or ``{1: {"fault": "bitflip"}}`` for
+    one that corrupts its updates (chaos testing).
     ``parallel_clients`` (simulation only): how many ClientApps Ray runs at once; default one per
     core. Straggler runs set it to the number of clients, so that a slow client sleeping through
     its slowdown occupies its own simulated device, as on real hardware, not one of the few slots
@@ -160,8 +159,6 @@ def launch(
         if engine == "deployment":
             for i in range(num_supernodes):
                 config = f"partition-id={i} num-partitions={num_supernodes}"
-                if node_faults and i in node_faults:
-                    config += f" fault={_toml_value(node_faults[i])}"
                 for key, value in ((node_config or {}).get(i) or {}).items():
                     config += f" {key}={_toml_value(value)}"
                 group.start(

@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from protocol import UPDATE_RECORD, read_payload
-from server.algorithm import Outgoing, Rejected, Reply, RunContext, StepOutcome, finite_or_previous, reply_metrics
+from server.algorithm import Outgoing, Rejected, Reply, RunContext, StepOutcome, finite_or_previous
 from server.fedbuff import FedBuff
 
 __all__ = ["FedAsync"]
@@ -76,21 +75,17 @@ class FedAsync(FedBuff):
         return super().configure(step, nodes)
 
     def absorb(self, step: int, reply: Reply) -> None:
-        if reply.started is None:
-            raise Rejected("reply without the version its message started from")
         self._in_flight.pop(reply.node, None)
-        tau = self.version - reply.started
-        if self.staleness.dropped(tau):
-            self._dropped += 1
+        try:
+            tau = self._staleness_of(reply)
+        except Rejected:
             self._forget_versions()
-            raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
+            raise
+        assert reply.started is not None
         base = self._versions.get(reply.started)
         if base is None:
             raise Rejected(f"reply to version {reply.started}, which this coordinator never sent")
-        payload = read_payload(reply.content, UPDATE_RECORD)
-        metrics = reply_metrics(reply.content)
-        wire = self.codec.for_round(reply.started + 1, self.ctx.settings.seed)
-        update = self.guard.bound(step, reply.node, wire.decode(payload, self.ctx.numel))
+        update, metrics = self._decode(step, reply)
         self._pending = (base + update, self.alpha * self.staleness.weight(tau))
         self._forget_versions()
         self._loss_sum += float(metrics.get("train-loss", 0.0))

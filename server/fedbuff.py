@@ -97,19 +97,29 @@ class FedBuff(FedAvg):
         kind = message_type_for("fedavg")
         return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), kind) for n in nodes]
 
-    def absorb(self, step: int, reply: Reply) -> None:
+    def _staleness_of(self, reply: Reply) -> int:
+        """τ = versions published since the reply's message left; raises :class:`Rejected` (and
+        counts it) for an update staler than the bound."""
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
         tau = self.version - reply.started
         if self.staleness.dropped(tau):
             self._dropped += 1
             raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
+        return tau
+
+    def _decode(self, step: int, reply: Reply) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The reply's update within the norm bound, and its metrics."""
+        assert reply.started is not None
         payload = read_payload(reply.content, UPDATE_RECORD)
         metrics = reply_metrics(reply.content)
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.
         wire = self.codec.for_round(reply.started + 1, self.ctx.settings.seed)
-        update = wire.decode(payload, self.ctx.numel)
-        update = self.guard.bound(step, reply.node, update)
+        return self.guard.bound(step, reply.node, wire.decode(payload, self.ctx.numel)), metrics
+
+    def absorb(self, step: int, reply: Reply) -> None:
+        tau = self._staleness_of(reply)
+        update, metrics = self._decode(step, reply)
         weight = self.guard.weight(step, reply.node, float(metrics["num-examples"]))
         scale = self.staleness.weight(tau)
         self._agg.add(update * scale if scale != 1.0 else update, weight)

@@ -48,7 +48,8 @@ def test_coordinator_survives_a_corrupt_and_a_silent_client(tmp_path, assert_no_
     """Node 1 corrupts its update, node 2 never answers: the round closes at the timeout with node 0."""
     settings = RunSettings(rounds=1, clients_per_round=3, min_replies=1, run_dir=str(tmp_path / "run"),
                            round_timeout=60, wait_for_nodes=120)
-    result = launch(settings, engine="deployment", num_supernodes=3, node_faults={1: "bitflip", 2: "hang"},
+    result = launch(settings, engine="deployment", num_supernodes=3,
+                    node_config={1: {"fault": "bitflip"}, 2: {"fault": "hang"}},
                     timeout=400)
 
     (row,) = result.rows
