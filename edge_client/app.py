@@ -14,7 +14,11 @@ message type       handler                             what the node keeps in ``
                                                        peers, compression memory
 =================  ==================================  ===========================================
 
-Fault injection (``--node-config "fault='bitflip'"``) is a Flower mod around every handler.
+Mods around every handler: ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
+per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
+(``slowdown=F``, stragglers on purpose) and ``fault_injection_mod`` (``fault='bitflip'``, chaos).
+Data comes from the node config too (``edge_client/node_data.py``: ``data=own.npz`` or a cached
+partition).
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from flwr.clientapp import ClientApp
 from edge_client import easgd, fedavg, gossip
 from edge_client.faults import fault_injection_mod
 from edge_client.slowdown import slowdown_mod
+from edge_client.threads import threads_mod
 
 __all__ = ["app"]
 
-app = ClientApp(mods=[slowdown_mod, fault_injection_mod])
+app = ClientApp(mods=[threads_mod, slowdown_mod, fault_injection_mod])
 app.train()(fedavg.train)
 app.evaluate()(fedavg.evaluate_global)
 app.train("easgd")(easgd.train)

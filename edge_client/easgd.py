@@ -43,6 +43,6 @@ def train(msg: Message, context: Context) -> Message:
     # The node's own model on the task's held-out split, measured here (the coordinator never sees x_i).
     _, accuracy = evaluate(local.load_flat(task, x), task.test_data())
     return local.train_reply(msg, payload, {
-        "num-examples": result.examples, "train-loss": result.loss, "center-distance": distance,
+        "num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds, "center-distance": distance,
         "local-accuracy": float(accuracy), "residual-norm": residual,
     }, started)

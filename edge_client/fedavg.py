@@ -50,7 +50,7 @@ def train(msg: Message, context: Context) -> Message:
     delta = local.flat_of(model) - start
     memory = local.store(context, _NAMESPACE)
     payload, residual = local.encode(delta, config, local.task_of(config), memory, generator)
-    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss,
+    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
                                             "residual-norm": residual, "update-norm": float(delta.norm())}, started)
 
 

@@ -92,5 +92,5 @@ def train(msg: Message, context: Context) -> Message:
     wire = local.codec_for(config.codec, task).for_round(config.round, config.seed)
     payload = wire.encode(x - own, generator)
     measure = x if config.flag("measure") else None
-    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss,
+    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
                                             "drift-norm": float((x - own).norm())}, started, measure=measure)

@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from compression import Codec, derive_seed, make_codec
+from edge_client.node_data import node_data
 from edge_client.node_store import NodeStore
 from edge_client.trainer import LocalTrainResult, train_local
 from edge_client.update_encoder import encode_update
@@ -35,7 +36,6 @@ __all__ = [
     "load_flat",
     "local_data",
     "node_generator",
-    "partition_id",
     "round_config",
     "store",
     "task_of",
@@ -51,29 +51,19 @@ def round_config(msg: Message) -> RoundConfig:
     return RoundConfig.from_record(msg.content.config_records[CONFIG_RECORD])
 
 
-def partition_id(context: Context) -> tuple[int, int]:
-    node = context.node_config
-    try:
-        return int(node["partition-id"]), int(node["num-partitions"])
-    except KeyError as err:
-        raise ValueError(
-            f"node config lacks {err}; start the SuperNode with --node-config 'partition-id=I num-partitions=N'"
-        ) from None
-
-
 def task_of(config: RoundConfig) -> Task:
     return make_task(config.task)
 
 
 def local_data(context: Context, config: RoundConfig) -> TensorData:
-    pid, count = partition_id(context)
-    return task_of(config).partition(pid, count, config.partitioning)
+    """The node's own data file or its partition (``edge_client.node_data``)."""
+    return node_data(dict(context.node_config), task_of(config), config.partitioning)
 
 
 def node_generator(config: RoundConfig, context: Context, purpose: str) -> torch.Generator:
     """A generator for (run seed, round, partition, purpose): reproducible, different for every
-    client, round and use."""
-    pid = int(context.node_config.get("partition-id", 0))
+    client, round and use. A device with its own data has no partition id: its node id stands in."""
+    pid = int(context.node_config.get("partition-id", context.node_id))
     return torch.Generator().manual_seed(derive_seed(config.seed, config.round, pid, purpose=purpose))
 
 

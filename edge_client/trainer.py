@@ -7,6 +7,8 @@ plain FedAvg local SGD.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +24,7 @@ class LocalTrainResult:
     loss: float  # mean training loss over all steps (task loss only, without the proximal term)
     steps: int
     examples: int  # samples in the partition (the FedAvg weight)
+    seconds: float = 0.0  # wall time of local training (optimizer set-up included), for round budgets
 
 
 def train_local(
@@ -39,6 +42,7 @@ def train_local(
     """Train ``model`` in place for ``epochs`` passes over ``data`` in shuffled mini-batches."""
     if len(data) == 0:
         raise ValueError("this client's partition is empty")
+    started = time.perf_counter()
     anchor = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
@@ -61,4 +65,5 @@ def train_local(
             steps += 1
     if not torch.isfinite(torch.tensor(total_loss)):
         raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
-    return LocalTrainResult(loss=total_loss / max(steps, 1), steps=steps, examples=len(data))
+    return LocalTrainResult(loss=total_loss / max(steps, 1), steps=steps, examples=len(data),
+                            seconds=time.perf_counter() - started)

@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, Message
 
 from compression import PayloadError, derive_seed
 from deploy.atomic import atomic_write_text
-from protocol import MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes
+from protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes
 from server.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext
 from server.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from server.dispatcher import Dispatcher, Missing
@@ -140,6 +140,7 @@ class Engine:
         outgoing = self.algorithm.configure(step, selected)
         downlink = sum(array_bytes(o.content) for o in outgoing)
         used, uplink, measurement = 0, 0, 0
+        train_seconds: list[float] = []  # clients' own training time: the rest of a round is overhead
         rejected: list[dict[str, object]] = []
         for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
             self._messages(outgoing, step, "train"), self.settings.round_timeout
@@ -150,6 +151,7 @@ class Engine:
                 assert isinstance(item, Message)
                 uplink += array_bytes(item.content, (UPDATE_RECORD,))
                 measurement += array_bytes(item.content, (MEASURE_RECORD,))
+                train_seconds.append(_train_seconds(item))
             else:
                 rejected.append({"node": node, "reason": reason})
                 self.algorithm.missed(step, node, reason)
@@ -157,6 +159,8 @@ class Engine:
         rejected.extend(outcome.notes)
         loss, accuracy = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
         extra = dict(outcome.extra)
+        if train_seconds:
+            extra["client_train_seconds"] = max(train_seconds)
         evaluation = self.algorithm.evaluation(step, selected)
         if evaluation:
             downlink += sum(array_bytes(o.content) for o in evaluation)
@@ -331,3 +335,11 @@ class _AsyncStep:
         log.info("version %d: accuracy %.4f loss %.4f | %d updates | uplink %d B | %.1f s",
                  version, accuracy, loss, self.used, self.uplink, row.seconds)
         return row
+
+
+def _train_seconds(reply: Message) -> float:
+    """A reply's own ``train-seconds`` (a number >= 0), or 0 when it sent none or nonsense: it is
+    reported, never trusted for anything else."""
+    metrics = reply.content.metric_records.get(METRICS_RECORD)
+    value = metrics.get("train-seconds", 0.0) if metrics is not None else 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0

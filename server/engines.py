@@ -158,7 +158,10 @@ def launch(
         federation_args: list[str] = []
         if engine == "deployment":
             for i in range(num_supernodes):
-                config = f"partition-id={i} num-partitions={num_supernodes}"
+                # cache-dir: each node reads its partition from a small .npz instead of rebuilding
+                # it (scikit-learn, datasets) in every ClientApp process (edge_client/node_data.py).
+                config = (f"partition-id={i} num-partitions={num_supernodes} "
+                          f"cache-dir={_toml_value(str(run_dir / 'node-cache'))}")
                 for key, value in ((node_config or {}).get(i) or {}).items():
                     config += f" {key}={_toml_value(value)}"
                 group.start(

@@ -41,6 +41,8 @@ class Task(ABC):
     #: Canonical spec string, e.g. ``digits`` or ``synthetic:dim=64,hidden=256``.
     spec: str
     num_classes: int
+    #: Shape of one input sample (without the batch dimension): what a device's own data must have.
+    input_shape: tuple[int, ...]
 
     @abstractmethod
     def build_model(self) -> nn.Module:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 from tasks.base import Task, TensorData
@@ -49,6 +47,11 @@ class DigitsCNN(nn.Module):
 
 @lru_cache(maxsize=4)
 def _split(test_fraction: float, seed: int) -> tuple[TensorData, TensorData]:
+    # scikit-learn is imported here, not at module level: it costs 1.5-2 s, and a deployed ClientApp
+    # (a fresh process per message) that reads its cached partition never needs it.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
     y = torch.tensor(digits.target, dtype=torch.long)
@@ -64,6 +67,7 @@ class DigitsTask(Task):
     """scikit-learn digits with the 2-conv CNN; ``test_fraction`` and ``split_seed`` fix the split."""
 
     num_classes = 10
+    input_shape = (1, 8, 8)
 
     def __init__(self, test_fraction: float = 0.2, split_seed: int = 42, width: int = 1) -> None:
         if not 0.0 < test_fraction < 1.0:

@@ -87,6 +87,7 @@ class FashionCNN(nn.Module):
 
 class FashionMNISTTask(Task):
     num_classes = 10
+    input_shape = (1, 28, 28)
 
     def __init__(self, train_samples: int = 0, test_samples: int = 0, seed: int = 0) -> None:
         if train_samples < 0 or test_samples < 0:

@@ -47,6 +47,7 @@ class SyntheticTask(Task):
             raise ValueError("synthetic task sizes must all be >= 1")
         self.dim, self.hidden, self.layers = dim, hidden, layers
         self.num_classes = classes
+        self.input_shape = (dim,)
         self._data_args = (dim, classes, samples, test_samples, noise, seed)
         self.spec = (
             f"synthetic:dim={dim},classes={classes},hidden={hidden},layers={layers},"
