@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from server.certs_command import add_certs_parser, run_certs
 from server.deploy_commands import add_deploy_parsers, run_export, run_keys
+from deploy.certs import CertificateError
+from server.federation import RegistrationError
 from server.settings import OPTIONS, RunSettings, SettingsError
 
 __all__ = ["main"]
@@ -29,6 +32,7 @@ examples:
   fedge demo --algorithm easgd                 # elastic averaging: clients keep their own models
   fedge demo --algorithm gossip:topology=exponential --clients 16   # decentralized, CHOCO relays
   fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
+  fedge local-cluster --tls                    # the same with TLS and SuperNode authentication
   fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
   fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
   flwr run . <connection> --run-config 'codec="fp16" rounds=5'   # the same app, your own Flower setup
@@ -80,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster.add_argument("--supernodes", type=int, default=2, help="SuperNodes to start (default: 2)")
     cluster.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    cluster.add_argument("--tls", action="store_true",
+                         help="TLS and SuperNode authentication on: a CA, server certificate and node keys "
+                         "are made in <run-dir>/tls and every node key is registered before it connects")
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
     cloud = sub.add_parser(
@@ -99,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
     add_deploy_parsers(sub)
+    add_certs_parser(sub)
     return parser
 
 
@@ -153,7 +161,7 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     with RoundProgress(console, settings.rounds) as progress:
         try:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
-                            timeout=args.timeout)
+                            timeout=args.timeout, tls=getattr(args, "tls", False))
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1
@@ -216,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_keys(args)
         if args.command == "export":
             return run_export(args)
-    except (SettingsError, ValueError) as err:
+        if args.command == "certs":
+            return run_certs(args)
+    except (SettingsError, ValueError, CertificateError, RegistrationError, FileNotFoundError) as err:
         print(f"fedge: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

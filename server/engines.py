@@ -35,6 +35,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10; flwr depends on tomli there
     import tomli as tomllib
 
+from server.federation import LoopbackSecurity, register_node, superlink_argv, supernode_argv, write_connection
 from server.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 from server.settings import RunSettings
 
@@ -81,14 +82,6 @@ def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -
     return env
 
 
-def _write_connection(flwr_home: Path, name: str, port: int) -> None:
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-
-
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -116,6 +109,7 @@ def launch(
     stop_after_round: int | None = None,
     node_config: Mapping[int, Mapping[str, str | int | float]] | None = None,
     parallel_clients: int = 0,
+    tls: bool = False,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -128,6 +122,9 @@ def launch(
     core. Straggler runs set it to the number of clients, so that a slow client sleeping through
     its slowdown occupies its own simulated device, as on real hardware, not one of the few slots
     every other client is queued behind.
+    ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,
+    server certificate and node keys are made in ``<run dir>/tls`` (``deploy/certs.py``), every
+    node key is registered with ``flwr supernode register`` before its SuperNode starts.
     """
     if engine not in ("simulation", "deployment"):
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
@@ -141,19 +138,22 @@ def launch(
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
     started = time.monotonic()
+    if tls and engine != "deployment":
+        raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
+    security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
+    root_cert = security.server.ca_cert if security else None
     port = free_port()
-    _write_connection(flwr_home, "fedge", port)
+    write_connection(flwr_home, "fedge", f"127.0.0.1:{port}", root_cert)
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
     try:
-        superlink_argv = [
-            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
-            "--disable-runtime-dependency-installation",
-        ]
-        if engine == "simulation":
-            superlink_argv.append("--simulation")
-        superlink = group.start("superlink", superlink_argv, cwd=run_dir)
+        superlink = group.start(
+            "superlink",
+            superlink_argv("127.0.0.1", port, security.server if security else None,
+                           simulation=engine == "simulation"),
+            cwd=run_dir,
+        )
         wait_for_port(port, _STARTUP_TIMEOUT, superlink)
         federation_args: list[str] = []
         if engine == "deployment":
@@ -164,13 +164,14 @@ def launch(
                           f"cache-dir={_toml_value(str(run_dir / 'node-cache'))}")
                 for key, value in ((node_config or {}).get(i) or {}).items():
                     config += f" {key}={_toml_value(value)}"
+                auth_key = None
+                if security:
+                    auth_key = security.node_key(i)
+                    register_node(auth_key.with_suffix(".pub"), "fedge", env, name=f"node-{i}")
                 group.start(
                     f"supernode-{i}",
-                    [
-                        "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
-                        "--port", str(free_port()),
-                        "--node-config", config,
-                    ],
+                    supernode_argv(f"127.0.0.1:{port}", free_port(), config, root_cert=root_cert,
+                                   auth_key=auth_key),
                     cwd=run_dir,
                 )
         else:
