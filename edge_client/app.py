@@ -27,12 +27,13 @@ from flwr.clientapp import ClientApp
 
 from edge_client import easgd, fedavg, gossip
 from edge_client.faults import fault_injection_mod
+from edge_client.persistent_state import state_persistence_mod
 from edge_client.slowdown import slowdown_mod
 from edge_client.threads import threads_mod
 
 __all__ = ["app"]
 
-app = ClientApp(mods=[threads_mod, slowdown_mod, fault_injection_mod])
+app = ClientApp(mods=[threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
 app.train()(fedavg.train)
 app.evaluate()(fedavg.evaluate_global)
 app.train("easgd")(easgd.train)

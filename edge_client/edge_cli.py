@@ -1,7 +1,12 @@
-"""``fedge-edge``: the device-side command line (verify and run signed bundles). Imports no torch.
+"""``fedge-edge``: the device-side command line.
 
+    fedge-edge join   --superlink HOST:PORT --root-cert ca.crt --auth-key device-1 --data own.npz
     fedge-edge verify bundle/ --trusted-key signing-key.pub.pem
     fedge-edge infer  bundle/ --trusted-key signing-key.pub.pem --input x.npy [--output y.npy]
+
+``verify`` and ``infer`` import no torch (onnxruntime and cryptography only); ``join`` trains, so it
+needs the platform install. ``join`` exits 2 on a bad data file, key or certificate (before it
+connects); a key the SuperLink refuses (not registered yet) is logged and retried.
 
 A rejected bundle exits with status 3 and names the failed check (SignatureError, IntegrityError,
 ExpiredError, RollbackError, ...); a bad input file exits with status 2.
@@ -31,6 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    join = sub.add_parser("join", help="join a federation with this device's own data (runs Flower's SuperNode)",
+                          description="Validates --data against the task, then runs flower-supernode with the "
+                          "Fedge ClientApp and supervises it (restarts it when it loses the SuperLink).")
+    join.add_argument("--superlink", required=True, help="HOST:PORT of the federation's SuperLink")
+    join.add_argument("--data", required=True,
+                      help=".npz with x (float32, (N, *input shape), finite) and y (int labels in 0..classes-1)")
+    join.add_argument("--task", default="digits", help="the federation's task (default: digits: x of shape (N, 1, 8, 8))")
+    join.add_argument("--root-cert", default=None, help="the federation's CA certificate (TLS)")
+    join.add_argument("--auth-key", default=None, help="this node's private key (`fedge certs node`), registered on the SuperLink")
+    join.add_argument("--insecure", action="store_true", help="plaintext (test federations on a trusted network only)")
+    join.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: 1)")
+    join.add_argument("--state-dir", default=None, help="error-feedback memory, logs, Flower's app cache "
+                      "(default: $XDG_STATE_HOME/fedge-edge)")
+    join.add_argument("--port", type=int, default=0, help="local port of the SuperNode's ClientApp API (default: any free)")
+    join.add_argument("--max-restarts", type=int, default=-1, help="give up after this many SuperNode restarts (default: never)")
+    join.add_argument("--check", action="store_true", help="validate everything, print the data summary, do not connect")
     for name, text in (("verify", "verify a bundle and accept its round (anti-rollback)"),
                        ("infer", "verify a bundle, then run it on an input .npy file")):
         command = sub.add_parser(name, help=text, description=text)
@@ -57,10 +78,37 @@ def _load_input(path: str) -> np.ndarray:
         raise SystemExit(f"fedge-edge: cannot read {path} as a .npy array: {err}") from err
 
 
+def _join(args: argparse.Namespace) -> int:
+    import threading
+
+    from edge_client.join import JoinError, JoinOptions, check_join, default_state_dir, install_stop_signals, join
+
+    options = JoinOptions(
+        superlink=args.superlink, data=Path(args.data), task=args.task,
+        root_cert=Path(args.root_cert) if args.root_cert else None,
+        auth_key=Path(args.auth_key) if args.auth_key else None, insecure=args.insecure,
+        threads=args.threads, state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
+        port=args.port, max_restarts=args.max_restarts,
+    )
+    try:
+        summary = check_join(options)
+    except JoinError as err:
+        print(f"fedge-edge: {err}", file=sys.stderr)
+        return 2
+    print(f"fedge-edge: data ok: {summary}", file=sys.stderr)
+    if args.check:
+        return 0
+    stop = threading.Event()
+    install_stop_signals(stop)
+    return join(options, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose or args.command == "join" else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "join":
+        return _join(args)
     try:
         model = EdgeModel.load(args.bundle, args.trusted_key, state=args.state, threads=args.threads)
     except KeyFileError as err:

@@ -92,6 +92,9 @@ def main(grid: Grid, context: Context) -> None:
     start_params = initial_params(task, settings.seed, settings.init)
     first_loss, first_accuracy = engine.evaluate(start_params)
     result = engine.run(grid, start_params)
+    if result.stopped:  # the checkpoint holds the state; no final model or summary for a paused run
+        log.info("run stopped at the operator's request after round %d", result.rows[-1].round if result.rows else 0)
+        return
 
     rows = result.rows
     final_round = rows[-1].round if rows else 0

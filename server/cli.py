@@ -104,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("train_args", nargs=argparse.REMAINDER,
                        help="arguments for deploy.train, e.g. --out runs/cloud --epochs 5 --hook qsgd:bits=4")
 
+    serve = sub.add_parser(
+        "serve",
+        help="the coordinator daemon: SuperLink (TLS, node authentication, state database) + the Fedge run, "
+        "/metrics and /healthz, JSON logs",
+        description="Runs the federation described by a fedge.toml ([service] + [run]; see "
+        "server/service_config.py and deploy/fedge.example.toml). SIGTERM stops at the next round "
+        "boundary and exits 0; starting it again resumes the run.",
+    )
+    serve.add_argument("--config", required=True, help="the fedge.toml file")
+    serve.add_argument("--check-config", action="store_true", help="validate the file, print it resolved, exit")
     sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
     add_deploy_parsers(sub)
     add_certs_parser(sub)
@@ -196,6 +206,24 @@ def _cloud_train(args: argparse.Namespace) -> int:
     return subprocess.run(command, check=False).returncode
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import json
+
+    from server.json_logs import configure_json_logging
+    from server.service_config import load_service_config
+
+    configure_json_logging(logging.DEBUG if args.verbose else logging.INFO)
+    config = load_service_config(args.config)
+    if args.check_config:
+        print(json.dumps(config.describe(), indent=2))
+        return 0
+    from server.serve import Daemon
+
+    daemon = Daemon(config)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -226,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_export(args)
         if args.command == "certs":
             return run_certs(args)
-    except (SettingsError, ValueError, CertificateError, RegistrationError, FileNotFoundError) as err:
+        if args.command == "serve":
+            return _serve(args)
+    except (SettingsError, ValueError, CertificateError, RegistrationError, FileNotFoundError, TimeoutError) as err:
         print(f"fedge: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -50,6 +50,8 @@ class EngineResult:
     model: torch.Tensor
     rows: list[RoundRow] = field(default_factory=list)
     resumed_from: int = 0
+    #: the run ended early because the operator asked (``fedge serve`` on SIGTERM); resumable
+    stopped: bool = False
 
 
 def make_context(settings: RunSettings, task: Task) -> RunContext:
@@ -101,7 +103,12 @@ class Engine:
         if start >= self.settings.rounds:
             log.info("run already complete (%d rounds)", start)
             return result
-        nodes = self._wait_for_nodes(grid)
+        try:
+            nodes = self._wait_for_nodes(grid)
+        except _StopWhileWaiting:
+            log.info("stop requested while waiting for nodes; nothing to checkpoint")
+            result.stopped = True
+            return result
         log.info("%s: %d nodes connected; rounds %d..%d", self.algorithm.spec, len(nodes), start + 1,
                  self.settings.rounds)
         if self.algorithm.asynchronous:
@@ -109,6 +116,8 @@ class Engine:
         else:
             for step in range(start + 1, self.settings.rounds + 1):
                 self._publish(self.step(grid, step), result)
+                if self._stop_requested(result):
+                    break
         result.model = self.algorithm.final_model()
         return result
 
@@ -124,6 +133,14 @@ class Engine:
         result.rows.append(row)
         if self.on_row:
             self.on_row(row)
+
+    def _stop_requested(self, result: EngineResult) -> bool:
+        """Between steps, after the checkpoint: has the operator asked the run to stop? (``fedge
+        serve`` does on SIGTERM, so the daemon stops at a round boundary and a restart resumes.)"""
+        if result.rows and result.rows[-1].round < self.settings.rounds and self.run_dir.stop_requested():
+            log.info("stop requested: ending after step %d (checkpointed; a restart resumes)", result.rows[-1].round)
+            result.stopped = True
+        return result.stopped
 
     def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
         """(loss, accuracy) of a flat model on the task's held-out split."""
@@ -238,8 +255,8 @@ class Engine:
                     version += 1
                     self._publish(acc.row(self, version, result), result)
                     acc = _AsyncStep(self.clock(), free_since=acc.free_since)
-                    if version >= self.settings.rounds:
-                        break
+                    if version >= self.settings.rounds or self._stop_requested(result):
+                        return
                 if not dispatcher.batch_left:
                     fill()
 
@@ -297,6 +314,8 @@ class Engine:
             nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
             if len(nodes) >= wanted or self.clock() >= deadline:
                 break
+            if self.run_dir.stop_requested():
+                raise _StopWhileWaiting
             self.sleep(1.0)
         if len(nodes) < self.settings.min_replies:
             raise NotEnoughNodesError(
@@ -304,6 +323,10 @@ class Engine:
                 f"min-replies is {self.settings.min_replies}"
             )
         return nodes
+
+
+class _StopWhileWaiting(Exception):
+    """The operator asked the run to stop before enough nodes had connected."""
 
 
 @dataclass

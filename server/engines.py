@@ -229,6 +229,7 @@ def _drop_rows_after_checkpoint(run_dir: Path) -> None:
     from server.run_directory import RunDirectory
 
     directory = RunDirectory(run_dir)
+    directory.clear_stop()  # a stop asked of an earlier launch is not a stop of this one
     checkpoint = directory.checkpoints.load()
     directory.metrics.truncate_after(checkpoint.round if checkpoint else 0)
 

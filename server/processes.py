@@ -65,8 +65,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = None) -> None:
-    """Block until 127.0.0.1:``port`` accepts connections; fail early if ``process`` dies."""
+def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = None, host: str = "127.0.0.1") -> None:
+    """Block until ``host``:``port`` accepts connections; fail early if ``process`` dies."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and not process.alive():
@@ -76,10 +76,10 @@ def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = No
             )
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            if sock.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+    raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s")
 
 
 def processes_with_env(key: str, value: str) -> list[int]:

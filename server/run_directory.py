@@ -17,6 +17,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class RunDirectory:
         self.model_path = self.path / "model.pt"
         self.plot_path = self.path / "plot.png"
         self.summary_path = self.path / "summary.json"
+        #: present while the operator wants the run to stop at the next step boundary
+        self.stop_path = self.path / "stop-requested"
 
     def start(self, settings: RunSettings, extra: dict[str, Any] | None = None) -> None:
         """Create the directory and record the settings; refuse to resume under incompatible ones."""
@@ -68,6 +71,15 @@ class RunDirectory:
             **(extra or {}),
         }
         atomic_write_text(self.config_path, json.dumps(record, indent=2) + "\n")
+
+    def stop_requested(self) -> bool:
+        return self.stop_path.exists()
+
+    def request_stop(self) -> None:
+        atomic_write_text(self.stop_path, f"{time.time()}\n")
+
+    def clear_stop(self) -> None:
+        self.stop_path.unlink(missing_ok=True)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")

@@ -98,3 +98,25 @@ def test_threads_mod_sets_torch_threads() -> None:
     for bad in (0, -2, "many"):
         with pytest.raises(ValueError, match="positive integer"):
             threads_of(Context(run_id=1, node_id=1, state=RecordDict(), run_config={}, node_config={"threads": bad}))
+
+
+def test_node_state_survives_a_device_restart_bit_for_bit(tmp_path: Path) -> None:
+    from edge_client.node_store import NodeStore
+    from edge_client.persistent_state import load_state, save_state
+
+    run_config = {"task": "digits", "algorithm": "fedavg", "codec": "qsgd:bits=4"}
+    before = Context(run_id=1, node_id=1, state=RecordDict(), run_config=run_config, node_config={})
+    store = NodeStore(before.state, "fedavg")
+    residual = torch.randn(1000)
+    store.put_tensor("memory", residual)
+    store.put_meta("memory-info", {"round": 3, "codec": "qsgd:bits=4"})
+    save_state(before, tmp_path / "node-state.npz")
+    after = Context(run_id=2, node_id=1, state=RecordDict(), run_config=run_config, node_config={})
+    assert load_state(after, tmp_path / "node-state.npz")
+    restored = NodeStore(after.state, "fedavg")
+    assert torch.equal(restored.get_tensor("memory"), residual)
+    assert restored.get_meta("memory-info") == {"round": 3, "codec": "qsgd:bits=4"}
+    other = Context(run_id=3, node_id=1, state=RecordDict(), run_config={**run_config, "codec": "fp16"}, node_config={})
+    assert not load_state(other, tmp_path / "node-state.npz") and not NodeStore(other.state, "fedavg").keys()
+    (tmp_path / "node-state.npz").write_bytes(b"garbage")
+    assert not load_state(after, tmp_path / "node-state.npz")

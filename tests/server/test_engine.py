@@ -110,6 +110,19 @@ def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
     assert done.run(grid, _start(done)).resumed_from == 3 and not grid.pushed  # nothing left to do
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedbuff:concurrency=3,buffer=2"])
+def test_a_stop_request_ends_the_run_at_a_step_boundary_and_resume_finishes_it(tmp_path, algorithm) -> None:
+    engine = _engine(tmp_path, rounds=3, algorithm=algorithm)
+    engine.on_row = lambda row: engine.run_dir.request_stop() if row.round == 1 else None
+    stopped = engine.run(InProcessGrid(3), _start(engine))
+    assert stopped.stopped and [r.round for r in stopped.rows] == [1]
+    assert CheckpointStore(tmp_path / "run" / "checkpoint").load().round == 1
+    engine.run_dir.clear_stop()
+    again = _engine(tmp_path, rounds=3, algorithm=algorithm)
+    result = again.run(InProcessGrid(3), _start(again))
+    assert not result.stopped and result.resumed_from == 1 and [r.round for r in result.rows] == [1, 2, 3]
+
+
 def test_old_or_foreign_checkpoints_are_refused(tmp_path) -> None:
     engine = _engine(tmp_path, rounds=1)
     engine.run(InProcessGrid(3), _start(engine))

@@ -1,0 +1,158 @@
+"""``fedge-edge join``: a device joins a federation with its own data, in one command.
+
+It checks everything it can before connecting (the data file against the task, the key, the CA
+certificate), then runs Flower's own ``flower-supernode`` with the Fedge ClientApp's node config::
+
+    data="<own.npz>" threads=N state-dir="<dir>"
+
+and supervises it: when the SuperNode exits (the network or the SuperLink went away for longer than
+Flower's own retries) it is started again with a growing pause (2 s doubling to 60 s); when the
+SuperLink refuses the node's key (Flower code 305: not registered yet) it says so in the log and keeps
+trying with the same pauses, since the operator may register it at any moment.
+SIGTERM / Ctrl-C stop the SuperNode and exit 0. The error-feedback memory lives in ``state-dir``
+(``edge_client/persistent_state.py``), so it survives this command's own restart too.
+
+The process helpers come from ``server/processes.py`` and ``server/federation.py``: the same code
+starts SuperNodes for ``fedge local-cluster`` and the tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["JoinError", "JoinOptions", "check_join", "join"]
+
+log = logging.getLogger("fedge.edge.join")
+
+_REFUSED = "Exit Code: 305"
+
+
+class JoinError(ValueError):
+    """Something a device can fix before it connects (data, key, certificate, options)."""
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    superlink: str
+    data: Path
+    task: str = "digits"
+    root_cert: Path | None = None
+    auth_key: Path | None = None
+    insecure: bool = False
+    threads: int = 1
+    state_dir: Path = Path("fedge-edge-state")
+    port: int = 0
+    max_restarts: int = -1  # -1: keep trying
+
+
+def check_join(options: JoinOptions) -> str:
+    """Validate everything before connecting; a one-line description of the device's data."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from cryptography.x509 import load_pem_x509_certificate
+
+    from edge_client.node_data import DataFileError, load_npz
+    from tasks import make_task
+
+    if ":" not in options.superlink:
+        raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
+    if options.threads < 1:
+        raise JoinError(f"--threads must be >= 1, got {options.threads}")
+    if options.insecure and (options.root_cert or options.auth_key):
+        raise JoinError("--insecure contradicts --root-cert/--auth-key: choose one")
+    if not options.insecure and options.root_cert is None:
+        raise JoinError("give --root-cert CA.crt (TLS), or --insecure for a plaintext test federation")
+    if options.root_cert is not None:
+        try:
+            load_pem_x509_certificate(Path(options.root_cert).read_bytes())
+        except (OSError, ValueError) as err:
+            raise JoinError(f"--root-cert {options.root_cert}: not a readable PEM certificate ({err})") from None
+    if options.auth_key is not None:
+        try:
+            key = load_ssh_private_key(Path(options.auth_key).read_bytes(), None)
+        except (OSError, ValueError) as err:
+            raise JoinError(f"--auth-key {options.auth_key}: not a readable OpenSSH private key ({err})") from None
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise JoinError(f"--auth-key {options.auth_key}: SuperNode keys are EC (`fedge certs node`)")
+    try:
+        task = make_task(options.task)
+        data = load_npz(options.data, task)
+    except DataFileError as err:
+        raise JoinError(str(err)) from None
+    except ValueError as err:
+        raise JoinError(f"--task {options.task!r}: {err}") from None
+    classes = sorted(set(data.y.tolist()))
+    return f"{len(data)} samples of task {task.spec}, labels {classes}"
+
+
+def _node_config(options: JoinOptions) -> str:
+    data = str(Path(options.data).resolve())
+    state = str(Path(options.state_dir).resolve())
+    return f'data="{data}" threads={options.threads} state-dir="{state}"'
+
+
+def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
+    """Run (and re-run) the SuperNode until stopped (0), or until ``max_restarts`` is used up (1)."""
+    from server.engines import flower_environment
+    from server.federation import supernode_argv
+    from server.processes import ProcessGroup, free_port
+
+    stop = stop or threading.Event()
+    state_dir = Path(options.state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = flower_environment(state_dir / "flwr-home")
+    env.update({"OMP_NUM_THREADS": str(options.threads), "MKL_NUM_THREADS": str(options.threads)})
+    argv = supernode_argv(
+        options.superlink, options.port or free_port(), _node_config(options),
+        root_cert=None if options.insecure else Path(options.root_cert).resolve(),  # type: ignore[arg-type]
+        auth_key=Path(options.auth_key).resolve() if options.auth_key else None,
+    )
+    pause, restarts = 2.0, 0
+    with ProcessGroup(state_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]}) as group:
+        while not stop.is_set():
+            log_path = state_dir / "logs" / "supernode.log"
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            node = group.start("supernode", argv, cwd=state_dir)
+            started = time.monotonic()
+            log.info("SuperNode started (pid %d), dialing %s; log %s", node.pid, options.superlink, node.log_path)
+            while node.alive() and not stop.wait(0.5):
+                pass
+            if stop.is_set():
+                break
+            with open(node.log_path, "rb") as handle:  # this start's output only (the log is appended)
+                handle.seek(offset)
+                refused = _REFUSED.encode() in handle.read()
+            if refused:  # not registered (yet): the operator may register it any moment now
+                log.error("the SuperLink refused this node's key: it must be registered "
+                          "(fedge certs register %s.pub ...); trying again", options.auth_key)
+            restarts += 1
+            if 0 <= options.max_restarts < restarts:
+                log.error("SuperNode exited %d times; giving up", restarts)
+                return 1
+            log.warning("SuperNode exited with code %s; restarting in %.0f s", node.popen.returncode, pause)
+            group.processes.remove(node)
+            if stop.wait(pause):
+                break
+            # a node that had been up for a while lost its SuperLink: start over with short pauses
+            pause = 2.0 if time.monotonic() - started > 120 else min(60.0, pause * 2)
+    return 0
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping the SuperNode", signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fedge-edge"

@@ -1,0 +1,197 @@
+"""``fedge serve``: the coordinator as a long-running service on Flower's own SuperLink.
+
+What it does, in order: check the config (``server/service_config.py``); start ``flower-superlink``
+with its state database (``<state-dir>/superlink.db``: registered nodes and run history survive a
+restart), TLS and SuperNode authentication as configured; register the configured node keys; serve
+``/metrics`` and ``/healthz``; submit the Fedge app with ``flwr run`` and supervise it, logging one
+JSON object per event (round completed, reply rejected, nodes online, stop, exit).
+
+Lifecycle:
+
+* the run finishes → every process is stopped, exit 0;
+* SIGTERM / SIGINT → the run is asked to stop at the next round boundary (``<run>/stop-requested``,
+  checked by the engine right after each checkpoint); the daemon waits up to ``stop-grace-seconds``,
+  then stops everything and exits 0. A round cut short by the grace limit is simply run again:
+  the checkpoint is only ever written after a complete round;
+* restart (systemd ``Restart=on-failure``, or by hand) → the SuperLink reopens its database, the
+  Fedge app resumes from the last checkpoint (``rounds`` rows exactly once);
+* the SuperLink or the run fails → everything is stopped, exit 1, the log says which and why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from server.engines import _drop_rows_after_checkpoint, config_args, flower_environment, stage_app
+from server.federation import RegistrationError, register_node, superlink_argv, write_connection
+from server.json_logs import fields
+from server.metrics_log import MetricsLog
+from server.processes import ProcessGroup, wait_for_port
+from server.run_directory import RunDirectory
+from server.service_config import ServiceConfig
+from server.service_metrics import MetricsServer, ServiceMetrics
+
+__all__ = ["Daemon"]
+
+log = logging.getLogger("fedge.serve")
+
+_CONNECTION = "fedge"
+
+
+class Daemon:
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.flwr_home = config.state_dir / "flwr-home"
+        self.env = flower_environment(self.flwr_home)
+        self.run_directory = RunDirectory(config.run_dir)
+        self.metrics = ServiceMetrics(self.run_directory.checkpoints.current)
+        self.stop = threading.Event()
+        self.group: ProcessGroup | None = None
+        self.metrics_server: MetricsServer | None = None
+        self._superlink = None
+        self._runner = None
+        self._round = 0
+
+    # -- signals --------------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self.stop.is_set():
+            log.info("signal received: stopping after the current round",
+                     extra=fields(signal=signal.Signals(signum).name))
+        self.stop.set()
+
+    # -- health -----------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        superlink = self._superlink is not None and self._superlink.alive()
+        runner = self._runner is not None and self._runner.alive()
+        return {"ok": bool(superlink and runner), "superlink": superlink, "run": runner,
+                "round": self._round, "stopping": self.stop.is_set()}
+
+    # -- main loop --------------------------------------------------------------------------------
+    def run(self) -> int:
+        config = self.config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        _drop_rows_after_checkpoint(config.run_dir)  # also clears a stale stop request
+        (config.run_dir / "summary.json").unlink(missing_ok=True)
+        rows_log = MetricsLog(config.run_dir / "metrics.jsonl")
+        seen = 0
+        for row in rows_log.read():  # the run so far: counters are totals of the run, not of this process
+            self.metrics.observe_row(row)
+            self._round = int(row.get("round", 0))
+            seen += 1
+        write_connection(self.flwr_home, _CONNECTION, config.dial, config.tls.ca_cert if config.tls else None)
+        self.group = ProcessGroup(config.state_dir / "logs", env=self.env, also_match={"FLWR_HOME": str(self.flwr_home)})
+        try:
+            return self._supervise(rows_log, seen)
+        finally:
+            self.group.stop()
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+            log.info("all processes stopped")
+
+    def _supervise(self, rows_log: MetricsLog, seen: int) -> int:
+        config, group = self.config, self.group
+        assert group is not None
+        self._superlink = group.start(
+            "superlink", superlink_argv(config.host, config.port, config.tls, database=config.database),
+            cwd=config.state_dir)
+        dial_host, _, dial_port = config.dial.rpartition(":")
+        wait_for_port(int(dial_port), 60, self._superlink, host=dial_host)
+        log.info("SuperLink listening", extra=fields(address=f"{config.host}:{config.port}", tls=bool(config.tls),
+                                                      node_auth=bool(config.tls and config.tls.node_auth),
+                                                      database=str(config.database)))
+        for key in config.register_keys:
+            try:
+                node = register_node(key, _CONNECTION, self.env)
+                log.info("node key registered", extra=fields(key=str(key), node=node))
+            except RegistrationError as err:
+                if "already in use" not in str(err):
+                    raise
+                log.info("node key already registered", extra=fields(key=str(key)))
+        if config.metrics_host:
+            self.metrics_server = MetricsServer(self.metrics, config.metrics_host, config.metrics_port,
+                                                self.health).start()
+            log.info("metrics served", extra=fields(url=f"http://{config.metrics_host}:{self.metrics_server.port}/metrics"))
+        self._runner = group.start(
+            "flwr-run",
+            ["flwr", "run", str(stage_app(self.flwr_home / "app")), _CONNECTION, "--stream",
+             *config_args("--run-config", config.settings.to_run_config())],
+            cwd=config.run_dir)
+        log.info("run submitted", extra=fields(run_dir=str(config.run_dir), rounds=config.settings.rounds,
+                                               algorithm=config.settings.algorithm))
+        poller = threading.Thread(target=self._poll_nodes, name="fedge-node-poll", daemon=True)
+        poller.start()
+        stop_asked_at: float | None = None
+        while True:
+            self.metrics.superlink_up.set(1 if self._superlink.alive() else 0)
+            seen = self._report_rows(rows_log, seen)
+            if not self._runner.alive():
+                seen = self._report_rows(rows_log, seen)
+                return self._finish(stop_asked_at is not None)
+            if not self._superlink.alive():
+                log.error("SuperLink exited", extra=fields(code=self._superlink.popen.returncode,
+                                                           log_tail=self._superlink.log_tail(10)))
+                return 1
+            if self.stop.is_set():
+                if stop_asked_at is None:
+                    stop_asked_at = time.monotonic()
+                    self.run_directory.request_stop()
+                elif time.monotonic() - stop_asked_at > config.stop_grace_seconds:
+                    log.warning("the round did not finish within stop-grace-seconds: stopping now; it runs "
+                                "again after a restart", extra=fields(grace=config.stop_grace_seconds))
+                    return 0
+            time.sleep(0.5)
+
+    def _finish(self, stopping: bool) -> int:
+        code = self._runner.popen.returncode
+        summary = self.config.run_dir / "summary.json"
+        if summary.exists():
+            data = json.loads(summary.read_text())
+            log.info("run finished", extra=fields(rounds=data.get("rounds"), accuracy=data.get("final_accuracy")))
+            return 0
+        if stopping and code == 0:
+            log.info("run stopped at a round boundary; restart to resume", extra=fields(round=self.health()["round"]))
+            return 0
+        log.error("the run failed", extra=fields(code=code, log_tail=self._runner.log_tail(20)))
+        return 1
+
+    def _report_rows(self, rows_log: MetricsLog, seen: int) -> int:
+        rows = rows_log.read()
+        for row in rows[seen:]:
+            self.metrics.observe_row(row)
+            self._round = int(row.get("round", self._round))
+            log.info("round completed", extra=fields(
+                round=row.get("round"), accuracy=row.get("accuracy"), clients_used=row.get("clients_used"),
+                uplink_bytes=row.get("uplink_bytes"), seconds=row.get("seconds")))
+            for item in row.get("rejected") or []:
+                log.warning("reply rejected", extra=fields(round=row.get("round"), node=item.get("node"),
+                                                           reason=item.get("reason")))
+        return max(seen, len(rows))
+
+    def _poll_nodes(self) -> None:
+        """The SuperLink's own count of online SuperNodes, through ``flwr supernode ls``."""
+        last = None
+        while not self.stop.is_set() and self._runner is not None and self._runner.alive():
+            try:
+                done = subprocess.run(["flwr", "supernode", "ls", _CONNECTION, "--format", "json"], env=self.env,
+                                      capture_output=True, text=True, timeout=60, check=False)
+                nodes = json.loads(done.stdout).get("nodes", [])
+                online = sum(1 for n in nodes if n.get("status") == "online")
+                self.metrics.nodes.set(online)
+                if online != last:
+                    log.info("nodes online", extra=fields(nodes=online))
+                    last = online
+            except (subprocess.TimeoutExpired, json.JSONDecodeError, AttributeError, OSError) as err:
+                log.warning("could not list nodes", extra=fields(error=str(err)))
+            self.stop.wait(self.config.node_poll_seconds)
+

@@ -1,0 +1,134 @@
+"""The daemon's ``/metrics`` (Prometheus text format, ``prometheus_client``) and ``/healthz``.
+
+Everything is derived from what the run already writes (``metrics.jsonl`` rows, the checkpoint file)
+plus the SuperLink's own node list, so the numbers a dashboard shows are the numbers in the run
+directory. Rejection reasons are free text in the rows; they are grouped into a small fixed set of
+labels (:func:`reason_label`) so a hostile client cannot blow up the label cardinality.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+__all__ = ["MetricsServer", "ServiceMetrics", "reason_label"]
+
+_REASONS: tuple[tuple[str, str], ...] = (
+    (r"no reply within", "timeout"),
+    (r"did not accept", "not_delivered"),
+    (r"client error", "client_error"),
+    (r"stale", "stale"),
+    (r"norm", "update_norm"),
+    (r"num-examples|train-loss|metric|evaluation", "bad_metrics"),
+    (r"aggregate not finite", "aggregate_not_finite"),
+    (r"payload|header|bytes|codec|decode|finite|nan|inf|shape|dtype|record", "bad_payload"),
+)
+REASON_LABELS = tuple(label for _, label in _REASONS) + ("other",)
+
+
+def reason_label(reason: str) -> str:
+    """One of :data:`REASON_LABELS` for a rejection reason written in a metrics row."""
+    text = str(reason).lower()
+    for pattern, label in _REASONS:
+        if re.search(pattern, text):
+            return label
+    return "other"
+
+
+class ServiceMetrics:
+    """The daemon's metrics; :meth:`observe_row` once per metrics row, in order."""
+
+    def __init__(self, checkpoint_path: Path | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rounds = Counter("fedge_rounds_completed", "Rounds (model versions) completed", registry=r)
+        self.current_round = Gauge("fedge_current_round", "Last completed round (model version)", registry=r)
+        self.nodes = Gauge("fedge_connected_nodes", "SuperNodes the SuperLink reports online", registry=r)
+        self.replies_used = Counter("fedge_replies_used", "Client replies aggregated", registry=r)
+        self.replies_rejected = Counter("fedge_replies_rejected", "Client replies rejected or missing, by reason",
+                                        ["reason"], registry=r)
+        self.uplink = Counter("fedge_uplink_bytes", "Encoded update bytes received (headers included)", registry=r)
+        self.downlink = Counter("fedge_downlink_bytes", "Array bytes sent to clients", registry=r)
+        self.duration = Histogram("fedge_round_duration_seconds", "Wall time of a round",
+                                  buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=r)
+        self.accuracy = Gauge("fedge_last_accuracy", "Held-out accuracy of the last published model", registry=r)
+        self.superlink_up = Gauge("fedge_superlink_up", "1 while the SuperLink process runs", registry=r)
+        self.checkpoint_age = Gauge("fedge_checkpoint_age_seconds",
+                                    "Seconds since the last checkpoint was written (-1: none yet)", registry=r)
+        for label in REASON_LABELS:  # every series exists from the start: rate() works at once
+            self.replies_rejected.labels(reason=label)
+        if checkpoint_path is not None:
+            self.checkpoint_age.set_function(lambda: _age(checkpoint_path))
+
+    def observe_row(self, row: dict[str, Any]) -> None:
+        self.rounds.inc()
+        self.current_round.set(int(row.get("round", 0)))
+        self.replies_used.inc(max(0, int(row.get("clients_used", 0))))
+        for item in row.get("rejected") or []:
+            self.replies_rejected.labels(reason=reason_label(item.get("reason", ""))).inc()
+        self.uplink.inc(max(0, int(row.get("uplink_bytes", 0))))
+        self.downlink.inc(max(0, int(row.get("downlink_bytes", 0))))
+        seconds = row.get("seconds")
+        if isinstance(seconds, (int, float)) and seconds >= 0:
+            self.duration.observe(seconds)
+        accuracy = row.get("accuracy")
+        if isinstance(accuracy, (int, float)) and accuracy == accuracy:
+            self.accuracy.set(accuracy)
+
+
+def _age(path: Path) -> float:
+    try:
+        return max(0.0, time.time() - path.stat().st_mtime)
+    except OSError:
+        return -1.0
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        pass
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` on ``host:port`` in a background thread (port 0: pick one)."""
+
+    def __init__(self, metrics: ServiceMetrics, host: str, port: int,
+                 health: Callable[[], dict[str, Any]]) -> None:
+        prometheus = make_wsgi_app(metrics.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                state = health()
+                body = json.dumps(state).encode()
+                start_response("200 OK" if state.get("ok") else "503 Service Unavailable",
+                               [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+                return [body]
+            if path == "/metrics":
+                return prometheus(environ, start_response)
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: try /metrics or /healthz\n"]
+
+        self._server = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
+        self.port = int(self._server.server_port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fedge-metrics", daemon=True)
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

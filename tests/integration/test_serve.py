@@ -1,0 +1,156 @@
+"""The product as an operator runs it: ``fedge serve`` (TLS, SuperNode authentication, state database,
+/metrics) and devices joining with their own ``.npz`` data through ``fedge-edge join``, all real
+processes on 127.0.0.1. One run covers the acceptance path: 3 rounds over TLS; /metrics scraped and
+parsed with prometheus_client's own parser while counters move (rounds, replies, a faulty device's
+rejections); SIGTERM to the daemon stops at a round boundary with a valid checkpoint and exit 0; a
+restart finishes the run with every round exactly once; every process is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.certs import init_ca, issue_server_certificate, make_node_key
+from server.checkpoint import CheckpointStore
+from server.engines import flower_environment
+from server.federation import supernode_argv
+from server.processes import ProcessGroup, free_port
+from tasks import make_task
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+BIN = Path(sys.executable).parent
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return samples
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    with open(log, "ab") as handle:
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def test_daemon_and_joined_devices_train_over_tls_stop_on_sigterm_and_resume(tmp_path: Path, assert_no_leftovers) -> None:
+    certs = tmp_path / "certs"
+    init_ca(certs)
+    issue_server_certificate(certs, ["127.0.0.1", "localhost"])
+    task = make_task("digits")
+    for i in range(3):
+        make_node_key(certs, f"device-{i}")
+        part = task.partition(i, 3, "iid")  # stands in for each device's own data
+        np.savez(tmp_path / f"device-{i}.npz", x=part.x.numpy(), y=part.y.numpy())
+    port, metrics_port = free_port(), free_port()
+    (tmp_path / "fedge.toml").write_text(f"""
+[service]
+address = "127.0.0.1:{port}"
+state-dir = "state"
+metrics-address = "127.0.0.1:{metrics_port}"
+tls-ca = "certs/ca.crt"
+tls-cert = "certs/server.crt"
+tls-key = "certs/server.key"
+register-keys = ["certs/device-0.pub", "certs/device-1.pub", "certs/device-2.pub"]
+node-poll-seconds = 5
+stop-grace-seconds = 240
+
+[run]
+rounds = 3
+clients-per-round = 3
+min-replies = 2
+local-epochs = 5
+wait-for-nodes = 240
+round-timeout = 240
+""")
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    serve = [str(BIN / "fedge"), "serve", "--config", str(tmp_path / "fedge.toml")]
+    run_dir, state = tmp_path / "state" / "run", tmp_path / "state"
+    devices: list[subprocess.Popen] = []
+    daemon = _start(serve, tmp_path / "serve-1.log", env)
+    try:
+        _wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
+        for i in range(2):
+            devices.append(_start(
+                [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--root-cert",
+                 str(certs / "ca.crt"), "--auth-key", str(certs / f"device-{i}"), "--data",
+                 str(tmp_path / f"device-{i}.npz"), "--state-dir", str(tmp_path / f"device-{i}")],
+                tmp_path / f"join-{i}.log", env))
+        # the third device corrupts every update (Fedge's fault mod through its node config): a real
+        # SuperNode, registered, whose replies the coordinator must reject and count
+        faulty_home = tmp_path / "device-2" / "flwr-home"
+        with ProcessGroup(tmp_path / "device-2" / "logs", env=flower_environment(faulty_home)) as faulty:
+            faulty.start("supernode", supernode_argv(
+                f"127.0.0.1:{port}", free_port(),
+                f'data="{tmp_path / "device-2.npz"}" fault="truncate" state-dir="{tmp_path / "device-2"}"',
+                root_cert=certs / "ca.crt", auth_key=certs / "device-2"))
+            _wait_for(lambda: _scrape(metrics_port)["fedge_rounds_completed_total"] >= 1, 300, "round 1 on /metrics")
+            first = _scrape(metrics_port)
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=300) == 0, (tmp_path / "serve-1.log").read_text()[-3000:]
+            stopped_at = CheckpointStore(run_dir / "checkpoint").load()
+            assert stopped_at is not None and 1 <= stopped_at.round < 3  # valid, loadable, mid-run
+            assert [r["round"] for r in _rows(run_dir)] == list(range(1, stopped_at.round + 1))
+            assert first["fedge_rounds_completed_total"] >= 1 and first["fedge_replies_used_total"] >= 2
+            assert first["fedge_uplink_bytes_total"] > 0 and first["fedge_superlink_up"] == 1
+            assert first["fedge_replies_rejected_total{reason=bad_payload}"] >= 1  # the truncating device
+            events = [json.loads(line) for line in (tmp_path / "serve-1.log").read_text().splitlines()
+                      if line.startswith("{")]
+            assert any(e["event"] == "reply rejected" and "node" in e and e.get("round") == 1 for e in events)
+
+            daemon = _start(serve, tmp_path / "serve-2.log", env)  # the devices reconnect by themselves
+            _wait_for(lambda: daemon.poll() is not None or "run submitted" in (tmp_path / "serve-2.log").read_text(),
+                      120, "the restarted daemon")
+            scrapes = []
+            while daemon.poll() is None:
+                try:
+                    scrapes.append(_scrape(metrics_port))
+                except OSError:
+                    pass
+                time.sleep(2)
+            assert daemon.returncode == 0, (tmp_path / "serve-2.log").read_text()[-3000:]
+        rows = _rows(run_dir)
+        assert [r["round"] for r in rows] == [1, 2, 3]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds"] == 3 and summary["final_accuracy"] > 0.8
+        assert scrapes and max(s["fedge_current_round"] for s in scrapes) >= stopped_at.round
+        assert (tmp_path / "device-0" / "node-state.npz").exists()  # error feedback kept on the device's disk
+        for device in devices:
+            device.send_signal(signal.SIGTERM)
+            assert device.wait(timeout=60) == 0
+    finally:
+        for process in [daemon, *devices]:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    assert_no_leftovers(state / "flwr-home")
+    for i in range(3):
+        assert_no_leftovers(tmp_path / f"device-{i}" / "flwr-home")
