@@ -90,6 +90,7 @@ class Daemon:
             self._round = int(row.get("round", 0))
             seen += 1
         write_connection(self.flwr_home, _CONNECTION, config.dial, config.tls.ca_cert if config.tls else None)
+        self._stop_leftovers()
         self.group = ProcessGroup(config.state_dir / "logs", env=self.env, also_match={"FLWR_HOME": str(self.flwr_home)})
         try:
             return self._supervise(rows_log, seen)
@@ -98,6 +99,17 @@ class Daemon:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
             log.info("all processes stopped")
+
+    def _stop_leftovers(self) -> None:
+        """A daemon killed with SIGKILL cannot stop its SuperLink, ServerApp or ``flwr run``: they keep
+        the port and the database. Every one of them carries this daemon's FLWR_HOME in its
+        environment; stop them before starting again (they are ours by construction)."""
+        leftovers = ProcessGroup(self.config.state_dir / "logs", env=self.env,
+                                 also_match={"FLWR_HOME": str(self.flwr_home)})
+        found = leftovers.stragglers()
+        if found:
+            log.warning("stopping processes left by a previous daemon", extra=fields(pids=found))
+            leftovers.stop(grace=5.0)
 
     def _supervise(self, rows_log: MetricsLog, seen: int) -> int:
         config, group = self.config, self.group

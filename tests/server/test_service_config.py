@@ -1,0 +1,132 @@
+"""``fedge.toml`` checks (every rule a named error before anything starts) and the /metrics mapping."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.certs import init_ca, issue_server_certificate
+from server.service_config import ServiceConfigError, load_service_config
+from server.service_metrics import REASON_LABELS, ServiceMetrics, reason_label
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path: Path, service: str, run: str = "rounds = 2") -> Path:
+    path = tmp_path / "fedge.toml"
+    path.write_text(f"[service]\n{service}\n\n[run]\n{run}\n")
+    return path
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    init_ca(tmp_path / "certs")
+    issue_server_certificate(tmp_path / "certs", ["127.0.0.1", "fl.example.org"])
+    return tmp_path / "certs"
+
+
+TLS = 'tls-ca = "certs/ca.crt"\ntls-cert = "certs/server.crt"\ntls-key = "certs/server.key"'
+
+
+def test_the_example_config_is_valid_once_its_files_exist(tmp_path: Path, certs: Path) -> None:
+    text = (REPO / "ops" / "fedge.example.toml").read_text()
+    text = text.replace('"/var/lib/fedge"', f'"{tmp_path / "state"}"')
+    text = text.replace('export-bundle = "/etc/fedge/signing/signing-key.pem"', "")
+    (tmp_path / "fedge.toml").write_text(text)
+    config = load_service_config(tmp_path / "fedge.toml")
+    assert config.tls is not None and config.tls.node_auth and config.dial == "127.0.0.1:9093"
+    assert config.settings.rounds == 100 and config.run_dir == tmp_path / "state" / "run"
+
+
+def test_loopback_plaintext_is_fine_and_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    config = load_service_config(_write(tmp_path, 'address = "127.0.0.1:9093"\nstate-dir = "s"'))
+    assert config.tls is None and config.state_dir == tmp_path / "s" and config.metrics_port == 9100
+
+
+def test_plaintext_outside_loopback_needs_insecure_and_warns(tmp_path: Path, caplog) -> None:
+    with pytest.raises(ServiceConfigError, match="not loopback"):
+        load_service_config(_write(tmp_path, 'address = "0.0.0.0:9093"'))
+    with caplog.at_level(logging.WARNING):
+        config = load_service_config(_write(tmp_path, 'address = "0.0.0.0:9093"\ninsecure = true'))
+    assert config.insecure and "plaintext SuperLink" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("service", "run", "words"),
+    [
+        ('address = "127.0.0.1"', "", "host:port"),
+        ('address = "127.0.0.1:70000"', "", "1..65535"),
+        ('adress = "127.0.0.1:9093"', "", "unknown \\[service\\] keys"),
+        ("node-auth = true", "", "node-auth needs TLS"),
+        ('tls-ca = "certs/ca.crt"', "", "TLS needs tls-ca, tls-cert and tls-key"),
+        (TLS + "\ninsecure = true", "", "contradicts"),
+        (TLS + '\ndial = "10.1.2.3:9093"', "", "names .* but the daemon dials '10.1.2.3'"),
+        (TLS + '\nregister-keys = ["nope.pub"]', "", "does not exist"),
+        ('register-keys = ["x.pub"]', "", "does not exist|needs node-auth"),
+        ("stop-grace-seconds = 0", "", "positive number"),
+        ("", "rounds = 2\nroundz = 3", "unknown setting 'roundz'"),
+        ("", 'codec = "qsgd:bits=99"', "\\[run\\]"),
+    ],
+)
+def test_each_rule_is_a_named_error(tmp_path: Path, certs: Path, service: str, run: str, words: str) -> None:
+    with pytest.raises(ServiceConfigError, match=words):
+        load_service_config(_write(tmp_path, service, run or "rounds = 2"))
+
+
+def test_certificate_must_match_its_key_and_ca(tmp_path: Path, certs: Path) -> None:
+    other = tmp_path / "other"
+    init_ca(other)
+    issue_server_certificate(other, ["127.0.0.1"])
+    shutil.copy(other / "server.key", certs / "server.key")
+    with pytest.raises(ServiceConfigError, match="does not belong"):
+        load_service_config(_write(tmp_path, TLS))
+    shutil.copy(other / "server.crt", certs / "server.crt")
+    with pytest.raises(ServiceConfigError, match="not signed by"):
+        load_service_config(_write(tmp_path, TLS))
+
+
+def test_bad_toml_is_a_named_error(tmp_path: Path) -> None:
+    (tmp_path / "fedge.toml").write_text("[service\n")
+    with pytest.raises(ServiceConfigError, match="not valid TOML"):
+        load_service_config(tmp_path / "fedge.toml")
+
+
+def test_rows_become_prometheus_samples(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "state.pt"
+    metrics = ServiceMetrics(checkpoint)
+    row = {"round": 4, "accuracy": 0.9, "clients_used": 3, "uplink_bytes": 100, "downlink_bytes": 900,
+           "seconds": 12.5, "rejected": [{"node": 7, "reason": "no reply within 60 s"},
+                                         {"node": 8, "reason": "body length field says 9 bytes but 3 follow"},
+                                         {"node": 9, "reason": "num-examples must be a positive integer, got -1"}]}
+    metrics.observe_row(row)
+    metrics.observe_row({**row, "round": 5, "rejected": []})
+    from prometheus_client import generate_latest
+
+    samples = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert samples[("fedge_rounds_completed_total", ())] == 2
+    assert samples[("fedge_current_round", ())] == 5
+    assert samples[("fedge_replies_used_total", ())] == 6
+    assert samples[("fedge_uplink_bytes_total", ())] == 200
+    assert samples[("fedge_replies_rejected_total", (("reason", "timeout"),))] == 1
+    assert samples[("fedge_replies_rejected_total", (("reason", "bad_payload"),))] == 1
+    assert samples[("fedge_replies_rejected_total", (("reason", "bad_metrics"),))] == 1
+    assert samples[("fedge_round_duration_seconds_count", ())] == 2
+    assert samples[("fedge_checkpoint_age_seconds", ())] == -1  # no checkpoint yet
+    checkpoint.write_bytes(b"x")
+    text = generate_latest(metrics.registry).decode()
+    age = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "fedge_checkpoint_age_seconds")
+    assert 0 <= age < 60
+
+
+def test_reason_labels_are_a_closed_set() -> None:
+    hostile = ["x" * 10_000, "stale by 30 versions > max-staleness 20; dropped", "update norm 1e9 > 30",
+               "client error 0: boom", "", "\u202e weird"]
+    assert {reason_label(r) for r in hostile} <= set(REASON_LABELS)
