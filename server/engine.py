@@ -32,6 +32,7 @@ from server.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext
 from server.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from server.dispatcher import Dispatcher, Missing
 from server.metrics_row import RoundRow
+from server.reply_screen import screen_reply
 from server.run_directory import RunDirectory
 from server.settings import RunSettings
 from tasks import Task, evaluate, numel_of, unflatten_state
@@ -269,6 +270,7 @@ class Engine:
         if item.has_error():
             return node, f"client error {item.error.code}: {item.error.reason}"
         try:
+            screen_reply(item.content, self.ctx.fp32_bytes)
             self.algorithm.absorb(step, Reply(node, item.content, started=started))
         except (Rejected, PayloadError, ProtocolError) as err:
             log.warning("round %d: rejected update from node %d: %s", step, node, err)

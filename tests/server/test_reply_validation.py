@@ -88,6 +88,38 @@ def test_bad_replies_are_rejected_with_a_reason(engine: Engine, payload, metrics
     assert "rejected update from node 42" in caplog.text
 
 
+def test_malicious_input_at_the_door(engine: Engine, caplog) -> None:
+    """Each hostile shape of a reply is refused with a logged reason before any decoding; a good
+    reply from another node in the same round is still used."""
+    good = engine.algorithm.codec.encode(torch.randn(N))
+    ok = {"num-examples": 10, "train-loss": 0.5}
+    smuggled = _content(good, ok)
+    smuggled["state"] = ArrayRecord({"x": Array(dtype="float32", shape=(1,), stype="numpy.ndarray", data=bytes(4))})
+    huge = _content(good + bytes(4 << 20), ok)  # 4 MiB more: far past any legitimate reply
+    float_update = _content(None, ok)
+    float_update[UPDATE_RECORD] = ArrayRecord({PAYLOAD_KEY: Array(dtype="float32", shape=(len(good) // 4,),
+                                                                   stype=PAYLOAD_STYPE, data=good[: len(good) // 4 * 4])})
+    wrong_shape = _content(None, ok)
+    wrong_shape[UPDATE_RECORD] = ArrayRecord({PAYLOAD_KEY: Array(dtype="uint8", shape=(3, len(good)),
+                                                                  stype=PAYLOAD_STYPE, data=good)})
+    cases = {
+        "unknown record names": smuggled,
+        "oversized reply": huge,
+        "expected a fedge.payload/1 uint8 array": float_update,
+        "declares shape": wrong_shape,
+        "not a finite number": _content(good, {**ok, "seconds": float("inf")}),
+        "positive integer": _content(good, {"num-examples": -5}),
+        "metric 'train-loss' is not a finite number": _content(good, {"num-examples": 3, "train-loss": float("nan")}),
+    }
+    for expected, content in cases.items():
+        node, why = engine._absorb(1, _Reply(content, 42))
+        assert node == 42 and why is not None and expected in why, (expected, why)
+    assert engine.algorithm._agg.count == 0
+    assert engine._absorb(1, _Reply(_content(good, ok), 7)) == (7, None)  # the round goes on
+    assert engine.algorithm._agg.count == 1
+    assert caplog.text.count("rejected update from node 42") == len(cases)
+
+
 def test_client_error_reply_is_recorded(engine: Engine) -> None:
     assert engine._absorb(1, _Reply(RecordDict(), 7, _Error(3, "boom"))) == (7, "client error 3: boom")
 
