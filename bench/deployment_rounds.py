@@ -140,6 +140,7 @@ def run_flower(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     flwr_home = run_dir / "flwr-home"
     env = flower_environment(flwr_home)
     out_path = run_dir / "rounds.jsonl"
+    out_path.unlink(missing_ok=True)  # the ServerApp appends; a reused --keep directory starts empty
     defaults = RunSettings()
     run_config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": defaults.lr,
                   "batch-size": defaults.batch_size, "min-nodes": args.supernodes, "out-path": str(out_path)}
@@ -240,6 +241,17 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = entry["overhead_seconds"]
         entry["overhead_vs_flower"] = mine / base if base and mine is not None else None
     return list(out.values())
+
+
+def contended_rounds(runs: list[dict[str, Any]], factor: float = 1.5) -> list[str]:
+    """Rounds whose slowest client trained ``factor`` x longer than the median round of every run:
+    the training work is identical each round, so a long one means something else held the CPUs."""
+    median = _median([r["train_seconds"] for run in runs for r in run["rounds"]])
+    if not median:
+        return []
+    return [f"{run['label']} round {r['round']} ({r['train_seconds']:.2f} s vs {median:.2f} s)"
+            for run in runs for r in run["rounds"]
+            if r["train_seconds"] is not None and r["train_seconds"] > factor * median]
 
 
 def table(summary: list[dict[str, Any]]) -> str:
@@ -371,8 +383,12 @@ def main() -> int:
         f"Medians over rounds 2..{args.rounds}; overhead = round - slowest client's training.\n\n"
         f"`{command}`"
     )
+    contended = contended_rounds(runs)
+    if contended:
+        header += ("\n\n**Rounds whose slowest client trained 1.5x longer than the median round** (the same work "
+                   "every round: another process was taking the CPUs): " + "; ".join(contended) + ".")
     if machine["load_average_at_start"][0] >= 0.5 * (os.cpu_count() or 1):
-        header += ("\n\n**Other processes were using the CPUs during this run** (see the load averages): "
+        header += ("\n\n**Other processes were using the CPUs when this run started** (load average): "
                    "training and start-up times are inflated and the comparison is noisy; repeat on an idle machine.")
     print()
     print(header)

@@ -3,8 +3,9 @@
 torch starts one intra-op thread per core in every process. On the deployment engine every message
 runs in a fresh ClientApp process next to the SuperNode (and, on a shared host, next to other
 nodes), so the default oversubscribes the cores: on this 2-core machine two SuperNodes' rounds took
-24-36 s with torch's default and 14 s with one thread each (``fedge local-cluster --supernodes 2``;
-``bench/deployment_rounds.py``). A device that wants more (and has the cores) says so:
+24-36 s with torch's default and 14 s with one thread each (``fedge local-cluster --supernodes 2
+--rounds 3``, 2026-11-23, before and after ``OMP_NUM_THREADS=1``; a py-spy profile of one ClientApp
+showed 25 s of its 33 s in backward passes of a 38k-parameter CNN). A device that wants more (and has the cores) says so:
 ``fedge-edge join --threads 4``. The simulation engine already pins each worker to its CPU share.
 """
 

@@ -24,7 +24,7 @@ from deploy.certs import init_ca, issue_server_certificate, make_node_key
 from server.checkpoint import CheckpointStore
 from server.engines import flower_environment
 from server.federation import supernode_argv
-from server.processes import ProcessGroup, free_port
+from server.processes import ProcessGroup, free_port, processes_with_env
 from tasks import make_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -95,6 +95,7 @@ round-timeout = 240
     serve = [str(BIN / "fedge"), "serve", "--config", str(tmp_path / "fedge.toml")]
     run_dir, state = tmp_path / "state" / "run", tmp_path / "state"
     devices: list[subprocess.Popen] = []
+    passed = False  # a failed run still must not leave processes behind (swept in `finally`)
     daemon = _start(serve, tmp_path / "serve-1.log", env)
     try:
         _wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
@@ -146,11 +147,23 @@ round-timeout = 240
         for device in devices:
             device.send_signal(signal.SIGTERM)
             assert device.wait(timeout=60) == 0
-    finally:
+        passed = True
+    finally:  # on failure too: SIGTERM lets the daemon and join stop what they started, then SIGKILL
         for process in [daemon, *devices]:
             if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in [daemon, *devices]:
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        homes = [state / "flwr-home", *(tmp_path / f"device-{i}" / "flwr-home" for i in range(3))]
+        for pid in () if passed else (pid for home in homes for pid in processes_with_env("FLWR_HOME", str(home))):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     assert_no_leftovers(state / "flwr-home")
     for i in range(3):
         assert_no_leftovers(tmp_path / f"device-{i}" / "flwr-home")

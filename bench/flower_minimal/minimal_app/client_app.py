@@ -36,9 +36,12 @@ def train(msg: Message, context: Context) -> Message:
     # the comparison about framework overhead, not about thread contention.
     torch.set_num_threads(1)
     started = time.perf_counter()
-    x, y = shard(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]))
+    partition = int(context.node_config["partition-id"])
+    x, y = shard(partition, int(context.node_config["num-partitions"]))
     data_seconds = time.perf_counter() - started
 
+    # seeded shuffles per (node, round), as Fedge seeds its own: a run repeats exactly
+    generator = torch.Generator().manual_seed(1000 * partition + int(msg.content["config"]["server-round"]))
     model = DigitsCNN()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     epochs = int(context.run_config["local-epochs"])
@@ -50,7 +53,7 @@ def train(msg: Message, context: Context) -> Message:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     for _ in range(epochs):
-        order = torch.randperm(len(y))
+        order = torch.randperm(len(y), generator=generator)
         for start in range(0, len(y), batch_size):
             index = order[start : start + batch_size]
             loss = torch.nn.functional.cross_entropy(model(x[index]), y[index])
