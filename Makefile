@@ -34,7 +34,7 @@ demo: $(STAMP)
 	$(VENV)/bin/fedge demo
 
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --durations=15
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q

@@ -12,7 +12,8 @@ and N ``flower-supernode`` processes with the Fedge ClientApp on 127.0.0.1, then
 Checked: every round 1..R exactly once in ``metrics.jsonl``, every line parses, the checkpoint
 loads, every /metrics scrape parses (prometheus_client's parser), final accuracy against an
 undisturbed run of the same configuration (``--baseline``, run first, side by side), and no process
-left. The CI version is ``tests/integration/test_chaos.py`` (3 nodes, 3 rounds, no baseline).
+left. The CI version is the chaos phase of ``tests/integration/test_serve.py`` (one device in three
+and the coordinator SIGKILLed, both restarted).
 
     .venv/bin/python bench/chaos.py                          # 10 SuperNodes, 8 rounds, with baseline
     .venv/bin/python bench/chaos.py --nodes 3 --rounds 3 --kill-nodes-after 1 --kill-coordinator-after 2 --no-baseline

@@ -76,6 +76,10 @@ def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
+            # Flower's SuperExec looks for a new task (a ClientApp / ServerApp to start) once a second
+            # by default; every deployment message waits half of that on average. 0.2 s is Flower's
+            # own knob (flwr 1.41 supercore/superexec/run_superexec.py), a user's value wins.
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
             "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
         }
     )

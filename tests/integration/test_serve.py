@@ -1,9 +1,12 @@
 """The product as an operator runs it: ``fedge serve`` (TLS, SuperNode authentication, state database,
 /metrics) and devices joining with their own ``.npz`` data through ``fedge-edge join``, all real
-processes on 127.0.0.1. One run covers the acceptance path: 3 rounds over TLS; /metrics scraped and
-parsed with prometheus_client's own parser while counters move (rounds, replies, a faulty device's
-rejections); SIGTERM to the daemon stops at a round boundary with a valid checkpoint and exit 0; a
-restart finishes the run with every round exactly once; every process is gone afterwards."""
+processes on 127.0.0.1. One run covers the acceptance path and the short chaos drill: 4 rounds over
+TLS; /metrics scraped and parsed with prometheus_client's own parser while counters move (rounds,
+replies, a faulty device's rejections); SIGTERM to the daemon stops at a round boundary with a valid
+checkpoint and exit 0; after a restart and one more round, a power cut of the whole coordinator and
+of one device in three (SIGKILL); the coordinator restarts, the device rejoins with its saved
+state, and the run finishes with every round exactly once; every process is gone afterwards. The
+full chaos benchmark (30% of 10 SuperNodes, undisturbed baseline side by side): ``bench/chaos.py``."""
 
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ node-poll-seconds = 5
 stop-grace-seconds = 240
 
 [run]
-rounds = 3
+rounds = 4
 clients-per-round = 3
 min-replies = 2
 local-epochs = 5
@@ -99,12 +102,13 @@ round-timeout = 240
     daemon = _start(serve, tmp_path / "serve-1.log", env)
     try:
         _wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
+        def join(i: int) -> list[str]:
+            return [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--root-cert",
+                    str(certs / "ca.crt"), "--auth-key", str(certs / f"device-{i}"), "--data",
+                    str(tmp_path / f"device-{i}.npz"), "--state-dir", str(tmp_path / f"device-{i}")]
+
         for i in range(2):
-            devices.append(_start(
-                [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--root-cert",
-                 str(certs / "ca.crt"), "--auth-key", str(certs / f"device-{i}"), "--data",
-                 str(tmp_path / f"device-{i}.npz"), "--state-dir", str(tmp_path / f"device-{i}")],
-                tmp_path / f"join-{i}.log", env))
+            devices.append(_start(join(i), tmp_path / f"join-{i}.log", env))
         # the third device corrupts every update (Fedge's fault mod through its node config): a real
         # SuperNode, registered, whose replies the coordinator must reject and count
         faulty_home = tmp_path / "device-2" / "flwr-home"
@@ -118,7 +122,7 @@ round-timeout = 240
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(timeout=300) == 0, (tmp_path / "serve-1.log").read_text()[-3000:]
             stopped_at = CheckpointStore(run_dir / "checkpoint").load()
-            assert stopped_at is not None and 1 <= stopped_at.round < 3  # valid, loadable, mid-run
+            assert stopped_at is not None and 1 <= stopped_at.round < 3  # valid, loadable, at a round boundary
             assert [r["round"] for r in _rows(run_dir)] == list(range(1, stopped_at.round + 1))
             assert first["fedge_rounds_completed_total"] >= 1 and first["fedge_replies_used_total"] >= 2
             assert first["fedge_uplink_bytes_total"] > 0 and first["fedge_superlink_up"] == 1
@@ -127,9 +131,24 @@ round-timeout = 240
                       if line.startswith("{")]
             assert any(e["event"] == "reply rejected" and "node" in e and e.get("round") == 1 for e in events)
 
+            # Chaos: the restarted daemon runs a round, then the coordinator loses power (daemon,
+            # SuperLink, ServerApp, flwr run: SIGKILL) and so does device 1 (join and SuperNode).
             daemon = _start(serve, tmp_path / "serve-2.log", env)  # the devices reconnect by themselves
-            _wait_for(lambda: daemon.poll() is not None or "run submitted" in (tmp_path / "serve-2.log").read_text(),
-                      120, "the restarted daemon")
+            _wait_for(lambda: len(_rows(run_dir)) > stopped_at.round or daemon.poll() is not None, 300,
+                      "a round after the restart")
+            for pid in [daemon.pid, devices[1].pid, *processes_with_env("FLWR_HOME", str(state / "flwr-home")),
+                        *processes_with_env("FLWR_HOME", str(tmp_path / "device-1" / "flwr-home"))]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            daemon.wait(), devices[1].wait()
+            cut_at = CheckpointStore(run_dir / "checkpoint").load()  # loadable right after a power cut
+            assert cut_at is not None and cut_at.round > stopped_at.round
+            assert [r["round"] for r in _rows(run_dir)][: cut_at.round] == list(range(1, cut_at.round + 1))
+
+            daemon = _start(serve, tmp_path / "serve-3.log", env)  # finds and stops nothing: all was killed
+            devices[1] = _start(join(1), tmp_path / "join-1b.log", env)  # the device comes back
             scrapes = []
             while daemon.poll() is None:
                 try:
@@ -137,12 +156,13 @@ round-timeout = 240
                 except OSError:
                     pass
                 time.sleep(2)
-            assert daemon.returncode == 0, (tmp_path / "serve-2.log").read_text()[-3000:]
+            assert daemon.returncode == 0, (tmp_path / "serve-3.log").read_text()[-3000:]
         rows = _rows(run_dir)
-        assert [r["round"] for r in rows] == [1, 2, 3]
+        assert [r["round"] for r in rows] == [1, 2, 3, 4]  # every round exactly once, every line parsed
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["rounds"] == 3 and summary["final_accuracy"] > 0.8
-        assert scrapes and max(s["fedge_current_round"] for s in scrapes) >= stopped_at.round
+        assert summary["rounds"] == 4 and summary["final_accuracy"] > 0.8
+        assert summary["resumed_from_round"] == cut_at.round
+        assert scrapes and max(s["fedge_current_round"] for s in scrapes) == 4
         assert (tmp_path / "device-0" / "node-state.npz").exists()  # error feedback kept on the device's disk
         for device in devices:
             device.send_signal(signal.SIGTERM)
