@@ -5,6 +5,8 @@ joins. That a registered node also trains over TLS is tested with FedBuff in
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from server.engines import flower_environment
 from server.federation import (
     EXIT_NODE_REFUSED,
     LoopbackSecurity,
+    RegistrationError,
     register_node,
     superlink_argv,
     supernode_argv,
@@ -46,7 +49,15 @@ def test_unregistered_and_plaintext_supernodes_are_refused(tmp_path: Path, asser
     with ProcessGroup(tmp_path / "logs", env=env, also_match={"FLWR_HOME": str(home)}) as group:
         superlink = group.start("superlink", superlink_argv("127.0.0.1", port, security.server), cwd=tmp_path)
         wait_for_port(port, 60, superlink)
-        node_id = register_node(security.directory / "node-0.pub", "fedge", env)
+        # registered through the operator's command (which runs Flower's `flwr supernode register`)
+        done = subprocess.run([str(Path(sys.executable).parent / "fedge"), "certs", "register",
+                               str(security.directory / "node-0.pub"), "--superlink", address,
+                               "--root-cert", str(security.server.ca_cert)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        node_id = int(done.stdout.split(" as node ")[1])
+        with pytest.raises(RegistrationError, match="already in use"):
+            register_node(security.directory / "node-0.pub", "fedge", env)
         good = group.start("good", supernode_argv(address, free_port(), config, root_cert=security.server.ca_cert,
                                                   auth_key=security.node_key(0)), cwd=tmp_path)
         rogue = group.start("rogue", supernode_argv(address, free_port(), config, root_cert=security.server.ca_cert,
