@@ -8,7 +8,10 @@ from server.checkpoint import CheckpointStore
 from server.engines import launch
 from server.settings import RunSettings
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+# In `make test-slow` only (time budget of the default suite): FedAvg's crash and resume run in the
+# default suite on the deployment engine (the coordinator power cut of test_serve.py), client
+# evaluation and the compressed downlink on the engine's stand-in Grid (tests/server/test_engine.py).
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def test_killed_coordinator_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers) -> None:

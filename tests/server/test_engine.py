@@ -64,6 +64,20 @@ def test_fedavg_round_trains_and_accounts_bytes(tmp_path) -> None:
     assert [m.metadata.message_type for m in grid.pushed] == ["train"] * 6
 
 
+def test_client_evaluation_and_compressed_downlink(tmp_path) -> None:
+    """Federated evaluation by the clients' evaluate handler every 2 rounds, and the compressed
+    downlink: full models first, encoded changes afterwards (also on a real engine in the slow
+    ``tests/integration/test_resume.py``)."""
+    engine = _engine(tmp_path, rounds=4, client_eval_every=2, downlink_codec="qsgd:bits=8")
+    grid = InProcessGrid(3)
+    rows = engine.run(grid, _start(engine)).rows
+    assert [r.extra.get("client_eval_replies") for r in rows] == [None, 3, None, 3]
+    assert all(0.0 < rows[i].extra["client_accuracy"] <= 1.0 for i in (1, 3))
+    assert "evaluate" in [m.metadata.message_type for m in grid.pushed]
+    full = 3 * engine.ctx.fp32_bytes
+    assert rows[0].downlink_bytes == full and rows[2].downlink_bytes < full / 3
+
+
 def test_round_timeout_and_min_replies(tmp_path) -> None:
     clock = FakeClock()
     engine = _engine(tmp_path, clock, rounds=1, min_replies=2, round_timeout=7.0)
