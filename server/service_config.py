@@ -124,6 +124,7 @@ def _path(base: Path, value: Any, key: str) -> Path:
 
 def _check_certificate(tls: ServerTLS, dial_host: str) -> None:
     from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives import serialization
 
     for key, path in (("tls-ca", tls.ca_cert), ("tls-cert", tls.certificate), ("tls-key", tls.key)):
@@ -137,7 +138,7 @@ def _check_certificate(tls: ServerTLS, dial_host: str) -> None:
         raise ServiceConfigError(f"[service] TLS files unreadable: {err}") from None
     try:
         cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, Exception) as err:  # InvalidSignature is not a ValueError
+    except (InvalidSignature, ValueError, TypeError) as err:
         raise ServiceConfigError(f"[service] tls-cert {tls.certificate} is not signed by tls-ca {tls.ca_cert}: "
                                  f"{type(err).__name__}") from None
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
