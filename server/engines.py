@@ -138,7 +138,7 @@ def launch(
     run_dir.mkdir(parents=True, exist_ok=True)
     # A summary is the mark of a finished run: drop a stale one so only this launch can write it.
     (run_dir / "summary.json").unlink(missing_ok=True)
-    _drop_rows_after_checkpoint(run_dir)
+    prepare_run_directory(run_dir)
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
     started = time.monotonic()
@@ -227,9 +227,10 @@ def stage_app(destination: Path, source: Path = APP_DIR) -> Path:
     return destination
 
 
-def _drop_rows_after_checkpoint(run_dir: Path) -> None:
-    """Metrics rows past the last checkpoint belong to rounds that will run again: drop them now
-    (the ServerApp does the same when it resumes) so progress does not report them twice."""
+def prepare_run_directory(run_dir: Path) -> None:
+    """Before a (re)start: clear a stop request of an earlier launch, and drop metrics rows past the
+    last checkpoint (they belong to rounds that will run again; the ServerApp does the same when it
+    resumes) so progress does not report them twice."""
     from server.run_directory import RunDirectory
 
     directory = RunDirectory(run_dir)

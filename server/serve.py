@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from server.engines import _drop_rows_after_checkpoint, config_args, flower_environment, stage_app
+from server.engines import prepare_run_directory, config_args, flower_environment, stage_app
 from server.federation import RegistrationError, register_node, superlink_argv, write_connection
 from server.json_logs import fields
 from server.metrics_log import MetricsLog
@@ -81,7 +81,7 @@ class Daemon:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        _drop_rows_after_checkpoint(config.run_dir)  # also clears a stale stop request
+        prepare_run_directory(config.run_dir)  # also clears a stale stop request
         (config.run_dir / "summary.json").unlink(missing_ok=True)
         rows_log = MetricsLog(config.run_dir / "metrics.jsonl")
         seen = 0
