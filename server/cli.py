@@ -256,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_certs(args)
         if args.command == "serve":
             return _serve(args)
-    except (SettingsError, ValueError, CertificateError, RegistrationError, FileNotFoundError, TimeoutError) as err:
+    except (SettingsError, ValueError, CertificateError, RegistrationError, OSError) as err:
+        # OSError covers a missing file, a port already in use (the daemon's metrics address) and a
+        # SuperLink that never listened (TimeoutError)
         print(f"fedge: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
