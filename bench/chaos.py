@@ -182,6 +182,11 @@ def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs
     )
 
 
+def _portable(result: ChaosResult) -> dict[str, Any]:
+    """A result for the results file: without the run's temporary directory (deleted after it)."""
+    return {k: v for k, v in result.__dict__.items() if k != "log_dir"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=10)
@@ -198,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedge-chaos-") as tmp:
         if not args.no_baseline:
             base = run_chaos(Path(tmp) / "baseline", kill_nodes_after=None, kill_coordinator_after=None, **common)
-            results["undisturbed"] = base.__dict__
+            results["undisturbed"] = _portable(base)
             print(f"undisturbed: accuracy {base.accuracy:.4f}, {base.seconds:.0f} s", flush=True)
         chaos = run_chaos(Path(tmp) / "chaos", kill_nodes_after=args.kill_nodes_after,
                           kill_coordinator_after=args.kill_coordinator_after, **common)
-        results["chaos"] = chaos.__dict__
+        results["chaos"] = _portable(chaos)
     ok = chaos.rounds == list(range(1, args.rounds + 1)) and not chaos.scrape_errors and not chaos.leftovers
     gap = None if args.no_baseline else 100 * (results["undisturbed"]["accuracy"] - chaos.accuracy)
     results.update({"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs",

@@ -41,9 +41,10 @@ def save_state(context: Context, path: Path) -> None:
     configs: dict[str, dict] = {}
     for key, record in context.state.array_records.items():
         if key.startswith(_PREFIX):
-            for i, (name, array) in enumerate(record.items()):
-                arrays[f"a{len(arrays)}"] = array.numpy()
-                configs.setdefault("__arrays__", {}).setdefault(key, []).append([name, f"a{len(arrays) - 1}"])
+            for name, array in record.items():
+                slot = f"a{len(arrays)}"  # npz member names must be plain; the real names go in the meta
+                arrays[slot] = array.numpy()
+                configs.setdefault("__arrays__", {}).setdefault(key, []).append([name, slot])
     for key, record in context.state.config_records.items():
         if key.startswith(_PREFIX):
             values = dict(record)

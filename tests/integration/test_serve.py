@@ -29,19 +29,11 @@ from server.engines import flower_environment
 from server.federation import supernode_argv
 from server.processes import ProcessGroup, free_port, processes_with_env
 from tasks import make_task
+from tests.integration.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -101,7 +93,7 @@ round-timeout = 240
     passed = False  # a failed run still must not leave processes behind (swept in `finally`)
     daemon = _start(serve, tmp_path / "serve-1.log", env)
     try:
-        _wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
+        wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
         def join(i: int) -> list[str]:
             return [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--root-cert",
                     str(certs / "ca.crt"), "--auth-key", str(certs / f"device-{i}"), "--data",
@@ -117,7 +109,7 @@ round-timeout = 240
                 f"127.0.0.1:{port}", free_port(),
                 f'data="{tmp_path / "device-2.npz"}" fault="truncate" state-dir="{tmp_path / "device-2"}"',
                 root_cert=certs / "ca.crt", auth_key=certs / "device-2"))
-            _wait_for(lambda: _scrape(metrics_port)["fedge_rounds_completed_total"] >= 1, 300, "round 1 on /metrics")
+            wait_for(lambda: _scrape(metrics_port)["fedge_rounds_completed_total"] >= 1, 300, "round 1 on /metrics")
             first = _scrape(metrics_port)
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(timeout=300) == 0, (tmp_path / "serve-1.log").read_text()[-3000:]
@@ -134,7 +126,7 @@ round-timeout = 240
             # Chaos: the restarted daemon runs a round, then the coordinator loses power (daemon,
             # SuperLink, ServerApp, flwr run: SIGKILL) and so does device 1 (join and SuperNode).
             daemon = _start(serve, tmp_path / "serve-2.log", env)  # the devices reconnect by themselves
-            _wait_for(lambda: len(_rows(run_dir)) > stopped_at.round or daemon.poll() is not None, 300,
+            wait_for(lambda: len(_rows(run_dir)) > stopped_at.round or daemon.poll() is not None, 300,
                       "a round after the restart")
             for pid in [daemon.pid, devices[1].pid, *processes_with_env("FLWR_HOME", str(state / "flwr-home")),
                         *processes_with_env("FLWR_HOME", str(tmp_path / "device-1" / "flwr-home"))]:

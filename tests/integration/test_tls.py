@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,17 +23,9 @@ from server.federation import (
     write_connection,
 )
 from server.processes import ProcessGroup, free_port, wait_for_port
+from tests.integration.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def test_unregistered_and_plaintext_supernodes_are_refused(tmp_path: Path, assert_no_leftovers) -> None:
@@ -64,10 +55,10 @@ def test_unregistered_and_plaintext_supernodes_are_refused(tmp_path: Path, asser
                                                     auth_key=security.directory / "rogue"), cwd=tmp_path)
         plain = group.start("plain", supernode_argv(address, free_port(), config), cwd=tmp_path)
 
-        _wait_for(lambda: not rogue.alive(), 90, "the unregistered SuperNode to be refused")
+        wait_for(lambda: not rogue.alive(), 90, "the unregistered SuperNode to be refused")
         # flwr_exit logs Flower's code (305: SuperNode refused); the process itself exits 1
         assert rogue.popen.returncode != 0 and f"Exit Code: {EXIT_NODE_REFUSED}" in rogue.log_path.read_text()
-        _wait_for(lambda: f"SuperNode ID: {node_id}" in good.log_path.read_text(), 90,
+        wait_for(lambda: f"SuperNode ID: {node_id}" in good.log_path.read_text(), 90,
                   "the registered SuperNode to connect")
         # The plaintext node has had as long as both of them, and is still knocking on a TLS port.
         assert "Connection attempt failed" in plain.log_path.read_text()
