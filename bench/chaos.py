@@ -42,6 +42,7 @@ from server.checkpoint import CheckpointStore  # noqa: E402
 from server.engines import flower_environment  # noqa: E402
 from server.federation import supernode_argv  # noqa: E402
 from server.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
+from server.service_metrics import reason_label  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -55,6 +56,9 @@ class ChaosResult:
     coordinator_killed_after: int | None
     resumed_from: int | None
     scrapes: int
+    replies_used: int = 0
+    #: replies refused, by reason (``timeout``: a node that did not answer within round-timeout)
+    replies_rejected: dict[str, int] = field(default_factory=dict)
     scrape_errors: list[str] = field(default_factory=list)
     leftovers: list[int] = field(default_factory=list)
     log_dir: str = ""
@@ -70,6 +74,15 @@ def _scrape(port: int) -> dict[str, float]:
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _rejected(rows: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        for item in row.get("rejected") or []:
+            reason = reason_label(str(item.get("reason", "")))
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
 
 
 def _write_config(directory: Path, port: int, metrics_port: int, nodes: int, rounds: int, local_epochs: int,
@@ -107,11 +120,14 @@ def _power_cut(daemon: subprocess.Popen, flwr_home: Path) -> None:
 
 def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs: int = 5,
               kill_nodes_after: int | None = 2, kill_coordinator_after: int | None = 4,
-              kill_fraction: float = 0.3, round_timeout: float = 90.0, wait_for_nodes: float = 30.0,
-              timeout: float = 1800.0) -> ChaosResult:
+              kill_fraction: float = 0.3, round_timeout: float | None = None, wait_for_nodes: float = 30.0,
+              timeout: float | None = None) -> ChaosResult:
     """One run (see the module docstring). ``wait_for_nodes``: after the restart the coordinator
     waits this long for ``clients-per-round`` nodes (the killed ones never come), then goes on with
-    the survivors."""
+    the survivors. ``round_timeout``: default 15 s per SuperNode (at least 90): on 2 cores every
+    ClientApp of a round competes for the same CPUs, so a round's time grows with the nodes."""
+    round_timeout = round_timeout or max(90.0, 15.0 * nodes)
+    timeout = timeout or 600.0 + 2 * rounds * round_timeout
     directory.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
     config = _write_config(directory, port, metrics_port, nodes, rounds, local_epochs, round_timeout, wait_for_nodes)
@@ -178,6 +194,7 @@ def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs
         rounds=[r["round"] for r in rows], accuracy=summary["final_accuracy"],
         seconds=time.monotonic() - started, nodes_killed=len(doomed),
         coordinator_killed_after=kill_coordinator_after, resumed_from=resumed_from, scrapes=scrapes,
+        replies_used=sum(int(r.get("clients_used") or 0) for r in rows), replies_rejected=_rejected(rows),
         scrape_errors=errors, leftovers=leftovers, log_dir=str(directory),
     )
 

@@ -57,6 +57,9 @@ class Daemon:
         self._superlink = None
         self._runner = None
         self._round = 0
+        self._submitted_at = 0.0
+        #: Flower's id of the run this daemon submitted, once its ServerApp has recorded it
+        self._run_id: int | None = None
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -74,7 +77,27 @@ class Daemon:
         superlink = self._superlink is not None and self._superlink.alive()
         runner = self._runner is not None and self._runner.alive()
         return {"ok": bool(superlink and runner), "superlink": superlink, "run": runner,
-                "round": self._round, "stopping": self.stop.is_set()}
+                "run_id": self._run_id, "round": self._round, "stopping": self.stop.is_set()}
+
+    def _fields(self, **values: Any) -> dict[str, Any]:
+        """Event fields with Flower's run id, so a line can be matched with ``flwr log <run id>``."""
+        return fields(run=self._run_id, **values) if self._run_id is not None else fields(**values)
+
+    def _learn_run_id(self) -> None:
+        """The ServerApp writes ``flower_run_id`` and ``started_at`` into ``<run>/config.json`` when it
+        starts; a record older than this daemon's submission belongs to an earlier process (a resumed
+        run gets a new Flower run id) and is ignored."""
+        if self._run_id is not None:
+            return
+        try:
+            record = json.loads((self.config.run_dir / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(record, dict) and float(record.get("started_at") or 0) >= self._submitted_at - 1.0:
+            run_id = record.get("flower_run_id")
+            if isinstance(run_id, int):
+                self._run_id = run_id
+                log.info("run started", extra=self._fields(run_dir=str(self.config.run_dir)))
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -134,6 +157,7 @@ class Daemon:
             self.metrics_server = MetricsServer(self.metrics, config.metrics_host, config.metrics_port,
                                                 self.health).start()
             log.info("metrics served", extra=fields(url=f"http://{config.metrics_host}:{self.metrics_server.port}/metrics"))
+        self._submitted_at = time.time()
         self._runner = group.start(
             "flwr-run",
             ["flwr", "run", str(stage_app(self.flwr_home / "app")), _CONNECTION, "--stream",
@@ -146,12 +170,13 @@ class Daemon:
         stop_asked_at: float | None = None
         while True:
             self.metrics.superlink_up.set(1 if self._superlink.alive() else 0)
+            self._learn_run_id()
             seen = self._report_rows(rows_log, seen)
             if not self._runner.alive():
                 seen = self._report_rows(rows_log, seen)
                 return self._finish(stop_asked_at is not None)
             if not self._superlink.alive():
-                log.error("SuperLink exited", extra=fields(code=self._superlink.popen.returncode,
+                log.error("SuperLink exited", extra=self._fields(code=self._superlink.popen.returncode,
                                                            log_tail=self._superlink.log_tail(10)))
                 return 1
             if self.stop.is_set():
@@ -160,7 +185,7 @@ class Daemon:
                     self.run_directory.request_stop()
                 elif time.monotonic() - stop_asked_at > config.stop_grace_seconds:
                     log.warning("the round did not finish within stop-grace-seconds: stopping now; it runs "
-                                "again after a restart", extra=fields(grace=config.stop_grace_seconds))
+                                "again after a restart", extra=self._fields(grace=config.stop_grace_seconds))
                     return 0
             time.sleep(0.5)
 
@@ -169,12 +194,12 @@ class Daemon:
         summary = self.config.run_dir / "summary.json"
         if summary.exists():
             data = json.loads(summary.read_text())
-            log.info("run finished", extra=fields(rounds=data.get("rounds"), accuracy=data.get("final_accuracy")))
+            log.info("run finished", extra=self._fields(rounds=data.get("rounds"), accuracy=data.get("final_accuracy")))
             return 0
         if stopping and code == 0:
-            log.info("run stopped at a round boundary; restart to resume", extra=fields(round=self.health()["round"]))
+            log.info("run stopped at a round boundary; restart to resume", extra=self._fields(round=self.health()["round"]))
             return 0
-        log.error("the run failed", extra=fields(code=code, log_tail=self._runner.log_tail(20)))
+        log.error("the run failed", extra=self._fields(code=code, log_tail=self._runner.log_tail(20)))
         return 1
 
     def _report_rows(self, rows_log: MetricsLog, seen: int) -> int:
@@ -182,11 +207,11 @@ class Daemon:
         for row in rows[seen:]:
             self.metrics.observe_row(row)
             self._round = int(row.get("round", self._round))
-            log.info("round completed", extra=fields(
+            log.info("round completed", extra=self._fields(
                 round=row.get("round"), accuracy=row.get("accuracy"), clients_used=row.get("clients_used"),
                 uplink_bytes=row.get("uplink_bytes"), seconds=row.get("seconds")))
             for item in row.get("rejected") or []:
-                log.warning("reply rejected", extra=fields(round=row.get("round"), node=item.get("node"),
+                log.warning("reply rejected", extra=self._fields(round=row.get("round"), node=item.get("node"),
                                                            reason=item.get("reason")))
         return max(seen, len(rows))
 
@@ -201,9 +226,9 @@ class Daemon:
                 online = sum(1 for n in nodes if n.get("status") == "online")
                 self.metrics.nodes.set(online)
                 if online != last:
-                    log.info("nodes online", extra=fields(nodes=online))
+                    log.info("nodes online", extra=self._fields(nodes=online))
                     last = online
             except (subprocess.TimeoutExpired, json.JSONDecodeError, AttributeError, OSError) as err:
-                log.warning("could not list nodes", extra=fields(error=str(err)))
+                log.warning("could not list nodes", extra=self._fields(error=str(err)))
             self.stop.wait(self.config.node_poll_seconds)
 

@@ -71,7 +71,7 @@ class RunSettings:
     )
     aggregator: str = _opt(
         "mean",
-        "FedAvg only: how a step's decoded updates combine: 'mean' (weighted, streaming), 'median', "
+        "FedAvg and FedBuff: how a step's decoded updates combine: 'mean' (weighted, streaming), 'median', "
         "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M' (robust rules hold every update of a step)",
     )
     aggregator_memory_mb: int = _opt(

@@ -122,6 +122,8 @@ round-timeout = 240
             events = [json.loads(line) for line in (tmp_path / "serve-1.log").read_text().splitlines()
                       if line.startswith("{")]
             assert any(e["event"] == "reply rejected" and "node" in e and e.get("round") == 1 for e in events)
+            run_id = json.loads((run_dir / "config.json").read_text())["flower_run_id"]
+            assert all(e.get("run") == run_id for e in events if e["event"] in ("round completed", "reply rejected"))
 
             # Chaos: the restarted daemon runs a round, then the coordinator loses power (daemon,
             # SuperLink, ServerApp, flwr run: SIGKILL) and so does device 1 (join and SuperNode).

@@ -124,8 +124,10 @@ def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
     assert done.run(grid, _start(done)).resumed_from == 3 and not grid.pushed  # nothing left to do
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "fedbuff:concurrency=3,buffer=2"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedbuff:concurrency=3,buffer=2", "easgd", "gossip:topology=ring"])
 def test_a_stop_request_ends_the_run_at_a_step_boundary_and_resume_finishes_it(tmp_path, algorithm) -> None:
+    """The resumed run gets a fresh grid: node state (EASGD and gossip local models, error feedback) is
+    lost, as on a restarted simulation, and the algorithm state comes from the checkpoint alone."""
     engine = _engine(tmp_path, rounds=3, algorithm=algorithm)
     engine.on_row = lambda row: engine.run_dir.request_stop() if row.round == 1 else None
     stopped = engine.run(InProcessGrid(3), _start(engine))

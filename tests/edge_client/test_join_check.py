@@ -1,0 +1,69 @@
+"""``fedge-edge join --check``: everything a device can get wrong is refused (exit 2, one line naming the
+option) before anything connects; a good setup prints a data summary and exits 0 without connecting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy.certs import init_ca, make_node_key
+from edge_client.edge_cli import main
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("device")
+    ca = init_ca(root / "ca")
+    key = make_node_key(root / "keys", "device-1")
+    rng = np.random.default_rng(0)
+    data = root / "own.npz"
+    np.savez(data, x=rng.random((20, 1, 8, 8), dtype=np.float32), y=np.arange(20) % 10)
+    bad_labels = root / "bad-labels.npz"
+    np.savez(bad_labels, x=rng.random((4, 1, 8, 8), dtype=np.float32), y=np.array([0, 1, 2, 10]))
+    not_a_cert = root / "not-a-cert.pem"
+    not_a_cert.write_text("hello\n")
+    return {"ca": ca, "key": key.private_key, "public": key.public_key, "data": data,
+            "bad_labels": bad_labels, "not_a_cert": not_a_cert, "state": root / "state"}
+
+
+def _check(device: dict[str, Path], *extra: str, data: Path | None = None) -> list[str]:
+    return ["join", "--check", "--superlink", "coordinator.example.org:9092", "--data", str(data or device["data"]),
+            "--state-dir", str(device["state"]), *extra]
+
+
+def test_a_good_device_passes_the_check_without_connecting(device, capsys) -> None:
+    code = main(_check(device, "--root-cert", str(device["ca"]), "--auth-key", str(device["key"])))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "data ok: 20 samples of task digits" in err and "labels [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" in err
+    assert not device["state"].exists()  # --check touches nothing
+
+
+@pytest.mark.parametrize(
+    ("extra", "data_key", "words"),
+    [
+        ((), None, "give --root-cert"),
+        (("--insecure", "--root-cert", "{ca}"), None, "--insecure contradicts"),
+        (("--root-cert", "{not_a_cert}"), None, "not a readable PEM certificate"),
+        (("--root-cert", "{ca}", "--auth-key", "{public}"), None, "not a readable OpenSSH private key"),
+        (("--root-cert", "{ca}", "--auth-key", "{ca}"), None, "not a readable OpenSSH private key"),
+        (("--root-cert", "{ca}", "--threads", "0"), None, "--threads must be >= 1"),
+        (("--root-cert", "{ca}"), "bad_labels", "label"),
+        (("--root-cert", "{ca}", "--task", "no-such-task"), None, "--task"),
+    ],
+)
+def test_each_mistake_is_refused_with_its_reason(device, capsys, extra, data_key, words) -> None:
+    args = [a.format(**{k: str(v) for k, v in device.items()}) for a in extra]
+    code = main(_check(device, *args, data=device[data_key] if data_key else None))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert words in err, err
+    assert "Traceback" not in err
+
+
+def test_a_superlink_without_a_port_is_refused(device, capsys) -> None:
+    args = ["join", "--check", "--superlink", "coordinator", "--data", str(device["data"]), "--insecure"]
+    assert main(args) == 2
+    assert "HOST:PORT" in capsys.readouterr().err
