@@ -62,7 +62,9 @@ BYZANTINE_CONFIGS = [
     ("clean-mean", "fedavg", "qsgd:bits=4", {}),
     ("attacked-mean", "fedavg", "qsgd:bits=4", _ATTACK),
     ("attacked-median", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "median"}),
+    ("clean-trimmed-mean", "fedavg", "qsgd:bits=4", {"aggregator": "trimmed-mean:beta=0.2"}),
     ("attacked-trimmed-mean", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "trimmed-mean:beta=0.2"}),
+    ("clean-krum", "fedavg", "qsgd:bits=4", {"aggregator": "krum:f={fifth}"}),
     ("attacked-krum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "krum:f={fifth}"}),
     ("attacked-multikrum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "multikrum:f={fifth},m={honest}"}),
     ("attacked-norm-reject", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "reject:factor=3"}),
@@ -180,20 +182,28 @@ def straggler_table(results: list[dict]) -> str:
 
 
 def byzantine_table(results: list[dict]) -> str:
-    """Accuracy under attack, against the clean run of the same seed."""
+    """Accuracy under attack, against the clean FedAvg run of the same seed and, when it was run, against
+    the same defence without attackers (``clean-<rule>`` next to ``attacked-<rule>``): the first says
+    what attack and defence cost together, the second what the attack costs a defended run."""
     clean = {r["seed"]: r["final_accuracy"] for r in results if r["label"] == "clean-mean"}
+    same = {(r["seed"], r["label"][len("clean-"):]): r["final_accuracy"] for r in results
+            if r["label"].startswith("clean-")}
     lines = [
-        "| run | defence | final acc | best acc | vs clean | updates rejected | updates clipped | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | defence | final acc | best acc | vs clean mean | vs same defence, clean | updates rejected "
+        "| updates clipped | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         base = clean.get(r["seed"])
+        own = same.get((r["seed"], r["label"][len("attacked-"):])) if r["label"].startswith("attacked-") else None
         defence = ", ".join(f"{k.replace('_', '-')}={v}" for k, v in r["settings"].items()
                             if k != "faulty_clients") or "none (weighted mean)"
+        attackers = "faulty_clients" in r["settings"]
         delta = "-" if base is None or r["label"] == "clean-mean" else f"{100 * (r['final_accuracy'] - base):+.2f}"
+        versus = "-" if own is None or not attackers else f"{100 * (r['final_accuracy'] - own):+.2f}"
         lines.append(
             f"| {r['label']} | `{defence}` | {100 * r['final_accuracy']:.2f}% | {100 * r['best_accuracy']:.2f}% | "
-            f"{delta} | {r['rejected_updates']} | {r['clipped_updates']} | {r['wall_seconds']:.0f} |"
+            f"{delta} | {versus} | {r['rejected_updates']} | {r['clipped_updates']} | {r['wall_seconds']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ and the coordinator SIGKILLed, both restarted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from server.checkpoint import CheckpointStore  # noqa: E402
-from server.engines import flower_environment  # noqa: E402
+from server.engines import flower_environment, supernode_home  # noqa: E402
 from server.federation import supernode_argv  # noqa: E402
 from server.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
 from server.service_metrics import reason_label  # noqa: E402
@@ -148,7 +149,8 @@ def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs
         supernodes = [
             group.start(f"supernode-{i}", supernode_argv(
                 f"127.0.0.1:{port}", free_port(),
-                f'partition-id={i} num-partitions={nodes} cache-dir="{directory / "node-cache"}"'))
+                f'partition-id={i} num-partitions={nodes} cache-dir="{directory / "node-cache"}"'),
+                env={"FLWR_HOME": str(supernode_home(node_home, i))})
             for i in range(nodes)
         ]
         killed_nodes = killed_coordinator = False
@@ -178,7 +180,9 @@ def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs
                                           start_new_session=True)
             if daemon.poll() is not None:
                 if daemon.returncode != 0:
-                    raise RuntimeError(f"fedge serve exited {daemon.returncode}; log {directory / 'serve.log'}")
+                    tail = (directory / "serve.log").read_text(errors="replace").splitlines()[-40:]
+                    raise RuntimeError(f"fedge serve exited {daemon.returncode}; last lines of its log:\n"
+                                       + "\n".join(tail))
                 break
             time.sleep(1.0)
     finally:
@@ -189,7 +193,7 @@ def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs
     rows = _rows(run_dir)  # every line parses or this raises
     summary = json.loads((run_dir / "summary.json").read_text())
     CheckpointStore(run_dir / "checkpoint").load()
-    leftovers = processes_with_env("FLWR_HOME", str(flwr_home)) + processes_with_env("FLWR_HOME", str(node_home))
+    leftovers = processes_with_env("FLWR_HOME", str(flwr_home)) + processes_with_env("FLWR_HOME", str(node_home), under=True)
     return ChaosResult(
         rounds=[r["round"] for r in rows], accuracy=summary["final_accuracy"],
         seconds=time.monotonic() - started, nodes_killed=len(doomed),
@@ -213,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-coordinator-after", type=int, default=4)
     parser.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log (default: a temporary "
+                        "directory, deleted afterwards)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     common = dict(nodes=args.nodes, rounds=args.rounds, local_epochs=args.local_epochs)
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="fedge-chaos-") as tmp:
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="fedge-chaos-")) as tmp:
         if not args.no_baseline:
             base = run_chaos(Path(tmp) / "baseline", kill_nodes_after=None, kill_coordinator_after=None, **common)
             results["undisturbed"] = _portable(base)

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.engines import flower_environment  # noqa: E402
+from server.engines import flower_environment, supernode_home  # noqa: E402
 from server.federation import supernode_argv  # noqa: E402
 from server.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
 
@@ -106,7 +106,8 @@ partitioning = "iid"
         def start_node(i: int, generation: int):
             return group.start(f"supernode-{i}-{generation}", supernode_argv(
                 f"127.0.0.1:{port}", free_port(),
-                f'partition-id={i} num-partitions={args.nodes} cache-dir="{directory / "cache"}"'))
+                f'partition-id={i} num-partitions={args.nodes} cache-dir="{directory / "cache"}"'),
+                env={"FLWR_HOME": str(supernode_home(directory / "nodes-home", i))})
 
         memory: list[dict] = []
         scrapes, failures, churn_events = 0, [], []

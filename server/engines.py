@@ -39,7 +39,7 @@ from server.federation import LoopbackSecurity, register_node, superlink_argv, s
 from server.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 from server.settings import RunSettings
 
-__all__ = ["APP_DIR", "EngineError", "LaunchResult", "flower_environment", "launch"]
+__all__ = ["APP_DIR", "EngineError", "LaunchResult", "flower_environment", "launch", "supernode_home"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class LaunchResult:
     summary: dict[str, Any] | None
     seconds: float
     logs: dict[str, Path] = field(default_factory=dict)
+
+
+def supernode_home(flwr_home: Path, index: int) -> Path:
+    """The FLWR_HOME of a loopback SuperNode: inside the run's, so one sweep finds every process."""
+    return flwr_home / "supernodes" / str(index)
 
 
 def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -172,11 +177,13 @@ def launch(
                 if security:
                     auth_key = security.node_key(i)
                     register_node(auth_key.with_suffix(".pub"), "fedge", env, name=f"node-{i}")
+                # Each SuperNode installs the app into its own FLWR_HOME, as separate devices do: ten
+                # nodes installing into one shared home raced (one saw a half-written app directory).
                 group.start(
                     f"supernode-{i}",
                     supernode_argv(f"127.0.0.1:{port}", free_port(), config, root_cert=root_cert,
                                    auth_key=auth_key),
-                    cwd=run_dir,
+                    cwd=run_dir, env={"FLWR_HOME": str(supernode_home(flwr_home, i))},
                 )
         else:
             federation_args = config_args(

@@ -82,9 +82,11 @@ def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = No
     raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s")
 
 
-def processes_with_env(key: str, value: str) -> list[int]:
-    """Live (non-zombie) PIDs whose environment contains ``key=value``."""
+def processes_with_env(key: str, value: str, *, under: bool = False) -> list[int]:
+    """Live (non-zombie) PIDs whose environment contains ``key=value``; with ``under``, also
+    ``key=value/...`` (a run's FLWR_HOME and the SuperNode homes inside it)."""
     needle = f"{key}={value}".encode()
+    prefix = needle.rstrip(b"/") + b"/"
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -93,7 +95,8 @@ def processes_with_env(key: str, value: str) -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if needle in environ.split(b"\0") and _exists(int(entry.name)):
+        entries = environ.split(b"\0")
+        if (needle in entries or (under and any(e.startswith(prefix) for e in entries))) and _exists(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -120,7 +123,10 @@ class ProcessGroup:
         self.env[MARKER] = self.marker
         self.processes: list[ManagedProcess] = []
 
-    def start(self, name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> ManagedProcess:
+    def start(self, name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None,
+              env: Mapping[str, str] | None = None) -> ManagedProcess:
+        """``env``: entries that differ for this process only (a SuperNode's own FLWR_HOME); the
+        group's marker always stays."""
         log_path = self.log_dir / f"{name}.log"
         handle = open(log_path, "ab")  # noqa: SIM115 - owned by the child after Popen
         try:
@@ -129,7 +135,7 @@ class ProcessGroup:
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env={**self.env, **(env or {}), MARKER: self.marker},
                 cwd=cwd,
                 start_new_session=True,
             )

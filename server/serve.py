@@ -60,6 +60,9 @@ class Daemon:
         self._submitted_at = 0.0
         #: Flower's id of the run this daemon submitted, once its ServerApp has recorded it
         self._run_id: int | None = None
+        self._detached = False  # flwr run's stream ended while the run went on
+        self._status_checked_at = -1e9
+        self._run_status: tuple[str | None, str] = (None, "")
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -75,9 +78,44 @@ class Daemon:
     # -- health -----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         superlink = self._superlink is not None and self._superlink.alive()
-        runner = self._runner is not None and self._runner.alive()
+        runner = self._run_alive()
         return {"ok": bool(superlink and runner), "superlink": superlink, "run": runner,
                 "run_id": self._run_id, "round": self._round, "stopping": self.stop.is_set()}
+
+    def _run_alive(self) -> bool:
+        """The run goes on while ``flwr run`` streams its logs, or, once that client has gone, while
+        the SuperLink reports the run as not finished. ``flwr run --stream`` was seen exiting 0 in
+        the middle of a run (10 SuperNodes on 2 cores); the ServerApp runs under the SuperLink, not
+        under ``flwr run``, so the daemon keeps supervising it through ``flwr ls``."""
+        if self._runner is None:
+            return False
+        if self._runner.alive():
+            return True
+        if self._run_id is None:
+            return False
+        now = time.monotonic()
+        if now - self._status_checked_at >= 5.0:
+            self._status_checked_at = now
+            self._run_status = self._flower_run_status()
+            if self._run_status[0] is not None and not self._detached:
+                self._detached = True
+                log.warning("flwr run's log stream ended; supervising the run through the SuperLink",
+                            extra=self._fields(status=self._run_status[0], code=self._runner.popen.returncode))
+        status = self._run_status[0]
+        return status is not None and not status.startswith("finished")
+
+    def _flower_run_status(self) -> tuple[str | None, str]:
+        """``(status, details)`` of this daemon's run as the SuperLink reports it (``flwr ls``);
+        ``(None, why)`` when it cannot be asked."""
+        try:
+            done = subprocess.run(["flwr", "ls", _CONNECTION, "--run-id", str(self._run_id), "--format", "json"],
+                                  env=self.env, capture_output=True, text=True, timeout=60, check=False)
+            runs = json.loads(done.stdout).get("runs") or []
+        except (subprocess.TimeoutExpired, json.JSONDecodeError, AttributeError, OSError) as err:
+            return None, str(err)
+        if not runs:
+            return None, "the SuperLink does not know the run"
+        return str(runs[0].get("status")), str(runs[0].get("status-details", ""))
 
     def _fields(self, **values: Any) -> dict[str, Any]:
         """Event fields with Flower's run id, so a line can be matched with ``flwr log <run id>``."""
@@ -172,7 +210,7 @@ class Daemon:
             self.metrics.superlink_up.set(1 if self._superlink.alive() else 0)
             self._learn_run_id()
             seen = self._report_rows(rows_log, seen)
-            if not self._runner.alive():
+            if not self._run_alive():
                 seen = self._report_rows(rows_log, seen)
                 return self._finish(stop_asked_at is not None)
             if not self._superlink.alive():
@@ -199,7 +237,9 @@ class Daemon:
         if stopping and code == 0:
             log.info("run stopped at a round boundary; restart to resume", extra=self._fields(round=self.health()["round"]))
             return 0
-        log.error("the run failed", extra=self._fields(code=code, log_tail=self._runner.log_tail(20)))
+        status, details = self._flower_run_status() if self._run_id is not None else (None, "")
+        log.error("the run failed", extra=self._fields(code=code, flower_status=status, flower_details=details,
+                                                        log_tail=self._runner.log_tail(20)))
         return 1
 
     def _report_rows(self, rows_log: MetricsLog, seen: int) -> int:
@@ -218,7 +258,7 @@ class Daemon:
     def _poll_nodes(self) -> None:
         """The SuperLink's own count of online SuperNodes, through ``flwr supernode ls``."""
         last = None
-        while not self.stop.is_set() and self._runner is not None and self._runner.alive():
+        while not self.stop.is_set() and self._run_alive():
             try:
                 done = subprocess.run(["flwr", "supernode", "ls", _CONNECTION, "--format", "json"], env=self.env,
                                       capture_output=True, text=True, timeout=60, check=False)

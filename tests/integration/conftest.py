@@ -30,10 +30,10 @@ def assert_no_leftovers():
         # A SIGKILLed process can take a moment to exit on a loaded machine (unmapping a large Ray
         # worker): allow it a few seconds, then report what is left, with its state and command.
         deadline = time.monotonic() + 15.0
-        left = processes_with_env("FLWR_HOME", str(flwr_home.resolve()))
+        left = processes_with_env("FLWR_HOME", str(flwr_home.resolve()), under=True)
         while left and time.monotonic() < deadline:
             time.sleep(0.5)
-            left = processes_with_env("FLWR_HOME", str(flwr_home.resolve()))
+            left = processes_with_env("FLWR_HOME", str(flwr_home.resolve()), under=True)
         assert not left, f"processes left running: {[_describe(pid) for pid in left]}"
 
     return check
