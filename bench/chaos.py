@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  rounds {chaos.rounds} (each exactly once: {ok}); {chaos.scrapes} /metrics scrapes parsed, "
           f"{len(chaos.scrape_errors)} failed; leftover processes: {chaos.leftovers}")
     print(f"  accuracy {chaos.accuracy:.4f}" + (f" vs undisturbed {results['undisturbed']['accuracy']:.4f}: "
-                                                f"{gap:+.2f} points" if gap is not None else "") +
+                                                f"{-gap:+.2f} points" if gap is not None else "") +
           f"; {chaos.seconds:.0f} s")
     print(f"reproduce: {results['command']}")
     return 0 if ok and (gap is None or gap <= 2.0) else 1
