@@ -63,6 +63,9 @@ class Daemon:
         self._detached = False  # flwr run's stream ended while the run went on
         self._status_checked_at = -1e9
         self._run_status: tuple[str | None, str] = (None, "")
+        #: the supervision loop's last answer from _run_alive; /healthz and the node poller read it
+        #: instead of asking Flower themselves (no `flwr ls` from an HTTP handler or a second thread)
+        self._run_going = False
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -78,11 +81,15 @@ class Daemon:
     # -- health -----------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         superlink = self._superlink is not None and self._superlink.alive()
-        runner = self._run_alive()
+        runner = self._run_going
         return {"ok": bool(superlink and runner), "superlink": superlink, "run": runner,
                 "run_id": self._run_id, "round": self._round, "stopping": self.stop.is_set()}
 
     def _run_alive(self) -> bool:
+        self._run_going = self._run_still_going()
+        return self._run_going
+
+    def _run_still_going(self) -> bool:
         """The run goes on while ``flwr run`` streams its logs, or, once that client has gone, while
         the SuperLink reports the run as not finished. ``flwr run --stream`` was seen exiting 0 in
         the middle of a run (10 SuperNodes on 2 cores); the ServerApp runs under the SuperLink, not
@@ -203,6 +210,7 @@ class Daemon:
             cwd=config.run_dir)
         log.info("run submitted", extra=fields(run_dir=str(config.run_dir), rounds=config.settings.rounds,
                                                algorithm=config.settings.algorithm))
+        self._run_going = True
         poller = threading.Thread(target=self._poll_nodes, name="fedge-node-poll", daemon=True)
         poller.start()
         stop_asked_at: float | None = None
@@ -258,7 +266,7 @@ class Daemon:
     def _poll_nodes(self) -> None:
         """The SuperLink's own count of online SuperNodes, through ``flwr supernode ls``."""
         last = None
-        while not self.stop.is_set() and self._run_alive():
+        while not self.stop.is_set() and self._run_going:
             try:
                 done = subprocess.run(["flwr", "supernode", "ls", _CONNECTION, "--format", "json"], env=self.env,
                                       capture_output=True, text=True, timeout=60, check=False)
