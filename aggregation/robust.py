@@ -18,6 +18,17 @@ to the client models ``global + delta_i`` minus ``global``.
   neighbours is smallest (Blanchard et al., NeurIPS 2017); needs n >= 2f + 3.
 - ``multikrum:f=F,m=M``: the weighted mean of the M lowest-scoring updates (Flower's ``MultiKrum``
   weights them by example count, and so does this).
+
+Every buffered rule takes ``nnm=F``: nearest-neighbour mixing (Allouah et al., "Fixing by Mixing",
+AISTATS 2023) before the rule, each update replaced by the unweighted mean of its ``n - F`` nearest
+updates (itself included). Why: these rules were built for i.i.d. data. On skewed data honest updates
+are far apart, so the trimmed mean's cut removes honest extremes on one side while the attackers sit
+on the other (a bias toward the attackers), and Krum applies one client's update, which on skewed
+data drags the model toward that client's classes. After mixing, every honest update is close to the
+mean of the honest ones (its ``n - F`` neighbours are mostly honest) while each attacker's is diluted
+by its honest neighbours; the paper proves that this makes Krum, the median and the trimmed mean
+reach the optimal error under heterogeneity. It costs a second ``capacity x numel`` buffer and the
+``capacity x capacity`` distance matrix (both counted in :meth:`Aggregator.memory_bytes`).
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ __all__ = [
     "TrimmedMean",
     "aggregator_memory_bytes",
     "make_aggregator",
+    "nearest_neighbour_mixing",
+    "pairwise_sq_distances",
     "validate_aggregator",
 ]
 
@@ -106,15 +119,51 @@ class Mean(Aggregator):
         return self._mean.mean()
 
 
+def pairwise_sq_distances(rows: torch.Tensor) -> torch.Tensor:
+    """``n x n`` float64 squared Euclidean distances between the rows of ``rows``.
+
+    Direct differences, not ``|x|^2 + |y|^2 - 2xy``: no cancellation between near-equal updates
+    (and a row at distance 0 from itself exactly)."""
+    n = rows.shape[0]
+    distances = torch.zeros(n, n, dtype=torch.float64)
+    for i in range(n):
+        d = ((rows[i + 1 :] - rows[i]) ** 2).sum(dim=1, dtype=torch.float64)
+        distances[i, i + 1 :] = d
+        distances[i + 1 :, i] = d
+    return distances
+
+
+def nearest_neighbour_mixing(rows: torch.Tensor, f: int) -> torch.Tensor:
+    """NNM (Allouah et al., AISTATS 2023): row ``i`` of the result is the unweighted mean of the
+    ``max(1, n - f)`` rows nearest to row ``i``, row ``i`` itself always among them (ties broken by
+    position). ``f = 0`` turns every row into the mean of all; ``f >= n - 1`` leaves them as they are."""
+    n = rows.shape[0]
+    keep = max(1, n - f)
+    distances = pairwise_sq_distances(rows)
+    distances.fill_diagonal_(-1.0)  # itself first, even when another row is identical to it
+    nearest = torch.argsort(distances, dim=1, stable=True)[:, :keep]
+    mixed = torch.empty_like(rows)
+    for i in range(n):
+        mixed[i] = rows[nearest[i]].sum(dim=0, dtype=torch.float64).div(keep).to(rows.dtype)
+    return mixed
+
+
 class _Buffered(Aggregator):
     """Holds every update of the step in one preallocated ``capacity x numel`` float32 matrix."""
 
-    def __init__(self, numel: int, capacity: int) -> None:
+    def __init__(self, numel: int, capacity: int, nnm: int = 0) -> None:
         super().__init__(numel, capacity)
         if capacity < 1:
             raise ValueError(f"{type(self).__name__} needs a capacity of at least one update")
+        if not 0 <= nnm < max(capacity, 1):
+            raise ValueError(f"nnm (updates a neighbourhood leaves out) must be in 0..{capacity - 1} for "
+                             f"steps of at most {capacity} updates, got {nnm}")
+        self.nnm = nnm
         self._rows = torch.empty(capacity, numel, dtype=torch.float32)
         self._weights: list[float] = []
+
+    def _suffix(self) -> str:
+        return f",nnm={self.nnm}" if self.nnm else ""
 
     @property
     def count(self) -> int:
@@ -132,19 +181,29 @@ class _Buffered(Aggregator):
         self._weights.append(float(weight))
 
     def _stack(self) -> torch.Tensor:
+        """The updates the rule sees: as added, or mixed with their nearest neighbours (``nnm``)."""
         if not self.count:
             raise ValueError("no update was accumulated")
-        return self._rows[: self.count]
+        rows = self._rows[: self.count]
+        return nearest_neighbour_mixing(rows, self.nnm) if self.nnm else rows
 
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
-        return 4 * numel * capacity
+        return 4 * numel * capacity + _mixing_bytes(numel, capacity, params)
+
+
+def _mixing_bytes(numel: int, capacity: int, params: dict[str, Any]) -> int:
+    """NNM's extra: the mixed copy of the buffer and its float64 distance matrix."""
+    return 4 * numel * capacity + 8 * capacity * capacity if int(params.get("nnm", 0) or 0) else 0
 
 
 class Median(_Buffered):
+    def __init__(self, numel: int, capacity: int, nnm: int = 0) -> None:
+        super().__init__(numel, capacity, nnm=nnm)
+
     @property
     def spec(self) -> str:
-        return "median"
+        return "median" + (f":nnm={self.nnm}" if self.nnm else "")
 
     def result(self) -> torch.Tensor:
         # overwrite_input: numpy partitions the buffer in place instead of copying it (the buffer is
@@ -154,15 +213,15 @@ class Median(_Buffered):
 
 
 class TrimmedMean(_Buffered):
-    def __init__(self, numel: int, capacity: int, beta: float = 0.2) -> None:
+    def __init__(self, numel: int, capacity: int, beta: float = 0.2, nnm: int = 0) -> None:
         if not 0.0 <= beta < 0.5:
             raise ValueError(f"trimmed-mean beta must be in [0, 0.5), got {beta}")
-        super().__init__(numel, capacity)
+        super().__init__(numel, capacity, nnm=nnm)
         self.beta = beta
 
     @property
     def spec(self) -> str:
-        return f"trimmed-mean:beta={self.beta:g}"
+        return f"trimmed-mean:beta={self.beta:g}" + self._suffix()
 
     def result(self) -> torch.Tensor:
         stacked = self._stack().numpy()
@@ -177,7 +236,7 @@ class TrimmedMean(_Buffered):
 class MultiKrum(_Buffered):
     """Krum (``m = 1``) and Multi-Krum selection, then the weighted mean of the chosen updates."""
 
-    def __init__(self, numel: int, capacity: int, f: int = 1, m: int = 1) -> None:
+    def __init__(self, numel: int, capacity: int, f: int = 1, m: int = 1, nnm: int = 0) -> None:
         if f < 0:
             raise ValueError(f"krum f (Byzantine clients tolerated) must be >= 0, got {f}")
         if m < 1:
@@ -187,25 +246,21 @@ class MultiKrum(_Buffered):
                              f"but a step has at most {capacity}")
         if m > capacity:
             raise ValueError(f"multikrum m={m} keeps more updates than a step has ({capacity})")
-        super().__init__(numel, capacity)
+        super().__init__(numel, capacity, nnm=nnm)
         self.f, self.m = f, m
         self._chosen: list[int] | None = None
 
     @property
     def spec(self) -> str:
-        return f"krum:f={self.f}" if self.m == 1 else f"multikrum:f={self.f},m={self.m}"
+        rule = f"krum:f={self.f}" if self.m == 1 else f"multikrum:f={self.f},m={self.m}"
+        return rule + self._suffix()
 
-    def scores(self) -> torch.Tensor:
+    def scores(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Each update's summed squared distance to its ``max(1, n - f - 2)`` nearest others
         (the same neighbourhood Flower uses when fewer updates than planned arrive)."""
-        rows = self._stack()
+        rows = self._stack() if rows is None else rows
         n = rows.shape[0]
-        distances = torch.zeros(n, n, dtype=torch.float64)
-        for i in range(n):
-            # Direct differences, not |x|^2 + |y|^2 - 2xy: no cancellation between near-equal updates.
-            d = ((rows[i + 1 :] - rows[i]) ** 2).sum(dim=1, dtype=torch.float64)
-            distances[i, i + 1 :] = d
-            distances[i + 1 :, i] = d
+        distances = pairwise_sq_distances(rows)
         closest = max(1, n - self.f - 2)
         scores = torch.empty(n, dtype=torch.float64)
         for i in range(n):
@@ -215,7 +270,7 @@ class MultiKrum(_Buffered):
 
     def result(self) -> torch.Tensor:
         rows = self._stack()
-        order = torch.argsort(self.scores(), stable=True)
+        order = torch.argsort(self.scores(rows), stable=True)
         chosen = order[: min(self.m, rows.shape[0])].tolist()
         self._chosen = sorted(chosen)
         mean = StreamingMean(self.numel)
@@ -228,15 +283,15 @@ class MultiKrum(_Buffered):
 
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
-        return 4 * numel * (capacity + 1) + 8 * capacity * capacity
+        return 4 * numel * (capacity + 1) + 8 * capacity * capacity + _mixing_bytes(numel, capacity, params)
 
 
-def _krum(numel: int, capacity: int, f: int = 1) -> MultiKrum:
-    return MultiKrum(numel, capacity, f=f, m=1)
+def _krum(numel: int, capacity: int, f: int = 1, nnm: int = 0) -> MultiKrum:
+    return MultiKrum(numel, capacity, f=f, m=1, nnm=nnm)
 
 
-def _multikrum(numel: int, capacity: int, f: int = 1, m: int = 2) -> MultiKrum:
-    return MultiKrum(numel, capacity, f=f, m=m)
+def _multikrum(numel: int, capacity: int, f: int = 1, m: int = 2, nnm: int = 0) -> MultiKrum:
+    return MultiKrum(numel, capacity, f=f, m=m, nnm=nnm)
 
 
 AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
@@ -260,12 +315,12 @@ def aggregator_memory_bytes(spec: str, numel: int, capacity: int) -> int:
     """What the rule ``spec`` holds per step, in bytes (the streaming mean: one accumulator)."""
     from compression.spec import parse_spec
 
-    name, _ = parse_spec(spec)
+    name, params = parse_spec(spec)
     cls = _CLASSES.get(name)
     if cls is None:
         make_aggregator(spec, 1, capacity)  # raises the registry's "unknown aggregator" error
         raise AssertionError("unreachable")
-    return cls.memory_bytes(numel, capacity)
+    return cls.memory_bytes(numel, capacity, **params)
 
 
 def validate_aggregator(spec: str, numel: int, capacity: int, limit_bytes: int) -> Aggregator:

@@ -67,6 +67,12 @@ BYZANTINE_CONFIGS = [
     ("clean-krum", "fedavg", "qsgd:bits=4", {"aggregator": "krum:f={fifth}"}),
     ("attacked-krum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "krum:f={fifth}"}),
     ("attacked-multikrum", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "multikrum:f={fifth},m={honest}"}),
+    # the same rules after nearest-neighbour mixing (Allouah et al. 2023), the remedy for skewed data
+    ("clean-trimmed-mean-nnm", "fedavg", "qsgd:bits=4", {"aggregator": "trimmed-mean:beta=0.2,nnm={fifth}"}),
+    ("attacked-trimmed-mean-nnm", "fedavg", "qsgd:bits=4",
+     {**_ATTACK, "aggregator": "trimmed-mean:beta=0.2,nnm={fifth}"}),
+    ("clean-krum-nnm", "fedavg", "qsgd:bits=4", {"aggregator": "krum:f={fifth},nnm={fifth}"}),
+    ("attacked-krum-nnm", "fedavg", "qsgd:bits=4", {**_ATTACK, "aggregator": "krum:f={fifth},nnm={fifth}"}),
     ("attacked-norm-reject", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "reject:factor=3"}),
     ("attacked-norm-clip", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "clip:factor=1"}),
 ]

@@ -72,7 +72,8 @@ class RunSettings:
     aggregator: str = _opt(
         "mean",
         "FedAvg and FedBuff: how a step's decoded updates combine: 'mean' (weighted, streaming), 'median', "
-        "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M' (robust rules hold every update of a step)",
+        "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M'; robust rules take ',nnm=F' (mix each update "
+        "with its n-F nearest first: for skewed data) and hold every update of a step",
     )
     aggregator_memory_mb: int = _opt(
         1024, "largest memory a robust aggregator may hold per step (clients x model x 4 bytes); refused if over"

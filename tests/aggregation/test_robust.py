@@ -17,6 +17,7 @@ from aggregation.robust import (
     TrimmedMean,
     aggregator_memory_bytes,
     make_aggregator,
+    nearest_neighbour_mixing,
     validate_aggregator,
 )
 from aggregation.robust import (
@@ -174,3 +175,66 @@ def test_buffered_rules_refuse_more_updates_than_their_capacity_and_bad_input() 
         TrimmedMean(3, capacity=2).add(torch.zeros(4), 1.0)
     with pytest.raises(ValueError, match="no update"):
         OurMultiKrum(3, capacity=5, f=1).result()
+
+
+# -- nearest-neighbour mixing (nnm=F) -----------------------------------------------------------
+
+def test_nnm_by_hand() -> None:
+    """Four points on a line, F = 2: each becomes the mean of itself and its nearest other."""
+    rows = torch.tensor([[0.0], [1.0], [3.0], [10.0]])
+    mixed = nearest_neighbour_mixing(rows, f=2)
+    # 0 -> {0, 1}; 1 -> {1, 0}; 3 -> {3, 1}; 10 -> {10, 3}
+    assert mixed.squeeze(1).tolist() == pytest.approx([0.5, 0.5, 2.0, 6.5])
+    # F = 0: everyone's neighbourhood is everyone; F >= n - 1: only itself
+    assert nearest_neighbour_mixing(rows, f=0).squeeze(1).tolist() == pytest.approx([3.5] * 4)
+    assert torch.equal(nearest_neighbour_mixing(rows, f=3), rows)
+
+
+def test_nnm_keeps_a_row_in_its_own_neighbourhood_when_others_are_identical() -> None:
+    rows = torch.tensor([[1.0], [1.0], [1.0], [-50.0]])
+    assert nearest_neighbour_mixing(rows, f=3).squeeze(1).tolist() == [1.0, 1.0, 1.0, -50.0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(2, 9), dim=st.integers(1, 8), f=st.integers(0, 8), seed=st.integers(0, 2**31 - 1))
+def test_nnm_is_permutation_equivariant_and_stays_in_the_hull(n: int, dim: int, f: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(n, dim, generator=gen)
+    mixed = nearest_neighbour_mixing(rows, f)
+    perm = torch.randperm(n, generator=gen)
+    torch.testing.assert_close(nearest_neighbour_mixing(rows[perm], f), mixed[perm])
+    # a mean of rows: inside their coordinate-wise range
+    assert bool((mixed >= rows.min(dim=0).values - 1e-5).all() and (mixed <= rows.max(dim=0).values + 1e-5).all())
+
+
+def test_nnm_pulls_spread_honest_updates_together_and_krum_then_applies_their_mean() -> None:
+    """Why NNM exists: skewed (far apart) honest updates. Krum alone applies one of them; after
+    mixing, the honest ones all become the honest mean and Krum applies that."""
+    gen = torch.Generator().manual_seed(3)
+    honest = [torch.ones(20) + 0.8 * torch.randn(20, generator=gen) for _ in range(16)]
+    hostile = [-10.0 * h for h in honest[:4]]  # sign-flipped, x10
+    honest_mean = torch.stack(honest).mean(dim=0)
+    plain = _aggregate("krum:f=4", honest + hostile)
+    mixed = _aggregate("krum:f=4,nnm=4", honest + hostile)
+    assert torch.dist(mixed, honest_mean) < 1e-5
+    assert torch.dist(plain, honest_mean) > 1.0
+    trimmed = _aggregate("trimmed-mean:beta=0.2,nnm=4", honest + hostile)
+    assert torch.dist(trimmed, honest_mean) < 1e-5
+    assert torch.dist(_aggregate("trimmed-mean:beta=0.2", honest + hostile), honest_mean) > 10 * torch.dist(
+        trimmed, honest_mean)
+
+
+def test_nnm_spec_memory_and_refusals() -> None:
+    agg = make_aggregator("multikrum:f=1,m=2,nnm=1", 4, capacity=6)
+    assert agg.spec == "multikrum:f=1,m=2,nnm=1"
+    assert make_aggregator("median:nnm=2", 4, capacity=6).spec == "median:nnm=2"
+    # NNM holds a mixed copy of the buffer and the distance matrix on top of the rule's own memory
+    assert aggregator_memory_bytes("trimmed-mean:beta=0.2,nnm=4", 1000, 20) == 2 * 4 * 1000 * 20 + 8 * 20 * 20
+    assert aggregator_memory_bytes("krum:f=1,nnm=1", 1000, 100) == (
+        4 * 1000 * 101 + 8 * 100 * 100 + 4 * 1000 * 100 + 8 * 100 * 100)
+    with pytest.raises(ValueError, match="nnm"):
+        make_aggregator("median:nnm=6", 4, capacity=6)
+    with pytest.raises(ValueError, match="nnm"):
+        make_aggregator("median:nnm=-1", 4, capacity=6)
+    with pytest.raises(SpecError, match="no parameter"):
+        make_aggregator("mean:nnm=1", 4, capacity=6)  # the streaming mean cannot mix
