@@ -15,7 +15,12 @@ Lifecycle:
   the checkpoint is only ever written after a complete round;
 * restart (systemd ``Restart=on-failure``, or by hand) → the SuperLink reopens its database, the
   Fedge app resumes from the last checkpoint (``rounds`` rows exactly once);
-* the SuperLink or the run fails → everything is stopped, exit 1, the log says which and why.
+* the SuperLink or the run fails → everything is stopped and started again, as a restart would, and
+  the run resumes from its checkpoint (the log says what failed and why). The SuperLink and the
+  ServerApp can fail for reasons outside Fedge (seen: the SuperLink answering the ServerApp's
+  ``pull-messages`` with HTTP 500 on a 2-core machine at load 15); a daemon that gave up there would
+  leave the run to an outside supervisor. After ``run-retries`` failures in a row with no round
+  completed in between (a crash loop, e.g. a run that cannot start) it stops and exits 1.
 """
 
 from __future__ import annotations
@@ -43,8 +48,14 @@ log = logging.getLogger("fedge.serve")
 
 _CONNECTION = "fedge"
 
+#: what _supervise returns when the run failed and may be restarted
+_FAILED = -1
+
 
 class Daemon:
+    #: first wait before restarting a failed run, doubled per failure in a row (at most 60 s)
+    restart_backoff = 5.0
+
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
         self.flwr_home = config.state_dir / "flwr-home"
@@ -66,6 +77,8 @@ class Daemon:
         #: the supervision loop's last answer from _run_alive; /healthz and the node poller read it
         #: instead of asking Flower themselves (no `flwr ls` from an HTTP handler or a second thread)
         self._run_going = False
+        self._attempt = 0  # supervision attempts of this process (a restart after a failure adds one)
+        self._seen = 0  # metrics rows reported so far
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -152,20 +165,46 @@ class Daemon:
         prepare_run_directory(config.run_dir)  # also clears a stale stop request
         (config.run_dir / "summary.json").unlink(missing_ok=True)
         rows_log = MetricsLog(config.run_dir / "metrics.jsonl")
-        seen = 0
         for row in rows_log.read():  # the run so far: counters are totals of the run, not of this process
             self.metrics.observe_row(row)
             self._round = int(row.get("round", 0))
-            seen += 1
+            self._seen += 1
         write_connection(self.flwr_home, _CONNECTION, config.dial, config.tls.ca_cert if config.tls else None)
-        self._stop_leftovers()
-        self.group = ProcessGroup(config.state_dir / "logs", env=self.env, also_match={"FLWR_HOME": str(self.flwr_home)})
+        failures, rounds_at_failure = 0, -1
         try:
-            return self._supervise(rows_log, seen)
+            while True:
+                code = self._attempt_once(rows_log)
+                if code != _FAILED:
+                    return code
+                failures = failures + 1 if self._round == rounds_at_failure else 1
+                rounds_at_failure = self._round
+                if failures > config.run_retries:
+                    log.error("the run failed again without completing a round: giving up",
+                              extra=fields(failures=failures, run_retries=config.run_retries, round=self._round))
+                    return 1
+                wait = min(60.0, self.restart_backoff * 2 ** (failures - 1))
+                log.warning("restarting the SuperLink and the run from its checkpoint",
+                            extra=fields(failure=failures, of=config.run_retries, round=self._round, wait=wait))
+                if self.stop.wait(wait):
+                    log.info("signal received while waiting to restart: stopping")
+                    return 0
         finally:
-            self.group.stop()
             if self.metrics_server is not None:
                 self.metrics_server.stop()
+
+    def _attempt_once(self, rows_log: MetricsLog) -> int:
+        """Start the SuperLink and the run, supervise them, and stop every process they left."""
+        self._attempt += 1
+        self._run_id, self._detached, self._run_status = None, False, (None, "")
+        self._status_checked_at = -1e9
+        self._stop_leftovers()
+        self.group = ProcessGroup(self.config.state_dir / "logs", env=self.env,
+                                  also_match={"FLWR_HOME": str(self.flwr_home)})
+        try:
+            return self._supervise(rows_log)
+        finally:
+            self._run_going = False
+            self.group.stop()
             log.info("all processes stopped")
 
     def _stop_leftovers(self) -> None:
@@ -179,7 +218,7 @@ class Daemon:
             log.warning("stopping processes left by a previous daemon", extra=fields(pids=found))
             leftovers.stop(grace=5.0)
 
-    def _supervise(self, rows_log: MetricsLog, seen: int) -> int:
+    def _supervise(self, rows_log: MetricsLog) -> int:
         config, group = self.config, self.group
         assert group is not None
         self._superlink = group.start(
@@ -198,7 +237,7 @@ class Daemon:
                 if "already in use" not in str(err):
                     raise
                 log.info("node key already registered", extra=fields(key=str(key)))
-        if config.metrics_host:
+        if config.metrics_host and self.metrics_server is None:  # one server for every attempt
             self.metrics_server = MetricsServer(self.metrics, config.metrics_host, config.metrics_port,
                                                 self.health).start()
             log.info("metrics served", extra=fields(url=f"http://{config.metrics_host}:{self.metrics_server.port}/metrics"))
@@ -211,20 +250,21 @@ class Daemon:
         log.info("run submitted", extra=fields(run_dir=str(config.run_dir), rounds=config.settings.rounds,
                                                algorithm=config.settings.algorithm))
         self._run_going = True
-        poller = threading.Thread(target=self._poll_nodes, name="fedge-node-poll", daemon=True)
+        poller = threading.Thread(target=self._poll_nodes, args=(self._attempt,), name="fedge-node-poll",
+                                  daemon=True)
         poller.start()
         stop_asked_at: float | None = None
         while True:
             self.metrics.superlink_up.set(1 if self._superlink.alive() else 0)
             self._learn_run_id()
-            seen = self._report_rows(rows_log, seen)
+            self._report_rows(rows_log)
             if not self._run_alive():
-                seen = self._report_rows(rows_log, seen)
+                self._report_rows(rows_log)
                 return self._finish(stop_asked_at is not None)
             if not self._superlink.alive():
                 log.error("SuperLink exited", extra=self._fields(code=self._superlink.popen.returncode,
                                                            log_tail=self._superlink.log_tail(10)))
-                return 1
+                return _FAILED
             if self.stop.is_set():
                 if stop_asked_at is None:
                     stop_asked_at = time.monotonic()
@@ -248,11 +288,14 @@ class Daemon:
         status, details = self._flower_run_status() if self._run_id is not None else (None, "")
         log.error("the run failed", extra=self._fields(code=code, flower_status=status, flower_details=details,
                                                         log_tail=self._runner.log_tail(20)))
-        return 1
+        return _FAILED
 
-    def _report_rows(self, rows_log: MetricsLog, seen: int) -> int:
+    def _report_rows(self, rows_log: MetricsLog) -> None:
+        """Log and count the rows written since the last call. After a restart the ServerApp drops
+        rows past the checkpoint (at most the one written before a crash could checkpoint it) and
+        runs that round again; its second row is then not reported (the first one was)."""
         rows = rows_log.read()
-        for row in rows[seen:]:
+        for row in rows[self._seen:]:
             self.metrics.observe_row(row)
             self._round = int(row.get("round", self._round))
             log.info("round completed", extra=self._fields(
@@ -261,12 +304,13 @@ class Daemon:
             for item in row.get("rejected") or []:
                 log.warning("reply rejected", extra=self._fields(round=row.get("round"), node=item.get("node"),
                                                            reason=item.get("reason")))
-        return max(seen, len(rows))
+        self._seen = max(self._seen, len(rows))
 
-    def _poll_nodes(self) -> None:
-        """The SuperLink's own count of online SuperNodes, through ``flwr supernode ls``."""
+    def _poll_nodes(self, attempt: int) -> None:
+        """The SuperLink's own count of online SuperNodes, through ``flwr supernode ls``, for as long
+        as the run of supervision attempt ``attempt`` goes on."""
         last = None
-        while not self.stop.is_set() and self._run_going:
+        while not self.stop.is_set() and self._run_going and self._attempt == attempt:
             try:
                 done = subprocess.run(["flwr", "supernode", "ls", _CONNECTION, "--format", "json"], env=self.env,
                                       capture_output=True, text=True, timeout=60, check=False)

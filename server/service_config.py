@@ -14,6 +14,7 @@
     register-keys = ["certs/device-1.pub"]   # registered at start (already registered is fine)
     insecure = false                  # plaintext outside loopback needs this, and logs a warning
     stop-grace-seconds = 300          # SIGTERM: how long the current round may take to finish
+    run-retries = 3                   # a failed run restarts from its checkpoint this many times in a row
 
     [run]                             # the run settings: the keys of [tool.flwr.app.config]
     rounds = 30
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _SERVICE_KEYS = {
     "address", "dial", "state-dir", "metrics-address", "tls-ca", "tls-cert", "tls-key", "node-auth",
-    "register-keys", "insecure", "stop-grace-seconds", "node-poll-seconds",
+    "register-keys", "insecure", "stop-grace-seconds", "node-poll-seconds", "run-retries",
 }
 
 
@@ -72,6 +73,8 @@ class ServiceConfig:
     stop_grace_seconds: float
     node_poll_seconds: float
     settings: RunSettings
+    #: restarts after a failed run (SuperLink or ServerApp) without a round completing in between
+    run_retries: int = 3
 
     @property
     def run_dir(self) -> Path:
@@ -223,6 +226,9 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ServiceConfigError(f"[service] {key} must be a positive number, got {value!r}")
         numbers[key] = float(value)
+    retries = service.get("run-retries", 3)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
+        raise ServiceConfigError(f"[service] run-retries must be a whole number in 0..100, got {retries!r}")
     if not isinstance(run, dict):
         raise ServiceConfigError("[run] must be a table of run settings")
     try:
@@ -241,5 +247,5 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         source=source, host=host, port=port, dial=f"{dial_host}:{dial_port}", state_dir=state_dir,
         metrics_host=metrics_host, metrics_port=metrics_port, tls=tls, register_keys=register_keys,
         insecure=insecure, stop_grace_seconds=numbers["stop-grace-seconds"],
-        node_poll_seconds=numbers["node-poll-seconds"], settings=settings,
+        node_poll_seconds=numbers["node-poll-seconds"], settings=settings, run_retries=retries,
     )
