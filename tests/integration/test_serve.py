@@ -46,6 +46,11 @@ def _scrape(port: int) -> dict[str, float]:
     return samples
 
 
+def _checkpoint_round(run_dir: Path) -> int:
+    checkpoint = CheckpointStore(run_dir / "checkpoint").load()
+    return checkpoint.round if checkpoint is not None else 0
+
+
 def _rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -128,8 +133,10 @@ round-timeout = 240
             # Chaos: the restarted daemon runs a round, then the coordinator loses power (daemon,
             # SuperLink, ServerApp, flwr run: SIGKILL) and so does device 1 (join and SuperNode).
             daemon = _start(serve, tmp_path / "serve-2.log", env)  # the devices reconnect by themselves
-            wait_for(lambda: len(_rows(run_dir)) > stopped_at.round or daemon.poll() is not None, 300,
-                      "a round after the restart")
+            # Wait for the checkpoint, not the row: the engine writes a round's row, then its checkpoint,
+            # and a cut between the two leaves a row that the resumed run drops and runs again.
+            wait_for(lambda: _checkpoint_round(run_dir) > stopped_at.round or daemon.poll() is not None, 300,
+                      "a round checkpointed after the restart")
             for pid in [daemon.pid, devices[1].pid, *processes_with_env("FLWR_HOME", str(state / "flwr-home")),
                         *processes_with_env("FLWR_HOME", str(tmp_path / "device-1" / "flwr-home"))]:
                 try:
