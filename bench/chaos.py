@@ -15,7 +15,7 @@ undisturbed run of the same configuration (``--baseline``, run first, side by si
 left. The CI version is the chaos phase of ``tests/integration/test_serve.py`` (one device in three
 and the coordinator SIGKILLed, both restarted).
 
-    .venv/bin/python bench/chaos.py                          # 10 SuperNodes, 8 rounds, with baseline
+    .venv/bin/python bench/chaos.py                          # 10 SuperNodes, 16 rounds, with baseline
     .venv/bin/python bench/chaos.py --nodes 3 --rounds 3 --kill-nodes-after 1 --kill-coordinator-after 2 --no-baseline
 """
 
@@ -119,7 +119,7 @@ def _power_cut(daemon: subprocess.Popen, flwr_home: Path) -> None:
             pass
 
 
-def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 8, local_epochs: int = 5,
+def run_chaos(directory: Path, *, nodes: int = 10, rounds: int = 16, local_epochs: int = 5,
               kill_nodes_after: int | None = 2, kill_coordinator_after: int | None = 4,
               kill_fraction: float = 0.3, round_timeout: float | None = None, wait_for_nodes: float = 30.0,
               timeout: float | None = None) -> ChaosResult:
@@ -211,7 +211,7 @@ def _portable(result: ChaosResult) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=16)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--kill-nodes-after", type=int, default=2)
     parser.add_argument("--kill-coordinator-after", type=int, default=4)

@@ -117,8 +117,9 @@ class Daemon:
         if now - self._status_checked_at >= 5.0:
             self._status_checked_at = now
             self._run_status = self._flower_run_status()
-            if self._run_status[0] is not None and not self._detached:
-                self._detached = True
+            status = self._run_status[0]
+            if status is not None and not status.startswith("finished") and not self._detached:
+                self._detached = True  # (a stream that ends with the run is the normal case: no warning)
                 log.warning("flwr run's log stream ended; supervising the run through the SuperLink",
                             extra=self._fields(status=self._run_status[0], code=self._runner.popen.returncode))
         status = self._run_status[0]
