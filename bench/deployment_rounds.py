@@ -244,14 +244,16 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def contended_rounds(runs: list[dict[str, Any]], factor: float = 1.5) -> list[str]:
-    """Rounds whose slowest client trained ``factor`` x longer than the median round of every run:
-    the training work is identical each round, so a long one means something else held the CPUs."""
-    median = _median([r["train_seconds"] for run in runs for r in run["rounds"]])
-    if not median:
-        return []
-    return [f"{run['label']} round {r['round']} ({r['train_seconds']:.2f} s vs {median:.2f} s)"
+    """Rounds whose slowest client trained ``factor`` x longer than the median round of the same
+    system: a system's training work is identical each round, so a long one means something else held
+    the CPUs. (Per system: the systems differ; Flower's app builds a ``torch.optim.SGD``, which
+    imports ``torch._dynamo`` inside its timed training, Fedge's does not.)"""
+    medians = {label: _median([r["train_seconds"] for run in runs if run["label"] == label for r in run["rounds"]])
+               for label in {run["label"] for run in runs}}
+    return [f"{run['label']} round {r['round']} ({r['train_seconds']:.2f} s vs {medians[run['label']]:.2f} s)"
             for run in runs for r in run["rounds"]
-            if r["train_seconds"] is not None and r["train_seconds"] > factor * median]
+            if medians[run["label"]] and r["train_seconds"] is not None
+            and r["train_seconds"] > factor * medians[run["label"]]]
 
 
 def table(summary: list[dict[str, Any]]) -> str:
@@ -385,7 +387,7 @@ def main() -> int:
     )
     contended = contended_rounds(runs)
     if contended:
-        header += ("\n\n**Rounds whose slowest client trained 1.5x longer than the median round** (the same work "
+        header += ("\n\n**Rounds whose slowest client trained 1.5x longer than that system's median round** (the same work "
                    "every round: another process was taking the CPUs): " + "; ".join(contended) + ".")
     if machine["load_average_at_start"][0] >= 0.5 * (os.cpu_count() or 1):
         header += ("\n\n**Other processes were using the CPUs when this run started** (load average): "
