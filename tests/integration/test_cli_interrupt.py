@@ -14,7 +14,9 @@ from server.processes import processes_with_env
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+# SIGTERM in the default suite through `fedge serve` (tests/integration/test_serve.py); here with
+# `make test-slow` (time budget).
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_interrupt_stops_every_started_process(tmp_path, sig) -> None:
     run_dir = tmp_path / "run"
     flwr_home = str((run_dir / "flwr-home").resolve())
