@@ -56,11 +56,7 @@ def test_compressed_gossip_on_the_simulation_engine(tmp_path, assert_no_leftover
     assert last["algorithm"] == "gossip" and last["clients_used"] == 4 and not last["rejected"]
     assert last["consensus_distance"] >= 0 and last["nodes_measured"] == 4
     assert last["uplink_bytes"] < last["uplink_fp32_bytes"] / 7  # 4-bit q's, headers included
-    # Learned: the best version beats the initial model clearly. Not the final one: FedAsync dips when a
-    # stale update lands (README), and 8 versions stop early in learning, where one stale update took
-    # a run from 0.29 back to 0.10 (seen in a clean-clone run; runs alone end at 0.34-0.44).
-    best = max(row["accuracy"] for row in rows)
-    assert best > result.summary["initial_accuracy"] + 0.15
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
 
 
 @pytest.mark.slow
@@ -98,11 +94,7 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
     assert max(row["staleness_max"] for row in rows) >= 1
     walls = [row["wall_seconds"] for row in rows]  # cumulative across the restart
     assert walls == sorted(walls) and walls[0] > 0
-    # Learned: the best version beats the initial model clearly. Not the final one: FedAsync dips when a
-    # stale update lands (README), and 8 versions stop early in learning, where one stale update took
-    # a run from 0.29 back to 0.10 (seen in a clean-clone run; runs alone end at 0.34-0.44).
-    best = max(row["accuracy"] for row in rows)
-    assert best > result.summary["initial_accuracy"] + 0.15
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
     assert (result.run_dir / "model.pt").exists()
 
 
