@@ -198,9 +198,6 @@ def _mixing_bytes(numel: int, capacity: int, params: dict[str, Any]) -> int:
 
 
 class Median(_Buffered):
-    def __init__(self, numel: int, capacity: int, nnm: int = 0) -> None:
-        super().__init__(numel, capacity, nnm=nnm)
-
     @property
     def spec(self) -> str:
         return "median" + (f":nnm={self.nnm}" if self.nnm else "")
