@@ -143,8 +143,14 @@ def nearest_neighbour_mixing(rows: torch.Tensor, f: int) -> torch.Tensor:
     distances.fill_diagonal_(-1.0)  # itself first, even when another row is identical to it
     nearest = torch.argsort(distances, dim=1, stable=True)[:, :keep]
     mixed = torch.empty_like(rows)
+    # Accumulate row by row in one float64 row instead of gathering each neighbourhood
+    # (``rows[nearest[i]]`` would copy ``keep x numel`` more floats than ``aggregator_bytes`` states).
+    total = torch.empty(rows.shape[1], dtype=torch.float64)
     for i in range(n):
-        mixed[i] = rows[nearest[i]].sum(dim=0, dtype=torch.float64).div(keep).to(rows.dtype)
+        total.zero_()
+        for j in nearest[i].tolist():
+            total.add_(rows[j])
+        mixed[i].copy_(total.div_(keep))
     return mixed
 
 
@@ -193,8 +199,8 @@ class _Buffered(Aggregator):
 
 
 def _mixing_bytes(numel: int, capacity: int, params: dict[str, Any]) -> int:
-    """NNM's extra: the mixed copy of the buffer and its float64 distance matrix."""
-    return 4 * numel * capacity + 8 * capacity * capacity if int(params.get("nnm", 0) or 0) else 0
+    """NNM's extra: the mixed copy of the buffer, its float64 distance matrix and one float64 row."""
+    return 4 * numel * capacity + 8 * capacity * capacity + 8 * numel if int(params.get("nnm", 0) or 0) else 0
 
 
 class Median(_Buffered):

@@ -228,10 +228,12 @@ def test_nnm_spec_memory_and_refusals() -> None:
     agg = make_aggregator("multikrum:f=1,m=2,nnm=1", 4, capacity=6)
     assert agg.spec == "multikrum:f=1,m=2,nnm=1"
     assert make_aggregator("median:nnm=2", 4, capacity=6).spec == "median:nnm=2"
-    # NNM holds a mixed copy of the buffer and the distance matrix on top of the rule's own memory
-    assert aggregator_memory_bytes("trimmed-mean:beta=0.2,nnm=4", 1000, 20) == 2 * 4 * 1000 * 20 + 8 * 20 * 20
+    # NNM holds a mixed copy of the buffer, the distance matrix and one float64 accumulator row on top
+    # of the rule's own memory
+    assert aggregator_memory_bytes("trimmed-mean:beta=0.2,nnm=4", 1000, 20) == (
+        2 * 4 * 1000 * 20 + 8 * 20 * 20 + 8 * 1000)
     assert aggregator_memory_bytes("krum:f=1,nnm=1", 1000, 100) == (
-        4 * 1000 * 101 + 8 * 100 * 100 + 4 * 1000 * 100 + 8 * 100 * 100)
+        4 * 1000 * 101 + 8 * 100 * 100 + 4 * 1000 * 100 + 8 * 100 * 100 + 8 * 1000)
     with pytest.raises(ValueError, match="nnm"):
         make_aggregator("median:nnm=6", 4, capacity=6)
     with pytest.raises(ValueError, match="nnm"):
