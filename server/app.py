@@ -128,6 +128,7 @@ def main(grid: Grid, context: Context) -> None:
             "measurement_bytes": sum(r.measurement_bytes for r in rows),
             "seconds": sum(r.seconds for r in rows),
             "resumed_from_round": result.resumed_from,
+            "stopped_at_accuracy": settings.stop_accuracy if result.reached_target else None,
             "codec": settings.codec,
             "bundle": bundle,
         }

@@ -53,6 +53,8 @@ class EngineResult:
     resumed_from: int = 0
     #: the run ended early because the operator asked (``fedge serve`` on SIGTERM); resumable
     stopped: bool = False
+    #: the run ended complete before its last round because a row reached ``stop-accuracy``
+    reached_target: bool = False
 
 
 def make_context(settings: RunSettings, task: Task) -> RunContext:
@@ -104,6 +106,9 @@ class Engine:
         if start >= self.settings.rounds:
             log.info("run already complete (%d rounds)", start)
             return result
+        if self._reached_target(result):
+            log.info("run already complete: round %d reached stop-accuracy %g", start, self.settings.stop_accuracy)
+            return result
         try:
             nodes = self._wait_for_nodes(grid)
         except _StopWhileWaiting:
@@ -117,7 +122,7 @@ class Engine:
         else:
             for step in range(start + 1, self.settings.rounds + 1):
                 self._publish(self.step(grid, step), result)
-                if self._stop_requested(result):
+                if self._reached_target(result) or self._stop_requested(result):
                     break
         result.model = self.algorithm.final_model()
         return result
@@ -142,6 +147,17 @@ class Engine:
             log.info("stop requested: ending after step %d (checkpointed; a restart resumes)", result.rows[-1].round)
             result.stopped = True
         return result.stopped
+
+    def _reached_target(self, result: EngineResult) -> bool:
+        """Has the last published row reached ``stop-accuracy``? Then the run is complete: the model
+        is final, and a restarted coordinator does not train it further."""
+        target = self.settings.stop_accuracy
+        if target > 0 and result.rows and result.rows[-1].accuracy >= target:
+            if not result.reached_target:
+                log.info("step %d reached stop-accuracy %g (held-out accuracy %.4f): the run is complete",
+                         result.rows[-1].round, target, result.rows[-1].accuracy)
+            result.reached_target = True
+        return result.reached_target
 
     def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
         """(loss, accuracy) of a flat model on the task's held-out split."""
@@ -256,7 +272,7 @@ class Engine:
                     version += 1
                     self._publish(acc.row(self, version, result), result)
                     acc = _AsyncStep(self.clock(), free_since=acc.free_since)
-                    if version >= self.settings.rounds or self._stop_requested(result):
+                    if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
                         return
                 if not dispatcher.batch_left:
                     fill()

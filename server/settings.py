@@ -89,6 +89,10 @@ class RunSettings:
         "step's median claim; equal weights in the first step), 'fixed:max=N', 'none'",
     )
     rounds: int = _opt(30, "number of federated rounds")
+    stop_accuracy: float = _opt(
+        0.0, "end the run as complete once a round's held-out accuracy reaches this (0 = run every round): "
+        "time-to-accuracy benchmarks, and not training past good enough"
+    )
     clients_per_round: int = _opt(10, "clients sampled per round (all connected ones if fewer)")
     min_replies: int = _opt(1, "fewest valid replies that still update the model in a round")
     round_timeout: float = _opt(300.0, "seconds to wait for replies before closing a round")
@@ -136,6 +140,8 @@ class RunSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be > 0")
         if not 0 <= self.momentum < 1:
             raise SettingsError("momentum must be in [0, 1)")
+        if not 0 <= self.stop_accuracy <= 1:
+            raise SettingsError("stop-accuracy must be in [0, 1] (0 = off)")
         if self.client_eval_every < 0:
             raise SettingsError("client-eval-every must be >= 0")
         if self.prox_mu < 0:

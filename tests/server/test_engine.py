@@ -13,7 +13,7 @@ from server.checkpoint import CheckpointStore, IncompatibleCheckpointError
 from server.engine import Engine, make_context, sample_nodes
 from server.initial_model import initial_params
 from server.run_directory import RunDirectory
-from server.settings import RunSettings
+from server.settings import RunSettings, SettingsError
 from tasks import make_task
 from tests.server.in_process_grid import FakeClock, InProcessGrid
 
@@ -137,6 +137,35 @@ def test_a_stop_request_ends_the_run_at_a_step_boundary_and_resume_finishes_it(t
     again = _engine(tmp_path, rounds=3, algorithm=algorithm)
     result = again.run(InProcessGrid(3), _start(again))
     assert not result.stopped and result.resumed_from == 1 and [r.round for r in result.rows] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedbuff:concurrency=3,buffer=2"])
+def test_stop_accuracy_ends_the_run_complete_and_a_restart_trains_no_further(tmp_path, algorithm) -> None:
+    """The run ends at the first step whose held-out accuracy reaches stop-accuracy, as complete (not
+    paused); restarting it pushes nothing."""
+    full = _engine(tmp_path / "full", rounds=6, algorithm=algorithm)
+    reference = [row.accuracy for row in full.run(InProcessGrid(3), _start(full)).rows]
+    # a target the run reaches after its first step and before its last: stops exactly there
+    target = max(reference[1:-1])
+    first_hit = next(i for i, a in enumerate(reference) if a >= target) + 1
+    assert 1 < first_hit < 6
+    engine = _engine(tmp_path / "stop", rounds=6, algorithm=algorithm, stop_accuracy=target)
+    result = engine.run(InProcessGrid(3), _start(engine))
+    assert result.reached_target and not result.stopped
+    assert [r.round for r in result.rows] == list(range(1, first_hit + 1))
+    assert result.rows[-1].accuracy >= target > max(r.accuracy for r in result.rows[:-1])
+    assert CheckpointStore(tmp_path / "stop" / "run" / "checkpoint").load().round == first_hit
+    again = _engine(tmp_path / "stop", rounds=6, algorithm=algorithm, stop_accuracy=target)
+    grid = InProcessGrid(3)
+    resumed = again.run(grid, _start(again))
+    assert resumed.resumed_from == first_hit and not grid.pushed and torch.equal(resumed.model, result.model)
+
+
+def test_stop_accuracy_is_validated() -> None:
+    with pytest.raises(SettingsError, match="stop-accuracy"):
+        RunSettings(stop_accuracy=1.5)
+    with pytest.raises(SettingsError, match="stop-accuracy"):
+        RunSettings(stop_accuracy=-0.1)
 
 
 def test_old_or_foreign_checkpoints_are_refused(tmp_path) -> None:
