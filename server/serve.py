@@ -31,6 +31,8 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from server.engines import prepare_run_directory, config_args, flower_environment, stage_app
@@ -47,6 +49,8 @@ __all__ = ["Daemon"]
 log = logging.getLogger("fedge.serve")
 
 _CONNECTION = "fedge"
+#: concurrent ``flwr supernode register`` calls at daemon start (each a short-lived CLI process)
+_REGISTER_WORKERS = 4
 
 #: what _supervise returns when the run failed and may be restarted
 _FAILED = -1
@@ -219,6 +223,25 @@ class Daemon:
             log.warning("stopping processes left by a previous daemon", extra=fields(pids=found))
             leftovers.stop(grace=5.0)
 
+    def _register_keys(self) -> None:
+        """Register every configured SuperNode key with Flower's ``flwr supernode register``, a few at
+        a time: each call is a CLI process (~2 s, mostly imports), paid at every daemon start, so a
+        fleet of keys registered one by one would delay every restart by minutes."""
+        def register(key: Path) -> tuple[Path, int | None]:
+            try:
+                return key, register_node(key, _CONNECTION, self.env)
+            except RegistrationError as err:
+                if "already in use" not in str(err):
+                    raise
+                return key, None
+
+        with ThreadPoolExecutor(max_workers=_REGISTER_WORKERS) as pool:
+            for key, node in pool.map(register, self.config.register_keys):  # in order; the first error raises
+                if node is None:
+                    log.info("node key already registered", extra=fields(key=str(key)))
+                else:
+                    log.info("node key registered", extra=fields(key=str(key), node=node))
+
     def _supervise(self, rows_log: MetricsLog) -> int:
         config, group = self.config, self.group
         assert group is not None
@@ -230,14 +253,7 @@ class Daemon:
         log.info("SuperLink listening", extra=fields(address=f"{config.host}:{config.port}", tls=bool(config.tls),
                                                       node_auth=bool(config.tls and config.tls.node_auth),
                                                       database=str(config.database)))
-        for key in config.register_keys:
-            try:
-                node = register_node(key, _CONNECTION, self.env)
-                log.info("node key registered", extra=fields(key=str(key), node=node))
-            except RegistrationError as err:
-                if "already in use" not in str(err):
-                    raise
-                log.info("node key already registered", extra=fields(key=str(key)))
+        self._register_keys()
         if config.metrics_host and self.metrics_server is None:  # one server for every attempt
             self.metrics_server = MetricsServer(self.metrics, config.metrics_host, config.metrics_port,
                                                 self.health).start()

@@ -1,8 +1,9 @@
-"""EASGD, gossip, FedBuff and FedAsync on Flower's real engines (simulation): a crash and resume for
-EASGD and FedBuff, gossip once, FedAsync with a straggler. Under `make test-slow` only: gossip's crash
-and resume, and gossip on the deployment engine (real SuperLink and SuperNodes on 127.0.0.1). Both
-engines run the same ServerApp and ClientApp, and the default suite already runs FedAvg, FedBuff and
-the daemon on the deployment engine (test_deployment_engine.py, test_serve.py)."""
+"""EASGD, gossip, FedBuff and FedAsync on Flower's real engines (simulation): each once, FedBuff
+with a crash and resume, FedAsync with a straggler. Under `make test-slow` only: EASGD's and gossip's
+crash and resume, and gossip on the deployment engine (real SuperLink and SuperNodes on 127.0.0.1).
+Both engines run the same ServerApp and ClientApp; the default suite also runs FedAvg and FedBuff on
+the deployment engine and the daemon through a SIGTERM and a power cut (test_deployment_engine.py,
+test_serve.py), and every algorithm's stop/resume through the engine (tests/server/test_engine.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from server.settings import RunSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-# gossip's crash/resume on this engine runs under `make test-slow`; the default suite runs gossip here
-# once (below) and its stop/resume through the engine with fresh node state (tests/server/test_engine.py)
-@pytest.mark.parametrize("algorithm", ["easgd", pytest.param("gossip:topology=ring", marks=pytest.mark.slow)])
+# Two launches each (~70 s): under `make test-slow`. The default suite runs EASGD and gossip here once
+# (below), a real-engine crash/resume with FedBuff, and their stop/resume through the engine with
+# fresh node state (tests/server/test_engine.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["easgd", "gossip:topology=ring"])
 def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_leftovers, algorithm) -> None:
     settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
                            run_dir=str(tmp_path / "run"))
@@ -44,6 +47,21 @@ def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_lef
         assert last["consensus_distance"] >= 0 and last["nodes_measured"] == 4
         assert last["uplink_bytes"] < last["uplink_fp32_bytes"] / 7  # 4-bit q's, headers included
     assert (resumed.run_dir / "model.pt").exists() and (resumed.run_dir / "algorithm.json").exists()
+
+
+def test_easgd_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:
+    settings = RunSettings(algorithm="easgd", rounds=3, clients_per_round=4, local_epochs=5,
+                           run_dir=str(tmp_path / "run"))
+    result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    assert [row["round"] for row in result.rows] == [1, 2, 3]
+    last = result.rows[-1]
+    assert last["algorithm"] == "easgd" and last["clients_used"] == 4 and not last["rejected"]
+    # clients keep local models tied to the center: both are measured on the held-out set
+    assert last["center_distance"] > 0 and 0 <= last["client_model_accuracy"] <= 1
+    assert last["uplink_bytes"] < last["uplink_fp32_bytes"] / 7  # 4-bit elastic differences, headers included
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
+    assert (result.run_dir / "model.pt").exists() and (result.run_dir / "algorithm.json").exists()
 
 
 def test_compressed_gossip_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:
