@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import platform
+import shlex
 import signal
 import sys
 import tempfile
@@ -304,7 +305,7 @@ def main() -> int:
     default = "algorithms" if args.suite == "algorithms" else f"algorithms-{args.suite}"
     out = Path(args.out or Path(__file__).parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = " ".join([".venv/bin/python", "bench/algorithms.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "bench/algorithms.py", *sys.argv[1:]])  # quoted: --config has ";"
     header = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()} "
               f"({platform.platform()}); digits, {args.clients} clients, {args.partitioning}, {args.rounds} rounds "
               f"of {args.local_epochs} local epochs, seeds {args.seeds}, {args.engine} engine"
