@@ -103,11 +103,8 @@ class Engine:
         self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
         result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
         atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(self.algorithm.describe(), indent=2) + "\n")
-        if start >= self.settings.rounds:
+        if start >= self.settings.rounds or self._reached_target(result):
             log.info("run already complete (%d rounds)", start)
-            return result
-        if self._reached_target(result):
-            log.info("run already complete: round %d reached stop-accuracy %g", start, self.settings.stop_accuracy)
             return result
         try:
             nodes = self._wait_for_nodes(grid)

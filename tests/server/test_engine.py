@@ -13,7 +13,7 @@ from server.checkpoint import CheckpointStore, IncompatibleCheckpointError
 from server.engine import Engine, make_context, sample_nodes
 from server.initial_model import initial_params
 from server.run_directory import RunDirectory
-from server.settings import RunSettings, SettingsError
+from server.settings import RunSettings
 from tasks import make_task
 from tests.server.in_process_grid import FakeClock, InProcessGrid
 
@@ -159,13 +159,6 @@ def test_stop_accuracy_ends_the_run_complete_and_a_restart_trains_no_further(tmp
     grid = InProcessGrid(3)
     resumed = again.run(grid, _start(again))
     assert resumed.resumed_from == first_hit and not grid.pushed and torch.equal(resumed.model, result.model)
-
-
-def test_stop_accuracy_is_validated() -> None:
-    with pytest.raises(SettingsError, match="stop-accuracy"):
-        RunSettings(stop_accuracy=1.5)
-    with pytest.raises(SettingsError, match="stop-accuracy"):
-        RunSettings(stop_accuracy=-0.1)
 
 
 def test_old_or_foreign_checkpoints_are_refused(tmp_path) -> None:

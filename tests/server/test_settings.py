@@ -41,4 +41,8 @@ def test_values_are_validated() -> None:
         RunSettings(rounds=0)
     with pytest.raises(SettingsError):
         RunSettings(clients_per_round=2, min_replies=3)
+    with pytest.raises(SettingsError, match="stop-accuracy"):
+        RunSettings(stop_accuracy=1.5)
+    with pytest.raises(SettingsError, match="stop-accuracy"):
+        RunSettings(stop_accuracy=-0.1)
     assert RunSettings.from_run_config({"lr": 1, "error-feedback": "false"}).lr == 1.0
