@@ -32,6 +32,7 @@ def test_mod_sleeps_in_proportion_to_the_real_work(monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr(slowdown.time, "perf_counter", lambda: next(ticks))
     monkeypatch.setattr(slowdown.time, "sleep", slept.append)
+    monkeypatch.delitem(__import__("sys").modules, slowdown._CLIENTAPP_PROCESS_MODULE, raising=False)
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
@@ -41,3 +42,36 @@ def test_mod_sleeps_in_proportion_to_the_real_work(monkeypatch) -> None:
     evaluate = Message(RecordDict(), dst_node_id=1, message_type="evaluate")
     slowdown.slowdown_mod(evaluate, _context(0, slowdown=5), lambda m, c: m)
     assert len(slept) == 1  # evaluation keeps its real speed
+
+
+def test_a_deployment_clientapp_process_counts_its_start_as_the_first_messages_work(monkeypatch) -> None:
+    """In Flower's one-message ``flwr-clientapp`` process, starting the process is the device's work
+    for that message too: a slow device sleeps (F - 1) x the process's age at the handler's end.
+    Later messages in the same process (and every message in a simulation worker) count the handler."""
+    import sys
+    import types
+
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    ticks = iter([10.0, 12.5, 20.0, 22.5])  # each handler "takes" 2.5 s
+    slept: list[float] = []
+    monkeypatch.setattr(slowdown.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(slowdown.time, "sleep", slept.append)
+    monkeypatch.setattr(slowdown, "process_age", lambda: 30.0)  # started 30 s before the handler ended
+    monkeypatch.setattr(slowdown, "_handled_in_process", False)
+    monkeypatch.setitem(sys.modules, slowdown._CLIENTAPP_PROCESS_MODULE, types.ModuleType("run_clientapp"))
+    msg = Message(RecordDict(), dst_node_id=1, message_type="train")
+    slowdown.slowdown_mod(msg, _context(0, slowdown=5), lambda m, c: m)
+    slowdown.slowdown_mod(msg, _context(0, slowdown=5), lambda m, c: m)
+    assert slept == [pytest.approx(120.0), pytest.approx(10.0)]  # 4 x 30 s, then 4 x 2.5 s
+
+
+def test_process_age_is_read_from_proc() -> None:
+    import time
+
+    age = slowdown.process_age()
+    if age is None:
+        pytest.skip("no /proc on this platform: the handler's time is used")
+    # this pytest process started before the test, and no earlier than the machine booted
+    assert 0.0 < age <= time.clock_gettime(time.CLOCK_BOOTTIME) + 1.0
