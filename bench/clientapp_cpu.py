@@ -8,22 +8,28 @@ bound by the CPUs or by the waiting decides what a faster algorithm can gain. Th
 product's own deployment path (``server.engines.launch``: a real SuperLink and N SuperNodes on
 127.0.0.1) and samples ``/proc`` every ``--interval`` seconds for the run's ClientApp processes
 (found by the run's own ``FLWR_HOME`` in their environment): CPU time (user + system) at the last
-sample, first and last time seen, the node it belongs to. A process's CPU after its last sample
-is missed (at most one interval of its life), so figures are lower bounds by that much.
+sample, the process's exact start (``/proc/<pid>/stat`` starttime) and the last time it was seen,
+the node it belongs to. A process's CPU and life after its last sample are missed (at most one
+interval, a little more for a sweep of ``/proc`` on a busy machine), so figures are lower bounds.
 
 Reported: per node, the first message (it also loads and caches the node's partition) apart from
-the later ones; medians of CPU-seconds and lifetime; the ClientApps' mean busy cores over the
-run (their CPU-seconds over the wall time from the first to the last process seen) against the
-machine's cores: near the core count, the run is CPU-bound.
+the later ones; medians of CPU-seconds and lifetime; with ``--stragglers``, the later messages'
+lifetimes of slowed and of other nodes (how much slower a slow device really is per message);
+the clients' own training time (``train-seconds`` of their replies, the median of each round's
+mean); the ClientApps' mean busy cores over the run (their CPU-seconds over the wall time from the
+first process's start to the last one seen) against the machine's cores: near the core count,
+the run is CPU-bound.
 
-    .venv/bin/python bench/clientapp_cpu.py                          # 4 SuperNodes, 3 rounds (~1.5 min)
-    .venv/bin/python bench/clientapp_cpu.py --supernodes 16 --rounds 3 --algorithm fedbuff:concurrency=16,buffer=8
+    .venv/bin/python bench/clientapp_cpu.py                          # 4 SuperNodes, 3 rounds (~1 min)
+    .venv/bin/python bench/clientapp_cpu.py --supernodes 16 --rounds 6 --algorithm fedbuff:concurrency=16,buffer=8 \
+        --stragglers fraction=0.25,slowdown=5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -38,14 +44,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from protocol.stragglers import parse_stragglers  # noqa: E402
 from server.engines import launch  # noqa: E402
 from server.settings import RunSettings  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _clientapp(pid: str, home: bytes) -> tuple[float, int] | None:
-    """(CPU-seconds, node index) of a live ClientApp process of this run, else None."""
+def _uptime() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def _clientapp(pid: str, home: bytes) -> tuple[float, int, int] | None:
+    """(CPU-seconds, node index, start in clock ticks since boot) of a live ClientApp process of
+    this run, else None."""
     try:
         if b"flwr-clientapp" not in Path(f"/proc/{pid}/cmdline").read_bytes():
             return None
@@ -57,7 +69,9 @@ def _clientapp(pid: str, home: bytes) -> tuple[float, int] | None:
     if node_home is None:
         return None
     node = node_home.rstrip(b"/").rsplit(b"/", 1)[-1]  # <run FLWR_HOME>/supernodes/<i>
-    return (int(stat[11]) + int(stat[12])) / _TICK, int(node) if node.isdigit() else -1
+    # after the ')' closing the command name, index 0 is field 3 (state): utime, stime, starttime
+    # are fields 14, 15 and 22
+    return (int(stat[11]) + int(stat[12])) / _TICK, int(node) if node.isdigit() else -1, int(stat[19])
 
 
 class Sampler(threading.Thread):
@@ -66,22 +80,23 @@ class Sampler(threading.Thread):
     def __init__(self, flwr_home: Path, interval: float) -> None:
         super().__init__(daemon=True)
         self.home, self.interval = str(flwr_home).encode(), interval
-        self.seen: dict[int, dict[str, Any]] = {}  # pid -> node, first, last, cpu
+        # (pid, start tick) -> node, first (its start), last (last seen), cpu; seconds since t0
+        self.seen: dict[tuple[int, int], dict[str, Any]] = {}
         self.halt = threading.Event()
-        self.t0 = time.monotonic()
+        self.t0 = _uptime()  # the clock /proc/<pid>/stat starttime counts on
 
     def run(self) -> None:
         while not self.halt.is_set():
-            now = time.monotonic() - self.t0
             for pid in (p for p in os.listdir("/proc") if p.isdigit()):
                 found = _clientapp(pid, self.home)
                 if found is not None:
-                    entry = self.seen.setdefault(int(pid), {"node": found[1], "first": now})
-                    entry.update(last=now, cpu=found[0])
+                    cpu, node, start = found
+                    entry = self.seen.setdefault((int(pid), start), {"node": node, "first": start / _TICK - self.t0})
+                    entry.update(last=_uptime() - self.t0, cpu=cpu)
             self.halt.wait(self.interval)
 
 
-def summarize(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def summarize(seen: dict[tuple[int, int], dict[str, Any]], slow_nodes: int) -> dict[str, Any]:
     processes = sorted(seen.values(), key=lambda p: p["first"])
     firsts, later, done = [], [], set()
     for p in processes:
@@ -94,6 +109,8 @@ def summarize(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
         return statistics.median(values) if values else None
 
     total = sum(p["cpu"] for p in processes)
+    slow = [p for p in later if p["node"] < slow_nodes]
+    fast = [p for p in later if p["node"] >= slow_nodes]
     return {
         "processes": len(processes), "nodes": len(done),
         "first_cpu_median": med(firsts, "cpu"), "first_life_median": med(firsts, "life"),
@@ -101,6 +118,8 @@ def summarize(seen: dict[int, dict[str, Any]]) -> dict[str, Any]:
         "later_cpu_min": min((p["cpu"] for p in later), default=None),
         "later_cpu_max": max((p["cpu"] for p in later), default=None),
         "cpu_total": total, "span_seconds": span, "busy_cores": total / span if span else None,
+        "slow_later_life_median": med(slow, "life") if slow_nodes else None,
+        "other_later_life_median": med(fast, "life") if slow_nodes else None,
     }
 
 
@@ -110,17 +129,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--algorithm", default="fedavg")
+    parser.add_argument("--stragglers", default="none", help="run setting: 'fraction=F,slowdown=S' slows the first "
+                        "ceil(F x supernodes) nodes")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
     parser.add_argument("--out", help="output path without suffix (default: bench/results/clientapp-cpu)")
     args = parser.parse_args()
     if args.supernodes < 1 or args.rounds < 1 or args.interval <= 0:
         parser.error("--supernodes and --rounds must be >= 1, --interval > 0")
+    try:
+        fraction, factor = parse_stragglers(args.stragglers)
+    except ValueError as err:
+        parser.error(str(err))
+    slow_nodes = math.ceil(fraction * args.supernodes) if factor != 1.0 else 0
     command = shlex.join([".venv/bin/python", "bench/clientapp_cpu.py", *sys.argv[1:]])
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedge-bench-clientapp-") as tmp:
         run_dir = Path(tmp) / "run"
         settings = RunSettings(algorithm=args.algorithm, rounds=args.rounds, clients_per_round=args.supernodes,
-                               local_epochs=args.local_epochs, run_dir=str(run_dir))
+                               local_epochs=args.local_epochs, stragglers=args.stragglers, run_dir=str(run_dir))
         sampler = Sampler((run_dir / "flwr-home").resolve(), args.interval)
         sampler.start()
         try:
@@ -131,21 +157,28 @@ def main() -> int:
     if not result.summary:
         print("the run did not finish; see its logs", file=sys.stderr)
         return 1
-    summary = summarize(sampler.seen)
+    summary = summarize(sampler.seen, slow_nodes)
+    if not summary["processes"]:
+        print("no flwr-clientapp process of this run was seen: nothing measured", file=sys.stderr)
+        return 1
+    trained = [r["client_train_seconds"] for r in result.rows if r.get("client_train_seconds")]
+    summary["train_seconds_median"] = statistics.median(trained) if trained else None
     cores = os.cpu_count() or 1
     header = (f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, {cores} logical CPUs "
               f"(load average {load_start:.2f} at start): {args.supernodes} SuperNodes on 127.0.0.1, "
-              f"{args.algorithm}, {args.rounds} rounds/versions of {args.local_epochs} local epochs, digits; "
+              f"{args.algorithm}, {args.rounds} rounds/versions of {args.local_epochs} local epochs, digits, "
+              f"stragglers {args.stragglers}; "
               f"`{command}`")
     fmt = lambda v, unit="s": "-" if v is None else f"{v:.2f} {unit}".strip()  # noqa: E731
     table = "\n".join([
         "| ClientApp processes | a node's first message: CPU / lifetime | later messages: CPU (min-max) / lifetime | "
-        "busy cores (ClientApps) |",
-        "|---|---|---|---|",
+        "later lifetime: slowed / other nodes | clients' training | busy cores (ClientApps) |",
+        "|---|---|---|---|---|---|",
         f"| {summary['processes']} on {summary['nodes']} nodes | {fmt(summary['first_cpu_median'])} / "
         f"{fmt(summary['first_life_median'])} | {fmt(summary['later_cpu_median'])} "
         f"({fmt(summary['later_cpu_min'])}-{fmt(summary['later_cpu_max'])}) / {fmt(summary['later_life_median'])} | "
-        f"{fmt(summary['busy_cores'], '')} of {cores} |",
+        f"{fmt(summary['slow_later_life_median'])} / {fmt(summary['other_later_life_median'])} | "
+        f"{fmt(summary['train_seconds_median'])} | {fmt(summary['busy_cores'], '')} of {cores} |",
     ])
     print(header + "\n\n" + table + "\n\nmedians; CPU = user + system of each flwr-clientapp process")
     out = Path(args.out or ROOT / "bench" / "results" / "clientapp-cpu")

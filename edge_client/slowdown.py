@@ -7,11 +7,15 @@ instead of being a made-up constant. What counts as the work of a message depend
 - simulation (Ray): a long-lived worker runs many messages, so the work is the handler's time;
 - deployment: Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message, and starting
   it (Python, Flower and torch imports, pulling the message) is work the device does for that
-  message, most of it for a small model: here a message's process used ~3.8 CPU-seconds
-  (``bench/clientapp_cpu.py``), about 85% of them before the handler ran (py-spy). A slow device
-  is slow at that too, so in such a process the first train message's work runs from the
-  process's start (``/proc/self/stat``) to the handler's end. Timing the handler alone made a ``slowdown=5`` SuperNode only ~1.6 times
-  slower per message than its peers on this engine (16 SuperNodes on 2 cores), not 5.
+  message, most of it for a small model (``bench/clientapp_cpu.py``: ~3 CPU-seconds per message,
+  of which the client's training takes a few tenths). A slow device is slow at that too, so in
+  such a process the first train message's work runs from the process's start
+  (``/proc/self/stat``) to the handler's end. Timing the handler alone made a ``slowdown=5``
+  SuperNode only ~1.6 times slower per message than its peers (16 SuperNodes on 2 cores), not 5.
+
+The work is wall-clock time, as the device sees it: on a host shared by many emulated devices it
+includes waiting for a CPU, which keeps a slow device F times slower than a fast one under the
+same contention (a CPU-time measure would make it barely slower when the CPUs are oversubscribed).
 
 Where the factor comes from:
 
@@ -40,7 +44,9 @@ __all__ = ["process_age", "slowdown_mod", "slowdown_of"]
 
 log = logging.getLogger(__name__)
 
-#: imported only by Flower's ``flwr-clientapp`` command, the deployment engine's one-message process
+#: imported by Flower's ``flwr-clientapp`` command, the deployment engine's one-message process (and
+#: by the SuperNode's CLI package, which never runs a ClientApp in its own process); never by the
+#: simulation engine. A test checks that it exists in the installed Flower.
 _CLIENTAPP_PROCESS_MODULE = "flwr.supernode.runtime.run_clientapp"
 _handled_in_process = False
 
@@ -66,25 +72,26 @@ def slowdown_of(context: Context) -> float:
 def process_age() -> float | None:
     """Seconds since this process started (Linux ``/proc``), or None where that is unknown."""
     try:
-        with open("/proc/self/stat", encoding="ascii") as stat:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        with open("/proc/uptime", encoding="ascii") as uptime:
+        with open("/proc/self/stat", "rb") as stat:  # bytes: the command name may be anything
+            # after the ')' closing the command name, index 0 is field 3 (state): starttime is 22
+            start_ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime", "rb") as uptime:
             now = float(uptime.read().split()[0])
         return max(0.0, now - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
 
 
-def _work_seconds(handler_seconds: float) -> float:
-    """The message's work: the handler's time, or in a deployment ClientApp process's first train
-    message, everything since the process started (see the module docstring)."""
+def _work_seconds(handler_seconds: float) -> tuple[float, str]:
+    """The message's work and what it covers: the handler's time, or in a deployment ClientApp
+    process's first train message, everything since the process started (module docstring)."""
     global _handled_in_process
     first, _handled_in_process = not _handled_in_process, True
     if first and _CLIENTAPP_PROCESS_MODULE in sys.modules:
         age = process_age()
         if age is not None:
-            return max(age, handler_seconds)
-    return handler_seconds
+            return max(age, handler_seconds), "since the process started"
+    return handler_seconds, "in the handler"
 
 
 def slowdown_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -93,8 +100,8 @@ def slowdown_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
         return call_next(msg, context)
     started = time.perf_counter()
     reply = call_next(msg, context)
-    work = _work_seconds(time.perf_counter() - started)
+    work, span = _work_seconds(time.perf_counter() - started)
     extra = (factor - 1.0) * work
-    log.info("slowdown x%g on purpose: %.2f s of work, %.2f s more", factor, work, extra)
+    log.info("slowdown x%g on purpose: %.2f s of work %s, %.2f s more", factor, work, span, extra)
     time.sleep(extra)
     return reply
