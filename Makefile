@@ -22,7 +22,7 @@ help:
 	@echo "make bench   - benchmarks (not run in CI)"
 
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; v=sys.version_info; sys.exit(0 if (3,10)<=v[:2]<(3,14) else "Fedge needs Python 3.10-3.13 (3.14 has a stdlib package named compression); set PYTHON=python3.X")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "Fedge needs Python 3.10 or newer; set PYTHON=python3.X")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[platform,test]'

@@ -1,11 +1,11 @@
 """Fedge aggregation: the pure math of combining client updates (no Flower, no I/O)."""
 
-from aggregation.server_optimizers import (
+from fedge.aggregation.server_optimizers import (
     ServerOptimizer,
     available_server_optimizers,
     make_server_optimizer,
 )
-from aggregation.streaming_mean import StreamingMean
+from fedge.aggregation.streaming_mean import StreamingMean
 
 __all__ = [
     "ServerOptimizer",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from compression import Codec
+from fedge.compression import Codec
 
 __all__ = ["Broadcast"]
 

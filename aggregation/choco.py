@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from compression import Codec
+from fedge.compression import Codec
 
 __all__ = [
     "choco_gossip_round",

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from aggregation.streaming_mean import StreamingMean
-from compression.spec import build_from_spec
+from fedge.aggregation.streaming_mean import StreamingMean
+from fedge.compression.spec import build_from_spec
 
 __all__ = [
     "AGGREGATORS",
@@ -316,7 +316,7 @@ def make_aggregator(spec: str, numel: int, capacity: int) -> Aggregator:
 
 def aggregator_memory_bytes(spec: str, numel: int, capacity: int) -> int:
     """What the rule ``spec`` holds per step, in bytes (the streaming mean: one accumulator)."""
-    from compression.spec import parse_spec
+    from fedge.compression.spec import parse_spec
 
     name, params = parse_spec(spec)
     cls = _CLASSES.get(name)

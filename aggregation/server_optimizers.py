@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from compression.spec import build_from_spec
+from fedge.compression.spec import build_from_spec
 
 __all__ = [
     "FedAdagrad",

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from compression import Codec
+from fedge.compression import Codec
 
 __all__ = ["StreamingMean"]
 

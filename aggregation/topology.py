@@ -26,7 +26,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from compression.spec import build_from_spec
+from fedge.compression.spec import build_from_spec
 
 __all__ = ["Topology", "available_topologies", "make_topology", "metropolis_hastings"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from compression.spec import build_from_spec
+from fedge.compression.spec import build_from_spec
 
 __all__ = [
     "NORM_BOUNDS",

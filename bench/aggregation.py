@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = [(1000, 784), (1000,), (200, 1000), (8, 200)]  # sums to 1,000,000 + 1,000 + 1,600
 
@@ -65,8 +64,8 @@ def run_flower(clients: int, numel: int) -> dict:
 
 
 def run_streaming(clients: int, numel: int, spec: str) -> dict:
-    from aggregation import StreamingMean
-    from compression import make_codec
+    from fedge.aggregation import StreamingMean
+    from fedge.compression import make_codec
 
     codec = make_codec(spec)
     # Compile the fused kernels (a one-time cost of the process, like its imports) before the baseline.
@@ -100,7 +99,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--params", type=int, default=sum(int(__import__("math").prod(s)) for s in SHAPES))
     parser.add_argument("--method", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "aggregation.json"))
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fedge.aggregation.json"))
     args = parser.parse_args()
     if args.method:  # child process
         if args.method == "flower":

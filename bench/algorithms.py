@@ -36,10 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.engines import launch
-from server.settings import RunSettings, SettingsError
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings, SettingsError
 
 # (label, algorithm spec, codec); a spec may use {n} (clients) and {half} (clients // 2)
 CONFIGS = [
@@ -82,7 +81,7 @@ SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS, "byzantine": B
 
 def versions_per_round(algorithm: str, clients: int) -> int:
     """Model versions an algorithm publishes for one synchronous round's worth of client updates."""
-    from compression.spec import parse_spec
+    from fedge.compression.spec import parse_spec
 
     name, params = parse_spec(algorithm)
     if name == "fedbuff":

@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 TASK = "synthetic:dim=1024,hidden=2048,layers=3,samples=4096,test_samples=512"  # ~10.5M parameters
 HOOKS = ["allreduce", "fp16", "powersgd:rank=4,start=2", "qsgd:bits=4", "topk:ratio=0.01,sample=0.01",
@@ -89,7 +88,7 @@ def main() -> None:
         for hook in HOOKS:
             for nproc in (1, 2):
                 out = f"{tmp}/{nproc}-{len(steps)}"
-                _torchrun(nproc, ["-m", "deploy.train", "--task", TASK, "--epochs", "1", "--max-steps", "12",
+                _torchrun(nproc, ["-m", "fedge.deploy.train", "--task", TASK, "--epochs", "1", "--max-steps", "12",
                                   "--batch-size", "64", *_hook_args(hook), "--bucket-cap-mb", "64", "--out", out])
                 row = json.loads(Path(out, "metrics.jsonl").read_text().splitlines()[-1])
                 steps.append({"hook": hook, "processes": nproc, "step_s": row["step_s"],

@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from server.checkpoint import CheckpointStore  # noqa: E402
-from server.engines import flower_environment, supernode_home  # noqa: E402
-from server.federation import supernode_argv  # noqa: E402
-from server.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
-from server.service_metrics import reason_label  # noqa: E402
+from fedge.server.run.checkpoint import CheckpointStore  # noqa: E402
+from fedge.launcher.environment import flower_environment, supernode_home  # noqa: E402
+from fedge.launcher.federation import supernode_argv  # noqa: E402
+from fedge.launcher.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
+from fedge.server.daemon.service_metrics import reason_label  # noqa: E402
 
 BIN = Path(sys.executable).parent
 

@@ -42,11 +42,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from protocol.stragglers import parse_stragglers  # noqa: E402
-from server.engines import launch  # noqa: E402
-from server.settings import RunSettings  # noqa: E402
+from fedge.protocol.stragglers import parse_stragglers  # noqa: E402
+from fedge.server.local import launch  # noqa: E402
+from fedge.server.settings import RunSettings  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

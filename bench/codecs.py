@@ -25,9 +25,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compression import make_codec  # noqa: E402
+from fedge.compression import make_codec  # noqa: E402
 
 CODECS = [
     "none", "fp16", "bf16",
@@ -87,7 +86,7 @@ def main() -> None:
             "bits_per_element": 8 * len(payload) / args.n, "bytes": len(payload),
         })
         print(f"{spec}: {rate / copy_rate:.3f} of copy", file=sys.stderr)
-    from compression import kernels
+    from fedge.compression import kernels
 
     fused = "numba " + __import__("numba").__version__ if kernels.available() else "off (torch reference path)"
     print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {args.threads} torch thread(s), "

@@ -26,10 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.engines import launch
-from server.settings import RunSettings
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings
 
 PRESETS = {
     "demo": {
@@ -103,7 +102,7 @@ def main() -> None:
     preset = PRESETS[args.preset]
     task = preset.get("task", "digits")
     if task.startswith("fashion"):
-        from tasks import fashion_mnist
+        from fedge.tasks import fashion_mnist
 
         if not fashion_mnist.available():
             print(f"skipped: Fashion-MNIST is not installed in {fashion_mnist.data_dir()} "

@@ -7,7 +7,7 @@ before anything starts), same data (scikit-learn digits, stratified 20% held out
 evaluated on the server), same local training (SGD, ``--local-epochs`` epochs, batch 32, lr 0.1,
 one torch thread per ClientApp), same number of SuperNodes and rounds, every node trains every round.
 
-* **Fedge**: ``server.engines.launch(..., engine="deployment")``, the product's own path, once per
+* **Fedge**: ``fedge.server.local.launch(..., engine="deployment")``, the product's own path, once per
   codec of ``--fedge-codecs``: ``default`` is the product default (4-bit QSGD uplink with error
   feedback), ``none`` sends fp32 updates like the Flower app. ``--partitioning`` (default ``iid``,
   not the product's ``dirichlet:alpha=0.5``) gives Fedge's nodes shards of the same size as the
@@ -15,7 +15,7 @@ one torch thread per ClientApp), same number of SuperNodes and rounds, every nod
 * **Flower**: ``bench/flower_minimal`` (a standalone FAB): ``flwr.serverapp.strategy.FedAvg``
   (fp32 weights, no client evaluation) with a server-side ``evaluate_fn``; a ClientApp that loads
   digits, takes its shard of the pool and trains. Started with Fedge's own process helpers
-  (``ProcessGroup``, ``free_port``, ``flower_environment``, ``stage_app``), as ``launch()`` does.
+  (``fedge.launcher.sequence.FlowerLaunch``), the sequence ``launch()`` runs.
 
 Measured per round: its wall time seen by the server (Fedge: a metrics row's ``seconds``, from
 sampling nodes to the evaluated model; Flower: the time between consecutive ``evaluate_fn`` calls,
@@ -53,19 +53,20 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL_APP = Path(__file__).resolve().parent / "flower_minimal"
-sys.path.insert(0, str(ROOT))
 
-from server.engines import config_args, flower_environment, launch, stage_app  # noqa: E402
-from server.processes import ProcessGroup, free_port, wait_for_port  # noqa: E402
-from server.settings import RunSettings  # noqa: E402
+from fedge.launcher.app_bundle import stage_directory  # noqa: E402
+from fedge.launcher.environment import flower_environment  # noqa: E402
+from fedge.launcher.processes import ProcessGroup  # noqa: E402
+from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
+from fedge.server.local import launch  # noqa: E402
+from fedge.server.settings import RunSettings  # noqa: E402
 
-_STARTUP_TIMEOUT = 60.0
 _CONNECTION = "flower-minimal"
 
 
 def check_same_model() -> int:
     """Both apps' models have the same parameter count (the Flower app's is a copy of Fedge's)."""
-    from tasks.digits import DigitsCNN
+    from fedge.tasks.digits import DigitsCNN
 
     sys.path.insert(0, str(MINIMAL_APP))
     try:
@@ -112,15 +113,6 @@ def run_fedge(codec: str, args: argparse.Namespace, run_dir: Path) -> dict[str, 
 
 
 # -- the minimal Flower app -------------------------------------------------------------------------
-def _write_connection(flwr_home: Path, name: str, port: int) -> None:
-    """The SuperLink connection ``flwr run`` uses, in this run's own FLWR_HOME (as launch() writes it)."""
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-
-
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -134,7 +126,8 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def run_flower(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    """SuperLink + SuperNodes + ``flwr run`` of bench/flower_minimal, as launch() runs Fedge."""
+    """SuperLink + SuperNodes + ``flwr run`` of bench/flower_minimal, through the same launch
+    sequence as Fedge's ``launch()`` (``fedge.launcher.sequence``)."""
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     flwr_home = run_dir / "flwr-home"
@@ -145,44 +138,28 @@ def run_flower(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     run_config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": defaults.lr,
                   "batch-size": defaults.batch_size, "min-nodes": args.supernodes, "out-path": str(out_path)}
     started = time.monotonic()
-    deadline = started + args.timeout
-    port = free_port()
-    _write_connection(flwr_home, _CONNECTION, port)
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    lines: list[dict[str, Any]] = []
+    seen = 0
+
+    def show() -> bool:
+        nonlocal lines, seen
+        lines = _read_lines(out_path)
+        for line in lines[seen:]:
+            if line["round"] > 0:
+                before = lines[line["round"] - 1]["time"]
+                print(f"  round {line['round']}: {line['time'] - before:.2f} s, slowest client trained "
+                      f"{line['train_seconds']:.2f} s, accuracy {line['accuracy']:.4f}", flush=True)
+        seen = len(lines)
+        return False
+
     try:
-        superlink = group.start("superlink", [
-            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
-            "--disable-runtime-dependency-installation",
-        ], cwd=run_dir)
-        wait_for_port(port, _STARTUP_TIMEOUT, superlink)
+        flower = FlowerLaunch(group, flwr_home, _CONNECTION)
+        flower.start_superlink(cwd=run_dir)
         for i in range(args.supernodes):
-            group.start(f"supernode-{i}", [
-                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
-                "--node-config", f"partition-id={i} num-partitions={args.supernodes}",
-            ], cwd=run_dir)
-        runner = group.start("flwr-run", [
-            "flwr", "run", str(stage_app(flwr_home / "app", source=MINIMAL_APP)), _CONNECTION, "--stream",
-            *config_args("--run-config", run_config),
-        ], cwd=run_dir)
-        seen = 0
-        while True:
-            finished = not runner.alive()
-            lines = _read_lines(out_path)
-            for line in lines[seen:]:
-                if line["round"] > 0:
-                    before = lines[line["round"] - 1]["time"]
-                    print(f"  round {line['round']}: {line['time'] - before:.2f} s, slowest client trained "
-                          f"{line['train_seconds']:.2f} s, accuracy {line['accuracy']:.4f}", flush=True)
-            seen = len(lines)
-            if finished:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Flower run did not finish in {args.timeout:.0f} s; logs in {run_dir / 'logs'}")
-            for process in group.processes:
-                if process is not runner and not process.alive():
-                    raise RuntimeError(f"{process.name} exited with code {process.popen.returncode}; "
-                                       f"log {process.log_path}:\n{process.log_tail()}")
-            time.sleep(0.3)
+            flower.start_supernode(i, {"partition-id": i, "num-partitions": args.supernodes}, cwd=run_dir)
+        runner = flower.submit(stage_directory(flwr_home / "app", MINIMAL_APP), run_config, cwd=run_dir)
+        flower.follow(runner, started + args.timeout, show)
         if runner.popen.returncode != 0 or len(lines) != args.rounds + 1:
             raise RuntimeError(f"the Flower run failed (flwr run exit code {runner.popen.returncode}, "
                                f"{len(lines)} of {args.rounds + 1} evaluations); logs in {run_dir / 'logs'}:\n"

@@ -18,18 +18,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
 import zstandard
 
-from deploy.bundle import make_session
-from deploy.exporter import onnx_accuracy
-from deploy.onnx_export import export_onnx
-from deploy.prune import apply_pruning, fine_tune
-from deploy.quantize import quantize_static_int8
-from tasks import evaluate, make_task
+from fedge.deploy.bundle import make_session
+from fedge.deploy.exporter import onnx_accuracy
+from fedge.deploy.onnx_export import export_onnx
+from fedge.deploy.prune import apply_pruning, fine_tune
+from fedge.deploy.quantize import quantize_static_int8
+from fedge.tasks import evaluate, make_task
 
 # The demo CNN, a 4x wider one (the size of the CNN in ../shared/reference/DEPLOY.md), and a 2.4M one.
 MODELS = ["digits", "digits:width=2", "digits:width=8"]

@@ -4,13 +4,13 @@ Pure layer: depends on torch and numpy only (no Flower, no I/O), so the Flower l
 and ``edge_client/`` and the DDP communication hooks of the cloud tier share it.
 """
 
-from compression.codec import Codec
-from compression.error_feedback import ErrorFeedback, relative_error
-from compression.errors import PayloadError, SpecError
-from compression.registry import available_codecs, make_codec, register_codec
-from compression.seeds import derive_seed
-from compression.spec import parse_spec
-from compression.wire import HEADER_SIZE, parse_payload
+from fedge.compression.codec import Codec
+from fedge.compression.error_feedback import ErrorFeedback, relative_error
+from fedge.compression.errors import PayloadError, SpecError
+from fedge.compression.registry import available_codecs, make_codec, register_codec
+from fedge.compression.seeds import derive_seed
+from fedge.compression.spec import parse_spec
+from fedge.compression.wire import HEADER_SIZE, parse_payload
 
 __all__ = [
     "HEADER_SIZE",

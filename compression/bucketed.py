@@ -16,10 +16,10 @@ from abc import abstractmethod
 import numpy as np
 import torch
 
-from compression import bitpack, kernels
-from compression.codec import Codec
-from compression.errors import PayloadError, SpecError
-from compression.wire import check_crc, parse_payload
+from fedge.compression import bitpack, kernels
+from fedge.compression.codec import Codec
+from fedge.compression.errors import PayloadError, SpecError
+from fedge.compression.wire import check_crc, parse_payload
 
 __all__ = ["BucketedCodec"]
 

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import torch
 
-from compression.errors import PayloadError
-from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, pack_payload, parse_payload
+from fedge.compression.errors import PayloadError
+from fedge.compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, pack_payload, parse_payload
 
 __all__ = ["Codec", "all_finite", "as_flat_float32"]
 
@@ -87,7 +87,7 @@ class Codec(ABC):
     def make_memory(self, wire: Codec, numel: int, state: dict[str, torch.Tensor] | None):  # type: ignore[no-untyped-def]
         """The client-side memory that wraps ``wire`` (this round's codec): error feedback by
         default, restored from ``state`` (a previous :meth:`state_dict` of the same memory)."""
-        from compression.error_feedback import ErrorFeedback
+        from fedge.compression.error_feedback import ErrorFeedback
 
         residual = (state or {}).get("residual")
         return ErrorFeedback(wire, numel, residual)

@@ -7,10 +7,10 @@ import warnings
 import numpy as np
 import torch
 
-from compression import kernels
-from compression.codec import Codec
-from compression.errors import PayloadError
-from compression.wire import check_crc, parse_payload
+from fedge.compression import kernels
+from fedge.compression.codec import Codec
+from fedge.compression.errors import PayloadError
+from fedge.compression.wire import check_crc, parse_payload
 
 __all__ = ["BFloat16Codec", "Float16Codec", "Float32Codec"]
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from compression.codec import Codec, as_flat_float32
-from compression.errors import SpecError
-from compression.sparse import TopKCodec
+from fedge.compression.codec import Codec, as_flat_float32
+from fedge.compression.errors import SpecError
+from fedge.compression.sparse import TopKCodec
 
 __all__ = ["DGCCodec", "DGCMemory"]
 

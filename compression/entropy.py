@@ -17,9 +17,9 @@ import struct
 
 import torch
 
-from compression.codec import Codec
-from compression.errors import PayloadError, SpecError
-from compression.wire import CODEC_IDS, Header, check_crc, parse_payload
+from fedge.compression.codec import Codec
+from fedge.compression.errors import PayloadError, SpecError
+from fedge.compression.wire import CODEC_IDS, Header, check_crc, parse_payload
 
 __all__ = ["ZstdCodec"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from compression.codec import Codec, as_flat_float32
+from fedge.compression.codec import Codec, as_flat_float32
 
 __all__ = ["ErrorFeedback", "relative_error"]
 

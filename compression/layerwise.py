@@ -20,9 +20,9 @@ import struct
 
 import torch
 
-from compression.codec import Codec
-from compression.errors import PayloadError, SpecError
-from compression.wire import CODEC_IDS, HEADER_SIZE, Header
+from fedge.compression.codec import Codec
+from fedge.compression.errors import PayloadError, SpecError
+from fedge.compression.wire import CODEC_IDS, HEADER_SIZE, Header
 
 __all__ = ["LayerwiseCodec"]
 
@@ -35,7 +35,7 @@ class LayerwiseCodec(Codec):
 
     def __init__(self, min: int = 1024, small: str = "none", values: Codec | None = None,  # noqa: A002
                  sizes: tuple[int, ...] | None = None) -> None:
-        from compression.registry import make_codec
+        from fedge.compression.registry import make_codec
 
         if min < 1:
             raise SpecError(f"layerwise min must be >= 1, got {min}")

@@ -26,8 +26,8 @@ import struct
 import numpy as np
 import torch
 
-from compression.bucketed import F32_MAX, F32_TINY, BucketedCodec
-from compression.errors import SpecError
+from fedge.compression.bucketed import F32_MAX, F32_TINY, BucketedCodec
+from fedge.compression.errors import SpecError
 
 __all__ = ["QSGDCodec"]
 
@@ -85,7 +85,7 @@ class QSGDCodec(BucketedCodec):
         return (codes.to(torch.float32) - s).mul_(scales / s)
 
     def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
-        from compression import kernels
+        from fedge.compression import kernels
 
         seed = int(torch.randint(0, 2**32, (1,), generator=generator, dtype=torch.int64))
         kernels.qsgd_encode(x, self.bucket, self.levels, self.bits, self.norm == "l2", seed, body)

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from compression.codec import Codec
-from compression.dense import BFloat16Codec, Float16Codec, Float32Codec
-from compression.dgc import DGCCodec
-from compression.entropy import ZstdCodec
-from compression.errors import SpecError
-from compression.layerwise import LayerwiseCodec
-from compression.qsgd import QSGDCodec
-from compression.sign import OneBitCodec, ScaledSignCodec
-from compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
-from compression.spec import build_from_spec, parse_spec
-from compression.terngrad import TernGradCodec
+from fedge.compression.codec import Codec
+from fedge.compression.dense import BFloat16Codec, Float16Codec, Float32Codec
+from fedge.compression.dgc import DGCCodec
+from fedge.compression.entropy import ZstdCodec
+from fedge.compression.errors import SpecError
+from fedge.compression.layerwise import LayerwiseCodec
+from fedge.compression.qsgd import QSGDCodec
+from fedge.compression.sign import OneBitCodec, ScaledSignCodec
+from fedge.compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
+from fedge.compression.spec import build_from_spec, parse_spec
+from fedge.compression.terngrad import TernGradCodec
 
 __all__ = ["available_codecs", "make_codec", "register_codec"]
 

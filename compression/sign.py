@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import torch
 
-from compression.bucketed import BucketedCodec
+from fedge.compression.bucketed import BucketedCodec
 
 __all__ = ["OneBitCodec", "ScaledSignCodec"]
 
@@ -49,7 +49,7 @@ class OneBitCodec(BucketedCodec):
         return torch.where(codes.bool(), scales[:, :1], -scales[:, 1:])
 
     def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
-        from compression import kernels
+        from fedge.compression import kernels
 
         kernels.sign_encode(x, self.bucket, True, body)
         return True
@@ -83,7 +83,7 @@ class ScaledSignCodec(BucketedCodec):
         return torch.where(codes.bool(), scales, -scales)
 
     def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
-        from compression import kernels
+        from fedge.compression import kernels
 
         kernels.sign_encode(x, self.bucket, False, body)
         return True

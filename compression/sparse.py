@@ -26,13 +26,13 @@ import struct
 import numpy as np
 import torch
 
-from compression import kernels
-from compression.codec import Codec
-from compression.dense import Float32Codec
-from compression.errors import PayloadError, SpecError
-from compression.seeds import derive_seed
-from compression.varint import MAX_VARINT_BYTES, decode_indices, encode_indices
-from compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, parse_payload
+from fedge.compression import kernels
+from fedge.compression.codec import Codec
+from fedge.compression.dense import Float32Codec
+from fedge.compression.errors import PayloadError, SpecError
+from fedge.compression.seeds import derive_seed
+from fedge.compression.varint import MAX_VARINT_BYTES, decode_indices, encode_indices
+from fedge.compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, parse_payload
 
 __all__ = ["RandomKCodec", "ThresholdCodec", "TopKCodec"]
 

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from compression.errors import SpecError
+from fedge.compression.errors import SpecError
 
 __all__ = ["build_from_spec", "parse_spec"]
 

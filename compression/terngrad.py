@@ -16,8 +16,8 @@ import struct
 import numpy as np
 import torch
 
-from compression.bucketed import F32_TINY, BucketedCodec
-from compression.errors import SpecError
+from fedge.compression.bucketed import F32_TINY, BucketedCodec
+from fedge.compression.errors import SpecError
 
 __all__ = ["TernGradCodec"]
 
@@ -56,7 +56,7 @@ class TernGradCodec(BucketedCodec):
         return (codes.to(torch.float32) - 1).mul_(scales)
 
     def _fused_encode(self, x, generator, body):  # type: ignore[no-untyped-def]
-        from compression import kernels
+        from fedge.compression import kernels
 
         seed = int(torch.randint(0, 2**32, (1,), generator=generator, dtype=torch.int64))
         kernels.terngrad_encode(x, self.bucket, self.clip, seed, body)

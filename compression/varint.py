@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compression import kernels
-from compression.errors import PayloadError
+from fedge.compression import kernels
+from fedge.compression.errors import PayloadError
 
 __all__ = ["MAX_VARINT_BYTES", "decode_indices", "encode_indices"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from compression.errors import PayloadError
+from fedge.compression.errors import PayloadError
 
 __all__ = [
     "CODEC_IDS",

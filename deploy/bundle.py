@@ -44,8 +44,8 @@ import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from deploy.atomic import atomic_write_bytes, atomic_write_text
-from deploy.keys import key_id
+from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
+from fedge.deploy.keys import key_id
 
 __all__ = [
     "ENVELOPE_FILE",

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from deploy.atomic import atomic_write_bytes
+from fedge.deploy.atomic import atomic_write_bytes
 
 __all__ = [
     "CertificateError",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from compression import Codec, ErrorFeedback
+from fedge.compression import Codec, ErrorFeedback
 
 __all__ = ["CodecHookState", "codec_hook"]
 

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deploy.bundle import encode_golden, make_session, write_bundle
-from deploy.model_file import ModelFile, ModelFileError, load_model_file
-from deploy.onnx_export import (
+from fedge.deploy.bundle import encode_golden, make_session, write_bundle
+from fedge.deploy.model_file import ModelFile, ModelFileError, load_model_file
+from fedge.deploy.onnx_export import (
     INPUT_NAME,
     ExportError,
     export_onnx,
@@ -30,11 +30,12 @@ from deploy.onnx_export import (
     model_versions,
     parity_error,
 )
-from deploy.prune import apply_pruning
-from deploy.quantize import quantize_dynamic_int8, quantize_static_int8
-from tasks import evaluate, make_task
+from fedge.deploy.prune import apply_pruning
+from fedge.deploy.quantize import QuantizationError, quantize_dynamic_int8, quantize_static_int8
+from fedge.tasks import evaluate, make_task
 
-__all__ = ["AccuracyGateError", "ExportOptions", "export_bundle", "onnx_accuracy", "resolve_model_file"]
+__all__ = ["EXPORT_REFUSALS", "AccuracyGateError", "ExportOptions", "bundle_facts", "export_bundle", "onnx_accuracy",
+           "resolve_model_file"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ QUANTIZE_MODES = ("int8", "dynamic-int8", "none")
 
 class AccuracyGateError(RuntimeError):
     """The quantized model lost more accuracy than allowed; no bundle was written."""
+
+
+#: what "this model must not ship" looks like (accuracy gate, export, quantization): the caller
+#: reports it and nothing was written; anything else is a bug
+EXPORT_REFUSALS: tuple[type[Exception], ...] = (AccuracyGateError, ExportError, QuantizationError)
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,16 @@ def onnx_accuracy(session: Any, x: np.ndarray, y: np.ndarray, batch: int = 256) 
         logits = session.run(None, {INPUT_NAME: np.ascontiguousarray(x[start : start + batch], np.float32)})[0]
         correct += int((logits.argmax(1) == y[start : start + batch]).sum())
     return correct / len(x)
+
+
+def bundle_facts(statement: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a written bundle that a person or a run summary reports (from its signed statement)."""
+    predicate = statement["predicate"]
+    accuracy = predicate["accuracy"]
+    return {"name": predicate["name"], "round": predicate["round"], "bytes": predicate["model"]["size"],
+            "quantization": predicate["quantization"]["mode"], "pruning": predicate["pruning"]["spec"],
+            "accuracy": accuracy["bundle"], "fp32_accuracy": accuracy["fp32"],
+            "checkpoint_accuracy": accuracy["checkpoint_fp32"], "expires": predicate["expires"]}
 
 
 def export_bundle(

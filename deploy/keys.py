@@ -15,7 +15,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from deploy.atomic import atomic_write_bytes
+from fedge.deploy.atomic import atomic_write_bytes
 
 __all__ = [
     "PRIVATE_KEY_FILE",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from deploy.atomic import atomic_torch_save
+from fedge.deploy.atomic import atomic_torch_save
 
 __all__ = ["FORMAT", "ModelFile", "ModelFileError", "load_model_file", "save_model_file"]
 

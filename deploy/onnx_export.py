@@ -114,7 +114,7 @@ def export_onnx(model: nn.Module, example: torch.Tensor) -> OnnxModel:
 
 def parity_error(model: nn.Module, onnx_bytes: bytes, x: torch.Tensor) -> float:
     """Largest |PyTorch - onnxruntime| over ``x``: an export must not change the function."""
-    from deploy.bundle import make_session
+    from fedge.deploy.bundle import make_session
 
     with torch.no_grad():
         expected = model.eval()(x).numpy()

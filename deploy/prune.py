@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from compression.spec import parse_spec
-from tasks.base import TensorData
+from fedge.compression.spec import parse_spec
+from fedge.tasks.base import TensorData
 
 __all__ = ["PruneResult", "PruningError", "apply_pruning", "fine_tune", "parse_pruning", "sparsity"]
 

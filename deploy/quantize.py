@@ -123,7 +123,7 @@ def quantize_dynamic_int8(data: bytes) -> bytes:
 
 
 def _strip(data: bytes) -> bytes:
-    from deploy.onnx_export import strip_metadata
+    from fedge.deploy.onnx_export import strip_metadata
 
     proto = strip_metadata(onnx.load_from_string(data))
     onnx.checker.check_model(proto)

@@ -37,12 +37,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from deploy.atomic import atomic_torch_save, atomic_write_text
-from deploy.model_file import ModelFile, save_model_file
+from fedge.deploy.atomic import atomic_torch_save, atomic_write_text
+from fedge.deploy.model_file import ModelFile, save_model_file
 
 __all__ = ["main", "parse_args"]
 
-log = logging.getLogger("deploy.train")
+log = logging.getLogger("fedge.deploy.train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,8 +103,8 @@ def _register_hook(model: DistributedDataParallel, spec: str, backend: str, buck
     """Install the requested gradient communication; return its state (None for built-ins)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
 
-    from compression import make_codec
-    from compression.spec import parse_spec
+    from fedge.compression import make_codec
+    from fedge.compression.spec import parse_spec
 
     name, params = parse_spec(spec)
     if name == "allreduce":
@@ -138,7 +138,7 @@ def _register_hook(model: DistributedDataParallel, spec: str, backend: str, buck
         )
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return state
-    from deploy.comm_hooks import CodecHookState, codec_hook
+    from fedge.deploy.comm_hooks import CodecHookState, codec_hook
 
     state = CodecHookState(codec=make_codec(spec))
     model.register_comm_hook(state, codec_hook)
@@ -168,7 +168,7 @@ def _gradient_bytes(model: nn.Module) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tasks import evaluate, make_task
+    from fedge.tasks import evaluate, make_task
 
     rank, world, device, backend = _setup()
     out = Path(args.out)
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         test_loss, accuracy = evaluate(model, task.test_data())
         save_model_file(out / "model.pt", ModelFile(
             task=task.spec, state_dict=model.state_dict(),
-            metadata={"source": "deploy.train", "accuracy": accuracy, "steps": step, "world_size": world,
+            metadata={"source": "fedge.deploy.train", "accuracy": accuracy, "steps": step, "world_size": world,
                       "hook": hook_spec, "backend": backend},
         ))
         atomic_write_text(out / "summary.json", json.dumps(

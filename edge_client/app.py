@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
-from edge_client import easgd, fedavg, gossip
-from edge_client.faults import fault_injection_mod
-from edge_client.persistent_state import state_persistence_mod
-from edge_client.slowdown import slowdown_mod
-from edge_client.threads import threads_mod
+from fedge.edge_client import easgd, fedavg, gossip
+from fedge.edge_client.faults import fault_injection_mod
+from fedge.edge_client.persistent_state import state_persistence_mod
+from fedge.edge_client.slowdown import slowdown_mod
+from fedge.edge_client.threads import threads_mod
 
 __all__ = ["app"]
 

@@ -1,7 +1,7 @@
 """Elastic averaging on the device (``train.easgd``): the node keeps its own model x_i.
 
 Per round: x_i (or, the first time, the center) trains for the round's local epochs; the node
-sends δ_i = α(x_i − x̃) encoded with error feedback and keeps x_i ← x_i − δ_i (see ``server/easgd.py``).
+sends δ_i = α(x_i − x̃) encoded with error feedback and keeps x_i ← x_i − δ_i (see ``fedge.server.algorithms.easgd``).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 from flwr.app import Context, Message
 
-from edge_client import local
-from protocol import MODEL_RECORD, read_state_dict
-from tasks import evaluate, flatten_state
+from fedge.edge_client import local
+from fedge.protocol import MODEL_RECORD, read_state_dict
+from fedge.tasks import evaluate, flatten_state
 
 __all__ = ["train"]
 

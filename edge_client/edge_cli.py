@@ -5,7 +5,7 @@
     fedge-edge infer  bundle/ --trusted-key signing-key.pub.pem --input x.npy [--output y.npy]
 
 ``verify`` and ``infer`` import no torch (onnxruntime and cryptography only); ``join`` trains, so it
-needs the platform install. ``join`` exits 2 on a bad data file, key or certificate (before it
+needs ``fedge[device]``. ``join`` exits 2 on a bad data file, key or certificate (before it
 connects); a key the SuperLink refuses (not registered yet) is logged and retried.
 
 A rejected bundle exits with status 3 and names the failed check (SignatureError, IntegrityError,
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.bundle import BundleError
-from deploy.keys import KeyFileError
-from edge_client.inference import EdgeModel, default_state_path
+from fedge.deploy.bundle import BundleError
+from fedge.deploy.keys import KeyFileError
+from fedge.edge_client.inference import EdgeModel, default_state_path
 
 __all__ = ["main"]
 
@@ -81,7 +81,7 @@ def _load_input(path: str) -> np.ndarray:
 def _join(args: argparse.Namespace) -> int:
     import threading
 
-    from edge_client.join import JoinError, JoinOptions, check_join, default_state_dir, install_stop_signals, join
+    from fedge.edge_client.join import JoinError, JoinOptions, check_join, default_state_dir, install_stop_signals, join
 
     options = JoinOptions(
         superlink=args.superlink, data=Path(args.data), task=args.task,

@@ -19,8 +19,8 @@ import time
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
-from protocol.faulty_clients import FAULTS, faulty_partition, parse_faulty_clients
+from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
+from fedge.protocol.faulty_clients import FAULTS, faulty_partition, parse_faulty_clients
 
 __all__ = ["FAULTS", "corrupt", "fault_injection_mod", "fault_of"]
 
@@ -79,8 +79,8 @@ def fault_injection_mod(msg: Message, context: Context, call_next: ClientAppCall
 
 def _signflip(msg: Message, payload: bytes) -> bytes:
     """The update negated and scaled, encoded with the round's codec: it decodes cleanly."""
-    from edge_client import local
-    from tasks import numel_of
+    from fedge.edge_client import local
+    from fedge.tasks import numel_of
 
     config = local.round_config(msg)
     task = local.task_of(config)

@@ -10,11 +10,11 @@ import time
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
-from edge_client import local
-from edge_client.public_copy import PublicCopy
-from protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, read_payload, read_state_dict
-from protocol.round_config import RoundConfig
-from tasks import evaluate, flatten_state
+from fedge.edge_client import local
+from fedge.edge_client.public_copy import PublicCopy
+from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, read_payload, read_state_dict
+from fedge.protocol.round_config import RoundConfig
+from fedge.tasks import evaluate, flatten_state
 
 __all__ = ["evaluate_global", "train"]
 

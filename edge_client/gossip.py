@@ -1,7 +1,7 @@
 """Compressed gossip on the device (``train.gossip``): CHOCO-SGD with relayed messages.
 
 The node keeps its model x_i and versioned public copies x̂_j of itself and its peers (node store
-namespace ``gossip``). Per message (see ``server/gossip.py``): bring the copies to the message's
+namespace ``gossip``). Per message (see ``fedge.server.algorithms.gossip``): bring the copies to the message's
 version (apply the relayed q's, or take the full copies), mix x_i ← x_i + γ Σ_j W_ij (x̂_j − x̂_i),
 train locally, reply q_i = Q(x_i − x̂_i). The node does not apply its own q_i yet: it comes back in
 the next message only if the coordinator accepted it, so the node and its peers always apply the
@@ -14,10 +14,10 @@ import time
 
 from flwr.app import Context, Message
 
-from aggregation.choco import consensus_step
-from edge_client import local
-from edge_client.public_copy import OutOfSyncError, PublicCopy
-from protocol import PUBLIC_RECORD, RELAY_RECORD, ProtocolError, read_flats, read_payloads
+from fedge.aggregation.choco import consensus_step
+from fedge.edge_client import local
+from fedge.edge_client.public_copy import OutOfSyncError, PublicCopy
+from fedge.protocol import PUBLIC_RECORD, RELAY_RECORD, ProtocolError, read_flats, read_payloads
 
 __all__ = ["train"]
 

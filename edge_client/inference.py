@@ -1,6 +1,6 @@
 """On-device inference from a signed bundle: verify, then run with onnxruntime. Imports no torch.
 
-    from edge_client.inference import EdgeModel
+    from fedge.edge_client.inference import EdgeModel
     model = EdgeModel.load("bundle/", trusted_keys=["signing-key.pub.pem"])
     logits = model.predict(x)           # x: float32 numpy array, shape as the manifest says
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy.bundle import (
+from fedge.deploy.bundle import (
     AcceptedRounds,
     LatencyReport,
     VerifiedBundle,
@@ -28,7 +28,7 @@ from deploy.bundle import (
     measure_latency,
     verify_bundle,
 )
-from deploy.keys import load_public_key
+from fedge.deploy.keys import load_public_key
 
 __all__ = ["EdgeModel", "default_state_path"]
 

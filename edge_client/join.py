@@ -12,8 +12,9 @@ trying with the same pauses, since the operator may register it at any moment.
 SIGTERM / Ctrl-C stop the SuperNode and exit 0. The error-feedback memory lives in ``state-dir``
 (``edge_client/persistent_state.py``), so it survives this command's own restart too.
 
-The process helpers come from ``server/processes.py`` and ``server/federation.py``: the same code
-starts SuperNodes for ``fedge local-cluster`` and the tests.
+The process helpers come from the process layer (``fedge.launcher``): the same code starts
+SuperNodes for ``fedge local-cluster``, the daemon and the tests; the device imports nothing of the
+coordinator.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.launcher.federation import EXIT_NODE_REFUSED
+
 __all__ = ["JoinError", "JoinOptions", "check_join", "join"]
 
 log = logging.getLogger("fedge.edge.join")
 
-_REFUSED = "Exit Code: 305"
+#: how Flower logs a SuperNode whose key the SuperLink refused (``fedge.launcher.federation``)
+_REFUSED = f"Exit Code: {EXIT_NODE_REFUSED}"
 
 
 class JoinError(ValueError):
@@ -57,8 +61,8 @@ def check_join(options: JoinOptions) -> str:
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
     from cryptography.x509 import load_pem_x509_certificate
 
-    from edge_client.node_data import DataFileError, load_npz
-    from tasks import make_task
+    from fedge.edge_client.node_data import DataFileError, load_npz
+    from fedge.tasks import make_task
 
     if ":" not in options.superlink:
         raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
@@ -91,17 +95,16 @@ def check_join(options: JoinOptions) -> str:
     return f"{len(data)} samples of task {task.spec}, labels {classes}"
 
 
-def _node_config(options: JoinOptions) -> str:
-    data = str(Path(options.data).resolve())
-    state = str(Path(options.state_dir).resolve())
-    return f'data="{data}" threads={options.threads} state-dir="{state}"'
+def _node_config(options: JoinOptions) -> dict[str, str | int]:
+    return {"data": str(Path(options.data).resolve()), "threads": options.threads,
+            "state-dir": str(Path(options.state_dir).resolve())}
 
 
 def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     """Run (and re-run) the SuperNode until stopped (0), or until ``max_restarts`` is used up (1)."""
-    from server.engines import flower_environment
-    from server.federation import supernode_argv
-    from server.processes import ProcessGroup, free_port
+    from fedge.launcher.environment import flower_environment, node_config_arg
+    from fedge.launcher.federation import supernode_argv
+    from fedge.launcher.processes import ProcessGroup, free_port
 
     stop = stop or threading.Event()
     state_dir = Path(options.state_dir).resolve()
@@ -109,7 +112,7 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     env = flower_environment(state_dir / "flwr-home")
     env.update({"OMP_NUM_THREADS": str(options.threads), "MKL_NUM_THREADS": str(options.threads)})
     argv = supernode_argv(
-        options.superlink, options.port or free_port(), _node_config(options),
+        options.superlink, options.port or free_port(), node_config_arg(_node_config(options)),
         root_cert=None if options.insecure else Path(options.root_cert).resolve(),  # type: ignore[arg-type]
         auth_key=Path(options.auth_key).resolve() if options.auth_key else None,
     )

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from compression import Codec, derive_seed, make_codec
-from edge_client.node_data import node_data
-from edge_client.node_store import NodeStore
-from edge_client.trainer import LocalTrainResult, train_local
-from edge_client.update_encoder import encode_update
-from protocol import (
+from fedge.compression import Codec, derive_seed, make_codec
+from fedge.edge_client.node_data import node_data
+from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.trainer import LocalTrainResult, train_local
+from fedge.edge_client.update_encoder import encode_update
+from fedge.protocol import (
     CONFIG_RECORD,
     MEASURE_RECORD,
     METRICS_RECORD,
@@ -27,8 +27,8 @@ from protocol import (
     flat_array,
     payload_record,
 )
-from protocol.round_config import RoundConfig
-from tasks import Task, TensorData, flatten_state, make_task, tensor_sizes, unflatten_state
+from fedge.protocol.round_config import RoundConfig
+from fedge.tasks import Task, TensorData, flatten_state, make_task, tensor_sizes, unflatten_state
 
 __all__ = [
     "codec_for",

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploy.atomic import atomic_write_bytes
-from tasks import Task, TensorData
+from fedge.deploy.atomic import atomic_write_bytes
+from fedge.tasks import Task, TensorData
 
 __all__ = ["DataFileError", "load_npz", "node_data", "save_npz"]
 

@@ -21,7 +21,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from deploy.atomic import atomic_write_bytes
+from fedge.deploy.atomic import atomic_write_bytes
 
 __all__ = ["load_state", "save_state", "state_persistence_mod"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from compression import Codec
-from edge_client.node_store import NodeStore
+from fedge.compression import Codec
+from fedge.edge_client.node_store import NodeStore
 
 __all__ = ["OutOfSyncError", "PublicCopy"]
 

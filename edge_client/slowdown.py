@@ -38,7 +38,7 @@ import time
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from protocol.stragglers import parse_stragglers
+from fedge.protocol.stragglers import parse_stragglers
 
 __all__ = ["process_age", "slowdown_mod", "slowdown_of"]
 

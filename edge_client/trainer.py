@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd as functional_sgd
 
-from tasks import TensorData
+from fedge.tasks import TensorData
 
 __all__ = ["LocalTrainResult", "train_local"]
 

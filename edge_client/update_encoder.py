@@ -14,8 +14,8 @@ import logging
 
 import torch
 
-from compression import Codec
-from edge_client.node_store import NodeStore
+from fedge.compression import Codec
+from fedge.edge_client.node_store import NodeStore
 
 __all__ = ["encode_update", "load_memory_state"]
 

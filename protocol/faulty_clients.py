@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from compression.spec import parse_spec
+from fedge.compression.spec import parse_spec
 
 __all__ = ["FAULTS", "faulty_partition", "parse_faulty_clients"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from protocol.records import ProtocolError
+from fedge.protocol.records import ProtocolError
 
 __all__ = ["RoundConfig"]
 

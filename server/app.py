@@ -1,8 +1,8 @@
 """The Fedge ServerApp: the coordinator that the simulation and deployment engines both run.
 
-It reads the run config (one vocabulary, see ``server.settings``), prepares or resumes the run
-directory, builds the round algorithm the ``algorithm`` key names (``server.algorithms``), runs it
-on the round engine (``server.engine``) and writes the final artifacts: ``model.pt``, ``plot.png``
+It reads the run config (one vocabulary, see ``fedge.server.settings``), prepares or resumes the run
+directory, builds the round algorithm the ``algorithm`` key names (``fedge.server.algorithms``), runs it
+on the round engine (``fedge.server.engine``) and writes the final artifacts: ``model.pt``, ``plot.png``
 and ``summary.json``.
 """
 
@@ -17,40 +17,37 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from deploy.model_file import ModelFile, save_model_file
-from server.algorithms import make_algorithm
-from server.engine import Engine, make_context
-from server.initial_model import initial_params
-from server.plot import plot_run
-from server.run_directory import RunDirectory
-from server.settings import RunSettings
-from tasks import make_task, unflatten_state
+from fedge.deploy.model_file import ModelFile, save_model_file
+from fedge.server.algorithms.registry import make_algorithm
+from fedge.server.engine.loop import Engine, make_context
+from fedge.server.run.initial_model import initial_params
+from fedge.server.run.plot import plot_run
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task, unflatten_state
 
 __all__ = ["app", "configure_logging"]
 
-log = logging.getLogger("server")
+log = logging.getLogger(__name__)
 
 app = ServerApp()
 
 
 def configure_logging() -> None:
     """Send Fedge's INFO logs to stderr once (Flower configures only its own ``flwr`` logger)."""
-    for name in ("server", "edge_client", "aggregation", "compression", "tasks", "deploy"):
-        logger = logging.getLogger(name)
-        logger.setLevel(logging.INFO)
-        if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-            logger.addHandler(handler)
-            logger.propagate = False
+    logger = logging.getLogger("fedge")
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) -> dict[str, Any]:
     """Sign the final model as an edge bundle. A refused export is logged; the model.pt stays."""
-    from deploy.exporter import AccuracyGateError, ExportOptions, export_bundle
-    from deploy.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair, load_private_key
-    from deploy.onnx_export import ExportError
-    from deploy.quantize import QuantizationError
+    from fedge.deploy.exporter import EXPORT_REFUSALS, ExportOptions, bundle_facts, export_bundle
+    from fedge.deploy.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair, load_private_key
 
     if settings.export_bundle == "auto":
         key_path = run_dir.path / "keys" / PRIVATE_KEY_FILE
@@ -62,20 +59,17 @@ def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) ->
     try:
         statement = export_bundle(run_dir.model_path, out, load_private_key(key_path),
                                   ExportOptions(prune=settings.export_prune, round=round_))
-    except (AccuracyGateError, ExportError, QuantizationError, ValueError) as err:
+    except (*EXPORT_REFUSALS, ValueError) as err:
         log.error("bundle export refused: %s", err)
         return {"path": None, "error": str(err)}
     except Exception as err:  # model.pt is saved: an export bug is logged, it must not fail the run
         log.exception("bundle export failed")
         return {"path": None, "error": f"{type(err).__name__}: {err}"}
-    predicate = statement["predicate"]
-    log.info("signed bundle %s (round %d, %d bytes, accuracy %.2f%%)", out, round_, predicate["model"]["size"],
-             100 * predicate["accuracy"]["bundle"])
+    facts = bundle_facts(statement)
+    log.info("signed bundle %s (round %d, %d bytes, accuracy %.2f%%)", out, round_, facts["bytes"],
+             100 * facts["accuracy"])
     public = key_path.parent / PUBLIC_KEY_FILE  # next to the private key, as `fedge keys generate` writes it
-    return {"path": str(out), "public_key": str(public) if public.is_file() else None,
-            "bytes": predicate["model"]["size"], "accuracy": predicate["accuracy"]["bundle"],
-            "fp32_accuracy": predicate["accuracy"]["fp32"], "quantization": predicate["quantization"]["mode"],
-            "pruning": predicate["pruning"]["spec"]}
+    return {"path": str(out), "public_key": str(public) if public.is_file() else None, **facts}
 
 
 @app.main()

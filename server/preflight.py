@@ -8,11 +8,11 @@ same factories, and throws the objects away.
 
 from __future__ import annotations
 
-from aggregation import make_server_optimizer
-from compression import make_codec
-from server.settings import RunSettings
-from tasks import make_task
-from tasks.partition import validate_partitioning
+from fedge.aggregation import make_server_optimizer
+from fedge.compression import make_codec
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
+from fedge.tasks.partition import validate_partitioning
 
 __all__ = ["preflight"]
 
@@ -26,10 +26,10 @@ def preflight(settings: RunSettings) -> None:
     task = make_task(settings.task)
     validate_partitioning(settings.partitioning)
     if settings.export_prune:
-        from deploy.prune import parse_pruning
+        from fedge.deploy.prune import parse_pruning
 
         parse_pruning(settings.export_prune)
-    from server.algorithms import make_algorithm
-    from server.engine import make_context
+    from fedge.server.algorithms.registry import make_algorithm
+    from fedge.server.engine.loop import make_context
 
     make_algorithm(settings.algorithm, make_context(settings, task))

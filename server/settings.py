@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["OPTIONS", "Option", "RunSettings", "SettingsError"]
 
 
-#: Round algorithms (``server.algorithms`` builds them; listed here so settings stay importable alone).
+#: Round algorithms (``fedge.server.algorithms`` builds them; listed here so settings stay importable alone).
 _ALGORITHM_NAMES = ("easgd", "fedasync", "fedavg", "fedbuff", "gossip")
 
 
@@ -44,7 +44,11 @@ def _opt(default: Any, help: str) -> Any:
 class RunSettings:
     """Resolved settings of one run; field ``clients_per_round`` is key ``clients-per-round``."""
 
-    task: str = _opt("digits", "task spec: 'digits' (embedded, offline) or 'synthetic:hidden=N,...'")
+    task: str = _opt(
+        "digits",
+        "task spec: 'digits' (embedded, offline), 'fashion' (Fashion-MNIST from Debian's dataset-fashion-mnist), "
+        "'synthetic:dim=D,hidden=H,layers=L,samples=N' (any size)",
+    )
     partitioning: str = _opt(
         "dirichlet:alpha=0.5",
         "how client data is split: 'iid', 'dirichlet:alpha=A', 'pathological:classes=C'",
@@ -58,7 +62,8 @@ class RunSettings:
     )
     codec: str = _opt(
         "qsgd:bits=4,bucket=512,norm=max",
-        "uplink codec spec: 'none' (fp32), 'fp16', 'qsgd:bits=B,bucket=N,norm=l2|max'",
+        "uplink codec spec, any of docs/codecs.md: 'none' (fp32), 'fp16', 'qsgd:bits=B,bucket=N,norm=l2|max', "
+        "'sign', 'terngrad', 'topk:ratio=R', 'dgc:ratio=R', a sparsifier '+' a quantizer ('dgc:ratio=0.01+qsgd:bits=4')",
     )
     error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
     downlink_codec: str = _opt(
@@ -128,7 +133,10 @@ class RunSettings:
         "'fault=NAME' does it per node)",
     )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
-    run_dir: str = _opt("", "run directory (metrics, checkpoint, model); default ./runs/<run id>")
+    run_dir: str = _opt(
+        "", "run directory (metrics, checkpoint, model; an existing one resumes); empty: runs/demo-<time> or "
+        "runs/cluster-<time> from the CLI, runs/run-<Flower run id> under flwr run"
+    )
 
     def __post_init__(self) -> None:
         for name, low in (("rounds", 1), ("clients_per_round", 1), ("min_replies", 1),
@@ -152,13 +160,13 @@ class RunSettings:
             raise SettingsError("export-prune needs export-bundle (a signing key, or 'auto')")
         if self.seed < 0:
             raise SettingsError("seed must be >= 0")
-        from protocol.stragglers import parse_stragglers
+        from fedge.protocol.stragglers import parse_stragglers
 
         try:
             parse_stragglers(self.stragglers)
         except ValueError as err:
             raise SettingsError(f"stragglers: {err}") from None
-        from protocol.faulty_clients import parse_faulty_clients
+        from fedge.protocol.faulty_clients import parse_faulty_clients
 
         try:
             parse_faulty_clients(self.faulty_clients)
@@ -166,8 +174,8 @@ class RunSettings:
             raise SettingsError(f"faulty-clients: {err}") from None
         if self.aggregator_memory_mb < 1:
             raise SettingsError("aggregator-memory-mb must be >= 1")
-        from compression.errors import SpecError
-        from compression.spec import parse_spec
+        from fedge.compression.errors import SpecError
+        from fedge.compression.spec import parse_spec
 
         try:
             name = parse_spec(self.algorithm)[0]

@@ -58,7 +58,7 @@ class Task(ABC):
 
     def partition(self, partition_id: int, num_partitions: int, partitioning: str) -> TensorData:
         """The training samples of one client under a partitioning spec (see ``tasks.partition``)."""
-        from tasks.partition import partition_indices
+        from fedge.tasks.partition import partition_indices
 
         pool = self.train_pool()
         labels = tuple(int(v) for v in pool.y.tolist())

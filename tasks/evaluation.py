@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tasks.base import TensorData
+from fedge.tasks.base import TensorData
 
 __all__ = ["evaluate"]
 

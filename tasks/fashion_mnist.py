@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tasks.base import Task, TensorData
+from fedge.tasks.base import Task, TensorData
 
 __all__ = ["DEFAULT_DIR", "DatasetMissing", "FashionCNN", "FashionMNISTTask", "available", "read_idx"]
 

@@ -19,8 +19,8 @@ from flwr_datasets.partitioner import (
     Partitioner,
 )
 
-from compression.errors import SpecError
-from compression.spec import build_from_spec
+from fedge.compression.errors import SpecError
+from fedge.compression.spec import build_from_spec
 
 __all__ = ["partition_indices", "validate_partitioning"]
 

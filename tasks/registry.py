@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from compression.spec import build_from_spec
-from tasks.base import Task
-from tasks.digits import DigitsTask
-from tasks.fashion_mnist import FashionMNISTTask
-from tasks.synthetic import SyntheticTask
+from fedge.compression.spec import build_from_spec
+from fedge.tasks.base import Task
+from fedge.tasks.digits import DigitsTask
+from fedge.tasks.fashion_mnist import FashionMNISTTask
+from fedge.tasks.synthetic import SyntheticTask
 
 __all__ = ["available_tasks", "make_task", "register_task"]
 

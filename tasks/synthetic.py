@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from tasks.base import Task, TensorData
+from fedge.tasks.base import Task, TensorData
 
 __all__ = ["SyntheticTask"]
 

@@ -32,9 +32,9 @@ def trained_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A digits CNN trained for a few epochs (about 97% held-out), saved as training round 5."""
     import torch
 
-    from deploy.model_file import ModelFile, save_model_file
-    from deploy.prune import fine_tune
-    from tasks import make_task
+    from fedge.deploy.model_file import ModelFile, save_model_file
+    from fedge.deploy.prune import fine_tune
+    from fedge.tasks import make_task
 
     task = make_task("digits")
     torch.manual_seed(0)
@@ -47,13 +47,13 @@ def trained_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from deploy.keys import generate_keypair
+    from fedge.deploy.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("keys"))
 
 
 @pytest.fixture(scope="session")
 def rogue_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from deploy.keys import generate_keypair
+    from fedge.deploy.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("rogue"))

@@ -2,10 +2,10 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from aggregation.broadcast import Broadcast
-from compression import make_codec
-from edge_client.node_store import NodeStore
-from edge_client.public_copy import OutOfSyncError, PublicCopy
+from fedge.aggregation.broadcast import Broadcast
+from fedge.compression import make_codec
+from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.public_copy import OutOfSyncError, PublicCopy
 
 
 def test_client_copy_equals_server_copy_and_tracks_the_model() -> None:

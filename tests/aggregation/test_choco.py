@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aggregation.choco import (
+from fedge.aggregation.choco import (
     choco_gossip_round,
     consensus_distance,
     consensus_step,
     naive_compressed_gossip_round,
 )
-from aggregation.topology import make_topology
-from compression import make_codec
+from fedge.aggregation.topology import make_topology
+from fedge.compression import make_codec
 
 
 def _start(n: int, d: int = 64, seed: int = 0) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregation.robust import (
+from fedge.aggregation.robust import (
     Median,
     TrimmedMean,
     aggregator_memory_bytes,
@@ -20,10 +20,10 @@ from aggregation.robust import (
     nearest_neighbour_mixing,
     validate_aggregator,
 )
-from aggregation.robust import (
+from fedge.aggregation.robust import (
     MultiKrum as OurMultiKrum,
 )
-from compression import SpecError
+from fedge.compression import SpecError
 
 
 def _aggregate(spec: str, updates: list[torch.Tensor], weights: list[float] | None = None) -> torch.Tensor:

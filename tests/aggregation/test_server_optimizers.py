@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from aggregation import available_server_optimizers, make_server_optimizer
+from fedge.aggregation import available_server_optimizers, make_server_optimizer
 
 
 def test_fedavg_applies_the_mean_delta() -> None:

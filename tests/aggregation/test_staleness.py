@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregation.staleness import Staleness
+from fedge.aggregation.staleness import Staleness
 
 
 def test_definitions() -> None:

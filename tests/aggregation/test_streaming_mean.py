@@ -3,8 +3,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregation import StreamingMean
-from compression import PayloadError, make_codec
+from fedge.aggregation import StreamingMean
+from fedge.compression import PayloadError, make_codec
 
 
 @given(

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregation.topology import make_topology, metropolis_hastings
-from compression import SpecError
+from fedge.aggregation.topology import make_topology, metropolis_hastings
+from fedge.compression import SpecError
 
 
 @given(n=st.integers(2, 24), p=st.floats(0.1, 0.9), seed=st.integers(0, 1000))

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregation.robust import make_aggregator
-from aggregation.update_bounds import UpdateRejected, make_norm_bound, make_weight_cap
-from compression import SpecError
+from fedge.aggregation.robust import make_aggregator
+from fedge.aggregation.update_bounds import UpdateRejected, make_norm_bound, make_weight_cap
+from fedge.compression import SpecError
 
 
 @settings(max_examples=50, deadline=None)

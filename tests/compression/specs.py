@@ -22,6 +22,6 @@ SIZES = (50, 300, 20, 630)
 
 
 def make(spec: str):  # type: ignore[no-untyped-def]
-    from compression import make_codec
+    from fedge.compression import make_codec
 
     return make_codec(spec).for_model(SIZES)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compression import bitpack
+from fedge.compression import bitpack
 
 
 @given(bits=st.integers(1, 8), data=st.data())

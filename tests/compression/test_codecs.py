@@ -3,8 +3,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compression import HEADER_SIZE, SpecError, available_codecs, make_codec
-from compression.qsgd import QSGDCodec
+from fedge.compression import HEADER_SIZE, SpecError, available_codecs, make_codec
+from fedge.compression.qsgd import QSGDCodec
 from tests.compression.specs import ALL, QUANTIZERS
 
 SPECS = ALL
@@ -144,7 +144,7 @@ def test_randk_support_is_shared_through_the_seed() -> None:
     b = codec.decode(codec.encode(torch.randn(5000)), 5000)
     assert torch.equal(a != 0, b != 0)
     other = make_codec("randk:ratio=0.01,seed=12").encode(torch.randn(5000))
-    from compression import PayloadError
+    from fedge.compression import PayloadError
 
     with pytest.raises(PayloadError, match="seed"):
         codec.decode(other, 5000)
@@ -179,8 +179,8 @@ def test_spec_strings() -> None:
 
 
 def test_layerwise_policy_keeps_small_tensors_exact_and_counts_their_bytes() -> None:
-    from compression import PayloadError
-    from tasks import make_task, tensor_sizes
+    from fedge.compression import PayloadError
+    from fedge.tasks import make_task, tensor_sizes
 
     sizes = tensor_sizes(make_task("digits").build_model().state_dict())
     codec = make_codec("layerwise:min=1024,small=none+qsgd:bits=4").for_model(sizes)

@@ -2,7 +2,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compression import ErrorFeedback, make_codec
+from fedge.compression import ErrorFeedback, make_codec
 
 
 @given(
@@ -45,7 +45,7 @@ def test_residual_must_match_size() -> None:
 
 
 def test_contraction_estimate_flags_noisy_codecs() -> None:
-    from compression.error_feedback import relative_error
+    from fedge.compression.error_feedback import relative_error
 
     assert relative_error(make_codec("qsgd:bits=4,norm=max"), 4096) < 0.1
     assert relative_error(make_codec("qsgd:bits=4,norm=l2"), 4096) > 1.0

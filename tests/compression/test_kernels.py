@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compression import PayloadError, bitpack, kernels, make_codec
-from compression.bucketed import BucketedCodec
+from fedge.compression import PayloadError, bitpack, kernels, make_codec
+from fedge.compression.bucketed import BucketedCodec
 from tests.compression.specs import ALL as ALL_SPECS
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed: no fused kernels")
@@ -80,7 +80,7 @@ def test_bad_codes_leave_the_accumulator_untouched() -> None:
     codec = make_codec("qsgd:bits=4")
     payload = bytearray(codec.encode(torch.randn(1000)))
     payload[-1] |= 0xF0  # code 15 is out of range for 4-bit QSGD (0..14)
-    from compression.wire import reseal
+    from fedge.compression.wire import reseal
 
     accumulator = torch.full((1000,), 7.0)
     with pytest.raises(PayloadError, match="out of range"):
@@ -159,7 +159,7 @@ def test_sampled_topk_keeps_the_k_largest_of_its_candidates(monkeypatch: pytest.
 
 @given(st.lists(st.integers(0, 2**40), min_size=0, max_size=200, unique=True))
 def test_varint_kernel_matches_numpy(values: list[int]) -> None:
-    from compression import varint
+    from fedge.compression import varint
 
     indices = np.array(sorted(values), dtype=np.int64)
     fused = varint.encode_indices(indices)
@@ -175,7 +175,7 @@ def test_varint_kernel_matches_numpy(values: list[int]) -> None:
 
 
 def test_index_gaps_that_would_wrap_the_sum_are_rejected_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    from compression.varint import decode_indices
+    from fedge.compression.varint import decode_indices
 
     huge_gaps = bytes([0xFF] * 5 + [0x7F]) * 5  # five gaps of 2^42 - 1: their sum wraps nothing now
     for result in _both_paths(monkeypatch, lambda: _raises(lambda: decode_indices(huge_gaps, 5, 1000))):
@@ -197,7 +197,7 @@ def test_scale_overflow_is_refused_on_the_fused_path(spec: str) -> None:
 
 
 def test_variable_size_values_codecs_are_refused() -> None:
-    from compression import SpecError
+    from fedge.compression import SpecError
 
     for spec in ("randk:ratio=0.1+zstd:level=3+qsgd:bits=4", "topk:ratio=0.1+zstd:level=3+qsgd:bits=4"):
         with pytest.raises(SpecError, match="fixed-size dense codec"):

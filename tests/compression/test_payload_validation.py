@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from compression import HEADER_SIZE, PayloadError, make_codec
-from compression.wire import reseal
+from fedge.compression import HEADER_SIZE, PayloadError, make_codec
+from fedge.compression.wire import reseal
 from tests.compression.specs import ALL, LAYERWISE, make
 
 SPECS = ALL + LAYERWISE

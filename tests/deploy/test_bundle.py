@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deploy.bundle import (
+from fedge.deploy.bundle import (
     ENVELOPE_FILE,
     MODEL_FILE,
     PAYLOAD_TYPE,
@@ -32,8 +32,8 @@ from deploy.bundle import (
     verify_bundle,
     write_bundle,
 )
-from deploy.exporter import ExportOptions, export_bundle
-from deploy.keys import load_private_key, load_public_key
+from fedge.deploy.exporter import ExportOptions, export_bundle
+from fedge.deploy.keys import load_private_key, load_public_key
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def _other_model() -> bytes:
     """A valid ONNX model with the same signature: an untrained digits CNN."""
     import torch
 
-    from deploy.onnx_export import export_onnx
-    from tasks import make_task
+    from fedge.deploy.onnx_export import export_onnx
+    from fedge.tasks import make_task
 
     torch.manual_seed(1)
     return export_onnx(make_task("digits").build_model(), torch.zeros(1, 1, 8, 8)).data
@@ -151,7 +151,7 @@ def test_damaged_rollback_store_fails_closed(bundle: Path, trusted, tmp_path: Pa
 
 def test_expired_bundle_is_rejected(bundle: Path, trusted) -> None:
     predicate = read_statement_unverified(bundle)["predicate"]
-    from deploy.bundle import _parse_utc
+    from fedge.deploy.bundle import _parse_utc
 
     expires = _parse_utc(predicate["expires"], "expires")
     verify_bundle(bundle, trusted, now=expires - 60)
@@ -237,7 +237,7 @@ def test_accuracy_claimed_matches_a_plain_onnxruntime_session(genuine: Path) -> 
 
 
 def test_install_swaps_the_active_model_atomically(bundle: Path, trusted, keypair, tmp_path: Path) -> None:
-    from deploy.bundle import install
+    from fedge.deploy.bundle import install
 
     root = tmp_path / "device"
     first = install(verify_bundle(bundle, trusted), root)

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
 
-from deploy.certs import CertificateError, init_ca, issue_server_certificate, make_node_key
+from fedge.deploy.certs import CertificateError, init_ca, issue_server_certificate, make_node_key
 
 
 def test_server_certificate_is_signed_by_the_ca_and_names_every_host(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from deploy.model_file import load_model_file
-from server.processes import free_port
-from tasks import make_task
+from fedge.deploy.model_file import load_model_file
+from fedge.launcher.processes import free_port
+from fedge.tasks import make_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,7 +25,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 def _torchrun(out: Path, *args: str, nproc: int = 2) -> dict:
     command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "-m", "deploy.train", "--out", str(out), *args]
+               "--master-port", str(free_port()), "-m", "fedge.deploy.train", "--out", str(out), *args]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
@@ -87,7 +87,7 @@ def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
 
 def test_powersgd_on_gloo_refuses_several_buckets(tmp_path) -> None:
     command = [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-               str(free_port()), "-m", "deploy.train", "--out", str(tmp_path), "--hook", "powersgd",
+               str(free_port()), "-m", "fedge.deploy.train", "--out", str(tmp_path), "--hook", "powersgd",
                "--bucket-cap-mb", "0.05"]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
@@ -113,7 +113,7 @@ def test_local_sgd_averages_models_periodically(tmp_path) -> None:
     (["--local-sgd", "1"], "would average every step"),
 ])
 def test_local_sgd_refusals_come_before_any_process_group(tmp_path, capsys, argv, message) -> None:
-    from deploy.train import parse_args
+    from fedge.deploy.train import parse_args
 
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--out", str(tmp_path), *argv])

@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from deploy.bundle import ENVELOPE_FILE, MODEL_FILE, make_session, read_statement_unverified
-from deploy.exporter import AccuracyGateError, ExportOptions, export_bundle, onnx_accuracy
-from deploy.keys import KeyFileError, generate_keypair, load_private_key, load_public_key
-from deploy.model_file import load_model_file
-from deploy.onnx_export import export_onnx, min_onnxruntime, parity_error
-from deploy.prune import PruningError, apply_pruning, parse_pruning, sparsity
-from deploy.quantize import QuantizationError, matmul_only, quantize_dynamic_int8, quantize_static_int8
-from tasks import evaluate, make_task
+from fedge.deploy.bundle import ENVELOPE_FILE, MODEL_FILE, make_session, read_statement_unverified
+from fedge.deploy.exporter import AccuracyGateError, ExportOptions, export_bundle, onnx_accuracy
+from fedge.deploy.keys import KeyFileError, generate_keypair, load_private_key, load_public_key
+from fedge.deploy.model_file import load_model_file
+from fedge.deploy.onnx_export import export_onnx, min_onnxruntime, parity_error
+from fedge.deploy.prune import PruningError, apply_pruning, parse_pruning, sparsity
+from fedge.deploy.quantize import QuantizationError, matmul_only, quantize_dynamic_int8, quantize_static_int8
+from fedge.tasks import evaluate, make_task
 
 
 def _trained(path: Path) -> nn.Module:
@@ -90,7 +90,7 @@ def test_channel_pruning_refuses_models_that_are_not_chains() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.b(x + self.a(x))
 
-    from tasks.base import TensorData
+    from fedge.tasks.base import TensorData
 
     data = TensorData(torch.randn(16, 4), torch.randint(0, 2, (16,)))
     with pytest.raises(PruningError, match="chain"):

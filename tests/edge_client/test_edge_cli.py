@@ -44,7 +44,7 @@ def test_keys_export_verify_infer_end_to_end(tmp_path: Path, trained_model_file:
                 "--install", str(tmp_path / "device"))
     assert done.returncode == 0 and (tmp_path / "device" / "digits" / "model.onnx").exists(), done.stderr
 
-    from tasks import make_task
+    from fedge.tasks import make_task
 
     test = make_task("digits").test_data()
     np.save(tmp_path / "x.npy", test.x[:16].numpy())

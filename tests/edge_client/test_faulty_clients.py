@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from flwr.app import Context, RecordDict
 
-from edge_client.faults import fault_of
-from protocol.faulty_clients import parse_faulty_clients
-from server.settings import RunSettings, SettingsError
+from fedge.edge_client.faults import fault_of
+from fedge.protocol.faulty_clients import parse_faulty_clients
+from fedge.server.settings import RunSettings, SettingsError
 
 
 def _context(partition: int, partitions: int = 10, faulty: str = "none", **node) -> Context:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.certs import init_ca, make_node_key
-from edge_client.edge_cli import main
+from fedge.deploy.certs import init_ca, make_node_key
+from fedge.edge_client.edge_cli import main
 
 
 @pytest.fixture(scope="module")

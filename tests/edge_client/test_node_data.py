@@ -9,9 +9,9 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from edge_client.node_data import DataFileError, load_npz, node_data, save_npz
-from edge_client.threads import threads_mod, threads_of
-from tasks import make_task
+from fedge.edge_client.node_data import DataFileError, load_npz, node_data, save_npz
+from fedge.edge_client.threads import threads_mod, threads_of
+from fedge.tasks import make_task
 
 TASK = make_task("digits")
 
@@ -101,8 +101,8 @@ def test_threads_mod_sets_torch_threads() -> None:
 
 
 def test_node_state_survives_a_device_restart_bit_for_bit(tmp_path: Path) -> None:
-    from edge_client.node_store import NodeStore
-    from edge_client.persistent_state import load_state, save_state
+    from fedge.edge_client.node_store import NodeStore
+    from fedge.edge_client.persistent_state import load_state, save_state
 
     run_config = {"task": "digits", "algorithm": "fedavg", "codec": "qsgd:bits=4"}
     before = Context(run_id=1, node_id=1, state=RecordDict(), run_config=run_config, node_config={})

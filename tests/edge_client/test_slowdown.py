@@ -11,8 +11,8 @@ import types
 import pytest
 from flwr.app import Context, Message, RecordDict
 
-from edge_client import slowdown
-from protocol.stragglers import parse_stragglers
+from fedge.edge_client import slowdown
+from fedge.protocol.stragglers import parse_stragglers
 
 
 def _context(partition: int, partitions: int = 8, stragglers: str = "none", **node) -> Context:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from edge_client.trainer import train_local
-from tasks import TensorData, evaluate, make_task
+from fedge.edge_client.trainer import train_local
+from fedge.tasks import TensorData, evaluate, make_task
 
 
 def _drift(model: torch.nn.Module, start: list[torch.Tensor]) -> float:

@@ -1,9 +1,9 @@
 import torch
 from flwr.app import RecordDict
 
-from compression import make_codec
-from edge_client.node_store import NodeStore
-from edge_client.update_encoder import encode_update, load_memory_state
+from fedge.compression import make_codec
+from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.update_encoder import encode_update, load_memory_state
 
 
 def _encode(delta, codec, state, gen=None, round_=1):  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.processes import processes_with_env
+from fedge.launcher.processes import processes_with_env
 
 
 def _describe(pid: int) -> str:

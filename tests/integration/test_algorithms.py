@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.checkpoint import CheckpointStore
-from server.engines import launch
-from server.settings import RunSettings
+from fedge.server.run.checkpoint import CheckpointStore
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

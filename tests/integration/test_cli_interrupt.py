@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from server.processes import processes_with_env
+from fedge.launcher.processes import processes_with_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -21,7 +21,7 @@ def test_interrupt_stops_every_started_process(tmp_path, sig) -> None:
     run_dir = tmp_path / "run"
     flwr_home = str((run_dir / "flwr-home").resolve())
     cli = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "local-cluster", "--supernodes", "2", "--rounds", "50",
+        [sys.executable, "-m", "fedge.server.cli", "local-cluster", "--supernodes", "2", "--rounds", "50",
          "--run-dir", str(run_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

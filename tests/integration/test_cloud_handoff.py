@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from server.initial_model import initial_params
-from server.settings import RunSettings
-from tasks import make_task
+from fedge.server.run.initial_model import initial_params
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -17,12 +17,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 def test_pretrained_init_starts_the_federation_above_random(tmp_path) -> None:
     cloud = tmp_path / "cloud"
     # a world of one without torchrun: the same trainer, process group of size 1
-    done = subprocess.run([sys.executable, "-m", "deploy.train", "--epochs", "4", "--out", str(cloud)],
+    done = subprocess.run([sys.executable, "-m", "fedge.deploy.train", "--epochs", "4", "--out", str(cloud)],
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
 
     # The coordinator's starting point (what it evaluates as "initial_accuracy" before round 1).
-    from server.engine import make_context
+    from fedge.server.engine.loop import make_context
 
     task = make_task("digits")
     ctx = make_context(RunSettings(run_dir=str(tmp_path / "fed")), task)
@@ -30,7 +30,7 @@ def test_pretrained_init_starts_the_federation_above_random(tmp_path) -> None:
     _, pretrained_accuracy = ctx.evaluate(initial_params(task, 42, str(cloud / "model.pt")))
     assert random_accuracy < 0.3 and pretrained_accuracy > 0.85
 
-    from deploy.model_file import ModelFileError
+    from fedge.deploy.model_file import ModelFileError
 
     with pytest.raises(ModelFileError):
         initial_params(make_task("synthetic"), 42, str(cloud / "model.pt"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.engines import launch
-from server.settings import RunSettings
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 

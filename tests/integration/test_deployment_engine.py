@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from server.engines import launch
-from server.settings import RunSettings
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -34,12 +34,12 @@ def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle
     summary = result.summary
     assert summary["final_accuracy"] > summary["initial_accuracy"] + 0.2
     # uplink is the real payload size: 2 updates of the 4-bit QSGD wire size
-    from compression import make_codec
+    from fedge.compression import make_codec
 
     assert summary["uplink_bytes"] == 2 * make_codec(settings.codec).wire_bytes(38_282)
     assert (result.run_dir / "model.pt").exists() and (result.run_dir / "plot.png").exists()
     # Closing the loop: the coordinator signed the final model; a device verifies and runs it.
-    from edge_client.inference import EdgeModel
+    from fedge.edge_client.inference import EdgeModel
 
     bundle = summary["bundle"]
     device = EdgeModel.load(bundle["path"], [bundle["public_key"]], state=tmp_path / "device.json")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.checkpoint import CheckpointStore
-from server.engines import launch
-from server.settings import RunSettings
+from fedge.server.run.checkpoint import CheckpointStore
+from fedge.server.local import launch
+from fedge.server.settings import RunSettings
 
 # In `make test-slow` only (time budget of the default suite): FedAvg's crash and resume run in the
 # default suite on the deployment engine (the coordinator power cut of test_serve.py), client

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.certs import init_ca, issue_server_certificate, make_node_key
-from server.checkpoint import CheckpointStore
-from server.engines import flower_environment
-from server.federation import supernode_argv
-from server.processes import ProcessGroup, free_port, processes_with_env
-from tasks import make_task
+from fedge.deploy.certs import init_ca, issue_server_certificate, make_node_key
+from fedge.server.run.checkpoint import CheckpointStore
+from fedge.launcher.environment import flower_environment
+from fedge.launcher.federation import supernode_argv
+from fedge.launcher.processes import ProcessGroup, free_port, processes_with_env
+from fedge.tasks import make_task
 from tests.integration.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

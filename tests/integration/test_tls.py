@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.certs import make_node_key
-from server.engines import flower_environment
-from server.federation import (
+from fedge.deploy.certs import make_node_key
+from fedge.launcher.environment import flower_environment
+from fedge.launcher.federation import (
     EXIT_NODE_REFUSED,
     LoopbackSecurity,
     RegistrationError,
@@ -22,7 +22,7 @@ from server.federation import (
     supernode_argv,
     write_connection,
 )
-from server.processes import ProcessGroup, free_port, wait_for_port
+from fedge.launcher.processes import ProcessGroup, free_port, wait_for_port
 from tests.integration.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -42,7 +42,7 @@ class InProcessGrid:
         # What Flower's ServerApp runtime sets before ``main``: messages built outside it need it.
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
         if app is None:
-            from edge_client.app import app as fedge_app
+            from fedge.edge_client.app import app as fedge_app
 
             app = fedge_app
         self.app = app

@@ -1,16 +1,16 @@
 import subprocess
 import sys
 
-from server.cli import main
-from server.settings import OPTIONS
+from fedge.server.cli.main import main
+from fedge.server.settings import OPTIONS
 
 
 def test_help_lists_commands_and_every_option(capsys) -> None:
-    out = subprocess.run([sys.executable, "-m", "server.cli", "demo", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "fedge.server.cli", "demo", "--help"], capture_output=True,
                          text=True, check=True).stdout
     for option in OPTIONS:
         assert f"--{option.key}" in out
-    top = subprocess.run([sys.executable, "-m", "server.cli", "--help"], capture_output=True, text=True,
+    top = subprocess.run([sys.executable, "-m", "fedge.server.cli", "--help"], capture_output=True, text=True,
                          check=True).stdout
     assert "demo" in top and "local-cluster" in top
 
@@ -31,7 +31,7 @@ def test_cloud_train_builds_the_torchrun_command(capsys) -> None:
     assert main(["cloud-train", "--print", "--", "--out", "runs/c", "--epochs", "2"]) == 0
     single = capsys.readouterr().out.split()
     assert single[0].endswith("torchrun") and "--nproc-per-node=2" in single
-    assert single[-6:] == ["-m", "deploy.train", "--out", "runs/c", "--epochs", "2"]
+    assert single[-6:] == ["-m", "fedge.deploy.train", "--out", "runs/c", "--epochs", "2"]
     assert main(["cloud-train", "--print", "--nnodes", "2", "--node-rank", "1",
                  "--rdzv-endpoint", "10.0.0.1:29400", "--", "--out", "x"]) == 0
     multi = capsys.readouterr().out.split()
@@ -40,7 +40,7 @@ def test_cloud_train_builds_the_torchrun_command(capsys) -> None:
 
 
 def test_demo_exports_a_bundle_by_default_and_checks_export_options_early(capsys, tmp_path) -> None:
-    from server.cli import build_parser
+    from fedge.server.cli.main import build_parser
 
     assert build_parser().parse_args(["demo"]).export_bundle == "auto"
     assert build_parser().parse_args(["local-cluster"]).export_bundle == ""

@@ -6,14 +6,14 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from compression import make_codec
-from edge_client.node_store import NodeStore
-from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
-from server.algorithm import Rejected, Reply
-from server.easgd import EASGD
-from server.engine import make_context
-from server.settings import RunSettings
-from tasks import make_task
+from fedge.compression import make_codec
+from fedge.edge_client.node_store import NodeStore
+from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from fedge.server.engine.algorithm import Rejected, Reply
+from fedge.server.algorithms.easgd import EASGD
+from fedge.server.engine.loop import make_context
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 

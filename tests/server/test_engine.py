@@ -6,15 +6,15 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from compression import make_codec
-from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
-from server.algorithms import make_algorithm
-from server.checkpoint import CheckpointStore, IncompatibleCheckpointError
-from server.engine import Engine, make_context, sample_nodes
-from server.initial_model import initial_params
-from server.run_directory import RunDirectory
-from server.settings import RunSettings
-from tasks import make_task
+from fedge.compression import make_codec
+from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from fedge.server.algorithms.registry import make_algorithm
+from fedge.server.run.checkpoint import CheckpointStore, IncompatibleCheckpointError
+from fedge.server.engine.loop import Engine, make_context, sample_nodes
+from fedge.server.run.initial_model import initial_params
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
 from tests.server.in_process_grid import FakeClock, InProcessGrid
 
 TASK = make_task("digits")

@@ -7,10 +7,10 @@ import pytest
 import torch
 from flwr.app import MetricRecord, RecordDict
 
-from compression import make_codec
-from protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
-from server.algorithm import Rejected, Reply
-from server.settings import RunSettings, SettingsError
+from fedge.compression import make_codec
+from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from fedge.server.engine.algorithm import Rejected, Reply
+from fedge.server.settings import RunSettings, SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 
@@ -102,7 +102,7 @@ def test_fedasync_settings() -> None:
     for key, value in (("server_opt", "fedadam"), ("aggregator", "median")):
         with pytest.raises(SettingsError):
             RunSettings(algorithm="fedasync", **{key: value})
-    from server.preflight import preflight
+    from fedge.server.preflight import preflight
 
     with pytest.raises(ValueError, match="alpha must be in"):
         preflight(RunSettings(algorithm="fedasync:alpha=1.5"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.settings import RunSettings, SettingsError
+from fedge.server.settings import RunSettings, SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 
@@ -60,7 +60,7 @@ def test_fedbuff_settings() -> None:
     RunSettings(algorithm="fedbuff", server_opt="fedadam", aggregator="median")  # the FedAvg family's keys
     with pytest.raises(SettingsError, match="fedavg only"):
         RunSettings(algorithm="fedbuff", downlink_codec="qsgd:bits=8")
-    from server.preflight import preflight
+    from fedge.server.preflight import preflight
 
     with pytest.raises(ValueError, match="exceeds clients-per-round"):
         preflight(RunSettings(algorithm="fedbuff:concurrency=20", clients_per_round=10))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge_client.node_store import NodeStore
-from edge_client.public_copy import PublicCopy
-from server.settings import SettingsError
+from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.public_copy import PublicCopy
+from fedge.server.settings import SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from server.engines import supernode_home
-from server.processes import MARKER, ProcessGroup, processes_with_env
+from fedge.launcher.environment import supernode_home
+from fedge.launcher.processes import MARKER, ProcessGroup, processes_with_env
 
 _SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

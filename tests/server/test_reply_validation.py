@@ -9,14 +9,14 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from compression import make_codec
-from protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
-from server.algorithm import Reply
-from server.engine import Engine, make_context
-from server.fedavg import FedAvg
-from server.run_directory import RunDirectory
-from server.settings import RunSettings
-from tasks import make_task
+from fedge.compression import make_codec
+from fedge.protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
+from fedge.server.engine.algorithm import Reply
+from fedge.server.engine.loop import Engine, make_context
+from fedge.server.algorithms.fedavg import FedAvg
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
 
 N = 38_282
 

@@ -4,10 +4,10 @@ import os
 import pytest
 import torch
 
-from server.checkpoint import Checkpoint, CheckpointError, CheckpointStore
-from server.metrics_log import MetricsLog
-from server.run_directory import RunDirectory
-from server.settings import RunSettings, SettingsError
+from fedge.server.run.checkpoint import Checkpoint, CheckpointError, CheckpointStore
+from fedge.server.run.metrics_log import MetricsLog
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings, SettingsError
 
 
 def _ckpt(round_: int) -> Checkpoint:

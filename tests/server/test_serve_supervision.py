@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from server.serve import Daemon
-from server.service_config import load_service_config
+from fedge.server.daemon.serve import Daemon
+from fedge.server.daemon.service_config import load_service_config
 
 
 @dataclass
@@ -70,7 +70,7 @@ def test_without_a_run_id_an_ended_stream_ends_the_run(daemon: Daemon) -> None:
 def _scripted(daemon: Daemon, outcomes: list[tuple[int, int]]) -> list[int]:
     """Replace one supervision attempt by the next (exit code, rounds completed by then) of
     ``outcomes``; returns the list of attempts made."""
-    from server import serve
+    from fedge.server.daemon import serve
 
     made: list[int] = []
 
@@ -116,7 +116,7 @@ def test_sigterm_while_waiting_to_restart_exits_0(daemon: Daemon) -> None:
 
 
 def test_run_retries_is_validated(tmp_path: Path) -> None:
-    from server.service_config import ServiceConfigError
+    from fedge.server.daemon.service_config import ServiceConfigError
 
     path = tmp_path / "fedge.toml"
     path.write_text('[service]\naddress = "127.0.0.1:9093"\nrun-retries = 0\n\n[run]\nrounds = 2\n')

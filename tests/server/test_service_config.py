@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.certs import init_ca, issue_server_certificate
-from server.service_config import ServiceConfigError, load_service_config
-from server.service_metrics import REASON_LABELS, ServiceMetrics, reason_label
+from fedge.deploy.certs import init_ca, issue_server_certificate
+from fedge.server.daemon.service_config import ServiceConfigError, load_service_config
+from fedge.server.daemon.service_metrics import REASON_LABELS, ServiceMetrics, reason_label
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ TLS = 'tls-ca = "certs/ca.crt"\ntls-cert = "certs/server.crt"\ntls-key = "certs/
 
 
 def test_the_example_config_is_valid_once_its_files_exist(tmp_path: Path, certs: Path) -> None:
-    text = (REPO / "ops" / "fedge.example.toml").read_text()
+    text = (REPO / "server" / "daemon" / "fedge.example.toml").read_text()
     text = text.replace('"/var/lib/fedge"', f'"{tmp_path / "state"}"')
     text = text.replace('export-bundle = "/etc/fedge/signing/signing-key.pem"', "")
     (tmp_path / "fedge.toml").write_text(text)

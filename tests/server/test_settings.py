@@ -2,23 +2,22 @@ import sys
 
 import pytest
 
-from server.cli import build_parser
-from server.settings import OPTIONS, RunSettings, SettingsError
+from fedge.server.cli.main import build_parser
+from fedge.server.settings import OPTIONS, RunSettings, SettingsError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from pathlib import Path
-
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+from fedge.server.flower_app import app_pyproject
 
 
-def test_pyproject_run_config_is_the_settings_vocabulary() -> None:
-    config = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
-    assert config == {opt.key: opt.default for opt in OPTIONS}
-    assert RunSettings.from_run_config(config) == RunSettings()
+def test_the_flower_apps_run_config_is_the_settings_vocabulary() -> None:
+    app = tomllib.loads(app_pyproject())["tool"]["flwr"]["app"]
+    assert app["config"] == {opt.key: opt.default for opt in OPTIONS}
+    assert RunSettings.from_run_config(app["config"]) == RunSettings()
+    assert app["components"] == {"serverapp": "fedge.server.app:app", "clientapp": "fedge.edge_client.app:app"}
 
 
 def test_every_option_is_a_cli_flag_of_demo_and_local_cluster() -> None:

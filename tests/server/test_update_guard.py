@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from compression import SpecError
-from server.preflight import preflight
-from server.settings import RunSettings, SettingsError
+from fedge.compression import SpecError
+from fedge.server.preflight import preflight
+from fedge.server.settings import RunSettings, SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 

@@ -8,8 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from tasks import make_task
-from tasks.fashion_mnist import DatasetMissing, available, read_idx
+from fedge.tasks import make_task
+from fedge.tasks.fashion_mnist import DatasetMissing, available, read_idx
 
 
 def test_idx_reader_round_trip_and_validation(tmp_path) -> None:

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from compression import SpecError
-from tasks import evaluate, flatten_state, make_task, numel_of, unflatten_state
-from tasks.partition import partition_indices
+from fedge.compression import SpecError
+from fedge.tasks import evaluate, flatten_state, make_task, numel_of, unflatten_state
+from fedge.tasks.partition import partition_indices
 
 
 def test_digits_split_and_model() -> None:

@@ -1,0 +1,84 @@
+"""The directory ``flwr run`` builds a Flower app bundle (FAB) from.
+
+``flwr run`` walks and resolves every file under the directory it is given before it filters (flwr
+1.41 ``collect_files``): a checkout with its ``.venv`` is some 50,000 files and 5-10 s per launch.
+So an app is always submitted from a staged directory that holds only what the bundle carries:
+
+* :func:`stage_packages`: a ``pyproject.toml`` and the *installed* packages' files, read through
+  ``importlib.resources``, so the same works from a wheel, a non-editable install and a checkout;
+* :func:`stage_directory`: an app directory on disk (``pyproject.toml`` and the files its
+  ``fab-include`` patterns name), e.g. a benchmark's standalone Flower app.
+
+The code travels in the bundle, as Flower intends: the ServerApp and every ClientApp import the
+same code, whatever version a device has installed.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import shutil
+from collections.abc import Iterable
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10; flwr depends on tomli there
+    import tomli as tomllib
+
+__all__ = ["AppStagingError", "stage_directory", "stage_packages"]
+
+#: file types a Flower app bundle carries of a package (flwr's own FAB include patterns)
+_BUNDLED_SUFFIXES = (".py", ".toml", ".json", ".md")
+
+
+class AppStagingError(RuntimeError):
+    """The app cannot be staged; the message says what is missing."""
+
+
+def stage_packages(destination: Path, pyproject: str, packages: Iterable[str]) -> Path:
+    """Write ``pyproject`` and copy each installed package (dotted name, e.g. ``fedge.server``) with
+    its sub-packages to ``destination/<dotted/path>``; return ``destination``."""
+    _fresh(destination)
+    (destination / "pyproject.toml").write_text(pyproject, encoding="utf-8")
+    for package in packages:
+        try:
+            root = importlib.resources.files(package)
+        except ModuleNotFoundError as err:
+            raise AppStagingError(f"cannot stage {package}: {err}") from None
+        _copy_tree(root, destination.joinpath(*package.split(".")))
+    return destination
+
+
+def stage_directory(destination: Path, source: Path) -> Path:
+    """Copy an app directory's ``pyproject.toml`` and the files its ``fab-include`` patterns name."""
+    pyproject = source / "pyproject.toml"
+    if not pyproject.is_file():
+        raise AppStagingError(f"{source} is not a Flower app: it has no pyproject.toml")
+    patterns = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"].get("fab-include")
+    if not patterns:
+        raise AppStagingError(f"{pyproject} has no [tool.flwr.app] fab-include patterns to stage the app with")
+    _fresh(destination)
+    shutil.copy2(pyproject, destination / "pyproject.toml")
+    for pattern in patterns:
+        for path in source.glob(pattern):
+            if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts:
+                target = destination / path.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, target)
+    return destination
+
+
+def _fresh(destination: Path) -> None:
+    shutil.rmtree(destination, ignore_errors=True)
+    destination.mkdir(parents=True)
+
+
+def _copy_tree(source: Traversable, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        if entry.is_dir():
+            if entry.name != "__pycache__":
+                _copy_tree(entry, target / entry.name)
+        elif entry.name.endswith(_BUNDLED_SUFFIXES):
+            (target / entry.name).write_bytes(entry.read_bytes())

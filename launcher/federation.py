@@ -1,0 +1,139 @@
+"""Command lines of Flower's own processes, with or without TLS and SuperNode authentication.
+
+One place builds the ``flower-superlink`` / ``flower-supernode`` argv, the ``flwr`` connection
+(``$FLWR_HOME/config.toml``) and the node registration, for ``fedge local-cluster``, ``fedge serve``
+and ``fedge-edge join`` alike, so the secure and the plaintext path cannot drift apart.
+
+Flower 1.41's security model (``../shared/reference/FLOWER.md``): the SuperLink serves TLS on its one
+HTTP port (``--ssl-certfile/--ssl-keyfile/--ssl-ca-certfile``); a SuperNode checks the server against
+the CA (``--root-certificates``) and signs every request with its EC key
+(``--auth-supernode-private-key``); with ``--enable-supernode-auth`` the SuperLink accepts only keys
+registered through ``flwr supernode register``. An unregistered node exits (Flower code 305); a
+plaintext node never gets past the TLS handshake.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedge.deploy.certs import CA_CERT, SERVER_CERT, SERVER_KEY, init_ca, issue_server_certificate, make_node_key
+
+__all__ = [
+    "LoopbackSecurity",
+    "RegistrationError",
+    "ServerTLS",
+    "register_node",
+    "superlink_argv",
+    "supernode_argv",
+    "write_connection",
+]
+
+#: Flower's code for a SuperNode whose key the SuperLink refuses: logged as "Exit Code: 305"
+#: (the process itself exits with status 1).
+EXIT_NODE_REFUSED = 305
+
+
+class RegistrationError(RuntimeError):
+    """``flwr supernode register`` failed; the message carries its output."""
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """The SuperLink's TLS files (PEM) and whether only registered SuperNodes may connect."""
+
+    ca_cert: Path
+    certificate: Path
+    key: Path
+    node_auth: bool = True
+
+    def argv(self) -> list[str]:
+        flags = ["--ssl-ca-certfile", str(self.ca_cert), "--ssl-certfile", str(self.certificate),
+                 "--ssl-keyfile", str(self.key)]
+        return flags + (["--enable-supernode-auth"] if self.node_auth else [])
+
+    def check(self) -> None:
+        missing = [str(p) for p in (self.ca_cert, self.certificate, self.key) if not Path(p).is_file()]
+        if missing:
+            raise FileNotFoundError(f"TLS files not found: {', '.join(missing)} (make them with `fedge certs`)")
+
+
+@dataclass(frozen=True)
+class LoopbackSecurity:
+    """Certificates for a whole federation on one machine (``fedge local-cluster --tls``): a CA,
+    a server certificate for 127.0.0.1/localhost and one key per SuperNode, kept in ``directory``
+    (made once, reused when the run resumes)."""
+
+    directory: Path
+
+    @classmethod
+    def create(cls, directory: Path, nodes: int) -> LoopbackSecurity:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / CA_CERT).exists():
+            init_ca(directory, name="Fedge local-cluster CA", force=True)
+            issue_server_certificate(directory, ["127.0.0.1", "localhost"], force=True)
+        for i in range(nodes):
+            if not (directory / f"node-{i}").exists():
+                make_node_key(directory, f"node-{i}", force=True)
+        return cls(directory)
+
+    @property
+    def server(self) -> ServerTLS:
+        d = self.directory
+        return ServerTLS(d / CA_CERT, d / SERVER_CERT, d / SERVER_KEY, node_auth=True)
+
+    def node_key(self, index: int) -> Path:
+        return self.directory / f"node-{index}"
+
+
+def superlink_argv(host: str, port: int, tls: ServerTLS | None, *, database: Path | None = None,
+                   simulation: bool = False) -> list[str]:
+    argv = ["flower-superlink", "--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
+    argv += tls.argv() if tls else ["--insecure"]
+    if database is not None:
+        argv += ["--database", str(database)]
+    if simulation:
+        argv.append("--simulation")
+    return argv
+
+
+def supernode_argv(superlink: str, port: int, node_config: str, *, root_cert: Path | None = None,
+                   auth_key: Path | None = None, extra: list[str] | None = None) -> list[str]:
+    """A SuperNode dialing ``superlink`` (``host:port``); plaintext only without ``root_cert``."""
+    argv = ["flower-supernode", "--superlink", superlink, "--port", str(port), "--node-config", node_config]
+    if root_cert is None:
+        argv.append("--insecure")
+    else:
+        argv += ["--root-certificates", str(root_cert)]
+    if auth_key is not None:
+        argv += ["--auth-supernode-private-key", str(auth_key)]
+    return argv + list(extra or [])
+
+
+def write_connection(flwr_home: Path, name: str, address: str, root_cert: Path | None) -> None:
+    """The ``flwr`` CLI's connection ``name`` in ``$FLWR_HOME/config.toml`` (the only one there)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    security = f'root-certificates = "{root_cert}"\n' if root_cert else "insecure = true\n"
+    (flwr_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{address}"\n{security}'
+    )
+
+
+def register_node(public_key: Path, connection: str, env: Mapping[str, str], *, name: str | None = None,
+                  timeout: float = 60.0) -> int:
+    """Register a SuperNode's public key with Flower's own ``flwr supernode register``; its node id."""
+    argv = ["flwr", "supernode", "register", str(public_key), connection, "--format", "json"]
+    if name:
+        argv += ["--name", name]
+    done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        reply = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        reply = {}
+    if done.returncode != 0 or not reply.get("success", False):
+        raise RegistrationError(f"flwr supernode register {public_key} failed ({done.returncode}): "
+                                f"{(done.stdout + done.stderr).strip()[-800:]}")
+    return int(reply["node-id"])

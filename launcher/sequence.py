@@ -1,0 +1,134 @@
+"""The one launch sequence of a Flower federation: SuperLink, wait, SuperNodes, ``flwr run``, follow.
+
+``fedge demo`` / ``local-cluster`` (``fedge.server.local``), the daemon (``fedge serve``), the
+benchmarks and the tests all start Flower through :class:`FlowerLaunch`, so the order of the steps,
+the connection file ``flwr`` reads and the checks between steps are written once::
+
+    with ProcessGroup(logs, env=flower_environment(home)) as group:
+        flower = FlowerLaunch(group, home)
+        flower.start_superlink(simulation=False)          # writes the connection, waits for the port
+        flower.start_supernode(0, {"partition-id": 0, "num-partitions": 1})
+        runner = flower.submit(app_dir, {"rounds": 3})    # flwr run <app> <connection> --stream
+        flower.follow(runner, deadline, on_tick=...)      # until flwr run exits; fails if a process dies
+
+Every process belongs to the caller's :class:`~fedge.launcher.processes.ProcessGroup`, which stops
+all of them (and their descendants) on exit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from fedge.launcher.environment import config_args, node_config_arg, supernode_home
+from fedge.launcher.federation import ServerTLS, register_node, superlink_argv, supernode_argv, write_connection
+from fedge.launcher.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
+
+__all__ = ["FlowerLaunch", "LaunchError"]
+
+#: seconds a SuperLink gets to listen on its port
+STARTUP_TIMEOUT = 60.0
+
+
+class LaunchError(RuntimeError):
+    """A Flower process exited early or the run did not finish in time; the message says where to look."""
+
+
+class FlowerLaunch:
+    """The steps of starting a federation, in a process group, against one ``flwr`` connection."""
+
+    def __init__(self, group: ProcessGroup, flwr_home: Path, connection: str = "fedge") -> None:
+        self.group = group
+        self.flwr_home = Path(flwr_home)
+        self.connection = connection
+        self.address = ""
+        self.root_cert: Path | None = None
+
+    def start_superlink(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        tls: ServerTLS | None = None,
+        database: Path | None = None,
+        simulation: bool = False,
+        dial: str | None = None,
+        cwd: Path | None = None,
+        timeout: float = STARTUP_TIMEOUT,
+    ) -> ManagedProcess:
+        """Start ``flower-superlink``, write the connection ``flwr`` uses to reach it (``dial``,
+        default ``host:port``), and return once it accepts connections."""
+        port = port or free_port()
+        self.address = dial or f"{host}:{port}"
+        self.root_cert = tls.ca_cert if tls else None
+        write_connection(self.flwr_home, self.connection, self.address, self.root_cert)
+        superlink = self.group.start(
+            "superlink", superlink_argv(host, port, tls, database=database, simulation=simulation), cwd=cwd
+        )
+        dial_host, _, dial_port = self.address.rpartition(":")
+        wait_for_port(int(dial_port), timeout, superlink, host=dial_host)
+        return superlink
+
+    def register(self, public_key: Path, name: str | None = None) -> int:
+        """Register a SuperNode's public key with the running SuperLink; its node id."""
+        return register_node(public_key, self.connection, self.group.env, name=name)
+
+    def start_supernode(
+        self,
+        index: int,
+        node_config: Mapping[str, Any],
+        *,
+        auth_key: Path | None = None,
+        cwd: Path | None = None,
+    ) -> ManagedProcess:
+        """A SuperNode dialing the SuperLink, with its own FLWR_HOME (ten nodes installing the app
+        into one shared home raced: one saw a half-written app directory)."""
+        return self.group.start(
+            f"supernode-{index}",
+            supernode_argv(self.address, free_port(), node_config_arg(node_config), root_cert=self.root_cert,
+                           auth_key=auth_key),
+            cwd=cwd, env={"FLWR_HOME": str(supernode_home(self.flwr_home, index))},
+        )
+
+    def submit(
+        self,
+        app_dir: Path,
+        run_config: Mapping[str, Any],
+        *,
+        federation_config: Mapping[str, Any] | None = None,
+        cwd: Path | None = None,
+    ) -> ManagedProcess:
+        """``flwr run <app_dir> <connection> --stream`` with the run config, one flag per key."""
+        argv = ["flwr", "run", str(app_dir), self.connection, "--stream", *config_args("--run-config", run_config)]
+        if federation_config:
+            argv += config_args("--federation-config", federation_config)
+        return self.group.start("flwr-run", argv, cwd=cwd)
+
+    def follow(
+        self,
+        runner: ManagedProcess,
+        deadline: float,
+        on_tick: Callable[[], bool] | None = None,
+        *,
+        interval: float = 0.3,
+    ) -> bool:
+        """Call ``on_tick`` every ``interval`` s until ``flwr run`` exits (True) or ``on_tick``
+        returns True (False: the caller ended it early). Raise :class:`LaunchError` when another
+        process of the group exits first or at ``deadline`` (a ``time.monotonic`` value)."""
+        while True:
+            finished = not runner.alive()
+            if on_tick is not None and on_tick():
+                return False
+            if finished:
+                return True
+            if time.monotonic() > deadline:
+                raise LaunchError(f"the run did not finish in time; logs in {self.group.log_dir}")
+            for process in self.group.processes:
+                if process is not runner and not process.alive():
+                    raise LaunchError(
+                        f"{process.name} exited with code {process.popen.returncode}; "
+                        f"log {process.log_path}:\n{process.log_tail()}"
+                    )
+            time.sleep(interval)

@@ -1,0 +1,297 @@
+"""``fedge``: the command line of the coordinator side.
+
+Every run option is generated from ``fedge.server.settings`` so a flag is spelled exactly like its
+run-config key (``--clients-per-round`` <-> ``clients-per-round``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedge.server.cli.certs_command import add_certs_parser, run_certs
+from fedge.server.cli.deploy_commands import add_deploy_parsers, run_export, run_keys
+from fedge.deploy.certs import CertificateError
+from fedge.launcher.federation import RegistrationError
+from fedge.server.settings import OPTIONS, RunSettings, SettingsError
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+_EPILOG = """
+examples:
+  fedge demo                                   # 10 simulated clients, 4-bit QSGD + error feedback
+  fedge demo --codec none --rounds 10          # the fp32 baseline
+  fedge demo --partitioning iid --server-opt fedadam
+  fedge demo --algorithm easgd                 # elastic averaging: clients keep their own models
+  fedge demo --algorithm gossip:topology=exponential --clients 16   # decentralized, CHOCO relays
+  fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
+  fedge local-cluster --tls                    # the same with TLS and SuperNode authentication
+  fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
+  fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
+  fedge flower-app --out app && flwr run app <connection> --run-config 'rounds=5'   # your own Flower setup
+
+every --option below is also a key of [tool.flwr.app.config] and of `flwr run --run-config`.
+"""
+
+
+def _add_run_options(parser: argparse.ArgumentParser, overrides: dict[str, Any]) -> None:
+    group = parser.add_argument_group("run settings (same keys as the Flower run config)")
+    for option in OPTIONS:
+        default = overrides.get(option.key, option.default)
+        kwargs: dict[str, Any] = {"dest": option.field, "default": default, "help": f"{option.help} (default: {default!r})"}
+        if option.type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = option.type
+            kwargs["metavar"] = option.type.__name__.upper()
+        group.add_argument(f"--{option.key}", **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedge",
+        description="Fedge: compressed federated learning on Flower (coordinator side).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the embedded default task on Flower's simulation engine (Ray)",
+        description="Federated training of the digits CNN with simulated clients (no downloads). "
+        "Prints a progress line per round and a summary; writes metrics.jsonl, plot.png and model.pt "
+        "to the run directory.",
+    )
+    demo.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default: 10)")
+    demo.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    _add_run_options(demo, {"export-bundle": "auto"})
+
+    cluster = sub.add_parser(
+        "local-cluster",
+        help="run on the deployment engine: a real SuperLink and N SuperNodes on 127.0.0.1",
+        description="Starts flower-superlink and N flower-supernode processes on loopback, runs the "
+        "app on them with `flwr run`, and stops every process it started (also on Ctrl-C or failure). "
+        "Each message round trip costs a few seconds on this engine (fresh process per message).",
+    )
+    cluster.add_argument("--supernodes", type=int, default=2, help="SuperNodes to start (default: 2)")
+    cluster.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    cluster.add_argument("--tls", action="store_true",
+                         help="TLS and SuperNode authentication on: a CA, server certificate and node keys "
+                         "are made in <run-dir>/tls and every node key is registered before it connects")
+    _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
+
+    cloud = sub.add_parser(
+        "cloud-train",
+        help="cloud tier: data-parallel training with torchrun (DDP; gloo on CPU, NCCL on GPU)",
+        description="Runs `torchrun ... -m deploy.train ...`, or prints it with --print. The final "
+        "model.pt in --out is accepted by `fedge demo --init`. Multi-node: give the same "
+        "--nnodes/--rdzv-endpoint on every node and a distinct --node-rank.",
+    )
+    cloud.add_argument("--nproc-per-node", type=int, default=2)
+    cloud.add_argument("--nnodes", type=int, default=1)
+    cloud.add_argument("--node-rank", type=int, default=0)
+    cloud.add_argument("--rdzv-endpoint", default="127.0.0.1:29500", help="host:port of node 0")
+    cloud.add_argument("--print", action="store_true", dest="print_only", help="print the command only")
+    cloud.add_argument("train_args", nargs=argparse.REMAINDER,
+                       help="arguments for deploy.train, e.g. --out runs/cloud --epochs 5 --hook qsgd:bits=4")
+
+    serve = sub.add_parser(
+        "serve",
+        help="the coordinator daemon: SuperLink (TLS, node authentication, state database) + the Fedge run, "
+        "/metrics and /healthz, JSON logs",
+        description="Runs the federation described by a fedge.toml ([service] + [run]; "
+        "`fedge serve --example` prints a commented one). SIGTERM stops at the next round "
+        "boundary and exits 0; starting it again resumes the run.",
+    )
+    serve_what = serve.add_mutually_exclusive_group(required=True)
+    serve_what.add_argument("--config", help="the fedge.toml file")
+    serve_what.add_argument("--example", action="store_true", help="print a commented example fedge.toml and exit")
+    serve.add_argument("--check-config", action="store_true", help="validate the file, print it resolved, exit")
+    flower_app = sub.add_parser(
+        "flower-app",
+        help="write the Fedge app as a Flower app directory, for `flwr run DIR <connection>` on your own Flower setup",
+        description="Writes pyproject.toml ([tool.flwr.app]: Fedge's ServerApp and ClientApp, every run setting "
+        "with its default) and the installed fedge code to --out. Every machine that runs it needs fedge "
+        "installed (fedge[device] on a device).",
+    )
+    flower_app.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
+    sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
+    add_deploy_parsers(sub)
+    add_certs_parser(sub)
+    return parser
+
+
+def _settings_from_args(args: argparse.Namespace) -> RunSettings:
+    values = {opt.field: getattr(args, opt.field) for opt in OPTIONS}
+    return RunSettings(**values)
+
+
+def _default_run_dir(prefix: str) -> str:
+    return str(Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
+    from rich.console import Console
+
+    from fedge.server.local import EngineError, launch
+    from fedge.server.cli.progress import RoundProgress, print_summary
+    from fedge.tasks import make_task
+
+    console = Console(stderr=False)
+    settings = _settings_from_args(args)
+    if not settings.run_dir:
+        settings = settings.replace(run_dir=_default_run_dir("demo" if engine == "simulation" else "cluster"))
+    settings = settings.replace(run_dir=str(Path(settings.run_dir).resolve()))
+    if settings.init:  # the ServerApp runs elsewhere: pass an absolute path, checked here
+        from fedge.deploy.model_file import load_model_file
+
+        init = Path(settings.init).resolve()
+        if load_model_file(init).task != make_task(settings.task).spec:
+            raise SettingsError(f"--init {init} was trained for another task than {settings.task!r}")
+        settings = settings.replace(init=str(init))
+    if settings.export_bundle not in ("", "auto"):  # a key path: absolute, and usable, before the run
+        from fedge.deploy.keys import load_private_key
+
+        key = Path(settings.export_bundle).resolve()
+        load_private_key(key)
+        settings = settings.replace(export_bundle=str(key))
+    if nodes < 1:
+        raise SettingsError("need at least one client")
+    if settings.clients_per_round > nodes:
+        settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
+    # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
+    from fedge.server.preflight import preflight
+
+    preflight(settings)
+
+    console.print(
+        f"[bold]fedge[/bold] {engine} engine: {nodes} clients, task {settings.task}, "
+        f"algorithm {settings.algorithm}, codec {settings.codec}, {settings.rounds} rounds"
+    )
+    console.print(f"run directory: {settings.run_dir}")
+    with RoundProgress(console, settings.rounds) as progress:
+        try:
+            result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
+                            timeout=args.timeout, tls=getattr(args, "tls", False))
+        except EngineError as err:
+            console.print(f"[red]run failed:[/red] {err}")
+            return 1
+    print_summary(console, result)
+    return 0
+
+
+def cloud_train_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command line: torchrun itself does process management and rendezvous."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    command = [torchrun, f"--nproc-per-node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
+    if args.nnodes > 1:
+        command += [f"--node-rank={args.node_rank}", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint={args.rdzv_endpoint}"]
+    else:
+        host, _, port = args.rdzv_endpoint.rpartition(":")
+        command += [f"--master-addr={host}", f"--master-port={port}"]
+    train_args = [a for a in args.train_args if a != "--"]
+    return [*command, "-m", "fedge.deploy.train", *train_args]
+
+
+def _cloud_train(args: argparse.Namespace) -> int:
+    import shlex
+    import subprocess
+
+    if "--out" not in args.train_args:
+        raise SettingsError("cloud-train needs --out DIR among the deploy.train arguments")
+    command = cloud_train_command(args)
+    print(shlex.join(command))
+    if args.print_only:
+        return 0
+    return subprocess.run(command, check=False).returncode
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import json
+
+    if args.example:
+        from importlib.resources import files
+
+        print(files("fedge.server.daemon").joinpath("fedge.example.toml").read_text(encoding="utf-8"), end="")
+        return 0
+    from fedge.server.daemon.json_logs import configure_json_logging
+    from fedge.server.daemon.service_config import load_service_config
+
+    configure_json_logging(logging.DEBUG if args.verbose else logging.INFO)
+    config = load_service_config(args.config)
+    if args.check_config:
+        print(json.dumps(config.describe(), indent=2))
+        return 0
+    from fedge.server.daemon.serve import Daemon
+
+    daemon = Daemon(config)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    # SIGTERM takes the Ctrl-C path, so every started process is stopped either way.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        if args.command == "settings":
+            for option in OPTIONS:
+                print(f"{option.key:<20} {option.default!r:<36} {option.help}")
+            return 0
+        if args.command == "demo":
+            return _run(args, "simulation", args.clients)
+        if args.command == "local-cluster":
+            return _run(args, "deployment", args.supernodes)
+        if args.command == "cloud-train":
+            return _cloud_train(args)
+        if args.command == "keys":
+            return run_keys(args)
+        if args.command == "export":
+            return run_export(args)
+        if args.command == "certs":
+            return run_certs(args)
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "flower-app":
+            from fedge.server.flower_app import stage_fedge_app
+
+            out = Path(args.out).resolve()
+            if out.exists() and any(out.iterdir()) and "Generated by Fedge" not in (
+                    (out / "pyproject.toml").read_text() if (out / "pyproject.toml").is_file() else ""):
+                raise SettingsError(f"--out {out} exists and is not a Fedge app directory: give a new one")
+            stage_fedge_app(out)
+            print(f"Flower app written to {out}: flwr run {args.out} <connection>")
+            return 0
+    except (SettingsError, ValueError, CertificateError, RegistrationError, OSError) as err:
+        # OSError covers a missing file, a port already in use (the daemon's metrics address) and a
+        # SuperLink that never listened (TimeoutError)
+        print(f"fedge: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedge: interrupted; all started processes were stopped", file=sys.stderr)
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""The round engine: the lifecycle every algorithm shares, over Flower's ``Grid``.
+
+Per run: resume from the run directory's checkpoint (or start the algorithm fresh), wait for nodes,
+then per step: select nodes (a seeded sample by default), push the algorithm's messages, feed each
+reply to the algorithm the moment it is pulled (validation failures, client errors and timeouts
+become rejected entries with their reason), close the step, evaluate the step's model on held-out
+data, run the optional evaluation exchange, then write one metrics row and an atomic checkpoint,
+in that order (after a crash in between, the step runs again and its row is replaced).
+
+The engine never looks inside an algorithm's messages beyond byte accounting: ``uplink_bytes`` are
+the bytes of the ``update`` record of used replies (the real encoded payloads, headers included),
+``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every array sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message
+
+from fedge.compression import PayloadError, derive_seed
+from fedge.deploy.atomic import atomic_write_text
+from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext
+from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
+from fedge.server.engine.dispatcher import Dispatcher, Missing
+from fedge.server.run.metrics_row import RoundRow
+from fedge.server.engine.reply_screen import screen_reply
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings
+from fedge.tasks import Task, evaluate, numel_of, unflatten_state
+
+__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
+
+log = logging.getLogger(__name__)
+
+
+class NotEnoughNodesError(RuntimeError):
+    """Fewer SuperNodes than the run needs connected within ``wait-for-nodes`` seconds."""
+
+
+@dataclass
+class EngineResult:
+    model: torch.Tensor
+    rows: list[RoundRow] = field(default_factory=list)
+    resumed_from: int = 0
+    #: the run ended early because the operator asked (``fedge serve`` on SIGTERM); resumable
+    stopped: bool = False
+    #: the run ended complete before its last round because a row reached ``stop-accuracy``
+    reached_target: bool = False
+
+
+def make_context(settings: RunSettings, task: Task) -> RunContext:
+    template = task.build_model().state_dict()
+    return RunContext(
+        settings=settings, task=task, template=template, numel=numel_of(template),
+        fp32_bytes=sum(len(a.data) for a in ArrayRecord(template).values()),
+        nodes_expected=settings.clients_per_round,
+    )
+
+
+def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int]:
+    """``count`` of ``nodes``, drawn from (seed, step) alone: a resumed run samples exactly as an
+    uninterrupted one. Node ids are unsigned 64-bit: pick positions, never pass ids through numpy."""
+    nodes = sorted(nodes)
+    count = min(count, len(nodes))
+    rng = np.random.default_rng(derive_seed(seed, step, purpose="sample"))
+    return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+
+
+class Engine:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        run_dir: RunDirectory,
+        on_row: Callable[[RoundRow], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.algorithm = algorithm
+        self.ctx = algorithm.ctx
+        self.settings = algorithm.ctx.settings
+        self.run_dir = run_dir
+        self.on_row = on_row
+        self.clock = clock
+        self.sleep = sleep
+        self._model = self.ctx.task.build_model()
+        self._test = self.ctx.task.test_data()
+
+    # -- public ---------------------------------------------------------------------------------
+    def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
+        start = self._restore(initial_params)
+        rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
+        # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
+        self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
+        result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
+        atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(self.algorithm.describe(), indent=2) + "\n")
+        if start >= self.settings.rounds or self._reached_target(result):
+            log.info("run already complete (%d rounds)", start)
+            return result
+        try:
+            nodes = self._wait_for_nodes(grid)
+        except _StopWhileWaiting:
+            log.info("stop requested while waiting for nodes; nothing to checkpoint")
+            result.stopped = True
+            return result
+        log.info("%s: %d nodes connected; rounds %d..%d", self.algorithm.spec, len(nodes), start + 1,
+                 self.settings.rounds)
+        if self.algorithm.asynchronous:
+            self._run_async(grid, start, result)
+        else:
+            for step in range(start + 1, self.settings.rounds + 1):
+                self._publish(self.step(grid, step), result)
+                if self._reached_target(result) or self._stop_requested(result):
+                    break
+        result.model = self.algorithm.final_model()
+        return result
+
+    def _publish(self, row: RoundRow, result: EngineResult) -> None:
+        """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
+        between, the step runs again and its row is replaced)."""
+        row.wall_seconds = self._wall + self.clock()
+        self.run_dir.metrics.append(row.to_json())
+        self.run_dir.checkpoints.save(
+            Checkpoint(round=row.round, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
+                       numel=self.ctx.numel, state=self.algorithm.state_dict())
+        )
+        result.rows.append(row)
+        if self.on_row:
+            self.on_row(row)
+
+    def _stop_requested(self, result: EngineResult) -> bool:
+        """Between steps, after the checkpoint: has the operator asked the run to stop? (``fedge
+        serve`` does on SIGTERM, so the daemon stops at a round boundary and a restart resumes.)"""
+        if result.rows and result.rows[-1].round < self.settings.rounds and self.run_dir.stop_requested():
+            log.info("stop requested: ending after step %d (checkpointed; a restart resumes)", result.rows[-1].round)
+            result.stopped = True
+        return result.stopped
+
+    def _reached_target(self, result: EngineResult) -> bool:
+        """Has the last published row reached ``stop-accuracy``? Then the run is complete: the model
+        is final, and a restarted coordinator does not train it further."""
+        target = self.settings.stop_accuracy
+        if target > 0 and result.rows and result.rows[-1].accuracy >= target:
+            if not result.reached_target:
+                log.info("step %d reached stop-accuracy %g (held-out accuracy %.4f): the run is complete",
+                         result.rows[-1].round, target, result.rows[-1].accuracy)
+            result.reached_target = True
+        return result.reached_target
+
+    def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
+        """(loss, accuracy) of a flat model on the task's held-out split."""
+        self._model.load_state_dict(unflatten_state(params, self.ctx.template))
+        return evaluate(self._model, self._test)
+
+    def sample(self, nodes: list[int], step: int) -> list[int]:
+        return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
+
+    def step(self, grid: object, step: int) -> RoundRow:
+        started = time.perf_counter()
+        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+        selected = self.algorithm.select(step, nodes, self.sample)
+        outgoing = self.algorithm.configure(step, selected)
+        downlink = sum(array_bytes(o.content) for o in outgoing)
+        used, uplink, measurement = 0, 0, 0
+        train_seconds: list[float] = []  # clients' own training time: the rest of a round is overhead
+        rejected: list[dict[str, object]] = []
+        for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+            self._messages(outgoing, step, "train"), self.settings.round_timeout
+        ):
+            node, reason = self._absorb(step, item)
+            if reason is None:
+                used += 1
+                assert isinstance(item, Message)
+                uplink += array_bytes(item.content, (UPDATE_RECORD,))
+                measurement += array_bytes(item.content, (MEASURE_RECORD,))
+                train_seconds.append(_train_seconds(item))
+            else:
+                rejected.append({"node": node, "reason": reason})
+                self.algorithm.missed(step, node, reason)
+        outcome = self.algorithm.close(step)
+        rejected.extend(outcome.notes)
+        loss, accuracy = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
+        extra = dict(outcome.extra)
+        if train_seconds:
+            extra["client_train_seconds"] = max(train_seconds)
+        evaluation = self.algorithm.evaluation(step, selected)
+        if evaluation:
+            downlink += sum(array_bytes(o.content) for o in evaluation)
+            for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+                self._messages(evaluation, step, "eval"), self.settings.round_timeout
+            ):
+                if isinstance(item, Missing) or item.has_error():
+                    continue
+                try:
+                    self.algorithm.absorb_evaluation(step, Reply(item.metadata.src_node_id, item.content))
+                except (Rejected, ProtocolError) as err:
+                    log.warning("round %d: ignored evaluation from node %d: %s", step, item.metadata.src_node_id, err)
+            extra.update(self.algorithm.close_evaluation(step))
+        row = RoundRow(
+            round=step, algorithm=self.algorithm.name, accuracy=accuracy, loss=loss,
+            train_loss=outcome.train_loss, uplink_bytes=uplink, uplink_fp32_bytes=used * self.ctx.fp32_bytes,
+            downlink_bytes=downlink, measurement_bytes=measurement, seconds=time.perf_counter() - started,
+            clients_sampled=len(selected), clients_used=used, clients_failed=len(selected) - used,
+            codec=self.ctx.codec.spec, rejected=rejected, extra=extra,
+        )
+        log.info(
+            "round %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+            step, accuracy, loss, used, len(selected), uplink, row.uplink_fp32_bytes, row.seconds,
+        )
+        return row
+
+    def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
+        """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
+        the algorithm and send that node's slot to a free node; close a step (a new model version)
+        whenever the algorithm is ready. Messages still out when the last version is published are
+        abandoned: their updates would train a finished model."""
+        alg = self.algorithm
+        dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
+        busy: dict[int, int] = {}  # node -> the version its message started from
+        version, dispatches = start, 0
+        acc = _AsyncStep(self.clock())
+
+        def fill() -> None:
+            nonlocal dispatches
+            free = [n for n in sorted(grid.get_node_ids()) if n not in busy]  # type: ignore[attr-defined]
+            want = min(alg.concurrency - len(busy), len(free))
+            if want <= 0:
+                return
+            # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
+            # given order of replies (the order itself follows the devices' real speed).
+            picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
+            dispatches += 1
+            outgoing = alg.configure(version + 1, picked)
+            acc.downlink += sum(array_bytes(o.content) for o in outgoing)
+            acc.dispatched += len(outgoing)
+            dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
+                            self.settings.round_timeout)
+            for o in outgoing:
+                busy[o.node] = version
+                acc.idle += max(0.0, self.clock() - acc.free_since.pop(o.node, self.clock()))
+
+        while version < self.settings.rounds:
+            fill()
+            if not busy:
+                self._wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
+                continue
+            for item in dispatcher.replies():
+                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
+                began = busy.pop(node, None)
+                acc.free_since[node] = self.clock()
+                _, reason = self._absorb(version + 1, item, started=began)
+                if reason is None:
+                    assert isinstance(item, Message)
+                    acc.used += 1
+                    acc.uplink += array_bytes(item.content, (UPDATE_RECORD,))
+                else:
+                    acc.rejected.append({"node": node, "reason": reason})
+                    alg.missed(version + 1, node, str(reason))
+                if alg.ready():
+                    version += 1
+                    self._publish(acc.row(self, version, result), result)
+                    acc = _AsyncStep(self.clock(), free_since=acc.free_since)
+                    if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
+                        return
+                if not dispatcher.batch_left:
+                    fill()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _absorb(self, step: int, item: Message | Missing, started: int | None = None) -> tuple[int, str | None]:
+        """Hand one reply to the algorithm; (node, None) if used, else (node, reason)."""
+        if isinstance(item, Missing):
+            return item.node, item.reason
+        node = item.metadata.src_node_id
+        if item.has_error():
+            return node, f"client error {item.error.code}: {item.error.reason}"
+        try:
+            screen_reply(item.content, self.ctx.fp32_bytes)
+            self.algorithm.absorb(step, Reply(node, item.content, started=started))
+        except (Rejected, PayloadError, ProtocolError) as err:
+            log.warning("round %d: rejected update from node %d: %s", step, node, err)
+            return node, str(err)
+        return node, None
+
+    def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
+        return [
+            Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
+                    ttl=self.settings.round_timeout + 60.0)
+            for o in outgoing
+        ]
+
+    def _restore(self, initial_params: torch.Tensor) -> int:
+        checkpoint = self.run_dir.checkpoints.load()
+        if checkpoint is None:
+            self.run_dir.metrics.truncate_after(0)
+            self.algorithm.start(initial_params.clone())
+            return 0
+        where = self.run_dir.path
+        if checkpoint.task != self.ctx.task.spec or checkpoint.numel != self.ctx.numel:
+            raise IncompatibleCheckpointError(
+                f"checkpoint in {where} belongs to task {checkpoint.task!r} ({checkpoint.numel} parameters), "
+                f"not {self.ctx.task.spec!r} ({self.ctx.numel})"
+            )
+        if checkpoint.algorithm != self.algorithm.spec:
+            raise IncompatibleCheckpointError(
+                f"checkpoint in {where} was written by algorithm {checkpoint.algorithm!r}, this run is "
+                f"{self.algorithm.spec!r}; use a new run directory"
+            )
+        try:
+            self.algorithm.load_state_dict(checkpoint.state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None
+        self.run_dir.metrics.truncate_after(checkpoint.round)
+        log.info("resuming from checkpoint after round %d", checkpoint.round)
+        return checkpoint.round
+
+    def _wait_for_nodes(self, grid: object) -> list[int]:
+        wanted = self.algorithm.nodes_needed()
+        deadline = self.clock() + self.settings.wait_for_nodes
+        while True:
+            nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+            if len(nodes) >= wanted or self.clock() >= deadline:
+                break
+            if self.run_dir.stop_requested():
+                raise _StopWhileWaiting
+            self.sleep(1.0)
+        if len(nodes) < self.settings.min_replies:
+            raise NotEnoughNodesError(
+                f"only {len(nodes)} node(s) connected after {self.settings.wait_for_nodes:.0f} s; "
+                f"min-replies is {self.settings.min_replies}"
+            )
+        return nodes
+
+
+class _StopWhileWaiting(Exception):
+    """The operator asked the run to stop before enough nodes had connected."""
+
+
+@dataclass
+class _AsyncStep:
+    """What happened between two published versions of an asynchronous run."""
+
+    began: float
+    free_since: dict[int, float] = field(default_factory=dict)  # node -> when its last reply landed
+    dispatched: int = 0
+    used: int = 0
+    uplink: int = 0
+    downlink: int = 0
+    idle: float = 0.0  # node-seconds between a node's reply and its next message
+    rejected: list[dict[str, object]] = field(default_factory=list)
+
+    def row(self, engine: Engine, version: int, result: EngineResult) -> RoundRow:
+        outcome = engine.algorithm.close(version)
+        loss, accuracy = engine.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
+        now = engine.clock()
+        row = RoundRow(
+            round=version, algorithm=engine.algorithm.name, accuracy=accuracy, loss=loss,
+            train_loss=outcome.train_loss, uplink_bytes=self.uplink,
+            uplink_fp32_bytes=self.used * engine.ctx.fp32_bytes, downlink_bytes=self.downlink,
+            seconds=now - self.began, clients_sampled=self.dispatched, clients_used=self.used,
+            clients_failed=len(self.rejected), codec=engine.ctx.codec.spec,
+            rejected=self.rejected + outcome.notes,
+            extra={**outcome.extra, "client_idle_seconds": self.idle},
+        )
+        log.info("version %d: accuracy %.4f loss %.4f | %d updates | uplink %d B | %.1f s",
+                 version, accuracy, loss, self.used, self.uplink, row.seconds)
+        return row
+
+
+def _train_seconds(reply: Message) -> float:
+    """A reply's own ``train-seconds`` (a number >= 0), or 0 when it sent none or nonsense: it is
+    reported, never trusted for anything else."""
+    metrics = reply.content.metric_records.get(METRICS_RECORD)
+    value = metrics.get("train-seconds", 0.0) if metrics is not None else 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0

@@ -1,0 +1,170 @@
+"""Run the Fedge app on Flower's engines, on this machine, with every process accounted for.
+
+* ``simulation``: a SuperLink in ``--simulation`` mode; Flower's Simulation Engine (Ray) runs the
+  virtual SuperNodes.
+* ``deployment``: a SuperLink and N real ``flower-supernode`` processes on 127.0.0.1, each with its own
+  partition (node config ``partition-id=i num-partitions=N``), as on real devices.
+
+Both go through the one launch sequence (``fedge.launcher.sequence``): the app staged from the
+installed package, submitted with ``flwr run`` against a connection in this run's own ``FLWR_HOME``
+on a free port, so concurrent runs and tests never collide with each other or with a user's
+``~/.flwr``. Progress comes from the run directory's ``metrics.jsonl``, the same file users read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedge.launcher.environment import flower_environment
+from fedge.launcher.federation import LoopbackSecurity
+from fedge.launcher.processes import ProcessGroup
+from fedge.launcher.sequence import FlowerLaunch, LaunchError
+from fedge.server.flower_app import stage_fedge_app
+from fedge.server.run.metrics_log import MetricsLog
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings
+
+__all__ = ["EngineError", "LaunchResult", "launch"]
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(LaunchError):
+    """The engine or the run failed; the message says where to look."""
+
+
+@dataclass
+class LaunchResult:
+    run_dir: Path
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    seconds: float
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def launch(
+    settings: RunSettings,
+    *,
+    engine: str,
+    num_supernodes: int,
+    flwr_home: Path | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    timeout: float = 3600.0,
+    stop_after_round: int | None = None,
+    node_config: Mapping[int, Mapping[str, str | int | float]] | None = None,
+    parallel_clients: int = 0,
+    tls: bool = False,
+) -> LaunchResult:
+    """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
+
+    ``stop_after_round`` kills all processes with SIGKILL as soon as that round's metrics line is
+    written: a simulated crash of the whole installation, used by the resume test.
+    ``node_config`` (deployment only) adds keys to SuperNode ``i``'s node config, e.g.
+    ``{1: {"slowdown": 3}}`` for a device three times slower or ``{1: {"fault": "bitflip"}}`` for
+    one that corrupts its updates (chaos testing).
+    ``parallel_clients`` (simulation only): how many ClientApps Ray runs at once; default one per
+    core. Straggler runs set it to the number of clients, so that a slow client sleeping through
+    its slowdown occupies its own simulated device, as on real hardware, not one of the few slots
+    every other client is queued behind.
+    ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,
+    server certificate and node keys are made in ``<run dir>/tls`` (``fedge.deploy.certs``), every
+    node key is registered with ``flwr supernode register`` before its SuperNode starts.
+    """
+    if engine not in ("simulation", "deployment"):
+        raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
+    if not settings.run_dir:
+        raise ValueError("launch needs an explicit run directory")
+    if tls and engine != "deployment":
+        raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
+    run_dir = Path(settings.run_dir).resolve()
+    RunDirectory(run_dir).prepare_launch()
+    flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
+    env = flower_environment(flwr_home)
+    started = time.monotonic()
+    security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
+    run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
+
+    group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    try:
+        flower = FlowerLaunch(group, flwr_home)
+        flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
+                               cwd=run_dir)
+        federation_config: dict[str, Any] = {}
+        if engine == "deployment":
+            for i in range(num_supernodes):
+                # cache-dir: each node reads its partition from a small .npz instead of rebuilding
+                # it (scikit-learn, datasets) in every ClientApp process (edge_client/node_data.py).
+                config = {"partition-id": i, "num-partitions": num_supernodes,
+                          "cache-dir": str(run_dir / "node-cache"), **((node_config or {}).get(i) or {})}
+                auth_key = None
+                if security:
+                    auth_key = security.node_key(i)
+                    flower.register(auth_key.with_suffix(".pub"), name=f"node-{i}")
+                flower.start_supernode(i, config, auth_key=auth_key, cwd=run_dir)
+        else:
+            federation_config = {
+                "num-supernodes": num_supernodes,
+                "client-resources-num-cpus": 1,
+                # Ray schedules one actor per logical CPU it is told about (Flower takes whole
+                # CPUs only): more logical CPUs than cores means more ClientApps at once.
+                "init-args-num-cpus": max(1, os.cpu_count() or 1, parallel_clients),
+            }
+        runner = flower.submit(stage_fedge_app(flwr_home / "app"), run_config,
+                               federation_config=federation_config, cwd=run_dir)
+        rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
+    except LaunchError as err:
+        raise EngineError(str(err)) from None
+    finally:
+        group.stop()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    return LaunchResult(
+        run_dir=run_dir,
+        rows=rows,
+        summary=summary,
+        seconds=time.monotonic() - started,
+        logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
+    )
+
+
+def _follow(
+    flower: FlowerLaunch,
+    run_dir: Path,
+    runner: Any,
+    on_row: Callable[[dict[str, Any]], None] | None,
+    deadline: float,
+    stop_after_round: int | None,
+) -> list[dict[str, Any]]:
+    """Report metrics rows as they appear until ``flwr run`` exits; raise on failure or timeout."""
+    metrics = MetricsLog(run_dir / "metrics.jsonl")
+    rows: list[dict[str, Any]] = []
+    seen = 0
+
+    def tick() -> bool:
+        nonlocal rows, seen
+        rows = metrics.read()
+        for row in rows[seen:]:
+            if on_row:
+                on_row(row)
+            if stop_after_round is not None and row["round"] >= stop_after_round:
+                log.info("simulating a crash after round %d: killing every process", row["round"])
+                flower.group.kill_all()
+                return True
+        seen = len(rows)
+        return False
+
+    if not flower.follow(runner, deadline, tick):
+        return rows
+    if runner.popen.returncode != 0 or not (run_dir / "summary.json").exists():
+        raise EngineError(
+            f"the Flower run failed (flwr run exit code {runner.popen.returncode}); "
+            f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}"
+        )
+    return rows

@@ -1,0 +1,95 @@
+"""One package, installable anywhere: the wheel installs ``fedge`` and nothing generic, and the
+installed wheel runs the demo and a local cluster from a directory full of a user's look-alike files.
+
+The install test is the real thing a new user does: build the wheel, make a fresh virtual
+environment, ``pip install 'fedge-….whl[platform]'`` (pinned by constraints.txt, so the CPU torch on
+this machine), then run the ``fedge`` it installed from an empty directory holding ``server.py``,
+``task.py``, ``tasks.py`` and ``compression.py`` files that abort if imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("server", "edge_client", "aggregation", "compression", "deploy", "tasks", "protocol", "launcher")
+USER_FILES = ("server", "task", "tasks", "compression")
+_QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+
+def test_the_package_list_names_every_folder() -> None:
+    """pyproject.toml lists packages explicitly (the folders map into ``fedge``): a new sub-package
+    must be listed, or the wheel would lack it while the editable checkout still works."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"fedge." + ".".join(d.relative_to(ROOT).parts)
+               for layer in LAYERS for d in [ROOT / layer, *(ROOT / layer).rglob("*")]
+               if d.is_dir() and (d / "__init__.py").is_file()}
+    assert set(tool["packages"]) == folders
+    assert tool["package-dir"] == {f"fedge.{layer}": layer for layer in LAYERS}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+                   check=True, timeout=300, env={**os.environ, **_QUIET})
+    (path,) = out.glob("fedge-*.whl")
+    return path
+
+
+def test_the_wheel_installs_fedge_and_nothing_generic(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"fedge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    assert "fedge/__init__.py" not in names  # a namespace: no code of its own
+    for module in ("fedge/server/app.py", "fedge/server/engine/loop.py", "fedge/edge_client/app.py",
+                   "fedge/launcher/sequence.py", "fedge/server/daemon/fedge.example.toml"):
+        assert module in names
+
+
+@pytest.mark.integration
+def test_the_installed_wheel_runs_anywhere(wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c", str(ROOT / "constraints.txt"),
+                    f"{wheel}[platform]"], check=True, timeout=900, env={**os.environ, **_QUIET})
+    user = tmp_path / "my-app"
+    user.mkdir()
+    for name in USER_FILES:
+        (user / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py was imported")\n')
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+
+    def fedge(*args: str) -> str:
+        done = subprocess.run([str(venv / "bin" / "fedge"), *args], cwd=user, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, f"fedge {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    for args in (("demo", "--rounds", "3"), ("local-cluster", "--supernodes", "2", "--rounds", "2")):
+        out = fedge(*args, "--run-dir", str(user / args[0]))
+        assert "held-out accuracy" in out
+        summary = json.loads((user / args[0] / "summary.json").read_text())
+        assert summary["rounds"] == int(args[-1]) and summary["final_accuracy"] > 0.5, summary
+    # no user file was imported (each would have aborted its process), and the fedge that ran is the wheel's
+    logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
+    assert "was imported" not in logs
+    probe = ("import importlib.util, json, fedge.server.app as app; "
+             f"print(json.dumps([importlib.util.find_spec(n) is None for n in {list(LAYERS)!r}] + [app.__file__]))")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    *missing, location = json.loads(done.stdout)
+    assert all(missing), f"a generic top-level name is importable: {dict(zip(LAYERS, missing))}"
+    assert location.startswith(str(venv))
