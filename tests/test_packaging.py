@@ -86,6 +86,11 @@ def test_the_installed_wheel_runs_anywhere(wheel: Path, tmp_path: Path) -> None:
     # no user file was imported (each would have aborted its process), and the fedge that ran is the wheel's
     logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
     assert "was imported" not in logs
+    # a user's program in that directory (its cwd first on sys.path) imports every layer of fedge
+    layers = "; ".join(f"import fedge.{layer}" for layer in LAYERS)
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", f"{layers}; import fedge.server.app, fedge.edge_client.app"],
+                          cwd=user, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
     probe = ("import importlib.util, json, fedge.server.app as app; "
              f"print(json.dumps([importlib.util.find_spec(n) is None for n in {list(LAYERS)!r}] + [app.__file__]))")
     done = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env, capture_output=True,
