@@ -4,15 +4,11 @@ Runs unchanged under Flower's simulation engine (Ray) and its deployment engine 
 device). The coordinator sends everything a round needs in the message's config record, so a client
 never trusts a local copy of the run settings; the node's own config says which data is its own.
 
-=================  ==================================  ===========================================
-message type       handler                             what the node keeps in ``context.state``
-=================  ==================================  ===========================================
-``train``          ``edge_client.fedavg.train``        compression memory, downlink public copy
-``evaluate``       ``edge_client.fedavg.evaluate_global``  -
-``train.easgd``    ``edge_client.easgd.train``         its local model x_i, compression memory
-``train.gossip``   ``edge_client.gossip.train``        its model, public copies of itself and its
-                                                       peers, compression memory
-=================  ==================================  ===========================================
+Handlers live in ``fedge.edge_client.algorithms``, one module per algorithm, and are registered
+here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send FedAvg's messages),
+``fedavg.evaluate`` for ``evaluate``, ``easgd.train`` for ``train.easgd``, ``gossip.train`` for
+``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
+the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
 Mods around every handler: ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
 per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
@@ -23,18 +19,48 @@ partition).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
 from flwr.clientapp import ClientApp
 
-from fedge.edge_client import easgd, fedavg, gossip
+import fedge.edge_client.algorithms as _handlers
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
+from fedge.protocol import message_type_for
 
-__all__ = ["app"]
+__all__ = ["app", "handled_algorithms"]
 
 app = ClientApp(mods=[threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
-app.train()(fedavg.train)
-app.evaluate()(fedavg.evaluate_global)
-app.train("easgd")(easgd.train)
-app.train("gossip")(gossip.train)
+
+
+def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:
+    """``module.name`` if the module defines it itself (not a function it imported)."""
+    value = getattr(module, name, None)
+    return value if callable(value) and getattr(value, "__module__", None) == module.__name__ else None
+
+
+def _register(client_app: ClientApp) -> list[str]:
+    """Register every handler module of ``fedge.edge_client.algorithms``; the algorithm names."""
+    names = []
+    for module_info in sorted(pkgutil.iter_modules(_handlers.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{_handlers.__name__}.{module_info.name}")
+        train, evaluate = _defined(module, "train"), _defined(module, "evaluate")
+        if train is None:
+            continue
+        action = message_type_for(module_info.name).partition(".")[2]  # "" for fedavg: plain "train"
+        register = client_app.train(action) if action else client_app.train()
+        register(train)
+        if evaluate is not None:
+            client_app.evaluate()(evaluate)
+        names.append(module_info.name)
+    return names
+
+
+#: the algorithms this device can train for (``Algorithm.device_handler`` names one of these)
+handled_algorithms = _register(app)

@@ -1,7 +1,7 @@
 """What every algorithm's client handler shares: local data, seeds, the model start, local
 training, encoding through the node's compression memory, and the reply.
 
-Handlers (``edge_client/fedavg.py``, ``easgd.py``, ``gossip.py``) are thin: they read the typed round
+Handlers (``fedge.edge_client.algorithms``: ``fedavg``, ``easgd``, ``gossip``) are thin: they read the typed round
 config, decide where training starts and what to send, and call these helpers.
 """
 

@@ -31,5 +31,7 @@ def preflight(settings: RunSettings) -> None:
         parse_pruning(settings.export_prune)
     from fedge.server.algorithms.registry import make_algorithm
     from fedge.server.engine.loop import make_context
+    from fedge.server.engine.update_guard import UpdateGuard
 
+    UpdateGuard(settings)  # the engine's norm bound and weight cap, for every algorithm
     make_algorithm(settings.algorithm, make_context(settings, task))

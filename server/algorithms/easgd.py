@@ -25,25 +25,27 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation import StreamingMean
-from fedge.protocol import CONFIG_RECORD, MODEL_RECORD, UPDATE_RECORD, message_type_for, read_payload
+from fedge.protocol import CONFIG_RECORD, MODEL_RECORD
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
     Rejected,
     Reply,
     RunContext,
+    Step,
     StepOutcome,
+    Update,
     finite_or_previous,
     reply_metrics,
+    warn_if_not_contractive,
 )
-from fedge.server.algorithms.fedavg import warn_if_not_contractive
-from fedge.server.engine.update_guard import UpdateGuard
 from fedge.tasks import unflatten_state
 
 __all__ = ["EASGD"]
@@ -51,8 +53,20 @@ __all__ = ["EASGD"]
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class EASGDStep(Step):
+    """One round: the sum of elastic differences and what the metrics row reports of the clients."""
+
+    sum: StreamingMean | None = None
+    loss: float = 0.0
+    distance: float = 0.0
+    accuracy: float = 0.0
+    accuracy_replies: int = 0
+
+
 class EASGD(Algorithm):
     name = "easgd"
+    weighted = False  # every client's elastic difference counts once: the center moves by their sum
 
     def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
         super().__init__(ctx)
@@ -63,12 +77,8 @@ class EASGD(Algorithm):
         if not 0 < alpha <= 1:
             raise ValueError(f"easgd alpha must be in (0, 1], got {alpha}")
         self.alpha, self.beta = float(alpha), float(beta)
-        warn_if_not_contractive(ctx.codec, ctx.numel, ctx.settings.error_feedback)
+        warn_if_not_contractive(self.codec, ctx.numel, ctx.settings.error_feedback)
         self.center = torch.zeros(ctx.numel)
-        self.guard = UpdateGuard(ctx.settings)
-        self._sum: StreamingMean | None = None
-        self._loss = self._distance = self._accuracy = 0.0
-        self._accuracy_replies = 0
 
     @property
     def spec(self) -> str:
@@ -77,19 +87,17 @@ class EASGD(Algorithm):
     def start(self, params: torch.Tensor) -> None:
         self.center = params.clone().to(torch.float32)
 
-    def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
-        self._sum = StreamingMean(self.ctx.numel)
-        self._loss = self._distance = self._accuracy = 0.0
-        self._accuracy_replies = 0
-        self._wire = self.ctx.codec.for_round(step, self.ctx.settings.seed)
-        config = self.ctx.round_config(step, alpha=self.alpha).to_record()
-        center = ArrayRecord(unflatten_state(self.center, self.ctx.template))
-        kind = message_type_for(self.name)
-        return [Outgoing(n, RecordDict({MODEL_RECORD: center, CONFIG_RECORD: config}), kind) for n in nodes]
+    def open_step(self, number: int, nodes: list[int]) -> EASGDStep:
+        return EASGDStep(number, list(nodes), sum=StreamingMean(self.ctx.numel))
 
-    def absorb(self, step: int, reply: Reply) -> None:
-        assert self._sum is not None
-        payload = read_payload(reply.content, UPDATE_RECORD)
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        config = self.ctx.round_config(step.number, alpha=self.alpha).to_record()
+        center = ArrayRecord(unflatten_state(self.center, self.ctx.template))
+        return [Outgoing(n, RecordDict({MODEL_RECORD: center, CONFIG_RECORD: config}), self.message_type)
+                for n in nodes]
+
+    def admit(self, step: Step, reply: Reply) -> None:
+        """The metrics EASGD reports are checked before the update is decoded."""
         metrics = reply_metrics(reply.content)
         distance = metrics.get("center-distance")
         if not isinstance(distance, (int, float)) or not math.isfinite(distance) or distance < 0:
@@ -97,44 +105,44 @@ class EASGD(Algorithm):
         accuracy = metrics.get("local-accuracy")
         if accuracy is not None and not (isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0):
             raise Rejected(f"local-accuracy must be in [0, 1], got {accuracy!r}")
-        delta = self.guard.bound(step, reply.node, self._wire.decode(payload, self.ctx.numel))
-        self._sum.add(delta, weight=1.0)  # the center moves by the sum
-        self._loss += float(metrics.get("train-loss", 0.0))
-        self._distance += float(distance)
-        if accuracy is not None:
-            self._accuracy += accuracy
-            self._accuracy_replies += 1
 
-    def close(self, step: int) -> StepOutcome:
-        assert self._sum is not None
-        used = self._sum.count
+    def absorb(self, step: Step, update: Update) -> None:
+        assert isinstance(step, EASGDStep) and step.sum is not None
+        step.sum.add(update.vector, weight=1.0)  # the center moves by the sum
+        step.loss += update.train_loss
+        step.distance += float(update.metrics["center-distance"])
+        accuracy = update.metrics.get("local-accuracy")
+        if accuracy is not None:
+            step.accuracy += accuracy
+            step.accuracy_replies += 1
+
+    def close(self, step: Step) -> StepOutcome:
+        assert isinstance(step, EASGDStep) and step.sum is not None
+        used = step.sum.count
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
         if used >= self.ctx.settings.min_replies:
             scale = self.beta / (self.alpha * used)
-            self.center, notes = finite_or_previous(self.center + scale * self._sum.sum(), self.center, step)
-            extra["center_distance"] = self._distance / used
-            if self._accuracy_replies:
-                extra["client_model_accuracy"] = self._accuracy / self._accuracy_replies
+            self.center, notes = finite_or_previous(self.center + scale * step.sum.sum(), self.center, step.number)
+            extra["center_distance"] = step.distance / used
+            if step.accuracy_replies:
+                extra["client_model_accuracy"] = step.accuracy / step.accuracy_replies
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
-                        step, used, self.ctx.settings.min_replies)
-        extra.update(self.guard.close_step())
-        return StepOutcome(model=self.center, train_loss=self._loss / used if used else None, extra=extra, notes=notes)
+                        step.number, used, self.ctx.settings.min_replies)
+        return StepOutcome(model=self.center, train_loss=step.loss / used if used else None, extra=extra, notes=notes)
 
     def final_model(self) -> torch.Tensor:
         return self.center.clone()
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "alpha": self.alpha, "beta": self.beta,
-                "clients_per_round": self.ctx.settings.clients_per_round, "update_norm": self.guard.norm.spec}
+                "clients_per_round": self.ctx.settings.clients_per_round}
 
     def state_dict(self) -> dict[str, Any]:
         # The clients' own models live on the clients; after a coordinator restart (a new Flower
         # run, hence new node state) each client starts again from the center.
-        return {"center": self.center.clone(), "guard": self.guard.state_dict()}
+        return {"center": self.center.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        center = self.check_flat(state.get("center"), "EASGD center")
-        self.guard.load_state_dict(state.get("guard") or {})
-        self.center = center
+        self.center = self.check_flat(state.get("center"), "EASGD center")

@@ -26,20 +26,30 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fedge.server.engine.algorithm import Outgoing, Rejected, Reply, RunContext, StepOutcome, finite_or_previous
-from fedge.server.algorithms.fedbuff import FedBuff
+from fedge.server.algorithms.fedbuff import FedBuff, FedBuffStep
+from fedge.server.engine.algorithm import Outgoing, Rejected, Reply, RunContext, Step, StepOutcome, Update, finite_or_previous
 
 __all__ = ["FedAsync"]
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class FedAsyncStep(FedBuffStep):
+    """One version: the single update that makes it, as (x_v + Δ, α_t)."""
+
+    pending: tuple[torch.Tensor, float] | None = None
+
+
 class FedAsync(FedBuff):
     name = "fedasync"
+    settings_used = frozenset({"prox-mu"})
+    weighted = False  # one update per version: its example count mixes nothing
 
     def __init__(self, ctx: RunContext, alpha: float = 0.6, concurrency: int = 0, staleness: str = "poly",
                  a: float = 0.5, b: float = 4.0, max_staleness: int = 20) -> None:
@@ -58,69 +68,70 @@ class FedAsync(FedBuff):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "algorithm": self.spec, "alpha": self.alpha}
 
-    def _new_buffer(self) -> None:
-        super()._new_buffer()
-        self._pending: tuple[torch.Tensor, float] | None = None  # (x_new, α_t)
-
     def start(self, params: torch.Tensor) -> None:
         super().start(params)
         self._versions.clear()
         self._in_flight.clear()
 
-    def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
-        version = step - 1
+    def open_step(self, number: int, nodes: list[int]) -> FedAsyncStep:
+        return FedAsyncStep(number, list(nodes))
+
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        version = step.number - 1
         self._versions.setdefault(version, self.params.clone())
         for node in nodes:
             self._in_flight[node] = version
         return super().configure(step, nodes)
 
-    def absorb(self, step: int, reply: Reply) -> None:
+    def admit(self, step: Step, reply: Reply) -> None:
         self._in_flight.pop(reply.node, None)
         try:
-            tau = self._staleness_of(reply)
+            super().admit(step, reply)
         except Rejected:
             self._forget_versions()
             raise
         assert reply.started is not None
-        base = self._versions.get(reply.started)
-        if base is None:
+        if reply.started not in self._versions:
             raise Rejected(f"reply to version {reply.started}, which this coordinator never sent")
-        update, metrics = self._decode(step, reply)
-        self._pending = (base + update, self.alpha * self.staleness.weight(tau))
-        self._forget_versions()
-        self._loss_sum += float(metrics.get("train-loss", 0.0))
-        self._loss_weight += 1.0
-        self._used.append(reply.node)
-        self._staleness.append(tau)
 
-    def missed(self, step: int, node: int, reason: str) -> None:
+    def absorb(self, step: Step, update: Update) -> None:
+        assert isinstance(step, FedAsyncStep) and update.started is not None
+        tau = self.version - update.started
+        step.pending = (self._versions[update.started] + update.vector, self.alpha * self.staleness.weight(tau))
+        self._forget_versions()
+        step.loss_sum += update.train_loss
+        step.loss_weight += 1.0
+        step.used.append(update.node)
+        step.staleness.append(tau)
+
+    def missed(self, step: Step, node: int, reason: str) -> None:
         self._in_flight.pop(node, None)
         self._forget_versions()
 
-    def ready(self) -> bool:
-        return self._pending is not None
+    def ready(self, step: Step) -> bool:
+        assert isinstance(step, FedAsyncStep)
+        return step.pending is not None
 
-    def close(self, step: int) -> StepOutcome:
+    def close(self, step: Step) -> StepOutcome:
+        assert isinstance(step, FedAsyncStep)
         extra: dict[str, Any] = {
-            "version": step, "updates_applied": 0, "alpha_t": None,
-            "staleness_mean": float(self._staleness[0]) if self._staleness else None,
-            "staleness_max": self._staleness[0] if self._staleness else None,
-            "staleness_histogram": {str(t): 1 for t in self._staleness},
-            "dropped_stale": self._dropped,
-            "nodes": list(self._used),
+            "version": step.number, "updates_applied": 0, "alpha_t": None,
+            "staleness_mean": float(step.staleness[0]) if step.staleness else None,
+            "staleness_max": step.staleness[0] if step.staleness else None,
+            "staleness_histogram": {str(t): 1 for t in step.staleness},
+            "dropped_stale": step.dropped,
+            "nodes": list(step.used),
         }
         notes: list[dict[str, Any]] = []
-        if self._pending is not None:
-            x_new, alpha_t = self._pending
+        if step.pending is not None:
+            x_new, alpha_t = step.pending
             proposed = (1.0 - alpha_t) * self.params + alpha_t * x_new
-            self.params, notes = finite_or_previous(proposed, self.params, step)
+            self.params, notes = finite_or_previous(proposed, self.params, step.number)
             extra.update(updates_applied=1, alpha_t=alpha_t)
-        train_loss = self._loss_sum / self._loss_weight if self._loss_weight else None
-        extra.update(self.guard.close_step())
+        train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None
         extra["versions_held"] = len(self._versions)
-        self.version = step
+        self.version = step.number
         self._forget_versions()
-        self._new_buffer()
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
     def _forget_versions(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,17 +33,19 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation.robust import make_aggregator
 from fedge.aggregation.staleness import Staleness
-from fedge.protocol import CONFIG_RECORD, MODEL_RECORD, UPDATE_RECORD, message_type_for, read_payload
+from fedge.compression import Codec
+from fedge.protocol import CONFIG_RECORD, MODEL_RECORD
+from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.engine.algorithm import (
     Outgoing,
     Rejected,
     Reply,
     RunContext,
+    Step,
     StepOutcome,
+    Update,
     finite_or_previous,
-    reply_metrics,
 )
-from fedge.server.algorithms.fedavg import FedAvg
 from fedge.tasks import unflatten_state
 
 __all__ = ["FedBuff"]
@@ -50,8 +53,18 @@ __all__ = ["FedBuff"]
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class FedBuffStep(FedAvgStep):
+    """One model version: the buffer of updates and their staleness."""
+
+    staleness: list[int] = field(default_factory=list)
+    dropped: int = 0
+
+
 class FedBuff(FedAvg):
     name = "fedbuff"
+    device_handler = "fedavg"  # clients do FedAvg's work; only the coordinator's schedule differs
+    settings_used = frozenset({"server-opt", "prox-mu", "aggregator"})
     asynchronous = True
 
     def __init__(self, ctx: RunContext, concurrency: int = 0, buffer: int = 0, staleness: str = "poly",
@@ -66,7 +79,6 @@ class FedBuff(FedAvg):
                              f"{ctx.settings.clients_per_round} (the nodes the run waits for)")
         self.staleness = Staleness(staleness, a=a, b=b, max_staleness=max_staleness)
         self.version = 0
-        self._new_buffer()
 
     @property
     def spec(self) -> str:
@@ -76,85 +88,76 @@ class FedBuff(FedAvg):
         return {**super().describe(), "algorithm": self.spec, "concurrency": self.concurrency,
                 "buffer": self.buffer}
 
-    def _new_buffer(self) -> None:
-        s = self.ctx.settings
-        self._agg = make_aggregator(s.aggregator, self.ctx.numel, capacity=self.buffer)
-        self._loss_sum, self._loss_weight, self._used = 0.0, 0.0, []
-        self._staleness: list[int] = []
-        self._dropped = 0
-
     def start(self, params: torch.Tensor) -> None:
         super().start(params)
         self.version = 0
-        self._new_buffer()
 
     # -- the engine's asynchronous loop calls these ---------------------------------------------
-    def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
-        """Messages that start training from the current version (``step`` = version + 1)."""
-        config = self.ctx.round_config(step, **{"prox-mu": self.ctx.settings.prox_mu, "downlink-codec": "none",
-                                                "base-round": step - 1}).to_record()
-        model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
-        kind = message_type_for("fedavg")
-        return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), kind) for n in nodes]
+    def open_step(self, number: int, nodes: list[int]) -> FedBuffStep:
+        aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=self.buffer)
+        return FedBuffStep(number, list(nodes), aggregator=aggregator)
 
-    def _staleness_of(self, reply: Reply) -> int:
-        """τ = versions published since the reply's message left; raises :class:`Rejected` (and
-        counts it) for an update staler than the bound."""
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        """Messages that start training from the current version (``step.number`` = version + 1)."""
+        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu, "downlink-codec": "none",
+                                                       "base-round": step.number - 1}).to_record()
+        model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
+        return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), self.message_type)
+                for n in nodes]
+
+    def admit(self, step: Step, reply: Reply) -> None:
+        """τ = versions published since the reply's message left: an update staler than the bound is
+        refused before it is decoded, and counted."""
+        assert isinstance(step, FedBuffStep)
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
         tau = self.version - reply.started
         if self.staleness.dropped(tau):
-            self._dropped += 1
+            step.dropped += 1
             raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
-        return tau
 
-    def _decode(self, step: int, reply: Reply) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The reply's update within the norm bound, and its metrics."""
-        assert reply.started is not None
-        payload = read_payload(reply.content, UPDATE_RECORD)
-        metrics = reply_metrics(reply.content)
+    def reply_codec(self, step: Step, reply: Reply) -> Codec:
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.
-        wire = self.codec.for_round(reply.started + 1, self.ctx.settings.seed)
-        return self.guard.bound(step, reply.node, wire.decode(payload, self.ctx.numel)), metrics
+        assert reply.started is not None
+        return self.wire(reply.started + 1)
 
-    def absorb(self, step: int, reply: Reply) -> None:
-        tau = self._staleness_of(reply)
-        update, metrics = self._decode(step, reply)
-        weight = self.guard.weight(step, reply.node, float(metrics["num-examples"]))
+    def absorb(self, step: Step, update: Update) -> None:
+        assert isinstance(step, FedBuffStep) and step.aggregator is not None and update.started is not None
+        tau = self.version - update.started
         scale = self.staleness.weight(tau)
-        self._agg.add(update * scale if scale != 1.0 else update, weight)
-        self._loss_sum += float(metrics.get("train-loss", 0.0)) * weight
-        self._loss_weight += weight
-        self._used.append(reply.node)
-        self._staleness.append(tau)
+        step.aggregator.add(update.vector * scale if scale != 1.0 else update.vector, update.weight)
+        step.loss_sum += update.train_loss * update.weight
+        step.loss_weight += update.weight
+        step.used.append(update.node)
+        step.staleness.append(tau)
 
-    def missed(self, step: int, node: int, reason: str) -> None:
+    def missed(self, step: Step, node: int, reason: str) -> None:
         pass
 
-    def ready(self) -> bool:
-        return self._agg.count >= self.buffer
+    def ready(self, step: Step) -> bool:
+        assert isinstance(step, FedBuffStep) and step.aggregator is not None
+        return step.aggregator.count >= self.buffer
 
-    def close(self, step: int) -> StepOutcome:
-        assert self._agg is not None
+    def close(self, step: Step) -> StepOutcome:
+        assert isinstance(step, FedBuffStep) and step.aggregator is not None
+        aggregator, staleness = step.aggregator, step.staleness
         extra: dict[str, Any] = {
-            "version": step, "aggregator": self._agg.spec, "updates_applied": self._agg.count,
-            "staleness_mean": statistics.fmean(self._staleness) if self._staleness else None,
-            "staleness_max": max(self._staleness) if self._staleness else None,
-            "staleness_histogram": {str(t): self._staleness.count(t) for t in sorted(set(self._staleness))},
-            "dropped_stale": self._dropped,
-            "nodes": list(self._used),  # whose updates made this version
+            "version": step.number, "aggregator": aggregator.spec, "updates_applied": aggregator.count,
+            "staleness_mean": statistics.fmean(staleness) if staleness else None,
+            "staleness_max": max(staleness) if staleness else None,
+            "staleness_histogram": {str(t): staleness.count(t) for t in sorted(set(staleness))},
+            "dropped_stale": step.dropped,
+            "nodes": list(step.used),  # whose updates made this version
         }
         notes: list[dict[str, Any]] = []
-        if self._agg.count:
-            proposed = self.server_opt.step(self.params, self._agg.result())
-            self.params, notes = finite_or_previous(proposed, self.params, step)
-        train_loss = self._loss_sum / self._loss_weight if self._loss_weight else None
-        extra.update(self.guard.close_step())
-        self.version = step
-        self._new_buffer()
+        if aggregator.count:
+            proposed = self.server_opt.step(self.params, aggregator.result())
+            self.params, notes = finite_or_previous(proposed, self.params, step.number)
+        train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None
+        self.version = step.number
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
-    def evaluation(self, step: int, nodes: list[int]) -> list[Outgoing]:
+    def evaluation(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         return []  # federated evaluation is a synchronous exchange; not part of asynchronous runs
 
     # -- state ------------------------------------------------------------------------------------
@@ -167,4 +170,3 @@ class FedBuff(FedAvg):
             raise ValueError(f"fedbuff version must be an integer >= 0, got {version!r}")
         super().load_state_dict(state)
         self.version = version
-        self._new_buffer()

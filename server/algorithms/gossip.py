@@ -40,27 +40,25 @@ at 16 nodes that is 16 × 153 KB of copies.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation.topology import Topology, make_topology
+from fedge.aggregation.update_bounds import make_norm_bound
 from fedge.compression import relative_error
 from fedge.protocol import (
     CONFIG_RECORD,
     MEASURE_RECORD,
     PUBLIC_RECORD,
     RELAY_RECORD,
-    UPDATE_RECORD,
     flat_array,
-    message_type_for,
     payload_array,
     read_flat,
-    read_payload,
 )
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, StepOutcome, reply_metrics
-from fedge.server.engine.update_guard import UpdateGuard
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, Step, StepOutcome, Update
 
 __all__ = ["Gossip"]
 
@@ -69,8 +67,23 @@ log = logging.getLogger(__name__)
 _TOPOLOGIES = ("ring", "torus", "exponential", "onepeer", "random")
 
 
+@dataclass
+class GossipStep(Step):
+    """One gossip step: the payloads to relay next step, who replied, and the measured models."""
+
+    next_pending: list[bytes | None] = field(default_factory=list)
+    replied: set[int] = field(default_factory=set)
+    loss: float = 0.0
+    loss_count: int = 0
+    measured: int = 0
+    measured_sum: torch.Tensor | None = None
+    measured_sumsq: float = 0.0
+    accuracies: list[float] = field(default_factory=list)
+
+
 class Gossip(Algorithm):
     name = "gossip"
+    weighted = False  # mixing weights come from the topology, not from example counts
 
     def __init__(self, ctx: RunContext, topology: str = "ring", gamma: float = 1.0, degree: int = 4,
                  measure: int = 1) -> None:
@@ -92,7 +105,10 @@ class Gossip(Algorithm):
         self.topology: Topology = make_topology(topo_spec, self.n, seed=ctx.settings.seed)
         self.topology_name, self.gamma, self.degree, self.measure = topology, float(gamma), int(degree), int(measure)
         self.holders = {i: self.topology.peers(i) + [i] for i in range(self.n)}  # copies node i keeps
-        self.guard = UpdateGuard(ctx.settings)
+        if make_norm_bound(ctx.settings.update_norm).mode == "clip":
+            raise ValueError("update-norm clip cannot apply to gossip: the coordinator relays each encoded "
+                             "message as sent, so a clipped copy would desynchronise the public copies; use "
+                             "reject:max=M")
         self.public: list[torch.Tensor] = []
         self.pending: list[bytes | None] = [None] * self.n
         self.synced: dict[int, int] = {}  # position -> version of the copies it holds
@@ -127,15 +143,14 @@ class Gossip(Algorithm):
     def _measuring(self, step: int) -> bool:
         return step % self.measure == 0 or step == self.ctx.settings.rounds
 
-    def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
-        version = step - 1  # the copies each node holds after this message
-        self._wire = self.ctx.codec.for_round(step, self.ctx.settings.seed)
-        self._relay_codec = self.ctx.codec.for_round(version, self.ctx.settings.seed).spec if version else ""
-        self._next_pending: list[bytes | None] = [None] * self.n
-        self._replied: set[int] = set()
-        self._meas = {"count": 0, "sum": torch.zeros(self.ctx.numel, dtype=torch.float64), "sumsq": 0.0,
-                      "accuracies": [], "loss": 0.0, "loss_count": 0}
-        measuring = self._measuring(step)
+    def open_step(self, number: int, nodes: list[int]) -> GossipStep:
+        return GossipStep(number, list(nodes), next_pending=[None] * self.n,
+                          measured_sum=torch.zeros(self.ctx.numel, dtype=torch.float64))
+
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        version = step.number - 1  # the copies each node holds after this message
+        relay_codec = self.wire(version).spec if version else self.codec.spec
+        measuring = self._measuring(step.number)
         weights = self.topology.mixing(version) if version >= 1 else None
         out = []
         for node in nodes:
@@ -145,68 +160,67 @@ class Gossip(Algorithm):
             extra: dict[str, Any] = {
                 "position": i, "version": version, "gamma": self.gamma, "measure": measuring,
                 "peers": peers, "mix-peers": list(mix), "mix-weights": list(mix.values()),
-                "relay-codec": self._relay_codec or self.ctx.codec.spec,
+                "relay-codec": relay_codec,
             }
-            content = RecordDict({CONFIG_RECORD: self.ctx.round_config(step, **extra).to_record()})
+            content = RecordDict({CONFIG_RECORD: self.ctx.round_config(step.number, **extra).to_record()})
             if self.synced.get(i) == version - 1 and version >= 1:
                 relay = {str(j): payload_array(self.pending[j]) for j in peers if self.pending[j] is not None}
                 content[RELAY_RECORD] = ArrayRecord(relay) if relay else ArrayRecord()
             else:
                 content[PUBLIC_RECORD] = ArrayRecord({str(j): flat_array(self.public[j]) for j in peers})
-            out.append(Outgoing(node, content, message_type_for(self.name)))
+            out.append(Outgoing(node, content, self.message_type))
         return out
 
-    def absorb(self, step: int, reply: Reply) -> None:
-        i = self._position.get(reply.node)
-        if i is None:
+    def admit(self, step: Step, reply: Reply) -> None:
+        if reply.node not in self._position:
             raise Rejected(f"node {reply.node} is not part of the gossip topology")
-        payload = read_payload(reply.content, UPDATE_RECORD)
-        metrics = reply_metrics(reply.content)
-        q = self._wire.decode(payload, self.ctx.numel)  # validates fully before anything moves
-        # Reject only (settings refuse clip): the encoded bytes are relayed as sent.
-        self.guard.bound(step, reply.node, q)
+        if self._measuring(step.number) and (
+                MEASURE_RECORD not in reply.content.array_records
+                or "model" not in reply.content.array_records[MEASURE_RECORD]):
+            raise Rejected("a measuring step's reply has no measure record")
+
+    def absorb(self, step: Step, update: Update) -> None:
+        # The update guard only rejects here (clip is refused for gossip): the bytes are relayed as sent.
+        assert isinstance(step, GossipStep) and step.measured_sum is not None
+        i = self._position[update.node]
         measured = None
-        if self._measuring(step):
-            if MEASURE_RECORD not in reply.content.array_records or "model" not in reply.content.array_records[
-                    MEASURE_RECORD]:
-                raise Rejected("a measuring step's reply has no measure record")
-            measured = read_flat(reply.content.array_records[MEASURE_RECORD]["model"], self.ctx.numel,
+        if self._measuring(step.number):
+            measured = read_flat(update.content.array_records[MEASURE_RECORD]["model"], self.ctx.numel,
                                  f"{MEASURE_RECORD}[model]")
-        new_public = self.public[i] + q
+        new_public = self.public[i] + update.vector
         if not bool(torch.isfinite(new_public).all()):
             raise Rejected("the update would make the public copy non-finite")
         self.public[i] = new_public
-        self._next_pending[i] = payload
-        self._replied.add(i)
-        self._meas["loss"] += float(metrics.get("train-loss", 0.0))
-        self._meas["loss_count"] += 1
+        step.next_pending[i] = update.payload
+        step.replied.add(i)
+        step.loss += update.train_loss
+        step.loss_count += 1
         if measured is not None:
             wide = measured.to(torch.float64)
-            self._meas["sum"] += wide
-            self._meas["sumsq"] += float(wide.dot(wide))
-            self._meas["count"] += 1
-            self._meas["accuracies"].append(self.ctx.evaluate(measured)[1])
+            step.measured_sum += wide
+            step.measured_sumsq += float(wide.dot(wide))
+            step.measured += 1
+            step.accuracies.append(self.ctx.evaluate(measured)[1])
 
-    def close(self, step: int) -> StepOutcome:
-        version = step - 1
+    def close(self, step: Step) -> StepOutcome:
+        assert isinstance(step, GossipStep) and step.measured_sum is not None
+        version = step.number - 1
         for i in range(self.n):
-            if i in self._replied:
+            if i in step.replied:
                 self.synced[i] = version
             else:
                 self.synced.pop(i, None)
-        self.pending = self._next_pending
-        m = self._meas
+        self.pending = step.next_pending
         extra: dict[str, Any] = {"topology": self.topology.spec, "spectral_gap": self.topology.spectral_gap(),
-                                 "nodes_replied": len(self._replied), "measured": m["count"] > 0}
-        if m["count"]:
-            mean = m["sum"] / m["count"]
-            xi2 = max(0.0, m["sumsq"] / m["count"] - float(mean.dot(mean)))
+                                 "nodes_replied": len(step.replied), "measured": step.measured > 0}
+        if step.measured:
+            mean = step.measured_sum / step.measured
+            xi2 = max(0.0, step.measured_sumsq / step.measured - float(mean.dot(mean)))
             self.average = mean.to(torch.float32)
-            accuracies = m["accuracies"]
+            accuracies = step.accuracies
             extra.update({"consensus_distance": xi2, "node_accuracy_mean": sum(accuracies) / len(accuracies),
-                          "node_accuracy_worst": min(accuracies), "nodes_measured": m["count"]})
-        extra.update(self.guard.close_step())
-        loss = m["loss"] / m["loss_count"] if m["loss_count"] else None
+                          "node_accuracy_worst": min(accuracies), "nodes_measured": step.measured})
+        loss = step.loss / step.loss_count if step.loss_count else None
         return StepOutcome(model=self.average, train_loss=loss, extra=extra)
 
     def final_model(self) -> torch.Tensor:
@@ -216,7 +230,7 @@ class Gossip(Algorithm):
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "topology": self.topology.describe(), "gamma": self.gamma,
                 "copies_per_node": {str(i): len(h) for i, h in self.holders.items()},
-                "coordinator_bytes_per_node": 4 * self.ctx.numel, "update_norm": self.guard.norm.spec}
+                "coordinator_bytes_per_node": 4 * self.ctx.numel}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -224,7 +238,6 @@ class Gossip(Algorithm):
             "pending": [torch.frombuffer(bytearray(p), dtype=torch.uint8) if p is not None else torch.zeros(0, dtype=torch.uint8)
                         for p in self.pending],
             "average": self.average.clone() if self.average is not None else torch.zeros(0),
-            "guard": self.guard.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -233,7 +246,6 @@ class Gossip(Algorithm):
             raise ValueError(f"gossip public copies must be a {self.n} x {self.ctx.numel} tensor")
         self.public = [self.check_flat(row, f"public copy {i}") for i, row in enumerate(public)]
         self.average = self.check_flat(state.get("average"), "average model")
-        self.guard.load_state_dict(state.get("guard") or {})
         # The pending q's were addressed to nodes of the crashed run, whose state is gone: after a
         # restart every node gets its copies in full, so they are not relayed (but stay valid).
         pending = state.get("pending")

@@ -1,19 +1,28 @@
 """The algorithm protocol: what a round algorithm (FedAvg, EASGD, gossip, ...) owns.
 
-The engine (``fedge.server.engine``) owns everything every algorithm shares: waiting for nodes, sampling,
-pushing messages and pulling replies, timeouts, byte accounting, held-out evaluation, the metrics
-log, checkpoints and resume. An algorithm owns the policy, in the shape of Flower's strategies
-(``configure_train`` / ``aggregate_train``) but streaming:
+The engine (``fedge.server.engine``) owns everything every algorithm shares: waiting for nodes,
+sampling, pushing messages and pulling replies, timeouts, screening, decoding and bounding each
+update (``Engine.absorb_reply``: one door for every algorithm), byte accounting, held-out
+evaluation, the metrics row, checkpoints and resume. An algorithm owns the policy, in the shape of
+Flower's strategies (``configure_train`` / ``aggregate_train``) but streaming, and keeps a step's
+accumulators in an explicit :class:`Step` object rather than on itself (the pattern of PyTorch's
+DDP comm hooks: what persists lives in the algorithm and its ``state_dict``, what belongs to one
+call lives in that call's object):
 
-* :meth:`Algorithm.configure` builds one step's messages for the selected nodes;
-* :meth:`Algorithm.absorb` takes **one** reply as it arrives (decode into an accumulator, drop it),
-  raising :class:`Rejected` with a reason for a reply it cannot use;
+* :meth:`Algorithm.open_step` makes one step's :class:`Step` (a synchronous round, or the buffer of
+  one asynchronous model version);
+* :meth:`Algorithm.configure` builds messages for nodes (once per round; an asynchronous run calls
+  it whenever it sends work to free nodes);
+* :meth:`Algorithm.admit` may refuse a reply before anything is decoded (staleness, membership);
+* :meth:`Algorithm.absorb` takes **one** decoded, bounded :class:`Update` into the step's
+  accumulators, raising :class:`Rejected` with a reason for one it cannot use;
 * :meth:`Algorithm.close` ends the step and returns the model the engine evaluates on held-out data;
 * :meth:`Algorithm.state_dict` / :meth:`Algorithm.load_state_dict` hold everything a resumed run
   needs, validated on load (the checkpoint stores it).
 
-Algorithms are chosen by spec string through the grammar codecs use, ``easgd:alpha=0.05,beta=0.9``,
-and registered in :data:`ALGORITHMS` (``fedge.server.algorithms`` fills it).
+An algorithm is one file in ``fedge.server.algorithms``; the registry finds it there by its
+``name``, and its class attributes say which device handler its messages go to and which
+algorithm-specific settings it uses. Specs use the grammar codecs use, ``easgd:alpha=0.05,beta=0.9``.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from typing import Any, ClassVar
 import torch
 from flwr.app import RecordDict
 
-from fedge.compression import Codec, make_codec
-from fedge.protocol import METRICS_RECORD
+from fedge.compression import Codec, make_codec, relative_error
+from fedge.protocol import METRICS_RECORD, message_type_for
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.settings import RunSettings
 from fedge.tasks import Task, tensor_sizes
@@ -38,8 +47,11 @@ __all__ = [
     "Rejected",
     "Reply",
     "RunContext",
+    "Step",
     "StepOutcome",
+    "Update",
     "reply_metrics",
+    "warn_if_not_contractive",
 ]
 
 
@@ -100,6 +112,41 @@ class Reply:
 
 
 @dataclass
+class Step:
+    """One step's accumulators: :meth:`Algorithm.open_step` makes it, the other calls of the step act
+    on it, and it is dropped when the step closes. Algorithms subclass it with their own fields."""
+
+    #: the round (synchronous) or the model version being built (asynchronous: version + 1)
+    number: int
+    #: the nodes selected for the step (empty for asynchronous steps: nodes come and go)
+    nodes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Update:
+    """A reply the engine has screened, decoded with its round's codec and bounded, for
+    :meth:`Algorithm.absorb`."""
+
+    node: int
+    #: the decoded update, within the run's norm bound
+    vector: torch.Tensor
+    #: the (capped) example count; 1.0 for algorithms that do not weight replies
+    weight: float
+    #: the reply's metrics, with ``num-examples`` and ``train-loss`` checked
+    metrics: dict[str, float]
+    #: the encoded bytes as the client sent them (gossip relays them unchanged)
+    payload: bytes
+    #: the whole reply, for records only one algorithm reads (gossip's ``measure``)
+    content: RecordDict
+    #: asynchronous algorithms: the model version the reply's message was built from
+    started: int | None = None
+
+    @property
+    def train_loss(self) -> float:
+        return float(self.metrics.get("train-loss", 0.0))
+
+
+@dataclass
 class StepOutcome:
     """How a step ended. ``model`` is what the engine evaluates on held-out data (FedAvg's global
     model, EASGD's center, gossip's average); ``extra`` goes into the metrics row."""
@@ -113,8 +160,16 @@ class StepOutcome:
 class Algorithm(ABC):
     """Base class of a round algorithm; subclasses are one file each in ``fedge.server.algorithms``."""
 
-    #: name in spec strings and in the checkpoint; also the Flower action of its train messages
+    #: name in spec strings and in the checkpoint
     name: ClassVar[str]
+    #: the device handler its train messages go to (``fedge.edge_client.algorithms.<handler>``); empty:
+    #: its own name. FedBuff's clients do FedAvg's work, so FedBuff says ``"fedavg"``.
+    device_handler: ClassVar[str] = ""
+    #: the algorithm-specific run settings (``settings.ALGORITHM_KEYS``) this algorithm uses; a run
+    #: that sets another of them away from its default is refused before it starts
+    settings_used: ClassVar[frozenset[str]] = frozenset()
+    #: whether replies' example counts become (capped) aggregation weights
+    weighted: ClassVar[bool] = True
     #: asynchronous algorithms (FedBuff) are driven by ``Engine`` one reply at a time: they answer
     #: :meth:`ready` and the engine closes a step whenever it is True
     asynchronous: ClassVar[bool] = False
@@ -123,11 +178,18 @@ class Algorithm(ABC):
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        self.codec: Codec = ctx.codec
+        self._wires: dict[int, Codec] = {}
 
     @property
     @abstractmethod
     def spec(self) -> str:
         """Canonical spec with every parameter spelled out (stored in the checkpoint)."""
+
+    @property
+    def message_type(self) -> str:
+        """The Flower message type of this algorithm's train messages."""
+        return message_type_for(self.device_handler or self.name)
 
     # -- lifecycle ------------------------------------------------------------------------------
     @abstractmethod
@@ -142,33 +204,53 @@ class Algorithm(ABC):
         """The nodes that take part in ``step``; by default a seeded sample of the connected ones."""
         return sample(nodes, step)
 
-    @abstractmethod
-    def configure(self, step: int, nodes: list[int]) -> list[Outgoing]:
-        """The step's messages."""
+    def open_step(self, number: int, nodes: list[int]) -> Step:
+        """A new step's accumulators (override to return a :class:`Step` subclass)."""
+        return Step(number, list(nodes))
 
     @abstractmethod
-    def absorb(self, step: int, reply: Reply) -> None:
-        """Use one reply (raise :class:`Rejected` with the reason if it cannot be used)."""
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        """Messages for ``nodes`` (synchronous: the step's nodes, once; asynchronous: free nodes)."""
 
-    def missed(self, step: int, node: int, reason: str) -> None:
+    def admit(self, step: Step, reply: Reply) -> None:
+        """Refuse a reply before it is decoded (raise :class:`Rejected`); by default every reply passes."""
+
+    def reply_codec(self, step: Step, reply: Reply) -> Codec:
+        """The codec the reply was encoded with: the run's codec for the step's round (its schedule
+        and shared seeds); asynchronous algorithms name the round the reply's message carried."""
+        return self.wire(step.number)
+
+    def wire(self, round_: int) -> Codec:
+        """The run's codec as clients derive it for ``round_`` (cached: a step decodes many replies)."""
+        if round_ not in self._wires:
+            if len(self._wires) > 32:
+                self._wires.clear()
+            self._wires[round_] = self.codec.for_round(round_, self.ctx.settings.seed)
+        return self._wires[round_]
+
+    @abstractmethod
+    def absorb(self, step: Step, update: Update) -> None:
+        """Use one decoded update (raise :class:`Rejected` with the reason if it cannot be used)."""
+
+    def missed(self, step: Step, node: int, reason: str) -> None:
         """``node`` gave no usable reply this step (timeout, client error, or rejected)."""
 
     @abstractmethod
-    def close(self, step: int) -> StepOutcome:
+    def close(self, step: Step) -> StepOutcome:
         """End the step: apply what was absorbed."""
 
-    def ready(self) -> bool:
+    def ready(self, step: Step) -> bool:
         """Asynchronous algorithms: whether enough was absorbed to close the step now."""
         return False
 
-    def evaluation(self, step: int, nodes: list[int]) -> list[Outgoing]:
+    def evaluation(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """Optional second exchange of the step (federated evaluation); none by default."""
         return []
 
-    def absorb_evaluation(self, step: int, reply: Reply) -> None:
+    def absorb_evaluation(self, step: Step, reply: Reply) -> None:
         raise Rejected("this algorithm sends no evaluation messages")
 
-    def close_evaluation(self, step: int) -> dict[str, Any]:
+    def close_evaluation(self, step: Step) -> dict[str, Any]:
         return {}
 
     @abstractmethod
@@ -222,3 +304,17 @@ def finite_or_previous(new: torch.Tensor, old: torch.Tensor, step: int) -> tuple
 
     logging.getLogger(__name__).error("round %d: the aggregated model is not finite; model unchanged", step)
     return old, [{"node": None, "reason": "aggregate not finite; round skipped"}]
+
+
+def warn_if_not_contractive(codec: Codec, numel: int, error_feedback: bool) -> None:
+    """Error feedback assumes a contractive compressor; warn when the codec is not one."""
+    if not error_feedback:
+        return
+    noise = relative_error(codec, numel)
+    if noise >= 1.0:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "codec %s has relative squared error %.2f >= 1 (not contractive): error feedback "
+            "can amplify its noise; prefer norm=max, more bits, or error-feedback=false", codec.spec, noise,
+        )

@@ -7,9 +7,13 @@ become rejected entries with their reason), close the step, evaluate the step's 
 data, run the optional evaluation exchange, then write one metrics row and an atomic checkpoint,
 in that order (after a crash in between, the step runs again and its row is replaced).
 
-The engine never looks inside an algorithm's messages beyond byte accounting: ``uplink_bytes`` are
-the bytes of the ``update`` record of used replies (the real encoded payloads, headers included),
-``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every array sent.
+Every reply passes one door, :meth:`Engine.absorb_reply`, whatever the algorithm: screened
+(``reply_screen``), admitted by the algorithm, decoded with the codec of its round, bounded by the
+run's update guard (norm bound, example-count cap), and only then handed to the algorithm. The
+synchronous and the asynchronous loop share the reply accounting (:class:`_Tally`) and the metrics
+row built from it: ``uplink_bytes`` are the bytes of the ``update`` record of used replies (the real
+encoded payloads, headers included), ``measurement_bytes`` those of ``measure`` records,
+``downlink_bytes`` every array sent.
 """
 
 from __future__ import annotations
@@ -27,12 +31,23 @@ from flwr.app import ArrayRecord, Message
 
 from fedge.compression import PayloadError, derive_seed
 from fedge.deploy.atomic import atomic_write_text
-from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext
+from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
+from fedge.server.engine.algorithm import (
+    Algorithm,
+    Outgoing,
+    Rejected,
+    Reply,
+    RunContext,
+    Step,
+    StepOutcome,
+    Update,
+    reply_metrics,
+)
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.engine.dispatcher import Dispatcher, Missing
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.engine.reply_screen import screen_reply
+from fedge.server.engine.update_guard import UpdateGuard
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
 from fedge.tasks import Task, evaluate, numel_of, unflatten_state
@@ -94,6 +109,8 @@ class Engine:
         self.sleep = sleep
         self._model = self.ctx.task.build_model()
         self._test = self.ctx.task.test_data()
+        #: norm bound and weight cap of every decoded update, for every algorithm (checkpointed)
+        self.guard = UpdateGuard(self.settings)
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -102,7 +119,8 @@ class Engine:
         # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
         self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
         result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
-        atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(self.algorithm.describe(), indent=2) + "\n")
+        described = {**self.algorithm.describe(), "update_norm": self.guard.norm.spec, "weight_cap": self.guard.cap.spec}
+        atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(described, indent=2) + "\n")
         if start >= self.settings.rounds or self._reached_target(result):
             log.info("run already complete (%d rounds)", start)
             return result
@@ -131,7 +149,7 @@ class Engine:
         self.run_dir.metrics.append(row.to_json())
         self.run_dir.checkpoints.save(
             Checkpoint(round=row.round, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
-                       numel=self.ctx.numel, state=self.algorithm.state_dict())
+                       numel=self.ctx.numel, state={**self.algorithm.state_dict(), "guard": self.guard.state_dict()})
         )
         result.rows.append(row)
         if self.on_row:
@@ -165,58 +183,35 @@ class Engine:
         return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
 
     def step(self, grid: object, step: int) -> RoundRow:
-        started = time.perf_counter()
+        """One synchronous step: select, send, absorb every reply as it lands, close, evaluate."""
+        alg = self.algorithm
+        tally = _Tally(self.clock())
         nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
-        selected = self.algorithm.select(step, nodes, self.sample)
-        outgoing = self.algorithm.configure(step, selected)
-        downlink = sum(array_bytes(o.content) for o in outgoing)
-        used, uplink, measurement = 0, 0, 0
-        train_seconds: list[float] = []  # clients' own training time: the rest of a round is overhead
-        rejected: list[dict[str, object]] = []
-        for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-            self._messages(outgoing, step, "train"), self.settings.round_timeout
-        ):
-            node, reason = self._absorb(step, item)
-            if reason is None:
-                used += 1
-                assert isinstance(item, Message)
-                uplink += array_bytes(item.content, (UPDATE_RECORD,))
-                measurement += array_bytes(item.content, (MEASURE_RECORD,))
-                train_seconds.append(_train_seconds(item))
-            else:
-                rejected.append({"node": node, "reason": reason})
-                self.algorithm.missed(step, node, reason)
-        outcome = self.algorithm.close(step)
-        rejected.extend(outcome.notes)
+        selected = alg.select(step, nodes, self.sample)
+        state = alg.open_step(step, selected)
+        outgoing = alg.configure(state, selected)
+        tally.sent(outgoing)
+        exchange = Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+            self._messages(outgoing, step, "train"), self.settings.round_timeout)
+        for item in exchange:
+            self._receive(state, item, tally)
+        outcome = alg.close(state)
         loss, accuracy = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
-        extra = dict(outcome.extra)
-        if train_seconds:
-            extra["client_train_seconds"] = max(train_seconds)
-        evaluation = self.algorithm.evaluation(step, selected)
+        extra: dict[str, object] = {}
+        evaluation = alg.evaluation(state, selected)
         if evaluation:
-            downlink += sum(array_bytes(o.content) for o in evaluation)
+            tally.downlink += sum(array_bytes(o.content) for o in evaluation)
             for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
                 self._messages(evaluation, step, "eval"), self.settings.round_timeout
             ):
                 if isinstance(item, Missing) or item.has_error():
                     continue
                 try:
-                    self.algorithm.absorb_evaluation(step, Reply(item.metadata.src_node_id, item.content))
+                    alg.absorb_evaluation(state, Reply(item.metadata.src_node_id, item.content))
                 except (Rejected, ProtocolError) as err:
                     log.warning("round %d: ignored evaluation from node %d: %s", step, item.metadata.src_node_id, err)
-            extra.update(self.algorithm.close_evaluation(step))
-        row = RoundRow(
-            round=step, algorithm=self.algorithm.name, accuracy=accuracy, loss=loss,
-            train_loss=outcome.train_loss, uplink_bytes=uplink, uplink_fp32_bytes=used * self.ctx.fp32_bytes,
-            downlink_bytes=downlink, measurement_bytes=measurement, seconds=time.perf_counter() - started,
-            clients_sampled=len(selected), clients_used=used, clients_failed=len(selected) - used,
-            codec=self.ctx.codec.spec, rejected=rejected, extra=extra,
-        )
-        log.info(
-            "round %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
-            step, accuracy, loss, used, len(selected), uplink, row.uplink_fp32_bytes, row.seconds,
-        )
-        return row
+            extra.update(alg.close_evaluation(state))
+        return self._row(step, tally, outcome, (loss, accuracy), extra)
 
     def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
         """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
@@ -226,8 +221,9 @@ class Engine:
         alg = self.algorithm
         dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
         busy: dict[int, int] = {}  # node -> the version its message started from
+        free_since: dict[int, float] = {}  # node -> when its last reply landed
         version, dispatches = start, 0
-        acc = _AsyncStep(self.clock())
+        state, tally = alg.open_step(version + 1, []), _Tally(self.clock())
 
         def fill() -> None:
             nonlocal dispatches
@@ -239,14 +235,13 @@ class Engine:
             # given order of replies (the order itself follows the devices' real speed).
             picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
             dispatches += 1
-            outgoing = alg.configure(version + 1, picked)
-            acc.downlink += sum(array_bytes(o.content) for o in outgoing)
-            acc.dispatched += len(outgoing)
+            outgoing = alg.configure(state, picked)
+            tally.sent(outgoing)
             dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
                             self.settings.round_timeout)
             for o in outgoing:
                 busy[o.node] = version
-                acc.idle += max(0.0, self.clock() - acc.free_since.pop(o.node, self.clock()))
+                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
 
         while version < self.settings.rounds:
             fill()
@@ -256,26 +251,70 @@ class Engine:
             for item in dispatcher.replies():
                 node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
                 began = busy.pop(node, None)
-                acc.free_since[node] = self.clock()
-                _, reason = self._absorb(version + 1, item, started=began)
-                if reason is None:
-                    assert isinstance(item, Message)
-                    acc.used += 1
-                    acc.uplink += array_bytes(item.content, (UPDATE_RECORD,))
-                else:
-                    acc.rejected.append({"node": node, "reason": reason})
-                    alg.missed(version + 1, node, str(reason))
-                if alg.ready():
+                free_since[node] = self.clock()
+                self._receive(state, item, tally, started=began)
+                if alg.ready(state):
                     version += 1
-                    self._publish(acc.row(self, version, result), result)
-                    acc = _AsyncStep(self.clock(), free_since=acc.free_since)
+                    outcome = alg.close(state)
+                    evaluated = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
+                    self._publish(self._row(version, tally, outcome, evaluated, {"client_idle_seconds": tally.idle}),
+                                  result)
+                    state, tally = alg.open_step(version + 1, []), _Tally(self.clock())
                     if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
                         return
                 if not dispatcher.batch_left:
                     fill()
 
+    def absorb_reply(self, step: Step, reply: Reply) -> None:
+        """The one door of every update: screen the reply, let the algorithm admit it, decode it with
+        the codec of its round (validated in full before anything moves), bound it, weight it, and
+        hand it to the algorithm. Raises :class:`Rejected`, ``PayloadError`` or ``ProtocolError``."""
+        alg = self.algorithm
+        screen_reply(reply.content, self.ctx.fp32_bytes)
+        alg.admit(step, reply)
+        payload = read_payload(reply.content, UPDATE_RECORD)
+        metrics = reply_metrics(reply.content)
+        vector = alg.reply_codec(step, reply).decode(payload, self.ctx.numel)
+        vector = self.guard.bound(step.number, reply.node, vector)
+        weight = self.guard.weight(step.number, reply.node, float(metrics["num-examples"])) if alg.weighted else 1.0
+        alg.absorb(step, Update(node=reply.node, vector=vector, weight=weight, metrics=metrics, payload=bytes(payload),
+                                content=reply.content, started=reply.started))
+
+    def _row(self, number: int, tally: _Tally, outcome: StepOutcome, evaluated: tuple[float, float],
+             extra: dict[str, object]) -> RoundRow:
+        """The metrics row of a step, synchronous or asynchronous alike."""
+        loss, accuracy = evaluated
+        extra = {**outcome.extra, **self.guard.close_step(), **extra}
+        if tally.train_seconds:
+            extra["client_train_seconds"] = max(tally.train_seconds)
+        row = RoundRow(
+            round=number, algorithm=self.algorithm.name, accuracy=accuracy, loss=loss,
+            train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
+            downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
+            clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
+            codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra=extra,
+        )
+        log.info("%s %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+                 "version" if self.algorithm.asynchronous else "round", number, accuracy, loss, tally.used,
+                 tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
+        return row
+
     # -- internals ------------------------------------------------------------------------------
-    def _absorb(self, step: int, item: Message | Missing, started: int | None = None) -> tuple[int, str | None]:
+    def _receive(self, step: Step, item: Message | Missing, tally: _Tally, started: int | None = None) -> None:
+        """Hand one reply (or a missing one) to the algorithm and count it; a reply that cannot be
+        used is logged and recorded with its reason, and the algorithm hears that the node missed."""
+        node, reason = self._absorb(step, item, started)
+        if reason is None:
+            assert isinstance(item, Message)
+            tally.used += 1
+            tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
+            tally.measurement += array_bytes(item.content, (MEASURE_RECORD,))
+            tally.train_seconds.append(_train_seconds(item))
+        else:
+            tally.rejected.append({"node": node, "reason": reason})
+            self.algorithm.missed(step, node, reason)
+
+    def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> tuple[int, str | None]:
         """Hand one reply to the algorithm; (node, None) if used, else (node, reason)."""
         if isinstance(item, Missing):
             return item.node, item.reason
@@ -283,10 +322,9 @@ class Engine:
         if item.has_error():
             return node, f"client error {item.error.code}: {item.error.reason}"
         try:
-            screen_reply(item.content, self.ctx.fp32_bytes)
-            self.algorithm.absorb(step, Reply(node, item.content, started=started))
+            self.absorb_reply(step, Reply(node, item.content, started=started))
         except (Rejected, PayloadError, ProtocolError) as err:
-            log.warning("round %d: rejected update from node %d: %s", step, node, err)
+            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
             return node, str(err)
         return node, None
 
@@ -315,6 +353,7 @@ class Engine:
                 f"{self.algorithm.spec!r}; use a new run directory"
             )
         try:
+            self.guard.load_state_dict(checkpoint.state.get("guard") or {})
             self.algorithm.load_state_dict(checkpoint.state)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None
@@ -345,34 +384,23 @@ class _StopWhileWaiting(Exception):
 
 
 @dataclass
-class _AsyncStep:
-    """What happened between two published versions of an asynchronous run."""
+class _Tally:
+    """The reply accounting of one step, for its metrics row: the same for a synchronous round and
+    an asynchronous version."""
 
     began: float
-    free_since: dict[int, float] = field(default_factory=dict)  # node -> when its last reply landed
-    dispatched: int = 0
+    sampled: int = 0  # messages sent (asynchronous: dispatched while this version was built)
     used: int = 0
     uplink: int = 0
+    measurement: int = 0
     downlink: int = 0
-    idle: float = 0.0  # node-seconds between a node's reply and its next message
+    idle: float = 0.0  # asynchronous: node-seconds between a node's reply and its next message
+    train_seconds: list[float] = field(default_factory=list)  # clients' own training time
     rejected: list[dict[str, object]] = field(default_factory=list)
 
-    def row(self, engine: Engine, version: int, result: EngineResult) -> RoundRow:
-        outcome = engine.algorithm.close(version)
-        loss, accuracy = engine.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
-        now = engine.clock()
-        row = RoundRow(
-            round=version, algorithm=engine.algorithm.name, accuracy=accuracy, loss=loss,
-            train_loss=outcome.train_loss, uplink_bytes=self.uplink,
-            uplink_fp32_bytes=self.used * engine.ctx.fp32_bytes, downlink_bytes=self.downlink,
-            seconds=now - self.began, clients_sampled=self.dispatched, clients_used=self.used,
-            clients_failed=len(self.rejected), codec=engine.ctx.codec.spec,
-            rejected=self.rejected + outcome.notes,
-            extra={**outcome.extra, "client_idle_seconds": self.idle},
-        )
-        log.info("version %d: accuracy %.4f loss %.4f | %d updates | uplink %d B | %.1f s",
-                 version, accuracy, loss, self.used, self.uplink, row.seconds)
-        return row
+    def sent(self, outgoing: list[Outgoing]) -> None:
+        self.sampled += len(outgoing)
+        self.downlink += sum(array_bytes(o.content) for o in outgoing)
 
 
 def _train_seconds(reply: Message) -> float:

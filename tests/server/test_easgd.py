@@ -11,7 +11,8 @@ from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
 from fedge.server.engine.algorithm import Rejected, Reply
 from fedge.server.algorithms.easgd import EASGD
-from fedge.server.engine.loop import make_context
+from fedge.server.engine.loop import Engine, make_context
+from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task
 from tests.server.in_process_grid import InProcessGrid
@@ -32,38 +33,49 @@ def _easgd(clients: int, **params) -> EASGD:
     return EASGD(make_context(settings, make_task("digits")), **params)
 
 
-def test_center_moves_by_the_sum_of_elastic_differences() -> None:
+def _door(algorithm: EASGD, tmp_path) -> Engine:
+    """Replies reach an algorithm through the engine's one door (screen, decode, bound)."""
+    return Engine(algorithm, RunDirectory(tmp_path))
+
+
+def test_center_moves_by_the_sum_of_elastic_differences(tmp_path) -> None:
     algorithm = _easgd(4, beta=0.8, alpha=0.0)  # alpha=0: the paper's coupling alpha = beta / n = 0.2
     assert algorithm.alpha == pytest.approx(0.2)
     center = torch.randn(N)
     algorithm.start(center)
-    algorithm.configure(1, [1, 2, 3, 4])
+    door = _door(algorithm, tmp_path)
+    step = algorithm.open_step(1, [1, 2, 3, 4])
+    algorithm.configure(step, [1, 2, 3, 4])
     deltas = [torch.randn(N) * 0.01 for _ in range(4)]
     for node, delta in enumerate(deltas, 1):
-        algorithm.absorb(1, _reply(delta, node))
-    outcome = algorithm.close(1)
+        door.absorb_reply(step, _reply(delta, node))
+    outcome = algorithm.close(step)
     assert torch.allclose(outcome.model, center + sum(deltas), atol=1e-6)  # x~ <- x~ + sum_i delta_i
 
 
-def test_partial_replies_move_the_center_beta_of_the_way_to_their_mean() -> None:
+def test_partial_replies_move_the_center_beta_of_the_way_to_their_mean(tmp_path) -> None:
     algorithm = _easgd(4, beta=0.9, alpha=0.1)
     center = torch.zeros(N)
     algorithm.start(center)
-    algorithm.configure(1, [1, 2, 3, 4])
+    door = _door(algorithm, tmp_path)
+    step = algorithm.open_step(1, [1, 2, 3, 4])
+    algorithm.configure(step, [1, 2, 3, 4])
     models = [torch.full((N,), 1.0), torch.full((N,), 3.0)]  # x_i after local training
     for node, x in enumerate(models, 1):
-        algorithm.absorb(1, _reply(0.1 * (x - center), node))  # delta_i = alpha (x_i - center)
-    outcome = algorithm.close(1)
+        door.absorb_reply(step, _reply(0.1 * (x - center), node))  # delta_i = alpha (x_i - center)
+    outcome = algorithm.close(step)
     assert torch.allclose(outcome.model, torch.full((N,), 0.9 * 2.0), atol=1e-6)
     assert outcome.extra["center_distance"] == 1.0
 
 
-def test_bad_distance_is_rejected() -> None:
+def test_bad_distance_is_rejected(tmp_path) -> None:
     algorithm = _easgd(2)
     algorithm.start(torch.zeros(N))
-    algorithm.configure(1, [1, 2])
+    door = _door(algorithm, tmp_path)
+    step = algorithm.open_step(1, [1, 2])
+    algorithm.configure(step, [1, 2])
     with pytest.raises(Rejected, match="center-distance"):
-        algorithm.absorb(1, _reply(torch.zeros(N), 1, distance=float("nan")))
+        door.absorb_reply(step, _reply(torch.zeros(N), 1, distance=float("nan")))
     with pytest.raises(ValueError, match="beta"):
         _easgd(2, beta=1.5)
 

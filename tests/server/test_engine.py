@@ -192,7 +192,7 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     engine = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(3)
     engine.algorithm.start(_start(engine))
-    outgoing = engine.algorithm.configure(1, grid.get_node_ids())
+    outgoing = engine.algorithm.configure(engine.algorithm.open_step(1, grid.get_node_ids()), grid.get_node_ids())
     content = outgoing[0].content
     record = content.array_records["arrays"]
     first = next(iter(record.keys()))

@@ -10,6 +10,7 @@ from flwr.app import MetricRecord, RecordDict
 from fedge.compression import make_codec
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
 from fedge.server.engine.algorithm import Rejected, Reply
+from fedge.server.algorithms.registry import check_algorithm_settings
 from fedge.server.settings import RunSettings, SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
@@ -28,19 +29,21 @@ def test_mixing_rule_with_stale_updates_matches_the_definition(tmp_path) -> None
     alg = engine.algorithm
     x0 = torch.linspace(-1, 1, engine.ctx.numel)
     alg.start(x0.clone())
-    alg.configure(1, [1, 2])  # both start from version 0
+    step = alg.open_step(1, [])
+    alg.configure(step, [1, 2])  # both start from version 0
     d1, d2 = torch.full_like(x0, 0.2), torch.full_like(x0, -0.4)
 
-    alg.absorb(1, _reply(engine, 1, d1, started=0))  # fresh: τ = 0
-    assert alg.ready()
-    out = alg.close(1)
+    engine.absorb_reply(step, _reply(engine, 1, d1, started=0))  # fresh: τ = 0
+    assert alg.ready(step)
+    out = alg.close(step)
     x1 = 0.5 * x0 + 0.5 * (x0 + d1)
     torch.testing.assert_close(out.model, x1)
     assert out.extra["alpha_t"] == 0.5 and out.extra["staleness_max"] == 0
 
-    alg.configure(2, [1])  # node 1 starts again, from version 1
-    alg.absorb(2, _reply(engine, 2, d2, started=0))  # node 2 answers one version late: τ = 1
-    out = alg.close(2)
+    step = alg.open_step(2, [])
+    alg.configure(step, [1])  # node 1 starts again, from version 1
+    engine.absorb_reply(step, _reply(engine, 2, d2, started=0))  # node 2 answers one version late: τ = 1
+    out = alg.close(step)
     alpha_t = 0.5 * 2 ** -0.5
     torch.testing.assert_close(out.model, (1 - alpha_t) * x1 + alpha_t * (x0 + d2))
     assert out.extra["alpha_t"] == pytest.approx(alpha_t) and out.extra["staleness_max"] == 1
@@ -52,13 +55,15 @@ def test_replies_to_unknown_versions_and_too_stale_ones_are_rejected(tmp_path) -
     engine = _engine(tmp_path, codec="none", algorithm="fedasync:concurrency=2,max-staleness=0")
     alg = engine.algorithm
     alg.start(torch.zeros(engine.ctx.numel))
-    alg.configure(1, [1, 2])
-    alg.absorb(1, _reply(engine, 1, torch.ones(engine.ctx.numel), started=0))
-    alg.close(1)
+    step = alg.open_step(1, [])
+    alg.configure(step, [1, 2])
+    engine.absorb_reply(step, _reply(engine, 1, torch.ones(engine.ctx.numel), started=0))
+    alg.close(step)
+    step = alg.open_step(2, [])
     with pytest.raises(Rejected, match="max-staleness 0"):
-        alg.absorb(2, _reply(engine, 2, torch.ones(engine.ctx.numel), started=0))
+        engine.absorb_reply(step, _reply(engine, 2, torch.ones(engine.ctx.numel), started=0))
     with pytest.raises(Rejected, match="never sent"):
-        alg.absorb(2, _reply(engine, 3, torch.ones(engine.ctx.numel), started=1))
+        engine.absorb_reply(step, _reply(engine, 3, torch.ones(engine.ctx.numel), started=1))
 
 
 def test_fedasync_with_one_client_at_a_time_is_fedbuff_with_buffer_one_and_server_lr_alpha(tmp_path) -> None:
@@ -98,10 +103,10 @@ def test_resume_continues_from_the_checkpointed_version(tmp_path) -> None:
 
 
 def test_fedasync_settings() -> None:
-    RunSettings(algorithm="fedasync:alpha=0.9", prox_mu=0.01)  # the paper's proximal term is allowed
+    check_algorithm_settings(RunSettings(algorithm="fedasync:alpha=0.9", prox_mu=0.01))  # the paper's proximal term
     for key, value in (("server_opt", "fedadam"), ("aggregator", "median")):
         with pytest.raises(SettingsError):
-            RunSettings(algorithm="fedasync", **{key: value})
+            check_algorithm_settings(RunSettings(algorithm="fedasync", **{key: value}))
     from fedge.server.preflight import preflight
 
     with pytest.raises(ValueError, match="alpha must be in"):

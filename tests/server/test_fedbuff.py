@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedge.server.algorithms.registry import check_algorithm_settings
 from fedge.server.settings import RunSettings, SettingsError
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
@@ -57,9 +58,9 @@ def test_resume_continues_from_the_checkpointed_version(tmp_path) -> None:
 
 
 def test_fedbuff_settings() -> None:
-    RunSettings(algorithm="fedbuff", server_opt="fedadam", aggregator="median")  # the FedAvg family's keys
+    check_algorithm_settings(RunSettings(algorithm="fedbuff", server_opt="fedadam", aggregator="median"))  # FedAvg's keys
     with pytest.raises(SettingsError, match="fedavg only"):
-        RunSettings(algorithm="fedbuff", downlink_codec="qsgd:bits=8")
+        check_algorithm_settings(RunSettings(algorithm="fedbuff", downlink_codec="qsgd:bits=8"))
     from fedge.server.preflight import preflight
 
     with pytest.raises(ValueError, match="exceeds clients-per-round"):

@@ -36,7 +36,7 @@ def test_public_copies_agree_bit_for_bit_between_a_node_its_peers_and_the_coordi
             owner_copy, _ = _copies(grid, members[j], [j])[j]
             assert torch.equal(value, owner_copy)  # node i's copy of x_hat_j == node j's own
             # the coordinator's copy is one step ahead: version 2 plus the pending q_j of step 3
-            ahead = value + algorithm._wire.decode(algorithm.pending[j], value.numel())
+            ahead = value + algorithm.wire(3).decode(algorithm.pending[j], value.numel())
             assert torch.equal(ahead, algorithm.public[j])
     row = result.rows[-1]
     assert row.clients_used == 4 and row.measurement_bytes == 4 * 4 * engine.ctx.numel

@@ -13,7 +13,7 @@ from fedge.compression import make_codec
 from fedge.protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
 from fedge.server.engine.algorithm import Reply
 from fedge.server.engine.loop import Engine, make_context
-from fedge.server.algorithms.fedavg import FedAvg
+from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task
@@ -53,15 +53,21 @@ def engine(tmp_path) -> Engine:
     settings = RunSettings(run_dir=str(tmp_path))
     algorithm = FedAvg(make_context(settings, make_task("digits")))
     algorithm.start(torch.zeros(N))
-    algorithm.configure(1, [7, 42])
     return Engine(algorithm, RunDirectory(tmp_path))
 
 
-def test_valid_reply_is_accumulated(engine: Engine) -> None:
+@pytest.fixture
+def step(engine: Engine) -> FedAvgStep:
+    step = engine.algorithm.open_step(1, [7, 42])
+    engine.algorithm.configure(step, [7, 42])
+    return step
+
+
+def test_valid_reply_is_accumulated(engine: Engine, step: FedAvgStep) -> None:
     payload = engine.algorithm.codec.encode(torch.randn(N))
-    node, reason = engine._absorb(1, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7))
+    node, reason = engine._absorb(step, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7))
     assert (node, reason) == (7, None)
-    assert engine.algorithm._agg.count == 1
+    assert step.aggregator.count == 1
 
 
 @pytest.mark.parametrize(
@@ -77,18 +83,18 @@ def test_valid_reply_is_accumulated(engine: Engine) -> None:
         ("fp16", {"num-examples": 3}, "encoded with codec 'fp16'"),
     ],
 )
-def test_bad_replies_are_rejected_with_a_reason(engine: Engine, payload, metrics, reason, caplog) -> None:
+def test_bad_replies_are_rejected_with_a_reason(engine: Engine, step: FedAvgStep, payload, metrics, reason, caplog) -> None:
     good = engine.algorithm.codec.encode(torch.randn(N))
     payload = {"good": good, "good-truncated": good[:100], "fp16": make_codec("fp16").encode(torch.randn(N))}.get(
         payload, payload
     )
-    node, why = engine._absorb(3, _Reply(_content(payload, metrics), 42))
+    node, why = engine._absorb(step, _Reply(_content(payload, metrics), 42))
     assert node == 42 and why is not None and re.search(reason, why), why
-    assert engine.algorithm._agg.count == 0  # nothing reached the accumulator
+    assert step.aggregator.count == 0  # nothing reached the accumulator
     assert "rejected update from node 42" in caplog.text
 
 
-def test_malicious_input_at_the_door(engine: Engine, caplog) -> None:
+def test_malicious_input_at_the_door(engine: Engine, step: FedAvgStep, caplog) -> None:
     """Each hostile shape of a reply is refused with a logged reason before any decoding; a good
     reply from another node in the same round is still used."""
     good = engine.algorithm.codec.encode(torch.randn(N))
@@ -112,16 +118,16 @@ def test_malicious_input_at_the_door(engine: Engine, caplog) -> None:
         "metric 'train-loss' is not a finite number": _content(good, {"num-examples": 3, "train-loss": float("nan")}),
     }
     for expected, content in cases.items():
-        node, why = engine._absorb(1, _Reply(content, 42))
+        node, why = engine._absorb(step, _Reply(content, 42))
         assert node == 42 and why is not None and expected in why, (expected, why)
-    assert engine.algorithm._agg.count == 0
-    assert engine._absorb(1, _Reply(_content(good, ok), 7)) == (7, None)  # the round goes on
-    assert engine.algorithm._agg.count == 1
+    assert step.aggregator.count == 0
+    assert engine._absorb(step, _Reply(_content(good, ok), 7)) == (7, None)  # the round goes on
+    assert step.aggregator.count == 1
     assert caplog.text.count("rejected update from node 42") == len(cases)
 
 
-def test_client_error_reply_is_recorded(engine: Engine) -> None:
-    assert engine._absorb(1, _Reply(RecordDict(), 7, _Error(3, "boom"))) == (7, "client error 3: boom")
+def test_client_error_reply_is_recorded(engine: Engine, step: FedAvgStep) -> None:
+    assert engine._absorb(step, _Reply(RecordDict(), 7, _Error(3, "boom"))) == (7, "client error 3: boom")
 
 
 def test_reply_type_is_the_algorithms_own() -> None:

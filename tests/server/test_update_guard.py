@@ -84,9 +84,9 @@ def test_robust_aggregator_metrics_state_the_memory_held(tmp_path) -> None:
 
 def test_settings_refuse_what_cannot_work() -> None:
     with pytest.raises(SettingsError, match="fedavg and fedbuff only"):
-        RunSettings(algorithm="easgd", aggregator="median")
-    with pytest.raises(SettingsError, match="cannot apply to gossip"):
-        RunSettings(algorithm="gossip", update_norm="clip:max=1")
+        preflight(RunSettings(algorithm="easgd", aggregator="median"))
+    with pytest.raises(ValueError, match="cannot apply to gossip"):
+        preflight(RunSettings(algorithm="gossip", update_norm="clip:max=1", clients_per_round=4))
     with pytest.raises(ValueError, match="over the limit"):
         preflight(RunSettings(aggregator="median", clients_per_round=100, aggregator_memory_mb=1))
     with pytest.raises(ValueError, match="n >= 2f"):

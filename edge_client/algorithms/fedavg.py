@@ -14,9 +14,10 @@ from fedge.edge_client import local
 from fedge.edge_client.public_copy import PublicCopy
 from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, read_payload, read_state_dict
 from fedge.protocol.round_config import RoundConfig
-from fedge.tasks import evaluate, flatten_state
+from fedge.tasks import evaluate as evaluate_model
+from fedge.tasks import flatten_state
 
-__all__ = ["evaluate_global", "train"]
+__all__ = ["evaluate", "train"]
 
 _NAMESPACE = "fedavg"
 
@@ -54,12 +55,12 @@ def train(msg: Message, context: Context) -> Message:
                                             "residual-norm": residual, "update-norm": float(delta.norm())}, started)
 
 
-def evaluate_global(msg: Message, context: Context) -> Message:
+def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on this client's local data (no training)."""
     config = local.round_config(msg)
     data = local.local_data(context, config)
     model = local.task_of(config).build_model()
     model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
-    loss, accuracy = evaluate(model, data)
+    loss, accuracy = evaluate_model(model, data)
     metrics = MetricRecord({"num-examples": len(data), "loss": loss, "accuracy": accuracy})
     return Message(RecordDict({METRICS_RECORD: metrics}), reply_to=msg)
