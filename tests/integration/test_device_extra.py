@@ -44,13 +44,13 @@ def test_a_device_extra_environment_joins_and_trains(tmp_path: Path, assert_no_l
     assert {"torch", "flwr", "onnxruntime"} <= names
     assert not names & {"flwr-datasets", "scikit-learn", "ray", "onnx", "matplotlib"}, sorted(names)
 
-    pool = make_task("digits").train_pool()  # the device's own data: 300 digits
+    pool = make_task("digits").train_pool()  # the device's own data: 900 digits
     own = tmp_path / "own.npz"
-    np.savez(own, x=pool.x[:300].numpy(), y=pool.y[:300].numpy())
+    np.savez(own, x=pool.x[:900].numpy(), y=pool.y[:900].numpy())
 
     run_dir = tmp_path / "run"
     home = tmp_path / "flwr-home"
-    settings = RunSettings(rounds=2, clients_per_round=1, local_epochs=2, wait_for_nodes=120, round_timeout=300,
+    settings = RunSettings(rounds=2, clients_per_round=1, local_epochs=5, wait_for_nodes=120, round_timeout=300,
                            run_dir=str(run_dir))
     with ProcessGroup(tmp_path / "logs", env=flower_environment(home), also_match={"FLWR_HOME": str(home)}) as group:
         flower = FlowerLaunch(group, home)
