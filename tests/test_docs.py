@@ -75,7 +75,7 @@ def check(command: str) -> list[str]:
             if flag not in parser._option_string_actions:
                 problems.append(f"`{command}`: {' '.join(path)} has no {flag}")
         elif subs:  # a parser with subcommands: its first positional names one
-            if token.isupper():  # a placeholder: `fedge COMMAND --help`
+            if token.isupper() or token in ("…", "..."):  # a placeholder: `fedge COMMAND --help`, `fedge …`
                 break
             if token not in subs:
                 problems.append(f"`{command}`: {' '.join(path)} has no subcommand {token!r} "

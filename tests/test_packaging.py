@@ -40,10 +40,25 @@ def test_the_package_list_names_every_folder() -> None:
     assert tool["package-dir"] == {f"fedge.{layer}": layer for layer in LAYERS}
 
 
+def source_tree(where: Path) -> Path:
+    """A copy of what the wheel is built from (the working tree, not HEAD): building in place would
+    leave setuptools' build/ and egg-info directories in the checkout."""
+    import shutil
+
+    tree = where / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        tree.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    for layer in LAYERS:
+        shutil.copytree(ROOT / layer, tree / layer, ignore=ignore)
+    return tree
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source_tree(out))],
                    check=True, timeout=300, env={**os.environ, **_QUIET})
     (path,) = out.glob("fedge-*.whl")
     return path

@@ -292,3 +292,17 @@ def test_the_stored_round_never_goes_down(tmp_path: Path) -> None:
     with pytest.raises(RollbackError):
         store.record("m", 5, "b" * 64)
     assert json.loads(store.path.read_text())["m"]["round"] == 7
+
+
+def test_the_python_api_example_in_the_docs_runs(bundle: Path, keypair, tmp_path: Path, monkeypatch) -> None:
+    """docs/edge.md's Python example, run as written against a real bundle (paths substituted)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "edge.md").read_text(encoding="utf-8")
+    (example,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = (example.replace('"bundle/"', repr(str(bundle))).replace('"keys/signing-key.pub.pem"', repr(str(keypair[1])))
+               .replace('"state/accepted-rounds.json"', repr(str(tmp_path / "accepted.json")))
+               .replace('"models/"', repr(str(tmp_path / "models"))))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/edge.md", "exec"), {})
+    assert (tmp_path / "models" / "digits").is_symlink()

@@ -22,6 +22,7 @@ from fedge.launcher.sequence import FlowerLaunch
 from fedge.server.flower_app import stage_fedge_app
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task
+from tests.test_packaging import source_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -31,7 +32,7 @@ _QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 
 def test_a_device_extra_environment_joins_and_trains(tmp_path: Path, assert_no_leftovers) -> None:
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(source_tree(tmp_path))],
                    check=True, timeout=300, env={**os.environ, **_QUIET})
     (wheel,) = wheels.glob("fedge-*.whl")
     device = tmp_path / "device-venv"
