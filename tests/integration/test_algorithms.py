@@ -107,8 +107,11 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
 
 
 def test_fedasync_with_a_straggler_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:
+    # IID shards: each version mixes in one client's model, and on Dirichlet(0.5) shards the first
+    # versions swing between single-client optima (best version 0.22-0.41 over runs, the bound at
+    # 0.24: a clean clone failed on 2026-11-24); on IID shards every update is a step that helps.
     settings = RunSettings(algorithm="fedasync:concurrency=4", rounds=8, clients_per_round=4, local_epochs=3,
-                           stragglers="fraction=0.25,slowdown=3", run_dir=str(tmp_path / "run"))
+                           partitioning="iid", stragglers="fraction=0.25,slowdown=3", run_dir=str(tmp_path / "run"))
     result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(result.run_dir / "flwr-home")
     rows = result.rows
