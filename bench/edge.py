@@ -61,7 +61,7 @@ def measure(spec: str, epochs: int, runs: int) -> list[dict]:
     task = make_task(spec)
     torch.manual_seed(0)
     model = task.build_model()
-    fine_tune(model, task.train_pool(), epochs=epochs, lr=0.05, seed=0)
+    fine_tune(model, task.train_pool(), task, epochs=epochs, lr=0.05, seed=0)
     test, pool = task.test_data(), task.train_pool()
     x, y = test.x.numpy(), test.y.numpy()
     calibration = pool.x[torch.randperm(len(pool), generator=torch.Generator().manual_seed(0))[:256]].numpy()
@@ -76,14 +76,14 @@ def measure(spec: str, epochs: int, runs: int) -> list[dict]:
         eager = {
             "variant": "fp32 PyTorch eager", "bytes": len(raw_state),
             "zstd_bytes": len(zstandard.ZstdCompressor(level=19).compress(raw_state)),
-            "accuracy": evaluate(model, test)[1],
+            "accuracy": evaluate(model, test, task)["accuracy"],
             "p50_1_s": _median_seconds(lambda: model(one), runs),
             "batch64_s": _median_seconds(lambda: model(batch), max(50, runs // 10)),
         }
     fp32 = export_onnx(model, test.x[:1]).data
     rows = [eager, _onnx_row("fp32 ONNX", fp32, x, y, runs),
             _onnx_row("int8 ONNX (static QDQ)", quantize_static_int8(fp32, calibration), x, y, runs)]
-    apply_pruning(model, PRUNING, pool, fine_tune_epochs=3)
+    apply_pruning(model, PRUNING, pool, task, fine_tune_epochs=3)
     pruned = export_onnx(model, test.x[:1]).data
     rows.append(_onnx_row(f"pruned ({PRUNING}) + int8", quantize_static_int8(pruned, calibration), x, y, runs))
     params = sum(p.numel() for p in task.build_model().parameters())

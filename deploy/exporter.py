@@ -1,10 +1,13 @@
 """From an fp32 model file to a signed edge bundle: prune → export → quantize → gate → sign.
 
 ``fedge export CHECKPOINT --prune ... --quantize int8 --sign-key KEY --out DIR`` and the
-coordinator's ``--export-bundle`` both call :func:`export_bundle`. Every accuracy in the manifest is
-measured here on the task's held-out data: the checkpoint in PyTorch, the exported fp32 model and
-the final model in onnxruntime. The int8 model is refused (nothing is written) if it loses more
-than ``max_accuracy_drop`` points against the fp32 model it was quantized from.
+coordinator's ``--export-bundle`` both call :func:`export_bundle`. Every figure in the manifest's
+``quality`` section is the task's primary metric (accuracy, or the task's own: MSE, ...), measured
+here on the task's held-out data (a task without central data: a seeded sample of its training
+pool, said so in the manifest): the checkpoint in PyTorch, the exported fp32 model and the final
+model in onnxruntime. The int8 model is refused (nothing is written) if it is worse than the fp32
+model it was quantized from by more than ``max_accuracy_drop``: points of accuracy, or percent of
+the fp32 value for any other metric.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from fedge.deploy.onnx_export import (
 )
 from fedge.deploy.prune import apply_pruning
 from fedge.deploy.quantize import QuantizationError, quantize_dynamic_int8, quantize_static_int8
-from fedge.tasks import evaluate, make_task
+from fedge.tasks import Task, TensorData, as_tensor_data, evaluate, make_task
+from fedge.tasks.base import subset
 
 __all__ = ["EXPORT_REFUSALS", "AccuracyGateError", "ExportOptions", "bundle_facts", "export_bundle", "onnx_accuracy",
-           "resolve_model_file"]
+           "onnx_metrics", "resolve_model_file"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,17 @@ def resolve_model_file(path: str | os.PathLike[str]) -> Path:
     return candidate / "model.pt" if candidate.is_dir() else candidate
 
 
+def onnx_metrics(session: Any, x: np.ndarray, y: np.ndarray, task: Task, batch: int = 256) -> dict[str, float]:
+    """The task's loss and metrics of an onnxruntime session on ``(x, y)``."""
+    outputs = [session.run(None, {INPUT_NAME: np.ascontiguousarray(x[start : start + batch], np.float32)})[0]
+               for start in range(0, len(x), batch)]
+    out, target = torch.from_numpy(np.concatenate(outputs)), torch.from_numpy(y)
+    with torch.no_grad():
+        return {"loss": float(task.loss(out, target)), **task.metrics(out, target)}
+
+
 def onnx_accuracy(session: Any, x: np.ndarray, y: np.ndarray, batch: int = 256) -> float:
+    """Classification accuracy of a session (the edge benchmark's figure)."""
     correct = 0
     for start in range(0, len(x), batch):
         logits = session.run(None, {INPUT_NAME: np.ascontiguousarray(x[start : start + batch], np.float32)})[0]
@@ -86,13 +100,34 @@ def onnx_accuracy(session: Any, x: np.ndarray, y: np.ndarray, batch: int = 256) 
 
 
 def bundle_facts(statement: dict[str, Any]) -> dict[str, Any]:
-    """The figures of a written bundle that a person or a run summary reports (from its signed statement)."""
+    """The figures of a written bundle that a person or a run summary reports (from its signed
+    statement): ``accuracy``, ``fp32_accuracy``, ``checkpoint_accuracy`` for a classifier, the same
+    with the task's metric name otherwise (``mse``, ``fp32_mse``, ...)."""
     predicate = statement["predicate"]
-    accuracy = predicate["accuracy"]
+    quality = predicate["quality"]
+    metric = quality["metric"]
     return {"name": predicate["name"], "round": predicate["round"], "bytes": predicate["model"]["size"],
             "quantization": predicate["quantization"]["mode"], "pruning": predicate["pruning"]["spec"],
-            "accuracy": accuracy["bundle"], "fp32_accuracy": accuracy["fp32"],
-            "checkpoint_accuracy": accuracy["checkpoint_fp32"], "expires": predicate["expires"]}
+            "metric": metric, metric: quality["bundle"], f"fp32_{metric}": quality["fp32"],
+            f"checkpoint_{metric}": quality["checkpoint_fp32"], "expires": predicate["expires"]}
+
+
+def _worse_by(task: Task, fp32: float, final: float) -> float:
+    """How much worse ``final`` is than ``fp32``: accuracy points, else percent of the fp32 value."""
+    if task.primary_metric == "accuracy":
+        return 100.0 * (fp32 - final)
+    change = (fp32 - final) if task.maximize else (final - fp32)
+    return 100.0 * change / max(abs(fp32), 1e-12)
+
+
+def _evaluation_split(task: Task, pool: Any, seed: int, limit: int = 10_000) -> tuple[TensorData, str]:
+    """The samples the export is measured on: the task's central split, or (a task without one) a
+    seeded sample of its training pool."""
+    test = task.test_data()
+    if test is not None:
+        return as_tensor_data(test, limit), "held-out"
+    picked = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[: min(limit, 1000)]
+    return as_tensor_data(subset(pool, picked.tolist())), "training sample (the task has no held-out split)"
 
 
 def export_bundle(
@@ -124,17 +159,20 @@ def export_bundle(
     model = task.build_model()
     model.load_state_dict(model_file.state_dict)
     model.eval()
-    test, pool = task.test_data(), task.train_pool()
-    _, checkpoint_accuracy = evaluate(model, test)
+    pool = task.train_pool()
+    test, measured_on = _evaluation_split(task, pool, options.seed)
+    metric = task.primary_metric
+    checkpoint_score = evaluate(model, test, task)[metric]
 
     torch.manual_seed(options.seed)
-    pruned = apply_pruning(model, options.prune, pool, fine_tune_epochs=options.fine_tune_epochs, seed=options.seed)
-    fp32 = export_onnx(model, pool.x[:1])
+    pruned = apply_pruning(model, options.prune, pool, task, fine_tune_epochs=options.fine_tune_epochs,
+                           seed=options.seed)
+    fp32 = export_onnx(model, task.example_input())
     parity = parity_error(model, fp32.data, test.x[:64])
     if parity > 1e-3:
         raise ExportError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")
     x_test, y_test = test.x.numpy(), test.y.numpy()
-    fp32_accuracy = onnx_accuracy(make_session(fp32.data), x_test, y_test)
+    fp32_score = onnx_metrics(make_session(fp32.data), x_test, y_test, task)[metric]
 
     final = fp32.data
     quantization: dict[str, Any] = {"mode": options.quantize}
@@ -143,7 +181,7 @@ def export_bundle(
             if calibration is None:
                 generator = torch.Generator().manual_seed(options.seed)
                 picked = torch.randperm(len(pool), generator=generator)[: options.calibration_samples]
-                calibration = pool.x[picked].numpy()
+                calibration = as_tensor_data(subset(pool, picked.tolist())).x.numpy()
             final = quantize_static_int8(fp32.data, calibration)
             quantization |= {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
                              "calibration": "MinMax", "calibration_samples": len(calibration),
@@ -152,25 +190,26 @@ def export_bundle(
             final = quantize_dynamic_int8(fp32.data)
             quantization |= {"weights": "int8 per-tensor", "activations": "dynamic uint8"}
     session = make_session(final)
-    final_accuracy = onnx_accuracy(session, x_test, y_test)
-    drop = 100.0 * (fp32_accuracy - final_accuracy)
+    final_score = onnx_metrics(session, x_test, y_test, task)[metric]
+    drop = _worse_by(task, fp32_score, final_score)
     if drop > options.max_accuracy_drop:
+        unit = "points" if metric == "accuracy" else "% of the fp32 value"
         raise AccuracyGateError(
-            f"{options.quantize} model accuracy {final_accuracy:.2%} is {drop:.2f} points below fp32 "
-            f"{fp32_accuracy:.2%} (allowed: {options.max_accuracy_drop} points); no bundle written"
+            f"{options.quantize} model {metric} {final_score:.4g} is worse than fp32 {fp32_score:.4g} by "
+            f"{drop:.2f} {unit} (allowed: {options.max_accuracy_drop}); no bundle written"
         )
 
     golden_x = x_test[: options.golden_samples].astype(np.float32)
     golden_y = session.run(None, {INPUT_NAME: golden_x})[0]
     scale = float(np.max(np.abs(golden_y))) or 1.0
     # Same bytes, other CPUs: fp32 kernels agree to rounding, int8 kernels (VNNI or not) may differ
-    # by a few quantization steps; labels must agree in both cases.
+    # by a few quantization steps.
     atol = (0.05 if options.quantize != "none" else 1e-4) * max(1.0, scale)
     opset, ir_version = model_versions(final)
     import onnxruntime
 
     inputs = [{"name": INPUT_NAME, "dtype": "float32", "shape": ["batch", *list(test.x.shape[1:])]}]
-    outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", task.num_classes]}]
+    outputs = [{"name": task.output, "dtype": "float32", "shape": ["batch", *list(golden_y.shape[1:])]}]
     predicate = {
         "name": options.name or task.spec,
         "task": task.spec,
@@ -183,19 +222,23 @@ def export_bundle(
         "pruning": {"spec": options.prune or "none", "fine_tune_epochs": options.fine_tune_epochs,
                     **asdict(pruned)},
         "quantization": quantization,
-        "accuracy": {
-            "held_out_samples": len(y_test),
-            "checkpoint_fp32": checkpoint_accuracy,
-            "fp32": fp32_accuracy,
-            "bundle": final_accuracy,
-            "max_drop_points": options.max_accuracy_drop,
+        "quality": {
+            "metric": metric,
+            "greater_is_better": task.maximize,
+            "measured_on": measured_on,
+            "samples": len(y_test),
+            "checkpoint_fp32": checkpoint_score,
+            "fp32": fp32_score,
+            "bundle": final_score,
+            "max_drop": options.max_accuracy_drop,
+            "max_drop_unit": "points" if metric == "accuracy" else "percent of fp32",
         },
         "source": {"model_file_sha256": source_sha, "metadata": _json_safe(model_file.metadata)},
         "golden": {"inputs": encode_golden(golden_x), "outputs": encode_golden(golden_y), "atol": atol},
     }
     statement = write_bundle(out_dir, final, predicate, private_key, valid_days=options.valid_days)
-    log.info("bundle %s: %s, %d bytes, accuracy %.2f%% (fp32 %.2f%%, checkpoint %.2f%%)", out_dir,
-             options.quantize, len(final), 100 * final_accuracy, 100 * fp32_accuracy, 100 * checkpoint_accuracy)
+    log.info("bundle %s: %s, %d bytes, %s %.4g (fp32 %.4g, checkpoint %.4g)", out_dir, options.quantize,
+             len(final), metric, final_score, fp32_score, checkpoint_score)
     return statement
 
 

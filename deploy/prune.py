@@ -22,7 +22,10 @@ from torch import nn
 from torch.nn.utils import prune
 
 from fedge.compression.spec import parse_spec
-from fedge.tasks.base import TensorData
+from torch.utils.data import Dataset
+
+from fedge.tasks.base import Task, as_tensor_data
+from fedge.tasks.evaluation import batches
 
 __all__ = ["PruneResult", "PruningError", "apply_pruning", "fine_tune", "parse_pruning", "sparsity"]
 
@@ -132,8 +135,8 @@ def _prune_channels(model: nn.Module, fraction: float, example: torch.Tensor) ->
         model(example)  # shapes still line up
 
 
-def fine_tune(model: nn.Module, data: TensorData, *, epochs: int, lr: float = 0.02, batch_size: int = 32,
-              seed: int = 0) -> None:
+def fine_tune(model: nn.Module, data: Dataset, task: Task, *, epochs: int, lr: float = 0.02,
+              batch_size: int = 32, seed: int = 0) -> None:
     """A short SGD fine-tune (masks of unstructured pruning stay applied through their hooks)."""
     if epochs <= 0:
         return
@@ -141,10 +144,8 @@ def fine_tune(model: nn.Module, data: TensorData, *, epochs: int, lr: float = 0.
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model.train()
     for _ in range(epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for start in range(0, len(order), batch_size):
-            index = order[start : start + batch_size]
-            loss = nn.functional.cross_entropy(model(data.x[index]), data.y[index])
+        for x, y in batches(data, batch_size, shuffle=True, generator=generator):
+            loss = task.loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -158,18 +159,18 @@ class PruneResult:
     sparsity: float  # zero weights / all conv+linear weights, after pruning
 
 
-def apply_pruning(model: nn.Module, spec: str, data: TensorData, *, fine_tune_epochs: int = 3,
+def apply_pruning(model: nn.Module, spec: str, data: Dataset, task: Task, *, fine_tune_epochs: int = 3,
                   seed: int = 0) -> PruneResult:
     """Prune ``model`` in place as ``spec`` says, fine-tuning after each step; masks folded in."""
     steps = parse_pruning(spec)
     before = sum(p.numel() for p in model.parameters())
     for step in steps:
         if step.kind == "channels":
-            _prune_channels(model, step.amount, data.x[:8])
+            _prune_channels(model, step.amount, as_tensor_data(data, 8).x)
         else:
             targets = [(m, "weight") for m in _prunable(model)]
             prune.global_unstructured(targets, pruning_method=prune.L1Unstructured, amount=step.amount)
-        fine_tune(model, data, epochs=fine_tune_epochs, seed=seed)
+        fine_tune(model, data, task, epochs=fine_tune_epochs, seed=seed)
         if step.kind == "unstructured":
             for module, name in [(m, "weight") for m in _prunable(model)]:
                 prune.remove(module, name)  # fold the mask: a plain weight tensor with zeros

@@ -194,8 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         # are averaged (one dense allreduce of the parameters instead of `period` gradient ones).
         averager = PeriodicModelAverager(period=args.local_sgd, warmup_steps=args.local_sgd_warmup)
         optimizer = PostLocalSGDOptimizer(optim=optimizer, averager=averager)
-    pool = task.train_pool()
-    dataset = TensorDataset(pool.x, pool.y)
+    dataset = task.train_pool()  # any map-style Dataset of (input, target) pairs
+    held_out = task.test_data()  # None: the task has no central split; epochs report training loss only
+
+    def measure() -> dict[str, float]:
+        """The task's held-out loss (``test_loss``) and metrics, e.g. ``accuracy`` or ``mse``."""
+        if held_out is None:
+            return {}
+        figures = evaluate(model, held_out, task)
+        return {"test_loss": figures.pop("loss"), **figures}
+
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
 
@@ -229,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 group["lr"] = peak_lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
             x, y = x.to(device), y.to(device)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
-                loss = nn.functional.cross_entropy(ddp(x), y)
+                loss = task.loss(ddp(x), y)
             forward_done = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # gradient communication overlaps with this call
@@ -243,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
             epoch_steps += 1
         # held-out evaluation and writes happen on rank 0 only
         if rank == 0:
-            test_loss, accuracy = evaluate(model, task.test_data())
+            measured = measure()
             payload_bytes = getattr(hook_state, "bytes_sent", 0) - bytes_before
             averagings = _averagings(averager, step) - averaged_before
             row = {
                 "epoch": epoch, "step": step, "world_size": world, "backend": backend, "hook": hook_spec,
-                "train_loss": loss_sum / max(1, epoch_steps), "test_loss": test_loss, "accuracy": accuracy,
+                "train_loss": loss_sum / max(1, epoch_steps), **measured,
                 "samples_per_s": seen / total_s if total_s else None,
                 "step_s": total_s / max(1, epoch_steps),
                 "forward_s": compute_s / max(1, epoch_steps),
@@ -267,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "step": step, "epoch": epoch,
             })
-            log.info("epoch %d: loss %.4f accuracy %.4f %.0f samples/s", epoch, row["train_loss"],
-                     accuracy, row["samples_per_s"] or 0)
+            log.info("epoch %d: loss %.4f %s %.0f samples/s", epoch, row["train_loss"],
+                     " ".join(f"{k} {v:.4f}" for k, v in measured.items()), row["samples_per_s"] or 0)
         dist.barrier()
         if args.max_steps and step >= args.max_steps:
             break
@@ -287,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     digests: list[str | None] = [None] * world
     dist.all_gather_object(digests, _parameter_digest(model))
     if rank == 0:
-        test_loss, accuracy = evaluate(model, task.test_data())
+        measured = measure()
         save_model_file(out / "model.pt", ModelFile(
             task=task.spec, state_dict=model.state_dict(),
-            metadata={"source": "fedge.deploy.train", "accuracy": accuracy, "steps": step, "world_size": world,
+            metadata={"source": "fedge.deploy.train", **measured, "steps": step, "world_size": world,
                       "hook": hook_spec, "backend": backend},
         ))
         atomic_write_text(out / "summary.json", json.dumps(
-            {"accuracy": accuracy, "test_loss": test_loss, "steps": step, "world_size": world,
+            {**measured, "steps": step, "world_size": world,
              "hook": hook_spec, "backend": backend, "parameter_digests": digests,
              "replicas_identical": len(set(digests)) == 1}, indent=2) + "\n")
         if len(set(digests)) != 1:

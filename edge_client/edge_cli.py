@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = model.metadata
     summary = {"verified": True, "name": meta["name"], "round": meta["round"], "task": meta["task"],
                "quantization": (meta.get("quantization") or {}).get("mode"),
-               "accuracy": (meta.get("accuracy") or {}).get("bundle"),
+               **_quality(meta),
                "expires": meta["expires"], "key_id": model.bundle.key_id,
                "verify_ms": round(model.bundle.seconds * 1e3, 2)}
     if args.command == "verify" and args.install:
@@ -135,10 +135,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.output:
             np.save(Path(args.output), outputs)
-        summary |= {"batch": int(x.shape[0]), "predictions": outputs.argmax(axis=-1).tolist(),
+        # a classifier's outputs are logits: its predictions are the classes; anything else (a
+        # regression, a sequence model) predicts its outputs themselves
+        classifier = (meta.get("quality") or {}).get("metric") == "accuracy"
+        predictions = outputs.argmax(axis=-1) if classifier else outputs
+        summary |= {"batch": int(x.shape[0]), "predictions": np.round(predictions, 6).tolist(),
                     "latency_p50_ms": round(report.p50_ms, 4), "samples_per_s": round(report.samples_per_s, 1)}
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _quality(meta: dict) -> dict:
+    """The bundle's signed quality figure, e.g. ``{"accuracy": 0.97}`` or ``{"mse": 0.41}``."""
+    quality = meta.get("quality") or {}
+    return {quality["metric"]: quality.get("bundle")} if "metric" in quality else {}
 
 
 if __name__ == "__main__":

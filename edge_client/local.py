@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedge.compression import Codec, derive_seed, make_codec
-from fedge.edge_client.node_data import node_data
+from fedge.edge_client.node_data import holdout_split, node_data
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.trainer import LocalTrainResult, train_local
 from fedge.edge_client.update_encoder import encode_update
@@ -28,13 +28,16 @@ from fedge.protocol import (
     payload_record,
 )
 from fedge.protocol.round_config import RoundConfig
-from fedge.tasks import Task, TensorData, flatten_state, make_task, tensor_sizes, unflatten_state
+from torch.utils.data import Dataset
+
+from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
 
 __all__ = [
     "codec_for",
     "encode",
     "load_flat",
     "local_data",
+    "local_heldout",
     "node_generator",
     "round_config",
     "store",
@@ -55,9 +58,25 @@ def task_of(config: RoundConfig) -> Task:
     return make_task(config.task)
 
 
-def local_data(context: Context, config: RoundConfig) -> TensorData:
-    """The node's own data file or its partition (``edge_client.node_data``)."""
-    return node_data(dict(context.node_config), task_of(config), config.partitioning)
+def _split(context: Context, config: RoundConfig) -> tuple[Dataset, Dataset]:
+    """(train, held-out) parts of the node's data: with federated evaluation (``holdout`` > 0) a
+    seeded fraction is set aside for the whole run; otherwise the node trains on all of it."""
+    data = node_data(dict(context.node_config), task_of(config), config.partitioning)
+    if config.holdout <= 0:
+        return data, data
+    pid = int(context.node_config.get("partition-id", context.node_id))
+    return holdout_split(data, config.holdout, derive_seed(config.seed, pid, purpose="holdout"))
+
+
+def local_data(context: Context, config: RoundConfig) -> Dataset:
+    """The node's training data: its own data file or its partition (``edge_client.node_data``),
+    without its held-out part when the run evaluates on devices."""
+    return _split(context, config)[0]
+
+
+def local_heldout(context: Context, config: RoundConfig) -> Dataset | None:
+    """The node's held-out part for federated evaluation; ``None`` when the run keeps none."""
+    return _split(context, config)[1] if config.holdout > 0 else None
 
 
 def node_generator(config: RoundConfig, context: Context, purpose: str) -> torch.Generator:
@@ -81,9 +100,9 @@ def load_flat(task: Task, flat: torch.Tensor) -> torch.nn.Module:
     return model
 
 
-def train(model: torch.nn.Module, data: TensorData, config: RoundConfig, generator: torch.Generator,
+def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator: torch.Generator,
           prox_mu: float = 0.0) -> LocalTrainResult:
-    return train_local(model, data, epochs=config.local_epochs, lr=config.lr, batch_size=config.batch_size,
+    return train_local(model, data, task_of(config), epochs=config.local_epochs, lr=config.lr, batch_size=config.batch_size,
                        momentum=config.momentum, prox_mu=prox_mu, generator=generator)
 
 

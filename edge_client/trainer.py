@@ -15,7 +15,9 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd as functional_sgd
 
-from fedge.tasks import TensorData
+from torch.utils.data import Dataset
+
+from fedge.tasks import Task, batches
 
 __all__ = ["LocalTrainResult", "train_local"]
 
@@ -49,7 +51,8 @@ def _sgd_step(params: list[torch.Tensor], momentum_buffers: list[torch.Tensor | 
 
 def train_local(
     model: nn.Module,
-    data: TensorData,
+    data: Dataset,
+    task: Task,
     *,
     epochs: int,
     lr: float,
@@ -59,8 +62,9 @@ def train_local(
     prox_mu: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> LocalTrainResult:
-    """Train ``model`` in place for ``epochs`` passes over ``data`` in shuffled mini-batches."""
-    if len(data) == 0:
+    """Train ``model`` in place for ``epochs`` passes over ``data`` in shuffled mini-batches,
+    minimising the task's loss."""
+    if len(data) == 0:  # type: ignore[arg-type]
         raise ValueError("this client's partition is empty")
     started = time.perf_counter()
     anchor = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
@@ -69,10 +73,8 @@ def train_local(
     model.train()
     total_loss, steps = 0.0, 0
     for _ in range(epochs):
-        order = torch.randperm(len(data), generator=generator)
-        for start in range(0, len(data), batch_size):
-            index = order[start : start + batch_size]
-            loss = nn.functional.cross_entropy(model(data.x[index]), data.y[index])
+        for x, y in batches(data, batch_size, shuffle=True, generator=generator):
+            loss = task.loss(model(x), y)
             objective = loss
             if anchor is not None:
                 drift = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))
@@ -85,5 +87,5 @@ def train_local(
             steps += 1
     if not torch.isfinite(torch.tensor(total_loss)):
         raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
-    return LocalTrainResult(loss=total_loss / max(steps, 1), steps=steps, examples=len(data),
+    return LocalTrainResult(loss=total_loss / max(steps, 1), steps=steps, examples=len(data),  # type: ignore[arg-type]
                             seconds=time.perf_counter() - started)

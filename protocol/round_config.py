@@ -30,6 +30,7 @@ _COMMON: dict[str, tuple[type, float | None]] = {
     "lr": (float, 0.0),
     "momentum": (float, 0.0),
     "seed": (int, 0),
+    "holdout": (float, 0.0),
 }
 
 
@@ -45,6 +46,8 @@ class RoundConfig:
     lr: float
     momentum: float
     seed: int
+    #: fraction of a device's data set aside for federated evaluation (0: the run evaluates centrally)
+    holdout: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_record(self) -> ConfigRecord:
@@ -61,6 +64,8 @@ class RoundConfig:
             if key not in record:
                 raise ProtocolError(f"config record lacks {key!r}")
             values[key.replace("-", "_")] = _typed(key, record[key], kind, low)
+        if values["holdout"] >= 1.0:
+            raise ProtocolError(f"config holdout={values['holdout']} must be below 1")
         extra = {k: v for k, v in record.items() if k not in _COMMON}
         return cls(**values, extra=extra)
 

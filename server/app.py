@@ -66,8 +66,8 @@ def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) ->
         log.exception("bundle export failed")
         return {"path": None, "error": f"{type(err).__name__}: {err}"}
     facts = bundle_facts(statement)
-    log.info("signed bundle %s (round %d, %d bytes, accuracy %.2f%%)", out, round_, facts["bytes"],
-             100 * facts["accuracy"])
+    log.info("signed bundle %s (round %d, %d bytes, %s %.4g)", out, round_, facts["bytes"], facts["metric"],
+             facts[facts["metric"]])
     public = key_path.parent / PUBLIC_KEY_FILE  # next to the private key, as `fedge keys generate` writes it
     return {"path": str(out), "public_key": str(public) if public.is_file() else None, **facts}
 
@@ -84,7 +84,7 @@ def main(grid: Grid, context: Context) -> None:
     algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
     engine = Engine(algorithm, run_dir)
     start_params = initial_params(task, settings.seed, settings.init)
-    first_loss, first_accuracy = engine.evaluate(start_params)
+    first = engine.evaluate(start_params)
     result = engine.run(grid, start_params)
     if result.stopped:  # the checkpoint holds the state; no final model or summary for a paused run
         log.info("run stopped at the operator's request after round %d", result.rows[-1].round if result.rows else 0)
@@ -92,19 +92,23 @@ def main(grid: Grid, context: Context) -> None:
 
     rows = result.rows
     final_round = rows[-1].round if rows else 0
-    final_loss, final_accuracy = engine.evaluate(result.model) if rows else (first_loss, first_accuracy)
+    # the final model's figures: central ones where there is central data, else the last
+    # federated evaluation (the devices measured that very model when the last step closed)
+    final = engine.evaluate(result.model) if rows and engine.ctx.evaluation != "federated" else (
+        dict(rows[-1].metrics) if rows else first)
+    metric = task.primary_metric
     save_model_file(
         run_dir.model_path,
         ModelFile(
             task=task.spec,
             state_dict=unflatten_state(result.model, task.build_model().state_dict()),
-            metadata={"round": final_round, "accuracy": final_accuracy, "codec": settings.codec,
-                      "algorithm": algorithm.spec},
+            metadata={"round": final_round, "metric": metric, metric: final.get(metric), "codec": settings.codec,
+                      "algorithm": algorithm.spec, "evaluation": rows[-1].evaluation if rows else "central"},
         ),
     )
     bundle = _export_bundle(settings, run_dir, final_round) if settings.export_bundle else None
     if rows:
-        plot_run(rows, run_dir.plot_path,
+        plot_run(rows, run_dir.plot_path, maximize=task.maximize,
                  title=f"{task.spec} · {algorithm.spec} · {settings.codec} · {settings.partitioning}")
     uplink = sum(r.uplink_bytes for r in rows)
     fp32 = sum(r.uplink_fp32_bytes for r in rows)
@@ -112,9 +116,12 @@ def main(grid: Grid, context: Context) -> None:
         {
             "rounds": final_round,
             "algorithm": algorithm.spec,
-            "initial_accuracy": first_accuracy,
-            "final_accuracy": final_accuracy,
-            "final_loss": final_loss,
+            "metric": metric,
+            "evaluation": rows[-1].evaluation if rows else engine.ctx.evaluation,
+            "initial_metrics": first,
+            "final_metrics": final,
+            # the flat spellings scripts read (`jq .final_accuracy`), one per metric
+            **{f"final_{name}": value for name, value in final.items()},
             "uplink_bytes": uplink,
             "uplink_fp32_bytes": fp32,
             "compression_ratio": fp32 / uplink if uplink else None,
@@ -122,9 +129,10 @@ def main(grid: Grid, context: Context) -> None:
             "measurement_bytes": sum(r.measurement_bytes for r in rows),
             "seconds": sum(r.seconds for r in rows),
             "resumed_from_round": result.resumed_from,
-            "stopped_at_accuracy": settings.stop_accuracy if result.reached_target else None,
+            "stopped_at": (settings.stop_at or f"accuracy>={settings.stop_accuracy}") if result.reached_target else None,
             "codec": settings.codec,
             "bundle": bundle,
         }
     )
-    log.info("done: accuracy %.4f after %d rounds; model %s", final_accuracy, final_round, run_dir.model_path)
+    log.info("done: %s %.4f after %d rounds; model %s", metric, final.get(metric, float("nan")), final_round,
+             run_dir.model_path)

@@ -97,7 +97,7 @@ class RunSettings:
     rounds: int = _opt(30, "number of federated rounds")
     stop_accuracy: float = _opt(
         0.0, "end the run as complete once a round's held-out accuracy reaches this (0 = run every round): "
-        "time-to-accuracy benchmarks, and not training past good enough"
+        "time-to-accuracy benchmarks; the short form of stop-at='accuracy>=X'"
     )
     clients_per_round: int = _opt(10, "clients sampled per round (all connected ones if fewer)")
     min_replies: int = _opt(1, "fewest valid replies that still update the model in a round")
@@ -108,8 +108,26 @@ class RunSettings:
     lr: float = _opt(0.1, "client learning rate (SGD)")
     momentum: float = _opt(0.0, "client SGD momentum")
     prox_mu: float = _opt(0.0, "FedProx proximal coefficient mu (0 = plain FedAvg)")
-    client_eval_every: int = _opt(
-        0, "every N rounds (and the last) clients also evaluate the global model on local data; 0 = off"
+    evaluate: str = _opt(
+        "auto",
+        "where each step's model is measured: 'central' (the coordinator's held-out data: the task's, or "
+        "eval-data), 'federated' (the devices evaluate it on their local held-out split; metrics combined "
+        "weighted by examples), 'both', or 'auto' (central if there is central data, else federated)",
+    )
+    evaluate_every: int = _opt(
+        1, "federated evaluation every N steps (and the last); central evaluation runs every step"
+    )
+    holdout: float = _opt(
+        0.2, "fraction of each device's data set aside (for the whole run) for federated evaluation; "
+        "only when the run evaluates on devices"
+    )
+    eval_data: str = _opt(
+        "", "the coordinator's own held-out data: an .npz with arrays x and y, as a device's own data file; "
+        "replaces the task's central split"
+    )
+    stop_at: str = _opt(
+        "", "end the run as complete once a step's metric passes a threshold: 'accuracy>=0.95', 'mse<=0.3', "
+        "'loss<=0.1' (any metric the task reports); empty = run every round"
     )
     init: str = _opt(
         "", "initial global model: a model.pt (e.g. from fedge cloud-train); empty = seeded random init"
@@ -151,8 +169,18 @@ class RunSettings:
             raise SettingsError("momentum must be in [0, 1)")
         if not 0 <= self.stop_accuracy <= 1:
             raise SettingsError("stop-accuracy must be in [0, 1] (0 = off)")
-        if self.client_eval_every < 0:
-            raise SettingsError("client-eval-every must be >= 0")
+        if self.evaluate_every < 1:
+            raise SettingsError("evaluate-every must be >= 1")
+        if self.evaluate not in ("auto", "central", "federated", "both"):
+            raise SettingsError(f"evaluate must be auto, central, federated or both, got {self.evaluate!r}")
+        if not 0.0 < self.holdout < 1.0:
+            raise SettingsError("holdout must be in (0, 1)")
+        if self.stop_at and self.stop_accuracy:
+            raise SettingsError("give stop-at or stop-accuracy, not both (stop-accuracy=X is stop-at='accuracy>=X')")
+        try:
+            self.stop_rule
+        except ValueError as err:
+            raise SettingsError(f"stop-at: {err}") from None
         if self.prox_mu < 0:
             raise SettingsError("prox-mu must be >= 0")
         if self.min_replies > self.clients_per_round:
@@ -183,6 +211,27 @@ class RunSettings:
                 parse_spec(value)
             except SpecError as err:
                 raise SettingsError(f"{key}: {err}") from None
+
+    @property
+    def stop_rule(self) -> tuple[str, str, float] | None:
+        """``(metric, '>=' or '<=', threshold)`` of ``stop-at`` (or ``stop-accuracy``), or ``None``."""
+        if self.stop_accuracy:
+            return ("accuracy", ">=", self.stop_accuracy)
+        if not self.stop_at:
+            return None
+        import math
+        import re
+
+        match = re.fullmatch(r"\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*(\S+)\s*", self.stop_at)
+        if match is None:
+            raise ValueError(f"{self.stop_at!r} is not 'METRIC>=X' or 'METRIC<=X'")
+        try:
+            threshold = float(match.group(3))
+        except ValueError:
+            raise ValueError(f"{self.stop_at!r}: {match.group(3)!r} is not a number") from None
+        if not math.isfinite(threshold):
+            raise ValueError(f"{self.stop_at!r}: the threshold must be finite")
+        return match.group(1), match.group(2), threshold
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:

@@ -1,18 +1,23 @@
-"""Fedge tasks: models, data (offline, embedded default: scikit-learn digits) and partitioning."""
+"""Fedge tasks: the public Task API (``docs/extending.md``), the built-in tasks (embedded default:
+scikit-learn digits) and partitioning."""
 
-from fedge.tasks.base import Task, TensorData
-from fedge.tasks.evaluation import evaluate
+from fedge.tasks.base import Task, TensorData, as_tensor_data
+from fedge.tasks.evaluation import batches, evaluate, predict
 from fedge.tasks.parameters import flatten_state, numel_of, tensor_sizes, unflatten_state
-from fedge.tasks.registry import available_tasks, make_task, register_task
+from fedge.tasks.registry import TaskNotFoundError, available_tasks, make_task, register_task
 
 __all__ = [
     "Task",
+    "TaskNotFoundError",
     "TensorData",
+    "as_tensor_data",
     "available_tasks",
+    "batches",
     "evaluate",
     "flatten_state",
     "make_task",
     "numel_of",
+    "predict",
     "register_task",
     "tensor_sizes",
     "unflatten_state",

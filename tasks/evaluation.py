@@ -1,28 +1,63 @@
-"""Held-out evaluation shared by the coordinator, the edge client and the cloud trainer."""
+"""Evaluation shared by the coordinator, the devices, the cloud trainer and the exporter.
+
+One function: the task's loss and metrics of a model on a split, computed over the whole split's
+outputs at once (so a metric need not be decomposable into batches). Each value is a mean over
+examples, which is what lets federated evaluation combine devices' figures weighted by examples.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from fedge.tasks.base import TensorData
+from fedge.tasks.base import Task, TensorData
 
-__all__ = ["evaluate"]
+__all__ = ["batches", "evaluate", "predict"]
+
+
+def batches(data: Dataset, batch_size: int, *, shuffle: bool = False,
+            generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Mini-batches ``(x, y)`` of any map-style dataset. In-memory :class:`TensorData` is sliced
+    directly (no per-item Python calls); anything else goes through a single-process ``DataLoader``
+    (worker processes would multiply on a device that already runs a process per message)."""
+    if isinstance(data, TensorData):
+        order = torch.randperm(len(data), generator=generator) if shuffle else None
+        for start in range(0, len(data), batch_size):
+            if order is None:
+                yield data.x[start : start + batch_size], data.y[start : start + batch_size]
+            else:
+                index = order[start : start + batch_size]
+                yield data.x[index], data.y[index]
+        return
+    sampler = RandomSampler(data, generator=generator) if shuffle else None  # type: ignore[arg-type]
+    yield from DataLoader(data, batch_size=batch_size, sampler=sampler, num_workers=0)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: TensorData, batch_size: int = 512) -> tuple[float, float]:
-    """Return ``(mean cross-entropy loss, accuracy)`` of ``model`` on ``data``."""
-    if len(data) == 0:
+def predict(model: nn.Module, data: Dataset, batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs on every sample of ``data`` and the targets, in order."""
+    if len(data) == 0:  # type: ignore[arg-type]
         raise ValueError("cannot evaluate on an empty data set")
     was_training = model.training
     model.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(data), batch_size):
-        x = data.x[start : start + batch_size]
-        y = data.y[start : start + batch_size]
-        logits = model(x)
-        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == y).sum())
+    outputs, targets = [], []
+    for x, y in batches(data, batch_size):
+        outputs.append(model(x))
+        targets.append(y)
     model.train(was_training)
-    return loss_sum / len(data), correct / len(data)
+    return torch.cat(outputs), torch.cat(targets)
+
+
+def evaluate(model: nn.Module, data: Dataset, task: Task, batch_size: int = 512) -> dict[str, float]:
+    """``{"loss": ..., **task.metrics(...)}`` of ``model`` on ``data`` (every value finite-checked
+    by the caller that needs it)."""
+    outputs, targets = predict(model, data, batch_size)
+    with torch.no_grad():
+        loss = float(task.loss(outputs, targets))
+    metrics = {str(k): float(v) for k, v in task.metrics(outputs, targets).items()}
+    if "loss" in metrics:
+        raise ValueError(f"task {task.spec!r}: 'loss' is reported by Fedge itself; name the metric otherwise")
+    return {"loss": loss, **metrics}

@@ -8,6 +8,7 @@ run over a ``datasets.Dataset`` built in memory from the pool's labels.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache, partial
 
 import numpy as np
@@ -20,7 +21,7 @@ from flwr_datasets.partitioner import (
 )
 
 from fedge.compression.errors import SpecError
-from fedge.compression.spec import build_from_spec
+from fedge.compression.spec import build_from_spec, parse_spec
 
 __all__ = ["partition_indices", "validate_partitioning"]
 
@@ -78,7 +79,7 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int) -> 
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     partitioner, seed = _make(spec, num_partitions)
-    num_classes = max(labels) + 1
+    num_classes = max(labels) + 1 if labels else 1
     # IidPartitioner splits contiguous shards: shuffle the pool order first so shards are random.
     order = np.random.default_rng(seed).permutation(len(labels))
     features = Features({"index": Value("int64"), "label": ClassLabel(num_classes=num_classes)})
@@ -93,9 +94,19 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int) -> 
 
 
 def partition_indices(
-    labels: tuple[int, ...], spec: str, num_partitions: int, partition_id: int
+    labels: Sequence[int] | None, spec: str, num_partitions: int, partition_id: int, size: int | None = None
 ) -> np.ndarray:
-    """Indices into the pool (whose labels are ``labels``) that belong to ``partition_id``."""
+    """Indices into the pool (whose class labels are ``labels``) that belong to ``partition_id``.
+
+    A task without class labels (``labels=None``, e.g. regression) has a pool of ``size`` samples
+    and can only be split ``iid``: the label-skew partitioners have nothing to skew."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} outside 0..{num_partitions - 1}")
-    return _all_partitions(labels, spec, num_partitions)[partition_id]
+    if labels is None:
+        if parse_spec(spec)[0] != "iid":
+            raise SpecError(f"partitioning {spec!r} skews class labels, and this task has none: use 'iid', "
+                            "or give the task a partition_labels() (e.g. binned targets)")
+        if size is None:
+            raise ValueError("partition_indices needs the pool size when there are no labels")
+        labels = (0,) * size
+    return _all_partitions(tuple(int(v) for v in labels), spec, num_partitions)[partition_id]

@@ -1,34 +1,146 @@
-"""Task registry: ``digits`` (embedded default), ``synthetic:hidden=1024,...``, ``fashion`` (Debian package)."""
+"""Which task a spec names: a built-in, an installed plugin, or a class by import path.
+
+Three forms, the same everywhere a task spec goes (``--task``, ``task = ...`` in a run config, a
+model file's header, ``fedge-edge join --task``):
+
+* a built-in: ``digits`` (embedded default), ``synthetic:hidden=1024``, ``fashion`` (Debian package);
+* an installed plugin: a name registered in the ``fedge.tasks`` entry-point group of any installed
+  distribution (``[project.entry-points."fedge.tasks"] housing = "my_pkg.task:HousingTask"``);
+* an import path: ``module:Class`` with optional parameters after a second colon,
+  ``my_app.task:HousingTask:hidden=64,depth=2``. The module must be importable in every process
+  that runs the task: the app directory travels in the Flower app bundle (``fedge new``, ``fedge
+  demo --app``), a device installs it, the torchrun trainer and the exporter import it from the
+  current directory or the environment.
+
+Parameters use the grammar of every other spec (``fedge.compression.spec``): ``key=value`` pairs
+converted to the types of the constructor's defaults. Tasks are built once per process per spec.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import sys
 from collections.abc import Callable
 from functools import lru_cache
 
-from fedge.compression.spec import build_from_spec
+from fedge.compression.errors import SpecError
+from fedge.compression.spec import build_from_spec, parse_spec
 from fedge.tasks.base import Task
 from fedge.tasks.digits import DigitsTask
 from fedge.tasks.fashion_mnist import FashionMNISTTask
 from fedge.tasks.synthetic import SyntheticTask
 
-__all__ = ["available_tasks", "make_task", "register_task"]
+__all__ = ["ENTRY_POINT_GROUP", "TaskNotFoundError", "available_tasks", "import_path_of", "make_task",
+           "register_task", "task_module"]
 
-_REGISTRY: dict[str, Callable[..., Task]] = {
+log = logging.getLogger(__name__)
+
+#: the entry-point group installed task plugins register under
+ENTRY_POINT_GROUP = "fedge.tasks"
+
+_BUILTIN: dict[str, Callable[..., Task]] = {
     "digits": DigitsTask, "synthetic": SyntheticTask, "fashion": FashionMNISTTask,
 }
+#: registered in this process only (tests, notebooks); runs in Flower's processes need a plugin
+#: or an import path, which every process can resolve on its own
+_REGISTERED: dict[str, Callable[..., Task]] = {}
+
+
+class TaskNotFoundError(SpecError):
+    """A task spec names nothing that can be built; the message says what was tried."""
 
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
-    _REGISTRY[name] = factory
+    """Register ``factory`` under ``name`` in this process. Flower's ServerApp and ClientApp run in
+    other processes: use an import path or an entry point for anything a run must find there."""
+    _REGISTERED[name.lower()] = factory
+
+
+def _plugins() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name.lower(): ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def available_tasks() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted({*_BUILTIN, *_REGISTERED, *_plugins()})
+
+
+def import_path_of(spec: str) -> tuple[str, str, str] | None:
+    """``(module, attribute, parameters)`` if ``spec`` is an import path (``module:Attr[:k=v,...]``),
+    else ``None``. A built-in or plugin spec has ``key=value`` pairs after its only colon; an import
+    path has an attribute name there."""
+    head, colon, rest = spec.strip().partition(":")
+    if not colon:
+        return None
+    attribute, _, params = rest.partition(":")
+    if "=" in attribute or "," in attribute:
+        return None
+    if not attribute.isidentifier() or not all(part.isidentifier() for part in head.split(".")):
+        raise TaskNotFoundError(f"task {spec!r}: an import path is 'package.module:Class[:key=value,...]'")
+    return head, attribute, params
+
+
+def task_module(spec: str) -> str | None:
+    """The top-level module an import-path spec needs in every process (``None`` for other forms):
+    what ``fedge demo`` puts in the app bundle beside Fedge."""
+    path = import_path_of(spec)
+    return path[0].split(".")[0] if path else None
+
+
+def _import_factory(spec: str, module_name: str, attribute: str) -> Callable[..., Task]:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        searched = [p or "." for p in sys.path[:6]]
+        raise TaskNotFoundError(
+            f"task {spec!r}: cannot import module {module_name!r} ({err}); searched {searched}"
+            f"{' …' if len(sys.path) > 6 else ''}. Run from the directory that holds it, install it, or "
+            "use `fedge demo --app DIR` so that it travels in the app bundle"
+        ) from None
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        found = sorted(n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Task) and v is not Task)
+        raise TaskNotFoundError(f"task {spec!r}: module {module_name!r} ({module.__file__}) has no {attribute!r}; "
+                                f"Task classes there: {', '.join(found) or 'none'}")
+    return factory
+
+
+def _factory(spec: str) -> tuple[str, Callable[..., Task], str]:
+    """(canonical head, factory, parameters) for any of the three forms."""
+    path = import_path_of(spec)
+    if path is not None:
+        module_name, attribute, params = path
+        return f"{module_name}:{attribute}", _import_factory(spec, module_name, attribute), params
+    name, _ = parse_spec(spec)
+    params = spec.strip().partition(":")[2]
+    for table in (_BUILTIN, _REGISTERED):
+        if name in table:
+            return name, table[name], params
+    plugin = _plugins().get(name)
+    if plugin is not None:
+        try:
+            return name, plugin.load(), params
+        except Exception as err:
+            raise TaskNotFoundError(f"task plugin {name!r} ({plugin.value}, entry point group "
+                                    f"{ENTRY_POINT_GROUP!r}) failed to load: {type(err).__name__}: {err}") from None
+    raise TaskNotFoundError(
+        f"unknown task {name!r}; available: {', '.join(available_tasks())}, or an import path "
+        "'package.module:Class' (e.g. 'task:MyTask' for a task.py in the app directory)"
+    )
 
 
 @lru_cache(maxsize=8)
 def make_task(spec: str) -> Task:
     """The task a spec names (cached: a process building the same task twice shares its data)."""
-    task = build_from_spec(spec, _REGISTRY, family="task")
-    assert isinstance(task, Task)
+    head, factory, params = _factory(spec)
+    task = build_from_spec(f"{head.replace(':', '.')}{':' + params if params else ''}",
+                           {head.replace(":", ".").lower(): factory}, family="task")
+    if not isinstance(task, Task):
+        raise TaskNotFoundError(f"task {spec!r}: {head} built a {type(task).__name__}, not a fedge.tasks.Task")
+    if not getattr(task, "spec", ""):
+        task.spec = f"{head}:{params}" if params else head
+    if not task.input_shape:
+        raise TaskNotFoundError(f"task {task.spec!r} does not set input_shape (one sample's shape)")
     return task

@@ -39,7 +39,7 @@ def trained_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     task = make_task("digits")
     torch.manual_seed(0)
     model = task.build_model()
-    fine_tune(model, task.train_pool(), epochs=6, lr=0.05, seed=0)
+    fine_tune(model, task.train_pool(), task, epochs=6, lr=0.05, seed=0)
     path = tmp_path_factory.mktemp("model") / "model.pt"
     save_model_file(path, ModelFile(task=task.spec, state_dict=model.state_dict(), metadata={"round": 5}))
     return path

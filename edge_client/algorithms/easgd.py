@@ -40,9 +40,14 @@ def train(msg: Message, context: Context) -> Message:
     x = x - delta
     store.put_tensor("local", x)
     payload, residual = local.encode(delta, config, task, store, generator)
-    # The node's own model on the task's held-out split, measured here (the coordinator never sees x_i).
-    _, accuracy = evaluate(local.load_flat(task, x), task.test_data())
+    # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
+    # part when the run keeps one, else on the task's central split when the device has it.
+    held_out = local.local_heldout(context, config)
+    held_out = held_out if held_out is not None else task.test_data()
+    measured = {}
+    if held_out is not None:
+        measured["local-score"] = float(evaluate(local.load_flat(task, x), held_out, task)[task.primary_metric])
     return local.train_reply(msg, payload, {
         "num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds, "center-distance": distance,
-        "local-accuracy": float(accuracy), "residual-norm": residual,
+        "residual-norm": residual, **measured,
     }, started)

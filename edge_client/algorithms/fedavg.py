@@ -12,7 +12,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import local
 from fedge.edge_client.public_copy import PublicCopy
-from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, read_payload, read_state_dict
+from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, ProtocolError, read_payload, read_state_dict
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import evaluate as evaluate_model
 from fedge.tasks import flatten_state
@@ -56,11 +56,15 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    """Evaluate the received global model on this client's local data (no training)."""
+    """Federated evaluation, for every algorithm: the received model (global, center or average)
+    on this node's held-out part, never trained on. Replies with the example count and the task's
+    loss and metrics (``fedge.server.engine.evaluation`` combines them weighted by examples)."""
     config = local.round_config(msg)
-    data = local.local_data(context, config)
-    model = local.task_of(config).build_model()
+    data = local.local_heldout(context, config)
+    if data is None:
+        raise ProtocolError("an evaluate message needs a run that keeps a local held-out part (holdout > 0)")
+    task = local.task_of(config)
+    model = task.build_model()
     model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
-    loss, accuracy = evaluate_model(model, data)
-    metrics = MetricRecord({"num-examples": len(data), "loss": loss, "accuracy": accuracy})
+    metrics = MetricRecord({"num-examples": len(data), **evaluate_model(model, data, task)})
     return Message(RecordDict({METRICS_RECORD: metrics}), reply_to=msg)

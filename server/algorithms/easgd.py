@@ -102,18 +102,18 @@ class EASGD(Algorithm):
         distance = metrics.get("center-distance")
         if not isinstance(distance, (int, float)) or not math.isfinite(distance) or distance < 0:
             raise Rejected(f"center-distance must be a finite number >= 0, got {distance!r}")
-        accuracy = metrics.get("local-accuracy")
-        if accuracy is not None and not (isinstance(accuracy, float) and 0.0 <= accuracy <= 1.0):
-            raise Rejected(f"local-accuracy must be in [0, 1], got {accuracy!r}")
+        score = metrics.get("local-score")
+        if score is not None and not (isinstance(score, float) and math.isfinite(score)):
+            raise Rejected(f"local-score must be a finite number, got {score!r}")
 
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, EASGDStep) and step.sum is not None
         step.sum.add(update.vector, weight=1.0)  # the center moves by the sum
         step.loss += update.train_loss
         step.distance += float(update.metrics["center-distance"])
-        accuracy = update.metrics.get("local-accuracy")
-        if accuracy is not None:
-            step.accuracy += accuracy
+        score = update.metrics.get("local-score")
+        if score is not None:
+            step.accuracy += score
             step.accuracy_replies += 1
 
     def close(self, step: Step) -> StepOutcome:
@@ -126,7 +126,8 @@ class EASGD(Algorithm):
             self.center, notes = finite_or_previous(self.center + scale * step.sum.sum(), self.center, step.number)
             extra["center_distance"] = step.distance / used
             if step.accuracy_replies:
-                extra["client_model_accuracy"] = step.accuracy / step.accuracy_replies
+                # e.g. client_model_accuracy: the clients' own models, measured on the clients
+                extra[f"client_model_{self.ctx.task.primary_metric}"] = step.accuracy / step.accuracy_replies
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step.number, used, self.ctx.settings.min_replies)

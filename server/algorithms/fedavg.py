@@ -15,9 +15,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, MessageType, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation import make_server_optimizer
 from fedge.aggregation.broadcast import Broadcast
@@ -58,9 +57,6 @@ class FedAvgStep(Step):
     loss_weight: float = 0.0
     used: list[int] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)
-    #: federated evaluation of the step's model on the clients' own data
-    evaluation: dict[str, float] = field(default_factory=lambda: {"examples": 0.0, "loss": 0.0, "correct": 0.0,
-                                                                  "replies": 0})
 
 
 class FedAvg(Algorithm):
@@ -152,45 +148,6 @@ class FedAvg(Algorithm):
                         step.number, used, self.ctx.settings.min_replies)
         train_loss = step.loss_sum / step.loss_weight if used else None
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
-
-    # -- federated evaluation: the global model on the clients' local data -----------------------
-    def evaluation(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        every = self.ctx.settings.client_eval_every
-        if not every or (step.number % every and step.number != self.ctx.settings.rounds):
-            return []
-        config = self.ctx.round_config(step.number).to_record()
-        model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
-        return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), MessageType.EVALUATE)
-                for n in nodes]
-
-    def absorb_evaluation(self, step: Step, reply: Reply) -> None:
-        assert isinstance(step, FedAvgStep)
-        if METRICS_RECORD not in reply.content.metric_records:
-            raise Rejected("evaluation reply has no metrics")
-        metrics = reply.content.metric_records[METRICS_RECORD]
-        try:
-            examples = float(metrics["num-examples"])
-            loss, accuracy = float(metrics["loss"]), float(metrics["accuracy"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise Rejected(f"implausible evaluation metrics {dict(metrics)}: {err}") from None
-        if not (examples > 0 and np.isfinite(loss) and 0.0 <= accuracy <= 1.0):
-            raise Rejected(f"implausible evaluation metrics {dict(metrics)}")
-        totals = step.evaluation
-        totals["examples"] += examples
-        totals["loss"] += loss * examples
-        totals["correct"] += accuracy * examples
-        totals["replies"] += 1
-
-    def close_evaluation(self, step: Step) -> dict[str, Any]:
-        assert isinstance(step, FedAvgStep)
-        totals = step.evaluation
-        if not totals["replies"]:
-            return {"client_eval_replies": 0}
-        return {
-            "client_accuracy": totals["correct"] / totals["examples"],
-            "client_loss": totals["loss"] / totals["examples"],
-            "client_eval_replies": int(totals["replies"]),
-        }
 
     # -- state ------------------------------------------------------------------------------------
     def final_model(self) -> torch.Tensor:

@@ -157,9 +157,6 @@ class FedBuff(FedAvg):
         self.version = step.number
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
-    def evaluation(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        return []  # federated evaluation is a synchronous exchange; not part of asynchronous runs
-
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "version": self.version}

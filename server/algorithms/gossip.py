@@ -200,7 +200,8 @@ class Gossip(Algorithm):
             step.measured_sum += wide
             step.measured_sumsq += float(wide.dot(wide))
             step.measured += 1
-            step.accuracies.append(self.ctx.evaluate(measured)[1])
+            if self.ctx.central_data is not None:  # each node's own model on central held-out data
+                step.accuracies.append(self.ctx.evaluate(measured)[self.ctx.task.primary_metric])
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, GossipStep) and step.measured_sum is not None
@@ -217,9 +218,11 @@ class Gossip(Algorithm):
             mean = step.measured_sum / step.measured
             xi2 = max(0.0, step.measured_sumsq / step.measured - float(mean.dot(mean)))
             self.average = mean.to(torch.float32)
-            accuracies = step.accuracies
-            extra.update({"consensus_distance": xi2, "node_accuracy_mean": sum(accuracies) / len(accuracies),
-                          "node_accuracy_worst": min(accuracies), "nodes_measured": step.measured})
+            extra.update({"consensus_distance": xi2, "nodes_measured": step.measured})
+            scores, task = step.accuracies, self.ctx.task
+            if scores:  # e.g. node_accuracy_mean / node_accuracy_worst, node_mse_mean / node_mse_worst
+                extra[f"node_{task.primary_metric}_mean"] = sum(scores) / len(scores)
+                extra[f"node_{task.primary_metric}_worst"] = min(scores) if task.maximize else max(scores)
         loss = step.loss / step.loss_count if step.loss_count else None
         return StepOutcome(model=self.average, train_loss=loss, extra=extra)
 

@@ -43,7 +43,7 @@ class RoundProgress:
         self.uplink += row.uplink_bytes
         self.fp32 += row.uplink_fp32_bytes
         status = (
-            f"acc {_percent(row.accuracy)}  loss {_number(row.loss)}  "
+            f"{_metric(row.metric, row.score)}  loss {_number(row.loss)}  "
             f"clients {row.clients_used}/{row.clients_sampled}  "
             f"uplink {self.uplink / 1e6:.2f} MB (fp32 {self.fp32 / 1e6:.2f} MB)"
         )
@@ -55,6 +55,11 @@ class RoundProgress:
 
 def _percent(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _metric(name: str, value: float) -> str:
+    """``acc 97.2%`` for accuracy, ``mse 0.123`` for anything else."""
+    return f"acc {_percent(value)}" if name == "accuracy" else f"{name} {_number(value)}"
 
 
 def _number(value: float | None) -> str:
@@ -71,8 +76,11 @@ def print_summary(console: Console, result: Any) -> None:
         last = rows[-1]
         table.add_row("algorithm", summary.get("algorithm", last.algorithm))
         table.add_row("rounds", str(last.round))
-        table.add_row("held-out accuracy", _percent(last.accuracy))
-        table.add_row("held-out loss", _number(last.loss))
+        where = "held-out" if last.evaluation == "central" else "federated (devices' held-out)"
+        final = summary.get("final_metrics") or last.metrics
+        for name in [last.metric, *sorted(k for k in final if k != last.metric)]:
+            value = float(final.get(name, math.nan))
+            table.add_row(f"{where} {name}", _percent(value) if name == "accuracy" else _number(value))
         up = sum(r.uplink_bytes for r in rows)
         fp32 = sum(r.uplink_fp32_bytes for r in rows)
         table.add_row("uplink bytes (real payloads)", f"{up:,}")
@@ -87,7 +95,10 @@ def print_summary(console: Console, result: Any) -> None:
         table.add_row("resumed after round", str(summary["resumed_from_round"]))
     bundle = summary.get("bundle")
     if bundle and bundle.get("path"):
-        table.add_row("edge bundle (int8, signed)", f"{bundle['bytes']:,} B, {100 * bundle['accuracy']:.2f}%")
+        metric = bundle.get("metric", "accuracy")
+        value = bundle.get(metric)
+        shown = "-" if value is None else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{metric} {value:.4g}")
+        table.add_row("edge bundle (int8, signed)", f"{bundle['bytes']:,} B, {shown}")
     elif bundle:
         table.add_row("edge bundle", f"refused: {bundle['error']}")
     table.add_row("wall time", f"{result.seconds:.1f} s")

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import torch
 from flwr.app import RecordDict
+from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import METRICS_RECORD, message_type_for
@@ -69,18 +70,29 @@ class RunContext:
     numel: int  # floating-point elements of the model: the length of every flat vector
     fp32_bytes: int  # one fp32 model as a Flower ArrayRecord: the baseline of compression ratios
     nodes_expected: int  # clients the run was configured for (clients-per-round)
+    #: the coordinator's held-out data (the task's test split or the operator's eval-data), if any
+    central_data: Dataset | None = None
+    #: where step models are measured: ``central``, ``federated`` or ``both`` (``engine.evaluation``)
+    evaluation: str = "central"
 
     @property
     def codec(self) -> Codec:
         return make_codec(self.settings.codec).for_model(tensor_sizes(self.template))
 
-    def evaluate(self, flat: torch.Tensor) -> tuple[float, float]:
-        """(loss, accuracy) of a flat model on the task's held-out split."""
+    @property
+    def holdout(self) -> float:
+        """The fraction of each device's data it keeps for federated evaluation (0: none)."""
+        return self.settings.holdout if self.evaluation != "central" else 0.0
+
+    def evaluate(self, flat: torch.Tensor) -> dict[str, float]:
+        """Loss and the task's metrics of a flat model on the coordinator's held-out data."""
         from fedge.tasks import evaluate, unflatten_state
 
+        if self.central_data is None:
+            raise ValueError("this run has no central held-out data")
         model = self.task.build_model()
         model.load_state_dict(unflatten_state(flat, self.template))
-        return evaluate(model, self.task.test_data())
+        return evaluate(model, self.central_data, self.task)
 
     def round_config(self, step: int, **extra: Any) -> RoundConfig:
         """The common part of every train message's config, plus an algorithm's own keys."""
@@ -88,7 +100,7 @@ class RunContext:
         return RoundConfig(
             round=step, task=self.task.spec, partitioning=s.partitioning, codec=self.codec.spec,
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
-            lr=s.lr, momentum=s.momentum, seed=s.seed, extra=extra,
+            lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout, extra=extra,
         )
 
 
@@ -242,16 +254,6 @@ class Algorithm(ABC):
     def ready(self, step: Step) -> bool:
         """Asynchronous algorithms: whether enough was absorbed to close the step now."""
         return False
-
-    def evaluation(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        """Optional second exchange of the step (federated evaluation); none by default."""
-        return []
-
-    def absorb_evaluation(self, step: Step, reply: Reply) -> None:
-        raise Rejected("this algorithm sends no evaluation messages")
-
-    def close_evaluation(self, step: Step) -> dict[str, Any]:
-        return {}
 
     @abstractmethod
     def final_model(self) -> torch.Tensor:

@@ -47,10 +47,12 @@ from fedge.server.run.checkpoint import Checkpoint, CheckpointError, Incompatibl
 from fedge.server.engine.dispatcher import Dispatcher, Missing
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.engine.reply_screen import screen_reply
+from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.update_guard import UpdateGuard
 from fedge.server.run.run_directory import RunDirectory
-from fedge.server.settings import RunSettings
+from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, evaluate, numel_of, unflatten_state
+from fedge.tasks.data_files import load_npz
 
 __all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
 
@@ -73,12 +75,34 @@ class EngineResult:
 
 
 def make_context(settings: RunSettings, task: Task) -> RunContext:
+    """The run's context: the model layout, and where step models are measured (the operator's
+    ``eval-data`` file replaces the task's central split; ``evaluate`` picks central or federated)."""
     template = task.build_model().state_dict()
+    central = load_npz(settings.eval_data, task) if settings.eval_data else task.test_data()
+    try:
+        mode = evaluation_mode(settings.evaluate, central is not None)
+    except ValueError as err:
+        raise SettingsError(str(err)) from None
+    rule = settings.stop_rule
+    if rule is not None and rule[0] != "loss":
+        known = set(task.metrics(*_probe(task)))
+        if rule[0] not in known:
+            raise SettingsError(f"stop-at names {rule[0]!r}; task {task.spec!r} reports loss, {', '.join(sorted(known))}")
     return RunContext(
         settings=settings, task=task, template=template, numel=numel_of(template),
         fp32_bytes=sum(len(a.data) for a in ArrayRecord(template).values()),
-        nodes_expected=settings.clients_per_round,
+        nodes_expected=settings.clients_per_round, central_data=central, evaluation=mode,
     )
+
+
+def _probe(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
+    """One real sample's output and target: what a task's metric names are learnt from."""
+    from fedge.tasks import predict
+    from fedge.tasks.base import subset
+
+    pool = task.test_data()
+    pool = pool if pool is not None and len(pool) else task.train_pool()  # type: ignore[arg-type]
+    return predict(task.build_model(), subset(pool, [0]))
 
 
 def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int]:
@@ -108,7 +132,6 @@ class Engine:
         self.clock = clock
         self.sleep = sleep
         self._model = self.ctx.task.build_model()
-        self._test = self.ctx.task.test_data()
         #: norm bound and weight cap of every decoded update, for every algorithm (checkpointed)
         self.guard = UpdateGuard(self.settings)
 
@@ -164,20 +187,56 @@ class Engine:
         return result.stopped
 
     def _reached_target(self, result: EngineResult) -> bool:
-        """Has the last published row reached ``stop-accuracy``? Then the run is complete: the model
-        is final, and a restarted coordinator does not train it further."""
-        target = self.settings.stop_accuracy
-        if target > 0 and result.rows and result.rows[-1].accuracy >= target:
+        """Has the last published row passed ``stop-at`` (or ``stop-accuracy``)? Then the run is
+        complete: the model is final, and a restarted coordinator does not train it further."""
+        rule = self.settings.stop_rule
+        if rule is None or not result.rows:
+            return result.reached_target
+        name, direction, threshold = rule
+        value = result.rows[-1].metrics.get(name, math.nan)
+        if value == value and (value >= threshold if direction == ">=" else value <= threshold):
             if not result.reached_target:
-                log.info("step %d reached stop-accuracy %g (held-out accuracy %.4f): the run is complete",
-                         result.rows[-1].round, target, result.rows[-1].accuracy)
+                log.info("step %d reached stop-at %s%s%g (%s %s %.4f): the run is complete",
+                         result.rows[-1].round, name, direction, threshold, result.rows[-1].evaluation, name, value)
             result.reached_target = True
         return result.reached_target
 
-    def evaluate(self, params: torch.Tensor) -> tuple[float, float]:
-        """(loss, accuracy) of a flat model on the task's held-out split."""
+    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
+        """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty
+        when the run has none: it evaluates on the devices)."""
+        if self.ctx.central_data is None:
+            return {}
         self._model.load_state_dict(unflatten_state(params, self.ctx.template))
-        return evaluate(self._model, self._test)
+        return evaluate(self._model, self.ctx.central_data, self.ctx.task)
+
+    def measure(self, grid: object, number: int, model: torch.Tensor | None, nodes: list[int],
+                tally: _Tally) -> tuple[dict[str, float], dict[str, object]]:
+        """The step model's metrics for the row (central or federated, as the run says) and what
+        the row records beside them (with ``both``: the federated figures as ``federated_<name>``)."""
+        if model is None:
+            return {}, {}
+        mode = self.ctx.evaluation
+        central = self.evaluate(model) if mode in ("central", "both") else {}
+        due = number % self.settings.evaluate_every == 0 or number >= self.settings.rounds
+        if mode == "central" or not due or not nodes:
+            return central, {}
+        federated = FederatedEvaluation(self.ctx, number)
+        outgoing = federated.messages(model, nodes)
+        tally.downlink += sum(array_bytes(o.content) for o in outgoing)
+        for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+                self._messages(outgoing, number, "eval"), self.settings.round_timeout):
+            if isinstance(item, Missing):
+                federated.ignore(item.node, item.reason)
+            elif item.has_error():
+                federated.ignore(item.metadata.src_node_id, f"client error {item.error.code}: {item.error.reason}")
+            else:
+                try:
+                    federated.absorb(item.metadata.src_node_id, item.content)
+                except Rejected as err:
+                    federated.ignore(item.metadata.src_node_id, str(err))
+        if mode == "federated":
+            return federated.result(), federated.facts()
+        return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
         return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
@@ -196,22 +255,8 @@ class Engine:
         for item in exchange:
             self._receive(state, item, tally)
         outcome = alg.close(state)
-        loss, accuracy = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
-        extra: dict[str, object] = {}
-        evaluation = alg.evaluation(state, selected)
-        if evaluation:
-            tally.downlink += sum(array_bytes(o.content) for o in evaluation)
-            for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-                self._messages(evaluation, step, "eval"), self.settings.round_timeout
-            ):
-                if isinstance(item, Missing) or item.has_error():
-                    continue
-                try:
-                    alg.absorb_evaluation(state, Reply(item.metadata.src_node_id, item.content))
-                except (Rejected, ProtocolError) as err:
-                    log.warning("round %d: ignored evaluation from node %d: %s", step, item.metadata.src_node_id, err)
-            extra.update(alg.close_evaluation(state))
-        return self._row(step, tally, outcome, (loss, accuracy), extra)
+        metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
+        return self._row(step, tally, outcome, metrics, extra)
 
     def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
         """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
@@ -256,8 +301,8 @@ class Engine:
                 if alg.ready(state):
                     version += 1
                     outcome = alg.close(state)
-                    evaluated = self.evaluate(outcome.model) if outcome.model is not None else (math.nan, math.nan)
-                    self._publish(self._row(version, tally, outcome, evaluated, {"client_idle_seconds": tally.idle}),
+                    metrics, extra = self.measure(grid, version, outcome.model, self._evaluators(grid, version), tally)
+                    self._publish(self._row(version, tally, outcome, metrics, {"client_idle_seconds": tally.idle, **extra}),
                                   result)
                     state, tally = alg.open_step(version + 1, []), _Tally(self.clock())
                     if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
@@ -280,22 +325,31 @@ class Engine:
         alg.absorb(step, Update(node=reply.node, vector=vector, weight=weight, metrics=metrics, payload=bytes(payload),
                                 content=reply.content, started=reply.started))
 
-    def _row(self, number: int, tally: _Tally, outcome: StepOutcome, evaluated: tuple[float, float],
+    def _evaluators(self, grid: object, version: int) -> list[int]:
+        """Asynchronous runs: the devices that evaluate a version (a seeded sample of the connected
+        ones; busy ones answer after their training message, as a SuperNode runs one at a time)."""
+        if self.ctx.evaluation == "central":
+            return []
+        return sample_nodes(sorted(grid.get_node_ids()), self.settings.clients_per_round,  # type: ignore[attr-defined]
+                            self.settings.seed, step=10**9 + version)
+
+    def _row(self, number: int, tally: _Tally, outcome: StepOutcome, metrics: dict[str, float],
              extra: dict[str, object]) -> RoundRow:
         """The metrics row of a step, synchronous or asynchronous alike."""
-        loss, accuracy = evaluated
         extra = {**outcome.extra, **self.guard.close_step(), **extra}
         if tally.train_seconds:
             extra["client_train_seconds"] = max(tally.train_seconds)
         row = RoundRow(
-            round=number, algorithm=self.algorithm.name, accuracy=accuracy, loss=loss,
+            round=number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
+            evaluation="federated" if self.ctx.evaluation == "federated" else "central",
             train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
             downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
             clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
             codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra=extra,
         )
-        log.info("%s %d: accuracy %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
-                 "version" if self.algorithm.asynchronous else "round", number, accuracy, loss, tally.used,
+        log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+                 "version" if self.algorithm.asynchronous else "round", number, row.evaluation, row.metric,
+                 row.score, row.loss, tally.used,
                  tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
         return row
 

@@ -81,7 +81,7 @@ def test_genuine_bundle_is_accepted_and_runs(bundle: Path, trusted, tmp_path: Pa
     predicate = verified.predicate
     assert predicate["round"] == 5 and predicate["task"] == "digits"
     assert predicate["quantization"]["mode"] == "int8"
-    assert predicate["accuracy"]["bundle"] >= predicate["accuracy"]["fp32"] - 0.01
+    assert predicate["quality"]["bundle"] >= predicate["quality"]["fp32"] - 0.01
     assert json.loads(store.path.read_text())["digits"]["round"] == 5
     x = np.zeros((3, 1, 8, 8), np.float32)
     assert verified.run(x).shape == (3, 10)
@@ -110,7 +110,7 @@ def test_truncated_or_extended_model_is_rejected(bundle: Path, trusted) -> None:
 def test_edited_metadata_is_rejected(bundle: Path, trusted) -> None:
     envelope = json.loads((bundle / ENVELOPE_FILE).read_text())
     statement = json.loads(base64.b64decode(envelope["payload"]))
-    statement["predicate"]["accuracy"]["bundle"] = 0.999  # a better-looking claim
+    statement["predicate"]["quality"]["bundle"] = 0.999  # a better-looking claim
     envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     (bundle / ENVELOPE_FILE).write_text(json.dumps(envelope))
     with pytest.raises(SignatureError, match="no valid signature"):
@@ -232,7 +232,7 @@ def test_accuracy_claimed_matches_a_plain_onnxruntime_session(genuine: Path) -> 
     session = ort.InferenceSession(str(genuine / MODEL_FILE), providers=["CPUExecutionProvider"])
     predictions = session.run(None, {session.get_inputs()[0].name: x_test})[0].argmax(1)
     accuracy = float((predictions == y_test).mean())
-    claimed = read_statement_unverified(genuine)["predicate"]["accuracy"]["bundle"]
+    claimed = read_statement_unverified(genuine)["predicate"]["quality"]["bundle"]
     assert abs(accuracy - claimed) <= 1 / len(y_test) + 1e-9, (accuracy, claimed)
 
 

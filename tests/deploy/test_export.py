@@ -47,9 +47,9 @@ def test_export_is_reproducible_checked_and_faithful(trained_model_file: Path) -
 def test_unstructured_pruning_reaches_the_sparsity_and_keeps_accuracy(trained_model_file: Path) -> None:
     task = make_task("digits")
     model = _trained(trained_model_file)
-    _, before = evaluate(model, task.test_data())
-    result = apply_pruning(model, "unstructured:sparsity=0.8", task.train_pool(), fine_tune_epochs=3)
-    _, after = evaluate(model, task.test_data())
+    before = evaluate(model, task.test_data(), task)["accuracy"]
+    result = apply_pruning(model, "unstructured:sparsity=0.8", task.train_pool(), task, fine_tune_epochs=3)
+    after = evaluate(model, task.test_data(), task)["accuracy"]
     assert result.sparsity == pytest.approx(0.8, abs=0.01) and sparsity(model) == result.sparsity
     assert result.parameters_after == result.parameters_before  # masks only: same shapes
     assert not any(name.endswith("_mask") for name, _ in model.named_buffers())  # folded in
@@ -59,13 +59,13 @@ def test_unstructured_pruning_reaches_the_sparsity_and_keeps_accuracy(trained_mo
 def test_channel_pruning_really_shrinks_the_layers(trained_model_file: Path) -> None:
     task = make_task("digits")
     model = _trained(trained_model_file)
-    result = apply_pruning(model, "channels:fraction=0.5", task.train_pool(), fine_tune_epochs=3)
+    result = apply_pruning(model, "channels:fraction=0.5", task.train_pool(), task, fine_tune_epochs=3)
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert [c.out_channels for c in convs] == [8, 16] and linears[0].in_features == 16 * 16
     assert linears[-1].out_features == 10  # the output layer is never pruned
     assert result.parameters_after < 0.35 * result.parameters_before
-    _, accuracy = evaluate(model, task.test_data())
+    accuracy = evaluate(model, task.test_data(), task)["accuracy"]
     assert accuracy >= 0.93, accuracy
     onnx_model = export_onnx(model, task.test_data().x[:1])  # the smaller model exports
     assert parity_error(model, onnx_model.data, task.test_data().x[:32]) < 1e-4
@@ -94,7 +94,7 @@ def test_channel_pruning_refuses_models_that_are_not_chains() -> None:
 
     data = TensorData(torch.randn(16, 4), torch.randint(0, 2, (16,)))
     with pytest.raises(PruningError, match="chain"):
-        apply_pruning(Residual(), "channels:fraction=0.5", data, fine_tune_epochs=0)
+        apply_pruning(Residual(), "channels:fraction=0.5", data, None, fine_tune_epochs=0)
 
 
 def test_static_int8_is_smaller_and_keeps_accuracy(trained_model_file: Path) -> None:
@@ -129,7 +129,7 @@ def test_accuracy_gate_refuses_a_badly_calibrated_model(trained_model_file: Path
     # quantize to a handful of levels and the int8 model collapses. The gate must catch it.
     task = make_task("digits")
     bad = task.train_pool().x[:64].numpy() * 1000.0
-    with pytest.raises(AccuracyGateError, match="points below fp32"):
+    with pytest.raises(AccuracyGateError, match=r"worse than fp32 .* points"):
         export_bundle(trained_model_file, tmp_path / "refused", load_private_key(keypair[0]), ExportOptions(),
                       calibration=bad)
     assert not (tmp_path / "refused" / ENVELOPE_FILE).exists() and not (tmp_path / "refused" / MODEL_FILE).exists()
@@ -144,7 +144,7 @@ def test_export_with_pruning_records_everything_in_the_manifest(trained_model_fi
     assert predicate["pruning"]["spec"] == "channels:fraction=0.5+unstructured:sparsity=0.7"
     assert predicate["pruning"]["sparsity"] == pytest.approx(0.7, abs=0.01)
     assert predicate["quantization"]["calibration_samples"] == 256
-    assert predicate["accuracy"]["bundle"] >= predicate["accuracy"]["fp32"] - 0.01
+    assert predicate["quality"]["bundle"] >= predicate["quality"]["fp32"] - 0.01
     assert predicate["round"] == 5 and predicate["model"]["size"] == (tmp_path / "b" / MODEL_FILE).stat().st_size
     assert predicate["source"]["model_file_sha256"]
     assert predicate["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", 1, 8, 8]}]

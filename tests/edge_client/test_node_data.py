@@ -40,7 +40,7 @@ def test_a_valid_file_loads_as_float32_and_int64(tmp_path: Path) -> None:
         ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(4, np.float32)}, "integer labels"),
         ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.full(4, 10)}, "labels must be in 0..9"),
         ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.full(4, -1)}, "labels must be in 0..9"),
-        ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(3, np.int64)}, "4 samples in x but 3"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(3, np.int64)}, "4 samples in x but y has shape (3,)"),
         ({"x": np.zeros((0, 1, 8, 8), np.float32), "y": np.zeros(0, np.int64)}, "no samples"),
         ({"x": np.full((2, 1, 8, 8), np.nan, np.float32), "y": np.zeros(2, np.int64)}, "NaN or infinite"),
         ({"x": np.zeros((2, 1, 8, 8), np.float32), "y": np.zeros((2, 1), np.int64)}, "shape (N,)"),

@@ -26,13 +26,12 @@ def test_local_training_learns_and_fedprox_limits_drift() -> None:
         torch.manual_seed(0)
         model = task.build_model()
         start = [p.detach().clone() for p in model.parameters()]
-        result = train_local(model, data, epochs=10, lr=0.05, batch_size=32, momentum=0.9, prox_mu=mu,
+        result = train_local(model, data, task, epochs=10, lr=0.05, batch_size=32, momentum=0.9, prox_mu=mu,
                              generator=torch.Generator().manual_seed(1))
         drifts[mu] = _drift(model, start)
         assert result.examples == len(data) and result.steps == 10 * -(-len(data) // 32)
         if mu == 0.0:
-            _, accuracy = evaluate(model, task.test_data())
-            assert accuracy > 0.5
+            assert evaluate(model, task.test_data(), task)["accuracy"] > 0.5
     assert drifts[1.0] < drifts[0.0]
 
 
@@ -58,7 +57,7 @@ def test_train_local_takes_exactly_torch_optim_sgds_steps(momentum: float, weigh
     torch.manual_seed(0)
     ours = task.build_model()
     theirs = copy.deepcopy(ours)
-    train_local(ours, data, epochs=2, lr=0.1, batch_size=32, momentum=momentum, weight_decay=weight_decay,
+    train_local(ours, data, task, epochs=2, lr=0.1, batch_size=32, momentum=momentum, weight_decay=weight_decay,
                 generator=torch.Generator().manual_seed(1))
     _reference_train(theirs, data, epochs=2, lr=0.1, batch_size=32, momentum=momentum,
                      weight_decay=weight_decay, generator=torch.Generator().manual_seed(1))
@@ -69,9 +68,9 @@ def test_train_local_takes_exactly_torch_optim_sgds_steps(momentum: float, weigh
 def test_train_local_does_not_import_torch_dynamo() -> None:
     """A ClientApp process runs one message: importing torch._dynamo (~1.9 s of CPU) would be paid on
     every message (see trainer._sgd_step)."""
-    code = ("import sys, torch; from tasks import make_task; from edge_client.trainer import train_local; "
+    code = ("import sys, torch; from fedge.tasks import make_task; from fedge.edge_client.trainer import train_local; "
             "t = make_task('digits'); m = t.build_model(); "
-            "train_local(m, t.partition(0, 10, 'iid'), epochs=1, lr=0.1, batch_size=32, momentum=0.9); "
+            "train_local(m, t.partition(0, 10, 'iid'), t, epochs=1, lr=0.1, batch_size=32, momentum=0.9); "
             "print('torch._dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                           cwd=Path(__file__).resolve().parents[2])

@@ -44,7 +44,7 @@ def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle
     bundle = summary["bundle"]
     device = EdgeModel.load(bundle["path"], [bundle["public_key"]], state=tmp_path / "device.json")
     assert device.metadata["round"] == 2 and device.metadata["task"] == "digits"
-    assert abs(device.metadata["accuracy"]["fp32"] - summary["final_accuracy"]) < 0.01
+    assert abs(device.metadata["quality"]["fp32"] - summary["final_accuracy"]) < 0.01
 
 
 def test_coordinator_survives_a_corrupt_and_a_silent_client(tmp_path, assert_no_leftovers) -> None:

@@ -84,7 +84,7 @@ def test_clients_keep_their_own_models_and_unsampled_ones_are_left_alone(tmp_pat
     engine = _engine(tmp_path, rounds=3, clients_per_round=2, local_epochs=2, algorithm="easgd")
     grid = InProcessGrid(4)
     start = _start(engine)
-    _, initial_accuracy = engine.evaluate(start)
+    initial_accuracy = engine.evaluate(start)["accuracy"]
     result = engine.run(grid, start)
     sampled = [m.metadata.dst_node_id for m in grid.pushed]
     assert all(m.metadata.message_type == "train.easgd" for m in grid.pushed)

@@ -51,7 +51,7 @@ def test_fedavg_round_trains_and_accounts_bytes(tmp_path) -> None:
     engine = _engine(tmp_path)
     grid = InProcessGrid(3)
     start = _start(engine)
-    _, before = engine.evaluate(start)
+    before = engine.evaluate(start)["accuracy"]
     result = engine.run(grid, start)
     assert [r.round for r in result.rows] == [1, 2]
     row = result.rows[-1]
@@ -65,14 +65,15 @@ def test_fedavg_round_trains_and_accounts_bytes(tmp_path) -> None:
 
 
 def test_client_evaluation_and_compressed_downlink(tmp_path) -> None:
-    """Federated evaluation by the clients' evaluate handler every 2 rounds, and the compressed
-    downlink: full models first, encoded changes afterwards (also on a real engine in the slow
-    ``tests/integration/test_resume.py``)."""
-    engine = _engine(tmp_path, rounds=4, client_eval_every=2, downlink_codec="qsgd:bits=8")
+    """Central and federated evaluation (``evaluate=both``, the devices every 2 rounds) and the
+    compressed downlink: full models first, encoded changes afterwards (also on a real engine in
+    the slow ``tests/integration/test_resume.py``)."""
+    engine = _engine(tmp_path, rounds=4, evaluate="both", evaluate_every=2, downlink_codec="qsgd:bits=8")
     grid = InProcessGrid(3)
     rows = engine.run(grid, _start(engine)).rows
-    assert [r.extra.get("client_eval_replies") for r in rows] == [None, 3, None, 3]
-    assert all(0.0 < rows[i].extra["client_accuracy"] <= 1.0 for i in (1, 3))
+    assert [r.extra.get("federated_replies") for r in rows] == [None, 3, None, 3]
+    assert all(0.0 < rows[i].extra["federated_accuracy"] <= 1.0 for i in (1, 3))
+    assert all(r.evaluation == "central" and 0.0 < r.accuracy <= 1.0 for r in rows)
     assert "evaluate" in [m.metadata.message_type for m in grid.pushed]
     full = 3 * engine.ctx.fp32_bytes
     assert rows[0].downlink_bytes == full and rows[2].downlink_bytes < full / 3

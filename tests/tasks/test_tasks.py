@@ -66,5 +66,12 @@ def test_flatten_round_trip() -> None:
 def test_evaluate_counts_correct_predictions() -> None:
     task = make_task("digits")
     torch.manual_seed(0)
-    loss, accuracy = evaluate(task.build_model(), task.test_data())
-    assert 0.0 <= accuracy <= 0.3 and loss > 2.0  # an untrained 10-class model is near chance
+    model = task.build_model()
+    figures = evaluate(model, task.test_data(), task)
+    assert set(figures) == {"loss", "accuracy"}
+    assert 0.0 <= figures["accuracy"] <= 0.3 and figures["loss"] > 2.0  # an untrained 10-class model is near chance
+    test = task.test_data()
+    with torch.no_grad():
+        logits = model(test.x)
+    assert figures["accuracy"] == pytest.approx(float((logits.argmax(1) == test.y).float().mean()))
+    assert figures["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, test.y)), rel=1e-5)
