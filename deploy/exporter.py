@@ -167,7 +167,7 @@ def export_bundle(
     torch.manual_seed(options.seed)
     pruned = apply_pruning(model, options.prune, pool, task, fine_tune_epochs=options.fine_tune_epochs,
                            seed=options.seed)
-    fp32 = export_onnx(model, task.example_input())
+    fp32 = export_onnx(model, task.example_input(), task.output)
     parity = parity_error(model, fp32.data, test.x[:64])
     if parity > 1e-3:
         raise ExportError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")

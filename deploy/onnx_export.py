@@ -85,7 +85,7 @@ def min_onnxruntime(opset: int, ir_version: int) -> str:
     return max(versions, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 
-def export_onnx(model: nn.Module, example: torch.Tensor) -> OnnxModel:
+def export_onnx(model: nn.Module, example: torch.Tensor, output_name: str = OUTPUT_NAME) -> OnnxModel:
     """Export ``model`` (eval mode, CPU) with a dynamic batch axis; weights inside the one file."""
     model = model.eval().cpu()
     with warnings.catch_warnings(), torch.no_grad():
@@ -95,7 +95,9 @@ def export_onnx(model: nn.Module, example: torch.Tensor) -> OnnxModel:
         exporter_log.setLevel(logging.ERROR)  # "torchvision is not installed" notices
         try:
             program = torch.onnx.export(
-                model, (example[:1].cpu(),), dynamo=True, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                # a batch of two: torch.export specializes a batch dimension of size 1 (its 0/1
+                # rule), and some modules (recurrent layers) then bake batch 1 into the graph
+                model, (torch.cat([example[:1], example[:1]]).cpu(),), dynamo=True, input_names=[INPUT_NAME], output_names=[output_name],
                 dynamic_shapes=({0: torch.export.Dim("batch")},), external_data=False,
                 verbose=False,
             )

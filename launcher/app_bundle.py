@@ -26,7 +26,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10; flwr depends on tomli there
     import tomli as tomllib
 
-__all__ = ["AppStagingError", "stage_directory", "stage_packages"]
+__all__ = ["AppStagingError", "app_config", "stage_app", "stage_directory", "stage_module", "stage_packages"]
 
 #: file types a Flower app bundle carries of a package (flwr's own FAB include patterns)
 _BUNDLED_SUFFIXES = (".py", ".toml", ".json", ".md")
@@ -66,6 +66,56 @@ def stage_directory(destination: Path, source: Path) -> Path:
                 target = destination / path.relative_to(source)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target)
+    return destination
+
+
+#: directories an app project may hold that never belong in its bundle (runs, environments, caches)
+_SKIPPED_DIRS = {"runs", "__pycache__", ".venv", "venv", "node_modules", "build", "dist", "flwr-home"}
+
+
+def app_config(source: Path) -> dict:
+    """The ``[tool.flwr.app.config]`` table of an app project (the run settings it declares)."""
+    pyproject = source / "pyproject.toml"
+    if not pyproject.is_file():
+        raise AppStagingError(f"{source} is not a Flower app: it has no pyproject.toml (make one with `fedge new`)")
+    try:
+        app = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["flwr"]["app"]
+    except (KeyError, tomllib.TOMLDecodeError) as err:
+        raise AppStagingError(f"{pyproject} has no valid [tool.flwr.app] table ({err})") from None
+    return dict(app.get("config") or {})
+
+
+def stage_app(destination: Path, source: Path) -> Path:
+    """Copy an app project (``fedge new``): its ``pyproject.toml`` and the files a Flower app bundle
+    carries (``.py``, ``.toml``, ``.json``, ``.md``), without run directories, environments or
+    hidden directories, so that ``flwr run`` bundles only the app."""
+    app_config(source)
+    _fresh(destination)
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if any(part in _SKIPPED_DIRS or part.startswith(".") for part in relative.parts[:-1]):
+            continue
+        if path.is_file() and not path.is_symlink() and path.name.endswith(_BUNDLED_SUFFIXES):
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    return destination
+
+
+def stage_module(destination: Path, module: str) -> Path:
+    """Copy a user's top-level module or package (a task's ``my_tasks.housing``: ``my_tasks``) into
+    an app directory, so that every ServerApp and ClientApp process imports the same code."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin in (None, "built-in", "frozen"):
+        raise AppStagingError(f"cannot find module {module!r} to put in the app bundle (searched sys.path)")
+    origin = Path(spec.origin)
+    if spec.submodule_search_locations:  # a package: the whole directory
+        shutil.copytree(origin.parent, destination / module, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+        shutil.copy2(origin, destination / origin.name)
     return destination
 
 

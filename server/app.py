@@ -121,6 +121,7 @@ def main(grid: Grid, context: Context) -> None:
             "initial_metrics": first,
             "final_metrics": final,
             # the flat spellings scripts read (`jq .final_accuracy`), one per metric
+            **{f"initial_{name}": value for name, value in first.items()},
             **{f"final_{name}": value for name, value in final.items()},
             "uplink_bytes": uplink,
             "uplink_fp32_bytes": fp32,

@@ -26,7 +26,7 @@ from fedge.launcher.environment import flower_environment
 from fedge.launcher.federation import LoopbackSecurity
 from fedge.launcher.processes import ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch, LaunchError
-from fedge.server.flower_app import stage_fedge_app
+from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
@@ -61,6 +61,7 @@ def launch(
     node_config: Mapping[int, Mapping[str, str | int | float]] | None = None,
     parallel_clients: int = 0,
     tls: bool = False,
+    app_dir: Path | None = None,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -116,7 +117,7 @@ def launch(
                 # CPUs only): more logical CPUs than cores means more ClientApps at once.
                 "init-args-num-cpus": max(1, os.cpu_count() or 1, parallel_clients),
             }
-        runner = flower.submit(stage_fedge_app(flwr_home / "app"), run_config,
+        runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir), run_config,
                                federation_config=federation_config, cwd=run_dir)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:

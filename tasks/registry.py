@@ -22,6 +22,7 @@ import importlib
 import importlib.metadata
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable
 from functools import lru_cache
@@ -89,9 +90,24 @@ def task_module(spec: str) -> str | None:
     return path[0].split(".")[0] if path else None
 
 
+def _import(module_name: str):  # type: ignore[no-untyped-def]
+    """Import ``module_name``; if it is not found and the current directory is not searched (a
+    console script such as ``fedge`` puts its own directory first, not the working one), look
+    there too, as Flower does for an app's modules."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        log.info("task module %s: found in the working directory %s", module_name, here)
+        return importlib.import_module(module_name)
+
+
 def _import_factory(spec: str, module_name: str, attribute: str) -> Callable[..., Task]:
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ImportError as err:
         searched = [p or "." for p in sys.path[:6]]
         raise TaskNotFoundError(
@@ -139,7 +155,9 @@ def make_task(spec: str) -> Task:
                            {head.replace(":", ".").lower(): factory}, family="task")
     if not isinstance(task, Task):
         raise TaskNotFoundError(f"task {spec!r}: {head} built a {type(task).__name__}, not a fedge.tasks.Task")
-    if not getattr(task, "spec", ""):
+    if import_path_of(spec) is not None or not getattr(task, "spec", ""):
+        # an import-path task is rebuilt from its path in every process, whatever spec a base
+        # class (a built-in task it extends) would give it
         task.spec = f"{head}:{params}" if params else head
     if not task.input_shape:
         raise TaskNotFoundError(f"task {task.spec!r} does not set input_shape (one sample's shape)")

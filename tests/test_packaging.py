@@ -70,7 +70,8 @@ def test_the_wheel_installs_fedge_and_nothing_generic(wheel: Path) -> None:
     assert tops == {"fedge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     assert "fedge/__init__.py" not in names  # a namespace: no code of its own
     for module in ("fedge/server/app.py", "fedge/server/engine/loop.py", "fedge/edge_client/app.py",
-                   "fedge/launcher/sequence.py", "fedge/server/daemon/fedge.example.toml"):
+                   "fedge/launcher/sequence.py", "fedge/server/daemon/fedge.example.toml",
+                   "fedge/server/cli/templates/regression/task.py", "fedge/server/cli/templates/classification/pyproject.toml"):
         assert module in names
 
 
@@ -98,6 +99,23 @@ def test_the_installed_wheel_runs_anywhere(wheel: Path, tmp_path: Path) -> None:
         assert "held-out accuracy" in out
         summary = json.loads((user / args[0] / "summary.json").read_text())
         assert summary["rounds"] == int(args[-1]) and summary["final_accuracy"] > 0.5, summary
+    # a new user's project, run with Flower's own command on its default local federation
+    fedge("new", "myapp")
+    home = tmp_path / "flwr-home"
+    from fedge.launcher.environment import flower_environment
+    from fedge.launcher.processes import processes_with_env
+
+    try:
+        done = subprocess.run([str(venv / "bin" / "flwr"), "run", ".", "--stream", "--run-config", "rounds=2"],
+                              cwd=user / "myapp", env={**flower_environment(home, env), "PATH": env["PATH"]},  # the wheel's flwr
+                              capture_output=True, text=True,
+                              timeout=600)
+    finally:
+        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):
+            os.kill(pid, 9)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (summary,) = (user / "myapp").glob("runs/run-*/summary.json")
+    assert json.loads(summary.read_text())["rounds"] == 2
     # no user file was imported (each would have aborted its process), and the fedge that ran is the wheel's
     logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
     assert "was imported" not in logs

@@ -36,19 +36,42 @@ examples:
   fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
   fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
   fedge flower-app --out app && flwr run app <connection> --run-config 'rounds=5'   # your own Flower setup
+  fedge new myapp && cd myapp && flwr run .    # your own model and data: edit myapp/task.py
+  fedge demo --app myapp --clients 10          # the same app on Fedge's launcher
 
 every --option below is also a key of [tool.flwr.app.config] and of `flwr run --run-config`.
 """
 
 
+class _Given(argparse.Action):
+    """Stores a run option and records that it was given (``--app``: the app's pyproject.toml
+    supplies every setting the command line does not)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.__dict__.setdefault("given", set()).add(self.dest)
+
+
+class _GivenFlag(argparse.BooleanOptionalAction):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        namespace.__dict__.setdefault("given", set()).add(self.dest)
+
+
 def _add_run_options(parser: argparse.ArgumentParser, overrides: dict[str, Any]) -> None:
+    parser.add_argument("--app", metavar="DIR", default=None,
+                        help="run a Flower app project (`fedge new DIR`): its task.py travels in the app bundle "
+                        "and its [tool.flwr.app.config] gives the settings the command line does not")
     group = parser.add_argument_group("run settings (same keys as the Flower run config)")
     for option in OPTIONS:
         default = overrides.get(option.key, option.default)
         kwargs: dict[str, Any] = {"dest": option.field, "default": default, "help": f"{option.help} (default: {default!r})"}
         if option.type is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["action"] = _GivenFlag
         else:
+            kwargs["action"] = _Given
             kwargs["type"] = option.type
             kwargs["metavar"] = option.type.__name__.upper()
         group.add_argument(f"--{option.key}", **kwargs)
@@ -125,6 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flower_app.add_argument("--out", required=True, help="the directory to write (replaced if it exists)")
     sub.add_parser("settings", help="list every run setting with its default (the run-config keys)")
+    new = sub.add_parser(
+        "new",
+        help="create a Flower app project around your own task.py (model, data, metrics)",
+        description="Writes DIR/pyproject.toml (a Flower app whose ServerApp and ClientApp are Fedge's), "
+        "DIR/task.py (the model, the data and its partitioning, the loss and the metrics: the one file you "
+        "edit) and a README. Then: cd DIR && flwr run .   or   fedge demo --app DIR",
+    )
+    new.add_argument("dir", metavar="DIR", help="the project directory (new, or empty)")
+    from fedge.server.cli.new_project import TEMPLATES
+
+    new.add_argument("--template", choices=sorted(TEMPLATES), default="classification",
+                     help="classification (wine, accuracy) or regression (diabetes, MSE); both offline "
+                     "(default: classification)")
+    new.add_argument("--force", action="store_true", help="overwrite the template's files in a non-empty DIR")
     add_deploy_parsers(sub)
     add_certs_parser(sub)
     return parser
@@ -132,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings_from_args(args: argparse.Namespace) -> RunSettings:
     values = {opt.field: getattr(args, opt.field) for opt in OPTIONS}
+    if getattr(args, "app", None):
+        from fedge.launcher.app_bundle import app_config
+
+        app = app_config(Path(args.app))
+        given = getattr(args, "given", set())
+        from_app = RunSettings.from_run_config(app)
+        values = {field: values[field] if field in given else getattr(from_app, field) for field in values}
     return RunSettings(**values)
 
 
@@ -147,6 +191,9 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     from fedge.tasks import make_task
 
     console = Console(stderr=False)
+    app_dir = Path(args.app).resolve() if getattr(args, "app", None) else None
+    if app_dir is not None:  # the app's modules (its task.py) import here as in Flower's processes
+        sys.path.insert(0, str(app_dir))
     settings = _settings_from_args(args)
     if not settings.run_dir:
         settings = settings.replace(run_dir=_default_run_dir("demo" if engine == "simulation" else "cluster"))
@@ -164,6 +211,8 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         key = Path(settings.export_bundle).resolve()
         load_private_key(key)
         settings = settings.replace(export_bundle=str(key))
+    if settings.eval_data:  # read by the ServerApp elsewhere: absolute
+        settings = settings.replace(eval_data=str(Path(settings.eval_data).resolve()))
     if nodes < 1:
         raise SettingsError("need at least one client")
     if settings.clients_per_round > nodes:
@@ -181,7 +230,7 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     with RoundProgress(console, settings.rounds) as progress:
         try:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
-                            timeout=args.timeout, tls=getattr(args, "tls", False))
+                            timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir)
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1
@@ -263,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, "deployment", args.supernodes)
         if args.command == "cloud-train":
             return _cloud_train(args)
+        if args.command == "new":
+            from fedge.server.cli.new_project import new_project
+
+            written = new_project(args.dir, args.template, force=args.force)
+            print(f"created {', '.join(str(p) for p in written)}\n"
+                  f"next: cd {args.dir} && flwr run .      (or: fedge demo --app {args.dir})\n"
+                  f"your model and data: {Path(args.dir) / 'task.py'}")
+            return 0
         if args.command == "keys":
             return run_keys(args)
         if args.command == "export":

@@ -41,7 +41,7 @@ from fedge.launcher.processes import ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch
 from fedge.server.daemon.json_logs import fields
 from fedge.server.daemon.service_config import ServiceConfig
-from fedge.server.flower_app import stage_fedge_app
+from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.daemon.service_metrics import MetricsServer, ServiceMetrics
@@ -257,7 +257,7 @@ class Daemon:
                                                 self.health).start()
             log.info("metrics served", extra=fields(url=f"http://{config.metrics_host}:{self.metrics_server.port}/metrics"))
         self._submitted_at = time.time()
-        self._runner = flower.submit(stage_fedge_app(self.flwr_home / "app"), config.settings.to_run_config(),
+        self._runner = flower.submit(stage_run_app(self.flwr_home / "app", config.settings.task), config.settings.to_run_config(),
                                      cwd=config.run_dir)
         log.info("run submitted", extra=fields(run_dir=str(config.run_dir), rounds=config.settings.rounds,
                                                algorithm=config.settings.algorithm))

@@ -26,8 +26,8 @@ def test_pretrained_init_starts_the_federation_above_random(tmp_path) -> None:
 
     task = make_task("digits")
     ctx = make_context(RunSettings(run_dir=str(tmp_path / "fed")), task)
-    _, random_accuracy = ctx.evaluate(initial_params(task, 42))
-    _, pretrained_accuracy = ctx.evaluate(initial_params(task, 42, str(cloud / "model.pt")))
+    random_accuracy = ctx.evaluate(initial_params(task, 42))["accuracy"]
+    pretrained_accuracy = ctx.evaluate(initial_params(task, 42, str(cloud / "model.pt")))["accuracy"]
     assert random_accuracy < 0.3 and pretrained_accuracy > 0.85
 
     from fedge.deploy.model_file import ModelFileError
