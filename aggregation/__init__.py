@@ -5,11 +5,14 @@ from fedge.aggregation.server_optimizers import (
     available_server_optimizers,
     make_server_optimizer,
 )
+from fedge.aggregation.robust import Aggregator, register_aggregator
 from fedge.aggregation.streaming_mean import StreamingMean
 
 __all__ = [
+    "Aggregator",
     "ServerOptimizer",
     "StreamingMean",
     "available_server_optimizers",
     "make_server_optimizer",
+    "register_aggregator",
 ]

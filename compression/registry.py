@@ -26,14 +26,43 @@ from fedge.compression.sign import OneBitCodec, ScaledSignCodec
 from fedge.compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
 from fedge.compression.spec import build_from_spec, parse_spec
 from fedge.compression.terngrad import TernGradCodec
+from fedge.compression.wire import CODEC_IDS, USER_CODEC_IDS
 
-__all__ = ["available_codecs", "make_codec", "register_codec"]
+__all__ = ["CodecIdError", "available_codecs", "make_codec", "register_codec"]
 
 _REGISTRY: dict[str, Callable[..., Codec]] = {}
 
 
-def register_codec(name: str, factory: Callable[..., Codec]) -> None:
-    """Make ``factory`` available under ``name``; its keyword arguments are the spec's keys."""
+class CodecIdError(SpecError):
+    """A codec's wire id is missing, outside the reserved range, or taken by another codec."""
+
+
+def register_codec(name: str, factory: Callable[..., Codec], codec_id: int | None = None) -> None:
+    """Make ``factory`` available under ``name``; its keyword arguments are the spec's keys.
+
+    A codec outside Fedge gives its wire id, one of :data:`~fedge.compression.wire.USER_CODEC_IDS`
+    (200-254): every payload carries it and every decoder refuses an id it does not know, so the
+    coordinator and every device must register the same codec under the same id (a plugin module
+    does it on import: ``docs/extending.md``). Registering a name or an id that another codec holds
+    is refused; registering the same codec again is a no-op."""
+    name = name.lower()
+    if name in CODEC_IDS and codec_id is None:  # one of Fedge's own codecs, or a repeat
+        _REGISTRY[name] = factory
+        return
+    if codec_id is None:
+        raise CodecIdError(f"codec {name!r} needs a wire id: register_codec({name!r}, factory, codec_id=N) with "
+                           f"N in {USER_CODEC_IDS.start}..{USER_CODEC_IDS.stop - 1} (reserved for codecs outside Fedge)")
+    if codec_id not in USER_CODEC_IDS:
+        raise CodecIdError(f"codec {name!r}: wire id {codec_id} is outside the range reserved for codecs outside "
+                           f"Fedge ({USER_CODEC_IDS.start}..{USER_CODEC_IDS.stop - 1})")
+    holder = next((other for other, taken in CODEC_IDS.items() if taken == codec_id), None)
+    if holder is not None and holder != name:
+        raise CodecIdError(f"codec {name!r}: wire id {codec_id} is taken by codec {holder!r}; choose another id")
+    if name in CODEC_IDS and CODEC_IDS[name] != codec_id:
+        raise CodecIdError(f"codec {name!r} is registered with wire id {CODEC_IDS[name]}, not {codec_id}")
+    if name in _REGISTRY and _REGISTRY[name] is not factory and holder == name:
+        raise CodecIdError(f"codec {name!r} is registered already, by {_REGISTRY[name]!r}")
+    CODEC_IDS[name] = codec_id
     _REGISTRY[name] = factory
 
 
@@ -52,17 +81,21 @@ def make_codec(spec: str) -> Codec:
     return codec
 
 
-register_codec("none", Float32Codec)
-register_codec("fp32", Float32Codec)
-register_codec("fp16", Float16Codec)
-register_codec("bf16", BFloat16Codec)
-register_codec("qsgd", QSGDCodec)
-register_codec("terngrad", TernGradCodec)
-register_codec("onebit", OneBitCodec)
-register_codec("sign", ScaledSignCodec)
-register_codec("topk", TopKCodec)
-register_codec("threshold", ThresholdCodec)
-register_codec("randk", RandomKCodec)
-register_codec("dgc", DGCCodec)
-register_codec("layerwise", LayerwiseCodec)
-register_codec("zstd", ZstdCodec)
+# Fedge's own codecs (their wire ids are in compression.wire.CODEC_IDS; fp32 is none's alias, dgc
+# sends top-k payloads)
+_REGISTRY.update({
+    "none": Float32Codec,
+    "fp32": Float32Codec,
+    "fp16": Float16Codec,
+    "bf16": BFloat16Codec,
+    "qsgd": QSGDCodec,
+    "terngrad": TernGradCodec,
+    "onebit": OneBitCodec,
+    "sign": ScaledSignCodec,
+    "topk": TopKCodec,
+    "threshold": ThresholdCodec,
+    "randk": RandomKCodec,
+    "dgc": DGCCodec,
+    "layerwise": LayerwiseCodec,
+    "zstd": ZstdCodec,
+})

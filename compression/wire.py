@@ -32,6 +32,7 @@ from fedge.compression.errors import PayloadError
 __all__ = [
     "CODEC_IDS",
     "DTYPE_FLOAT32",
+    "USER_CODEC_IDS",
     "HEADER_SIZE",
     "MAGIC",
     "MAX_ELEMENTS",
@@ -51,6 +52,9 @@ CODEC_IDS: dict[str, int] = {
     "none": 0, "fp16": 1, "qsgd": 2, "bf16": 3, "terngrad": 4, "onebit": 5, "sign": 6,
     "topk": 7, "randk": 8, "threshold": 9, "layerwise": 10, "zstd": 11,
 }
+#: Wire ids reserved for codecs outside Fedge (``register_codec(name, factory, codec_id=...)``):
+#: Fedge's own codecs will never use them. Two codecs may not share an id in one process.
+USER_CODEC_IDS = range(200, 255)
 # A hard ceiling independent of the caller's expectation (2^36 floats = 256 GiB decoded).
 MAX_ELEMENTS = 1 << 36
 

@@ -10,7 +10,8 @@ here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send Fed
 ``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
 the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
-Mods around every handler: ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
+Mods around every handler: ``plugins_mod`` (the run's plugins imported first: codecs, algorithms
+from outside Fedge), ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
 per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
 (``slowdown=F``, stragglers on purpose) and ``fault_injection_mod`` (``fault='bitflip'``, chaos).
 Data comes from the node config too (``edge_client/node_data.py``: ``data=own.npz`` or a cached
@@ -30,13 +31,16 @@ from flwr.clientapp import ClientApp
 import fedge.edge_client.algorithms as _handlers
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
+from fedge.edge_client.plugins import plugins_mod
+from fedge.edge_client.plugins import train as plugin_train
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
+from fedge.protocol.plugins import PLUGIN_ACTION
 
 __all__ = ["app", "handled_algorithms"]
 
-app = ClientApp(mods=[threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
+app = ClientApp(mods=[plugins_mod, threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:
@@ -63,4 +67,6 @@ def _register(client_app: ClientApp) -> list[str]:
 
 
 #: the algorithms this device can train for (``Algorithm.device_handler`` names one of these)
-handled_algorithms = _register(app)
+handled_algorithms = [*_register(app), PLUGIN_ACTION]
+# every plugin algorithm's messages: the handler its plugin registered (fedge.protocol.plugins)
+app.train(PLUGIN_ACTION)(plugin_train)

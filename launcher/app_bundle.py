@@ -111,6 +111,8 @@ def stage_module(destination: Path, module: str) -> Path:
     if spec is None or spec.origin in (None, "built-in", "frozen"):
         raise AppStagingError(f"cannot find module {module!r} to put in the app bundle (searched sys.path)")
     origin = Path(spec.origin)
+    if {"site-packages", "dist-packages"} & set(origin.parts):
+        return destination  # installed: every machine of the run installs it (or lacks it) itself
     if spec.submodule_search_locations:  # a package: the whole directory
         shutil.copytree(origin.parent, destination / module, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -18,6 +18,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.deploy.model_file import ModelFile, save_model_file
+from fedge.protocol.plugins import load_plugins
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.loop import Engine, make_context
 from fedge.server.run.initial_model import initial_params
@@ -76,6 +77,7 @@ def _export_bundle(settings: RunSettings, run_dir: RunDirectory, round_: int) ->
 def main(grid: Grid, context: Context) -> None:
     configure_logging()
     settings = RunSettings.from_run_config(context.run_config)
+    load_plugins(settings.plugins)  # codecs, aggregators, algorithms from outside Fedge
     run_dir = RunDirectory(settings.run_dir or Path("runs") / f"run-{context.run_id}")
     run_dir.start(settings, extra={"flower_run_id": context.run_id, "started_at": time.time()})
     log.info("run directory: %s", run_dir.path)

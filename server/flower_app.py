@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from fedge.launcher.app_bundle import app_config, stage_app, stage_module, stage_packages
 from fedge.launcher.environment import toml_value
+from fedge.protocol.plugins import plugin_modules
 from fedge.server.settings import OPTIONS
 from fedge.tasks.registry import task_module
 
@@ -91,15 +92,16 @@ def stage_user_app(destination: Path, source: Path) -> Path:
     return staged
 
 
-def stage_run_app(destination: Path, task: str, app_dir: Path | None = None) -> Path:
+def stage_run_app(destination: Path, task: str, app_dir: Path | None = None, plugins: str = "") -> Path:
     """The app directory ``flwr run`` bundles for a run: the user's project (``app_dir``), or
-    Fedge's app plus the module of a task given by import path (every ServerApp and ClientApp
-    process must import the same code; a device's SuperNode gets it in the bundle)."""
+    Fedge's app plus the modules of a task given by import path and of the ``plugins`` (every
+    ServerApp and ClientApp process must import the same code; a device gets it in the bundle).
+    Installed modules (site-packages) are not copied: every machine has them."""
     if app_dir is not None:
         return stage_user_app(destination, app_dir)
     staged = stage_fedge_app(destination)
-    module = task_module(task)
-    if module is not None and module != "fedge":
+    modules = {task_module(task), *(name.split(".")[0] for name in plugin_modules(plugins))} - {None, "fedge"}
+    for module in sorted(modules):  # type: ignore[type-var]
         stage_module(staged, module)
     return staged
 

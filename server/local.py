@@ -117,7 +117,7 @@ def launch(
                 # CPUs only): more logical CPUs than cores means more ClientApps at once.
                 "init-args-num-cpus": max(1, os.cpu_count() or 1, parallel_clients),
             }
-        runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir), run_config,
+        runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins), run_config,
                                federation_config=federation_config, cwd=run_dir)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:

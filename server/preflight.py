@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fedge.aggregation import make_server_optimizer
 from fedge.compression import make_codec
+from fedge.protocol.plugins import load_plugins
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.partition import validate_partitioning
@@ -18,7 +19,9 @@ __all__ = ["preflight"]
 
 
 def preflight(settings: RunSettings) -> None:
-    """Raise ``ValueError`` (``SettingsError``, ``SpecError``) for the first setting that cannot work."""
+    """Raise ``ValueError`` (``SettingsError``, ``SpecError``) or ``PluginError`` for the first
+    setting that cannot work."""
+    load_plugins(settings.plugins)
     make_codec(settings.codec)
     if settings.downlink_codec != "none":
         make_codec(settings.downlink_codec)

@@ -50,6 +50,10 @@ class RunSettings:
         "task spec: 'digits' (embedded, offline), 'fashion' (Fashion-MNIST from Debian's dataset-fashion-mnist), "
         "'synthetic:dim=D,hidden=H,layers=L,samples=N' (any size)",
     )
+    plugins: str = _opt(
+        "", "modules to import in every process before anything is built (comma-separated): they register "
+        "codecs, aggregators and algorithms from outside Fedge (docs/extending.md); staged into the app bundle"
+    )
     partitioning: str = _opt(
         "dirichlet:alpha=0.5",
         "how client data is split: 'iid', 'dirichlet:alpha=A', 'pathological:classes=C'",

@@ -15,14 +15,40 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec, parse_spec
+from fedge.protocol.plugins import PLUGIN_ACTION, register_device_handler
 from fedge.server.engine.algorithm import Algorithm, RunContext
 from fedge.server.settings import ALGORITHM_KEYS, RunSettings, SettingsError
 
-__all__ = ["algorithm_class", "algorithms", "available_algorithms", "check_algorithm_settings", "make_algorithm"]
+__all__ = ["algorithm_class", "algorithms", "available_algorithms", "check_algorithm_settings", "make_algorithm",
+           "register_algorithm"]
+
+#: algorithms registered by plugins (``fedge.protocol.plugins``), beside the package's own
+_PLUGINS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = None,
+                       evaluate: Callable[..., Any] | None = None) -> type[Algorithm]:
+    """Register a round algorithm from outside Fedge: its server class and, in the same call, its
+    device handler ``train(msg, context) -> Message`` (omit it to reuse a Fedge handler named by
+    ``cls.device_handler``, e.g. ``"fedavg"``). The plugin module that calls this must be loaded
+    by the coordinator and every device (the ``plugins`` setting, or an installed entry point)."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise SettingsError(f"{cls!r} needs a class attribute name (an identifier), got {name!r}")
+    if name in _discover() or (name in _PLUGINS and _PLUGINS[name] is not cls):
+        raise SettingsError(f"an algorithm named {name!r} exists already")
+    if train is not None:
+        register_device_handler(name, train, evaluate)
+        cls.device_handler = PLUGIN_ACTION
+        cls.plugin_handler = name
+    _PLUGINS[name] = cls
+    return cls
 
 
 @cache
@@ -44,8 +70,9 @@ def _discover() -> dict[str, type[Algorithm]]:
 
 
 def algorithms() -> dict[str, type[Algorithm]]:
-    """Every algorithm by name (the package's modules are imported once, on first use)."""
-    return _discover()
+    """Every algorithm by name (the package's modules are imported once, on first use), plugins'
+    included."""
+    return {**_discover(), **_PLUGINS}
 
 
 def available_algorithms() -> list[str]:

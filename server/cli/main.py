@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -18,6 +19,7 @@ from fedge.server.cli.certs_command import add_certs_parser, run_certs
 from fedge.server.cli.deploy_commands import add_deploy_parsers, run_export, run_keys
 from fedge.deploy.certs import CertificateError
 from fedge.launcher.federation import RegistrationError
+from fedge.protocol.plugins import PluginError
 from fedge.server.settings import OPTIONS, RunSettings, SettingsError
 
 __all__ = ["main"]
@@ -295,6 +297,8 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if os.getcwd() not in sys.path:  # a user's task or plugin modules import from here, as in Flower
+        sys.path.append(os.getcwd())
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             stage_fedge_app(out)
             print(f"Flower app written to {out}: flwr run {args.out} <connection>")
             return 0
-    except (SettingsError, ValueError, CertificateError, RegistrationError, OSError) as err:
+    except (SettingsError, ValueError, CertificateError, RegistrationError, OSError, PluginError) as err:
         # OSError covers a missing file, a port already in use (the daemon's metrics address) and a
         # SuperLink that never listened (TimeoutError)
         print(f"fedge: error: {err}", file=sys.stderr)

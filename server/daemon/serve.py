@@ -257,7 +257,7 @@ class Daemon:
                                                 self.health).start()
             log.info("metrics served", extra=fields(url=f"http://{config.metrics_host}:{self.metrics_server.port}/metrics"))
         self._submitted_at = time.time()
-        self._runner = flower.submit(stage_run_app(self.flwr_home / "app", config.settings.task), config.settings.to_run_config(),
+        self._runner = flower.submit(stage_run_app(self.flwr_home / "app", config.settings.task, plugins=config.settings.plugins), config.settings.to_run_config(),
                                      cwd=config.run_dir)
         log.info("run submitted", extra=fields(run_dir=str(config.run_dir), rounds=config.settings.rounds,
                                                algorithm=config.settings.algorithm))

@@ -100,7 +100,8 @@ class RunContext:
         return RoundConfig(
             round=step, task=self.task.spec, partitioning=s.partitioning, codec=self.codec.spec,
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
-            lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout, extra=extra,
+            lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout,
+            extra={**({"plugins": s.plugins} if s.plugins else {}), **extra},
         )
 
 
@@ -177,6 +178,9 @@ class Algorithm(ABC):
     #: the device handler its train messages go to (``fedge.edge_client.algorithms.<handler>``); empty:
     #: its own name. FedBuff's clients do FedAvg's work, so FedBuff says ``"fedavg"``.
     device_handler: ClassVar[str] = ""
+    #: plugin algorithms (``register_algorithm``): the name of their device handler, which travels
+    #: in the config record's ``handler`` key of their ``train.plugin`` messages
+    plugin_handler: ClassVar[str] = ""
     #: the algorithm-specific run settings (``settings.ALGORITHM_KEYS``) this algorithm uses; a run
     #: that sets another of them away from its default is refused before it starts
     settings_used: ClassVar[frozenset[str]] = frozenset()

@@ -31,7 +31,7 @@ from flwr.app import ArrayRecord, Message
 
 from fedge.compression import PayloadError, derive_seed
 from fedge.deploy.atomic import atomic_write_text
-from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
+from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -383,6 +383,10 @@ class Engine:
         return node, None
 
     def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
+        handler = self.algorithm.plugin_handler
+        for o in outgoing:  # a plugin algorithm's messages name their device handler
+            if handler and CONFIG_RECORD in o.content.config_records:
+                o.content.config_records[CONFIG_RECORD]["handler"] = handler
         return [
             Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
                     ttl=self.settings.round_timeout + 60.0)
