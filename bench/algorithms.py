@@ -26,6 +26,7 @@ sleeping through its slowdown does not take a CPU slot the others queue behind, 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import platform
@@ -102,12 +103,13 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
     names = {"n": n, "half": max(1, n // 2), "fifth": fifth, "honest": n - fifth}
     algorithm = algorithm.format(**names)
     own = {key: str(value).format(**names) for key, value in (own or {}).items()}
-    rounds = args.rounds * versions_per_round(algorithm, n)
-    settings = RunSettings(
-        algorithm=algorithm, codec=codec, rounds=rounds, clients_per_round=n,
-        local_epochs=args.local_epochs, partitioning=args.partitioning, seed=seed,
-        run_dir=str(root / f"{label}-{seed}"), **{**args.overrides, **own},
-    )
+    per_round = int(args.overrides.get("clients_per_round", n))  # --set clients-per-round=K: partial participation
+    rounds = args.rounds * versions_per_round(algorithm, per_round)
+    settings = RunSettings(**{
+        "algorithm": algorithm, "codec": codec, "rounds": rounds, "clients_per_round": n,
+        "local_epochs": args.local_epochs, "partitioning": args.partitioning, "seed": seed,
+        "run_dir": str(root / f"{label}-{seed}"), **args.overrides, **own,
+    })
     stragglers = settings.stragglers != "none"
     started = time.monotonic()
     result = launch(settings, engine=args.engine, num_supernodes=n, timeout=3 * 3600,
@@ -129,6 +131,8 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
         "final_accuracy": summary.get("final_accuracy"),
         "best_accuracy": max(r["accuracy"] for r in rows),
         "accuracy": [r["accuracy"] for r in rows],
+        # uplink + downlink bytes sent up to each row (real encoded payloads and models), for accuracy vs traffic
+        "total_bytes": list(itertools.accumulate(r["uplink_bytes"] + r["downlink_bytes"] for r in rows)),
         "consensus_distance": [r.get("consensus_distance") for r in rows],
         "node_accuracy_worst": rows[-1].get("node_accuracy_worst"),
         "node_accuracy_mean": rows[-1].get("node_accuracy_mean") or rows[-1].get("client_model_accuracy"),
@@ -150,8 +154,8 @@ def _mean(values: list[float | None]) -> float | None:
 def table(results: list[dict]) -> str:
     lines = [
         "| run | algorithm | codec | final acc | best acc | worst node | consensus dist (last) | uplink MB | "
-        "downlink MB | B/node/round (up+down) | s/round |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "downlink MB | B/node/round (up+down) | s/round | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         xi = r["consensus_distance"][-1]
@@ -160,7 +164,7 @@ def table(results: list[dict]) -> str:
             f"| {r['label']} | `{r['algorithm']}` | `{r['codec']}` | {100 * r['final_accuracy']:.2f}% | "
             f"{100 * r['best_accuracy']:.2f}% | {'-' if worst is None else f'{100 * worst:.2f}%'} | "
             f"{'-' if xi is None else f'{xi:.3g}'} | {r['uplink_bytes'] / 1e6:.3f} | {r['downlink_bytes'] / 1e6:.3f} | "
-            f"{r['bytes_per_node_round']:,.0f} | {r['round_seconds']:.2f} |"
+            f"{r['bytes_per_node_round']:,.0f} | {r['round_seconds']:.2f} | {r['wall_seconds']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -221,9 +225,14 @@ def plot(results: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     gossip = any(x is not None for r in results for x in r["consensus_distance"])
-    fig, axes = plt.subplots(1, 3 if gossip else 2, figsize=(16 if gossip else 11, 4), dpi=120)
-    left, timed = axes[0], axes[-1]
+    fig, axes = plt.subplots(1, 4 if gossip else 3, figsize=(21 if gossip else 16, 4), dpi=120)
+    left, traffic, timed = axes[0], axes[-2], axes[-1]
     right = axes[1] if gossip else None
+    for r in results:
+        traffic.semilogx([b / 1e6 for b in r["total_bytes"]], [100 * a for a in r["accuracy"]], label=r["label"])
+    traffic.set(xlabel="total MB sent (uplink + downlink)", ylabel="held-out accuracy (%)",
+                title="accuracy against traffic", ylim=(0, 100))
+    traffic.grid(alpha=0.3)
     for r in results:
         wall = [(w, 100 * a) for w, a in zip(r["elapsed"], r["accuracy"]) if w is not None]
         if wall:
@@ -306,7 +315,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     command = shlex.join([".venv/bin/python", "bench/algorithms.py", *sys.argv[1:]])  # quoted: --config has ";"
     header = (f"Measured {time.strftime('%Y-%m-%d')} on {platform.processor() or platform.machine()} "
-              f"({platform.platform()}); digits, {args.clients} clients, {args.partitioning}, {args.rounds} rounds "
+              f"({platform.platform()}); {pairs.get('task', 'digits')}, {args.clients} clients, {args.partitioning}, {args.rounds} rounds "
               f"of {args.local_epochs} local epochs, seeds {args.seeds}, {args.engine} engine"
               f"{''.join(f', {item}' for item in args.settings)}; `{command}`")
     markdown = header + "\n\n" + show(results) + "\n"

@@ -23,8 +23,8 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         help="prune, quantize, sign: turn a model.pt into a signed ONNX bundle for the edge",
         description="Loads an fp32 model file (model.pt of `fedge demo`/`cloud-train`, or their run "
         "directory), optionally prunes and fine-tunes it, exports ONNX, quantizes it to int8 with "
-        "calibration, refuses the result if it loses more than --max-accuracy-drop points against "
-        "fp32, and writes model.onnx plus a signed manifest (DSSE + in-toto) to --out.",
+        "calibration, refuses the result if it is worse than fp32 by more than --max-accuracy-drop "
+        "(accuracy points; for a task with another metric, percent of the fp32 value), and writes model.onnx plus a signed manifest (DSSE + in-toto) to --out.",
     )
     export.add_argument("checkpoint", help="model.pt, or a directory containing one")
     export.add_argument("--prune", default="", help="'unstructured:sparsity=0.8', 'channels:fraction=0.5', or both "
@@ -32,7 +32,8 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--quantize", default="int8", choices=["int8", "dynamic-int8", "none"])
     export.add_argument("--sign-key", required=True, help="private key from `fedge keys generate`")
     export.add_argument("--out", required=True, help="bundle directory to write")
-    export.add_argument("--max-accuracy-drop", type=float, default=1.0, help="points (default: 1.0)")
+    export.add_argument("--max-accuracy-drop", type=float, default=1.0,
+                        help="accuracy points, or percent of the fp32 value for another metric such as MSE (default: 1.0)")
     export.add_argument("--fine-tune-epochs", type=int, default=3, help="after each pruning step (default: 3)")
     export.add_argument("--calibration-samples", type=int, default=256)
     export.add_argument("--valid-days", type=float, default=30.0, help="expiry, days from now (default: 30)")

@@ -29,6 +29,9 @@ def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout:
     return done.stdout + done.stderr
 
 
+# In `make test-slow`: the default suite runs the same (`fedge new`, `flwr run .`) from the installed
+# wheel in tests/test_packaging.py; this one also checks the accuracy it reaches.
+@pytest.mark.slow
 def test_fedge_new_then_flwr_run_trains_on_flowers_default_federation(tmp_path, assert_no_leftovers) -> None:
     _run([str(BIN / "fedge"), "new", "myapp"], cwd=tmp_path)
     app = tmp_path / "myapp"
@@ -63,21 +66,27 @@ def test_regression_template_end_to_end_with_its_own_metric(tmp_path, assert_no_
     assert summary["final_mse"] <= 0.55 < summary["initial_mse"], summary
     assert summary["stopped_at"] == "mse<=0.55" and summary["rounds"] == len(rows) < 12  # the stop rule
     assert (run / "plot.png").stat().st_size > 10_000
-    assert summary["bundle"]["metric"] == "mse" and summary["bundle"]["mse"] <= 0.6
+    bundle_facts = summary["bundle"]  # the run's own export: signed, or refused by the gate on MSE (1% of fp32)
+    assert bundle_facts.get("metric") == "mse" or "worse than fp32" in bundle_facts["error"], bundle_facts
     # export again from the model file, in the app's directory (its task.py imports from there),
     # then a device verifies and runs it: a regression's predictions are its outputs
     bundle = tmp_path / "bundle"
     _run([str(BIN / "fedge"), "export", str(run / "model.pt"), "--sign-key", str(run / "keys" / "signing-key.pem"),
-          "--out", str(bundle)], cwd=app)
+          "--out", str(bundle), "--max-accuracy-drop", "10"], cwd=app)
     x = np.random.default_rng(0).standard_normal((4, 10)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     report = json.loads(_run([str(BIN / "fedge-edge"), "infer", str(bundle), "--trusted-key",
-                              str(run / "keys" / "signing-key.pub.pem"), "--input", str(tmp_path / "x.npy")],
+                              str(run / "keys" / "signing-key.pub.pem"), "--input", str(tmp_path / "x.npy"),
+                              "--state", str(tmp_path / "device-state.json")],  # its own anti-rollback record
                              cwd=tmp_path))
     assert report["verified"] and report["task"] == "task:DiabetesTask" and "mse" in report
     assert len(report["predictions"]) == 4 and all(isinstance(p, float) for p in report["predictions"])
 
 
+# In `make test-slow` (time budget): staging a user's modules into the app bundle runs in the default
+# suite on the simulation engine (test_plugin_examples.py), the deployment engine's ClientApp processes
+# in test_deployment_engine.py and test_serve.py.
+@pytest.mark.slow
 def test_a_task_by_import_path_runs_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
     """A module in the user's directory, named on the command line: staged into the app bundle,
     imported by the ServerApp and by every ClientApp process the SuperNodes start."""
