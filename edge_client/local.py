@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from torch.utils.data import Dataset
 
 from fedge.compression import Codec, derive_seed, make_codec
 from fedge.edge_client.node_data import holdout_split, node_data
@@ -28,8 +29,6 @@ from fedge.protocol import (
     payload_record,
 )
 from fedge.protocol.round_config import RoundConfig
-from torch.utils.data import Dataset
-
 from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
 
 __all__ = [

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
-__all__ = ["Task", "TensorData", "as_tensor_data"]
+__all__ = ["Task", "TensorData", "as_tensor_data", "subset"]
 
 
 @dataclass(frozen=True)
