@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "join" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "join":
+        if os.getcwd() not in sys.path:  # a task given by import path imports from here, as in `fedge`
+            sys.path.append(os.getcwd())
         return _join(args)
     try:
         model = EdgeModel.load(args.bundle, args.trusted_key, state=args.state, threads=args.threads)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-import logging
-import os
 import sys
 from collections.abc import Callable
 from functools import lru_cache
@@ -36,8 +34,6 @@ from fedge.tasks.synthetic import SyntheticTask
 
 __all__ = ["ENTRY_POINT_GROUP", "TaskNotFoundError", "available_tasks", "import_path_of", "make_task",
            "register_task", "task_module"]
-
-log = logging.getLogger(__name__)
 
 #: the entry-point group installed task plugins register under
 ENTRY_POINT_GROUP = "fedge.tasks"
@@ -90,24 +86,9 @@ def task_module(spec: str) -> str | None:
     return path[0].split(".")[0] if path else None
 
 
-def _import(module_name: str):  # type: ignore[no-untyped-def]
-    """Import ``module_name``; if it is not found and the current directory is not searched (a
-    console script such as ``fedge`` puts its own directory first, not the working one), look
-    there too, as Flower does for an app's modules."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        here = os.getcwd()
-        if err.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
-            raise
-        sys.path.append(here)
-        log.info("task module %s: found in the working directory %s", module_name, here)
-        return importlib.import_module(module_name)
-
-
 def _import_factory(spec: str, module_name: str, attribute: str) -> Callable[..., Task]:
     try:
-        module = _import(module_name)
+        module = importlib.import_module(module_name)
     except ImportError as err:
         searched = [p or "." for p in sys.path[:6]]
         raise TaskNotFoundError(
