@@ -41,8 +41,8 @@ ENTRY_POINT_GROUP = "fedge.tasks"
 _BUILTIN: dict[str, Callable[..., Task]] = {
     "digits": DigitsTask, "synthetic": SyntheticTask, "fashion": FashionMNISTTask,
 }
-#: registered in this process only (tests, notebooks); runs in Flower's processes need a plugin
-#: or an import path, which every process can resolve on its own
+#: registered by ``register_task`` in this process (a notebook, a test, a plugin module that every
+#: process of a run loads)
 _REGISTERED: dict[str, Callable[..., Task]] = {}
 
 
@@ -52,7 +52,8 @@ class TaskNotFoundError(SpecError):
 
 def register_task(name: str, factory: Callable[..., Task]) -> None:
     """Register ``factory`` under ``name`` in this process. Flower's ServerApp and ClientApp run in
-    other processes: use an import path or an entry point for anything a run must find there."""
+    other processes: for a run, call it from a plugin module (the ``plugins`` setting, which every
+    process loads), or use an import path or an entry point."""
     _REGISTERED[name.lower()] = factory
 
 
