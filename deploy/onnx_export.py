@@ -97,7 +97,8 @@ def export_onnx(model: nn.Module, example: torch.Tensor, output_name: str = OUTP
             program = torch.onnx.export(
                 # a batch of two: torch.export specializes a batch dimension of size 1 (its 0/1
                 # rule), and some modules (recurrent layers) then bake batch 1 into the graph
-                model, (torch.cat([example[:1], example[:1]]).cpu(),), dynamo=True, input_names=[INPUT_NAME], output_names=[output_name],
+                model, (torch.cat([example[:1], example[:1]]).cpu(),), dynamo=True, input_names=[INPUT_NAME],
+                output_names=[output_name],
                 dynamic_shapes=({0: torch.export.Dim("batch")},), external_data=False,
                 verbose=False,
             )

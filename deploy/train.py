@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
 from fedge.deploy.atomic import atomic_torch_save, atomic_write_text
 from fedge.deploy.model_file import ModelFile, save_model_file

@@ -37,6 +37,7 @@ __all__ = [
     "load_flat",
     "local_data",
     "local_heldout",
+    "local_parts",
     "node_generator",
     "round_config",
     "store",
@@ -57,25 +58,25 @@ def task_of(config: RoundConfig) -> Task:
     return make_task(config.task)
 
 
-def _split(context: Context, config: RoundConfig) -> tuple[Dataset, Dataset]:
-    """(train, held-out) parts of the node's data: with federated evaluation (``holdout`` > 0) a
-    seeded fraction is set aside for the whole run; otherwise the node trains on all of it."""
+def local_parts(context: Context, config: RoundConfig) -> tuple[Dataset, Dataset | None]:
+    """(training, held-out) parts of the node's data (its own file or its partition,
+    ``edge_client.node_data``): with federated evaluation (``holdout`` > 0) a seeded fraction is set
+    aside for the whole run, otherwise the node trains on all of it and keeps nothing (``None``)."""
     data = node_data(dict(context.node_config), task_of(config), config.partitioning)
     if config.holdout <= 0:
-        return data, data
+        return data, None
     pid = int(context.node_config.get("partition-id", context.node_id))
     return holdout_split(data, config.holdout, derive_seed(config.seed, pid, purpose="holdout"))
 
 
 def local_data(context: Context, config: RoundConfig) -> Dataset:
-    """The node's training data: its own data file or its partition (``edge_client.node_data``),
-    without its held-out part when the run evaluates on devices."""
-    return _split(context, config)[0]
+    """The node's training data (without its held-out part when the run evaluates on devices)."""
+    return local_parts(context, config)[0]
 
 
 def local_heldout(context: Context, config: RoundConfig) -> Dataset | None:
     """The node's held-out part for federated evaluation; ``None`` when the run keeps none."""
-    return _split(context, config)[1] if config.holdout > 0 else None
+    return local_parts(context, config)[1]
 
 
 def node_generator(config: RoundConfig, context: Context, purpose: str) -> torch.Generator:

@@ -3,7 +3,7 @@
 A plugin is a Python module that registers extensions when it is imported:
 ``fedge.compression.register_codec(name, factory, codec_id=N)`` (a codec, with a wire id from the
 reserved range), ``fedge.aggregation.register_aggregator(name, factory)`` (a robust rule),
-``fedge.server.algorithms.registry.register_algorithm(cls, train, evaluate=None)`` (a round
+``fedge.server.algorithms.registry.register_algorithm(cls, train)`` (a round
 algorithm: its server class and its device handler in one call), ``fedge.tasks.register_task``.
 
 Two ways in, both loaded by :func:`load_plugins` in the CLI, the ServerApp, every ClientApp
@@ -40,7 +40,7 @@ PLUGIN_ACTION = "plugin"
 
 _loaded: set[str] = set()
 _entry_points_loaded = False
-_HANDLERS: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {}
+_HANDLERS: dict[str, Callable[..., Any]] = {}
 
 
 class PluginError(ImportError):
@@ -80,17 +80,18 @@ def load_plugins(setting: str = "") -> None:
         log.info("plugin %s loaded", name)
 
 
-def register_device_handler(name: str, train: Callable[..., Any], evaluate: Callable[..., Any] | None = None) -> None:
+def register_device_handler(name: str, train: Callable[..., Any]) -> None:
     """The device side of a plugin algorithm: ``train(msg, context) -> Message`` for its train
-    messages (``fedge.edge_client.local`` has the helpers Fedge's own handlers use)."""
+    messages (``fedge.edge_client.local`` has the helpers Fedge's own handlers use). Evaluation needs
+    no handler of its own: federated evaluation is the same for every algorithm."""
     known = _HANDLERS.get(name)
-    if known is not None and known[0] is not train:
-        raise PluginError(f"a device handler named {name!r} is registered already ({known[0]!r})")
-    _HANDLERS[name] = (train, evaluate)
+    if known is not None and known is not train:
+        raise PluginError(f"a device handler named {name!r} is registered already ({known!r})")
+    _HANDLERS[name] = train
 
 
 def device_handler(name: str) -> Callable[..., Any]:
     if name not in _HANDLERS:
         raise PluginError(f"no device handler {name!r} is registered on this device (registered: "
                           f"{', '.join(sorted(_HANDLERS)) or 'none'}); the run's plugins did not register it")
-    return _HANDLERS[name][0]
+    return _HANDLERS[name]

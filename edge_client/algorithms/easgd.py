@@ -30,7 +30,7 @@ def train(msg: Message, context: Context) -> Message:
     x = store.get_tensor("local")
     if x is None or x.numel() != center.numel():
         x = center.clone()  # first round this node takes part in
-    data = local.local_data(context, config)
+    data, held_out = local.local_parts(context, config)  # one read of the node's data
     model = local.load_flat(task, x)
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator)
@@ -42,7 +42,6 @@ def train(msg: Message, context: Context) -> Message:
     payload, residual = local.encode(delta, config, task, store, generator)
     # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
     # part when the run keeps one, else on the task's central split when the device has it.
-    held_out = local.local_heldout(context, config)
     held_out = held_out if held_out is not None else task.test_data()
     measured = {}
     if held_out is not None:

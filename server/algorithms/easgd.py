@@ -15,9 +15,9 @@ Defaults: β = 0.9 as in the paper, α = 0.3 as measured here; ``alpha=0`` gives
 the paper's α = 0.056 reached 87.5%, α = 0.2 / 0.3 / 0.6 / 1.0 reached 93.6 / 94.4 / 93.1 / 89.4%:
 a weak elastic tie lets label-skewed clients drift apart between rounds, and α = 1 restarts every
 client from the previous round's center. Clients not sampled keep their x_i; a client
-seeing the run for the first time starts from the center. Metrics: the center's held-out accuracy
-(the row's ``accuracy``), the mean held-out accuracy of the clients' own models measured on the
-clients (``client_model_accuracy``), and the mean distance ‖x_i − x̃‖ before the elastic step
+seeing the run for the first time starts from the center. Metrics: the center's held-out metrics
+(the row's ``accuracy``, or the task's own), the mean of the clients' own models' primary metric measured
+on the clients (``client_model_accuracy``), and the mean distance ‖x_i − x̃‖ before the elastic step
 (``center_distance``).
 """
 
@@ -60,8 +60,8 @@ class EASGDStep(Step):
     sum: StreamingMean | None = None
     loss: float = 0.0
     distance: float = 0.0
-    accuracy: float = 0.0
-    accuracy_replies: int = 0
+    score_sum: float = 0.0  # the clients' own models, on the task's primary metric
+    scored: int = 0
 
 
 class EASGD(Algorithm):
@@ -113,8 +113,8 @@ class EASGD(Algorithm):
         step.distance += float(update.metrics["center-distance"])
         score = update.metrics.get("local-score")
         if score is not None:
-            step.accuracy += score
-            step.accuracy_replies += 1
+            step.score_sum += score
+            step.scored += 1
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep) and step.sum is not None
@@ -125,9 +125,9 @@ class EASGD(Algorithm):
             scale = self.beta / (self.alpha * used)
             self.center, notes = finite_or_previous(self.center + scale * step.sum.sum(), self.center, step.number)
             extra["center_distance"] = step.distance / used
-            if step.accuracy_replies:
+            if step.scored:
                 # e.g. client_model_accuracy: the clients' own models, measured on the clients
-                extra[f"client_model_{self.ctx.task.primary_metric}"] = step.accuracy / step.accuracy_replies
+                extra[f"client_model_{self.ctx.task.primary_metric}"] = step.score_sum / step.scored
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step.number, used, self.ctx.settings.min_replies)

@@ -78,7 +78,7 @@ class GossipStep(Step):
     measured: int = 0
     measured_sum: torch.Tensor | None = None
     measured_sumsq: float = 0.0
-    accuracies: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # each measured node's model, primary metric
 
 
 class Gossip(Algorithm):
@@ -201,7 +201,7 @@ class Gossip(Algorithm):
             step.measured_sumsq += float(wide.dot(wide))
             step.measured += 1
             if self.ctx.central_data is not None:  # each node's own model on central held-out data
-                step.accuracies.append(self.ctx.evaluate(measured)[self.ctx.task.primary_metric])
+                step.scores.append(self.ctx.evaluate(measured)[self.ctx.task.primary_metric])
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, GossipStep) and step.measured_sum is not None
@@ -219,7 +219,7 @@ class Gossip(Algorithm):
             xi2 = max(0.0, step.measured_sumsq / step.measured - float(mean.dot(mean)))
             self.average = mean.to(torch.float32)
             extra.update({"consensus_distance": xi2, "nodes_measured": step.measured})
-            scores, task = step.accuracies, self.ctx.task
+            scores, task = step.scores, self.ctx.task
             if scores:  # e.g. node_accuracy_mean / node_accuracy_worst, node_mse_mean / node_mse_worst
                 extra[f"node_{task.primary_metric}_mean"] = sum(scores) / len(scores)
                 extra[f"node_{task.primary_metric}_worst"] = min(scores) if task.maximize else max(scores)

@@ -32,8 +32,7 @@ __all__ = ["algorithm_class", "algorithms", "available_algorithms", "check_algor
 _PLUGINS: dict[str, type[Algorithm]] = {}
 
 
-def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = None,
-                       evaluate: Callable[..., Any] | None = None) -> type[Algorithm]:
+def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = None) -> type[Algorithm]:
     """Register a round algorithm from outside Fedge: its server class and, in the same call, its
     device handler ``train(msg, context) -> Message`` (omit it to reuse a Fedge handler named by
     ``cls.device_handler``, e.g. ``"fedavg"``). The plugin module that calls this must be loaded
@@ -44,7 +43,7 @@ def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = 
     if name in _discover() or (name in _PLUGINS and _PLUGINS[name] is not cls):
         raise SettingsError(f"an algorithm named {name!r} exists already")
     if train is not None:
-        register_device_handler(name, train, evaluate)
+        register_device_handler(name, train)
         cls.device_handler = PLUGIN_ACTION
         cls.plugin_handler = name
     _PLUGINS[name] = cls

@@ -24,7 +24,8 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         description="Loads an fp32 model file (model.pt of `fedge demo`/`cloud-train`, or their run "
         "directory), optionally prunes and fine-tunes it, exports ONNX, quantizes it to int8 with "
         "calibration, refuses the result if it is worse than fp32 by more than --max-accuracy-drop "
-        "(accuracy points; for a task with another metric, percent of the fp32 value), and writes model.onnx plus a signed manifest (DSSE + in-toto) to --out.",
+        "(accuracy points; for a task with another metric, percent of the fp32 value), and writes "
+        "model.onnx plus a signed manifest (DSSE + in-toto) to --out.",
     )
     export.add_argument("checkpoint", help="model.pt, or a directory containing one")
     export.add_argument("--prune", default="", help="'unstructured:sparsity=0.8', 'channels:fraction=0.5', or both "
