@@ -1,0 +1,89 @@
+"""The public parameters of one secure-aggregation round, fixed by the coordinator before it starts.
+
+Everything a device needs to take part and everything the coordinator needs to unmask is here:
+who takes part, who neighbours whom, the shared grid, and the ring width, sized for the number of
+participants so the sum cannot wrap. A device checks the plan it receives (``validate``) before it
+spends any work on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from fedge.privacy.errors import ProtocolError, RingError
+from fedge.privacy.keys import RoundContext
+from fedge.privacy.neighbourhood import auto_neighbours, default_threshold, harary_neighbours
+from fedge.privacy.ring import ring_bits
+from fedge.privacy.shared_grid import SharedGrid
+
+__all__ = ["SecAggPlan"]
+
+
+@dataclass(frozen=True)
+class SecAggPlan:
+    """One round's parameters. ``neighbours``/``threshold`` 0 mean the defaults for the round's size."""
+
+    context: RoundContext
+    participants: tuple[int, ...]
+    grid: SharedGrid
+    dimension: int
+    graph_seed: int
+    neighbours: int = 0
+    threshold: int = 0
+    headroom_bits: int = 0
+
+    def __post_init__(self) -> None:
+        if len(set(self.participants)) != len(self.participants):
+            raise ProtocolError("a device appears twice in the round")
+        if len(self.participants) < 2:
+            raise ProtocolError("secure aggregation needs at least two devices")
+        if self.dimension < 1:
+            raise ProtocolError(f"the update dimension must be positive, got {self.dimension}")
+        degree = self.degree
+        if not 1 <= self.reconstruction_threshold <= degree:
+            raise ProtocolError(f"threshold {self.reconstruction_threshold} must be in [1, {degree}]")
+        if 2 * self.reconstruction_threshold <= degree:
+            raise ProtocolError(f"threshold {self.reconstruction_threshold} of {degree} neighbours is not a "
+                                "majority: a coordinator could collect both a device's seed and key shares")
+        self.bits  # sizes the ring now: a plan that cannot hold its sum is refused here
+
+    @property
+    def degree(self) -> int:
+        return min(self.neighbours or auto_neighbours(len(self.participants)), len(self.participants) - 1)
+
+    @property
+    def reconstruction_threshold(self) -> int:
+        return self.threshold or default_threshold(self.degree)
+
+    @property
+    def bits(self) -> int:
+        """Ring width: the grid's levels summed over every participant, plus the headroom."""
+        return ring_bits(self.grid.bits, len(self.participants), self.headroom_bits)
+
+    @property
+    def length(self) -> int:
+        """Coordinates of a masked upload: the update plus the weight's digits."""
+        return self.dimension + self.grid.weight_digits
+
+    @cached_property
+    def graph(self) -> dict[int, tuple[int, ...]]:
+        return harary_neighbours(self.participants, self.degree, self.graph_seed)
+
+    def neighbours_of(self, node: int) -> tuple[int, ...]:
+        try:
+            return self.graph[node]
+        except KeyError:
+            raise ProtocolError(f"device {node} is not a participant of this round") from None
+
+    def holder_index(self, dealer: int, holder: int) -> int:
+        """The Shamir index (from 1) of ``holder``'s share of ``dealer``'s secrets."""
+        peers = self.neighbours_of(dealer)
+        try:
+            return peers.index(holder) + 1
+        except ValueError:
+            raise ProtocolError(f"device {holder} is not a neighbour of device {dealer}") from None
+
+    def check_capacity(self, summands: int) -> None:
+        if summands > len(self.participants):
+            raise RingError(f"{summands} summands in a ring sized for {len(self.participants)}")

@@ -1,0 +1,138 @@
+"""A device's side of one secure-aggregation round (SecAgg+, semi-honest, with signed advertisements).
+
+Stages, each answering one message of the coordinator:
+
+1. ``advertise``: two fresh X25519 public keys and a commitment to a fresh self-mask seed, signed.
+2. ``share_keys``: checks every neighbour's advertisement against its identity key, then deals
+   t-of-k Shamir shares of its seed and of its ``s`` private key, sealed for each neighbour.
+3. ``masked_input``: opens the shares addressed to it (an altered one is refused), and uploads its
+   levels plus its self mask plus one pairwise mask per neighbour that dealt shares (added for the
+   lower id, subtracted for the higher), mod 2^r. The pairwise masks cancel in the sum.
+4. ``unmask``: for each neighbour, discloses the seed share if that neighbour's upload arrived, or
+   the key share if it did not, never both: the coordinator learns only the sum.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from fedge.privacy.errors import AdvertisementError, ProtocolError, UnmaskError
+from fedge.privacy.keys import KeyAdvertisement, derive_key, private_bytes, public_bytes, seed_commitment
+from fedge.privacy.messages import KEY, SEED, Reveal, encode_masked, encode_reveals, open_shares, seal_shares
+from fedge.privacy.plan import SecAggPlan
+from fedge.privacy.prg import mask
+from fedge.privacy.ring import ring_mask
+from fedge.privacy.shamir import split_secret
+
+__all__ = ["SecAggDevice", "pair_mask_seed"]
+
+_ORDER = ("advertise", "share_keys", "masked_input", "unmask", "done")
+
+
+def pair_mask_seed(plan: SecAggPlan, private: X25519PrivateKey, peer_public: bytes, a: int, b: int) -> bytes:
+    """The pairwise mask seed of devices ``a`` and ``b`` (symmetric: both sides derive the same)."""
+    low, high = sorted((a, b))
+    return derive_key(private, peer_public, plan.context.label(b"pair-mask", low, high))
+
+
+def _share_key(plan: SecAggPlan, private: X25519PrivateKey, peer_public: bytes, a: int, b: int) -> bytes:
+    low, high = sorted((a, b))
+    return derive_key(private, peer_public, plan.context.label(b"share-key", low, high))
+
+
+class SecAggDevice:
+    """One device in one round. Make a new one every round: keys and seeds are never reused."""
+
+    def __init__(self, plan: SecAggPlan, node: int, identity: Ed25519PrivateKey) -> None:
+        self.plan = plan
+        self.node = node
+        self._peers = plan.neighbours_of(node)
+        self._identity = identity
+        self._c = X25519PrivateKey.generate()
+        self._s = X25519PrivateKey.generate()
+        self._seed = os.urandom(32)
+        self._stage = 0
+        self._ads: dict[int, KeyAdvertisement] = {}
+        self._held: dict[int, tuple[bytes, bytes]] = {}
+
+    def _enter(self, stage: str) -> None:
+        if _ORDER[self._stage] != stage:
+            raise ProtocolError(f"device {self.node}: {stage} called at stage {_ORDER[self._stage]}")
+        self._stage += 1
+
+    def advertise(self) -> KeyAdvertisement:
+        self._enter("advertise")
+        return KeyAdvertisement.create(self.plan.context, self.node, self._identity, public_bytes(self._c.public_key()),
+                                       public_bytes(self._s.public_key()),
+                                       seed_commitment(self.plan.context, self.node, self._seed))
+
+    def share_keys(self, advertisements: Mapping[int, KeyAdvertisement],
+                   identities: Mapping[int, Ed25519PublicKey]) -> dict[int, bytes]:
+        """Sealed shares for every neighbour whose advertisement checks out, keyed by neighbour."""
+        self._enter("share_keys")
+        for node, ad in advertisements.items():
+            if node != ad.node:
+                raise AdvertisementError(f"an advertisement of device {ad.node} was delivered as device {node}'s")
+            if node not in self._peers:
+                raise AdvertisementError(f"device {node} is not a neighbour of device {self.node} in this round")
+            ad.verify(self.plan.context, identities.get(node))
+        self._ads = dict(advertisements)
+        threshold = self.plan.reconstruction_threshold
+        if len(self._ads) < threshold:
+            raise UnmaskError(f"device {self.node}: {len(self._ads)} neighbours advertised keys, fewer than "
+                              f"the threshold {threshold}; the round cannot be unmasked")
+        seed_shares = split_secret(self._seed, threshold, len(self._peers))
+        key_shares = split_secret(private_bytes(self._s), threshold, len(self._peers))
+        sealed = {}
+        for position, peer in enumerate(self._peers):
+            if peer not in self._ads:
+                continue
+            key = _share_key(self.plan, self._c, self._ads[peer].c_public, self.node, peer)
+            sealed[peer] = seal_shares(key, self.plan.context, self.node, peer, seed_shares[position],
+                                       key_shares[position])
+        return sealed
+
+    def masked_input(self, sealed: Mapping[int, bytes], levels: np.ndarray) -> bytes:
+        """The masked upload. ``sealed``: the shares neighbours dealt to this device, keyed by dealer."""
+        self._enter("masked_input")
+        levels = np.asarray(levels)
+        if levels.shape != (self.plan.length,):
+            raise ProtocolError(f"device {self.node}: {levels.shape} levels, the round expects ({self.plan.length},)")
+        if levels.size and (levels.min() < 0 or levels.max() > self.plan.grid.top):
+            raise ProtocolError(f"device {self.node}: levels outside [0, {self.plan.grid.top}]")
+        for dealer, blob in sealed.items():
+            if dealer not in self._ads:
+                raise ProtocolError(f"device {self.node} got shares from device {dealer}, which it has no keys of")
+            key = _share_key(self.plan, self._c, self._ads[dealer].c_public, dealer, self.node)
+            self._held[dealer] = open_shares(key, self.plan.context, dealer, self.node, blob)
+        if len(self._held) < self.plan.reconstruction_threshold:
+            raise UnmaskError(f"device {self.node}: shares from {len(self._held)} neighbours, fewer than the "
+                              f"threshold {self.plan.reconstruction_threshold}")
+        bits, count = self.plan.bits, self.plan.length
+        masked = levels.astype(np.uint32) + mask(self._seed, count, bits)
+        for peer in sorted(self._held):  # the neighbours that dealt shares are the ones the coordinator counts
+            pair = mask(pair_mask_seed(self.plan, self._s, self._ads[peer].s_public, self.node, peer), count, bits)
+            if self.node < peer:
+                masked += pair
+            else:
+                masked -= pair
+        masked &= ring_mask(bits)
+        return encode_masked(self.node, masked, bits)
+
+    def unmask(self, survivors: Sequence[int]) -> bytes:
+        """Reveal, for each neighbour that dealt shares, its seed share (it survived) or its key share (it dropped)."""
+        self._enter("unmask")
+        alive = set(survivors)
+        if self.node not in alive:
+            raise UnmaskError(f"device {self.node} is asked to unmask a round its own upload is not part of")
+        if len(alive) < self.plan.reconstruction_threshold:
+            raise UnmaskError(f"{len(alive)} survivors: fewer than the threshold "
+                              f"{self.plan.reconstruction_threshold}, the sum would reveal too little")
+        reveals = [Reveal(dealer, SEED, seed_share) if dealer in alive else Reveal(dealer, KEY, key_share)
+                   for dealer, (seed_share, key_share) in sorted(self._held.items())]
+        return encode_reveals(reveals)
