@@ -29,6 +29,7 @@ from typing import Any
 from flwr.clientapp import ClientApp
 
 import fedge.edge_client.algorithms as _handlers
+from fedge.edge_client import secure_aggregation
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
@@ -37,6 +38,7 @@ from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
 from fedge.protocol.plugins import PLUGIN_ACTION
+from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE
 
 __all__ = ["app", "handled_algorithms"]
 
@@ -70,3 +72,5 @@ def _register(client_app: ClientApp) -> list[str]:
 handled_algorithms = [*_register(app), PLUGIN_ACTION]
 # every plugin algorithm's messages: the handler its plugin registered (fedge.protocol.plugins)
 app.train(PLUGIN_ACTION)(plugin_train)
+# secure aggregation's key-exchange stages (``query.secagg``; fedge.protocol.secagg)
+app.query(SECAGG_MESSAGE_TYPE.partition(".")[2])(secure_aggregation.query)

@@ -4,7 +4,8 @@ A SuperNode started with ``--node-config "... fault='bitflip'"`` (or, in a simul
 last partitions under the run setting ``faulty-clients = "fraction=0.2,fault=bitflip"``) corrupts the
 update of every train reply it sends, so operators (and the integration tests) can watch the coordinator reject it:
 ``truncate`` halves the payload, ``bitflip`` flips a bit of its last byte, ``garbage`` zeroes it,
-and ``hang`` never answers (the coordinator's round timeout must cope).
+``hang`` never answers (the coordinator's round timeout must cope), and ``crash`` fails at once
+(a device gone mid-round, without tying up a simulation worker for the timeout).
 
 Two Byzantine faults send *well-formed* hostile replies, which no decoder can catch, to exercise
 the robust aggregators, the norm bound and the weight cap: ``signflip`` re-encodes the update
@@ -61,6 +62,8 @@ def fault_injection_mod(msg: Message, context: Context, call_next: ClientAppCall
     log.warning("fault injection %r on purpose (node config 'fault' or run setting 'faulty-clients')", fault)
     if fault == "hang":  # a device that goes silent mid-round
         time.sleep(24 * 3600)
+    if fault == "crash":  # a device that vanishes mid-round, answering nothing useful
+        raise RuntimeError("fault injection: the device crashed while training")
     reply = call_next(msg, context)
     if reply.has_error() or UPDATE_RECORD not in reply.content.array_records:
         return reply

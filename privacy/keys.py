@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from fedge.privacy.errors import AdvertisementError
 
 __all__ = [
+    "AD_BYTES",
     "PROTOCOL_LABEL",
     "RoundContext",
     "KeyAdvertisement",
@@ -39,6 +40,8 @@ _AD_HEADER = struct.Struct("<4sQ")  # magic, node id
 _AD_MAGIC = b"FSA1"
 _KEY = 32
 _SIGNATURE = 64
+#: bytes of an encoded advertisement
+AD_BYTES = _AD_HEADER.size + 3 * _KEY + _SIGNATURE
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class KeyAdvertisement:
     def from_bytes(cls, data: bytes) -> "KeyAdvertisement":
         """Parse and length-check; raises :class:`AdvertisementError` (signature not checked here)."""
         data = bytes(data)
-        expected = _AD_HEADER.size + 3 * _KEY + _SIGNATURE
+        expected = AD_BYTES
         if len(data) != expected:
             raise AdvertisementError(f"a key advertisement is {expected} bytes, got {len(data)}")
         magic, node = _AD_HEADER.unpack_from(data)

@@ -29,7 +29,7 @@ from fedge.privacy.prg import mask
 from fedge.privacy.ring import ring_mask
 from fedge.privacy.shamir import split_secret
 
-__all__ = ["SecAggDevice", "pair_mask_seed"]
+__all__ = ["SecAggDevice", "export_state", "pair_mask_seed", "restore_state"]
 
 _ORDER = ("advertise", "share_keys", "masked_input", "unmask", "done")
 
@@ -136,3 +136,40 @@ class SecAggDevice:
         reveals = [Reveal(dealer, SEED, seed_share) if dealer in alive else Reveal(dealer, KEY, key_share)
                    for dealer, (seed_share, key_share) in sorted(self._held.items())]
         return encode_reveals(reveals)
+
+
+def _state_key(name: str) -> str:
+    return f"secagg-{name}"
+
+
+def export_state(device: SecAggDevice) -> dict[str, bytes | int]:
+    """What a device must keep between the stages' messages (Flower hands a handler only ``context.state``)."""
+    from fedge.privacy.keys import private_bytes as raw
+
+    held = b"".join(dealer.to_bytes(8, "little") + seed + key for dealer, (seed, key) in sorted(device._held.items()))
+    ads = b"".join(ad.to_bytes() for _, ad in sorted(device._ads.items()))
+    return {_state_key("c"): raw(device._c), _state_key("s"): raw(device._s), _state_key("seed"): device._seed,
+            _state_key("stage"): device._stage, _state_key("ads"): ads, _state_key("held"): held,
+            _state_key("round"): device.plan.context.round, _state_key("run"): device.plan.context.run_id}
+
+
+def restore_state(plan: SecAggPlan, node: int, identity: Ed25519PrivateKey,
+                  state: Mapping[str, bytes | int]) -> SecAggDevice:
+    """The device of :func:`export_state`, checked to belong to this plan's round."""
+    from fedge.privacy.keys import AD_BYTES, x25519_from_private_bytes
+
+    if state.get(_state_key("round")) != plan.context.round or state.get(_state_key("run")) != plan.context.run_id:
+        raise ProtocolError(f"device {node} holds no secure-aggregation state for round {plan.context.round}")
+    device = SecAggDevice.__new__(SecAggDevice)
+    device.plan, device.node, device._identity = plan, node, identity
+    device._peers = plan.neighbours_of(node)
+    device._c = x25519_from_private_bytes(bytes(state[_state_key("c")]))
+    device._s = x25519_from_private_bytes(bytes(state[_state_key("s")]))
+    device._seed = bytes(state[_state_key("seed")])
+    device._stage = int(state[_state_key("stage")])
+    ads, size = bytes(state[_state_key("ads")]), AD_BYTES
+    device._ads = {ad.node: ad for ad in (KeyAdvertisement.from_bytes(ads[i:i + size]) for i in range(0, len(ads), size))}
+    held, record = bytes(state[_state_key("held")]), 8 + 64
+    device._held = {int.from_bytes(held[i:i + 8], "little"): (held[i + 8:i + 40], held[i + 40:i + 72])
+                    for i in range(0, len(held), record)}
+    return device

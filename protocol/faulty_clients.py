@@ -15,8 +15,9 @@ from fedge.compression.spec import parse_spec
 __all__ = ["FAULTS", "faulty_partition", "parse_faulty_clients"]
 
 #: truncate/bitflip/garbage corrupt the payload (the decoders must catch them); hang never answers;
-#: signflip and inflate are well-formed Byzantine replies (see ``edge_client.faults``)
-FAULTS = ("truncate", "bitflip", "garbage", "hang", "signflip", "inflate")
+#: crash fails the train message at once (a device that vanishes mid-round: under secure aggregation,
+#: after it dealt its shares); signflip and inflate are well-formed Byzantine replies (see ``edge_client.faults``)
+FAULTS = ("truncate", "bitflip", "garbage", "hang", "crash", "signflip", "inflate")
 
 
 def parse_faulty_clients(spec: str) -> tuple[float, str]:

@@ -33,8 +33,9 @@ def preflight(settings: RunSettings) -> None:
 
         parse_pruning(settings.export_prune)
     from fedge.server.algorithms.registry import make_algorithm
-    from fedge.server.engine.loop import make_context
+    from fedge.server.engine.loop import make_context, secure_aggregation_of
     from fedge.server.engine.update_guard import UpdateGuard
 
     UpdateGuard(settings)  # the engine's norm bound and weight cap, for every algorithm
-    make_algorithm(settings.algorithm, make_context(settings, task))
+    algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
+    secure_aggregation_of(algorithm)  # secure aggregation with what needs individual updates: refused here

@@ -88,6 +88,12 @@ class RunSettings:
     aggregator_memory_mb: int = _opt(
         1024, "largest memory a robust aggregator may hold per step (clients x model x 4 bytes); refused if over"
     )
+    secure_aggregation: str = _opt(
+        "none",
+        "'none', or 'secagg[:bits=8,clip=0.1,weight-cap=512,neighbours=0,threshold=0,timeout=60]': the "
+        "coordinator learns only the sum of each round's updates (SecAgg+ on a shared quantization grid; "
+        "FedAvg and EASGD; replaces codec for the uplink; docs/privacy.md)",
+    )
     update_norm: str = _opt(
         "none",
         "bound on each decoded update's L2 norm: 'none', 'clip:max=M', 'reject:max=M' ('factor=F': F x the "
@@ -152,7 +158,7 @@ class RunSettings:
     faulty_clients: str = _opt(
         "none",
         "misbehaving clients on purpose, for benchmarks and tests: 'fraction=F,fault=signflip|inflate|bitflip|"
-        "truncate|garbage|hang' makes the last ceil(F x clients) partitions inject the fault (node config "
+        "truncate|garbage|hang|crash' makes the last ceil(F x clients) partitions inject the fault (node config "
         "'fault=NAME' does it per node)",
     )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")

@@ -12,8 +12,10 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import local
 from fedge.edge_client.public_copy import PublicCopy
+from fedge.edge_client.secure_aggregation import masked_update
 from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, ProtocolError, read_payload, read_state_dict
 from fedge.protocol.round_config import RoundConfig
+from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.tasks import evaluate as evaluate_model
 from fedge.tasks import flatten_state
 
@@ -50,6 +52,11 @@ def train(msg: Message, context: Context) -> Message:
     result = local.train(model, data, config, generator, prox_mu=config.number("prox-mu", low=0.0))
     delta = local.flat_of(model) - start
     memory = local.store(context, _NAMESPACE)
+    if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: a masked upload, nothing in clear
+        payload, residual = masked_update(msg, context, delta, result.examples, memory, generator,
+                                          error_feedback=config.error_feedback)
+        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds,
+                                                "residual-norm": residual}, started)
     payload, residual = local.encode(delta, config, local.task_of(config), memory, generator)
     return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
                                             "residual-norm": residual, "update-norm": float(delta.norm())}, started)

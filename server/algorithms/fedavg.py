@@ -61,6 +61,7 @@ class FedAvgStep(Step):
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    secure_sum = True
     settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec"})
 
     def __init__(self, ctx: RunContext) -> None:
@@ -119,6 +120,13 @@ class FedAvg(Algorithm):
         step.loss_weight += update.weight
         step.used.append(update.node)
 
+    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
+        """The unmasked weighted mean of the round: one "update" of weight 1 (no per-device loss)."""
+        assert isinstance(step, FedAvgStep) and step.aggregator is not None
+        if nodes:
+            step.aggregator.add(mean, 1.0)
+        step.used.extend(nodes)
+
     def missed(self, step: Step, node: int, reason: str) -> None:
         assert isinstance(step, FedAvgStep)
         step.failed.add(node)
@@ -146,7 +154,7 @@ class FedAvg(Algorithm):
         else:
             log.warning("round %d: %d valid replies < min-replies %d; global model unchanged",
                         step.number, used, self.ctx.settings.min_replies)
-        train_loss = step.loss_sum / step.loss_weight if used else None
+        train_loss = step.loss_sum / step.loss_weight if step.loss_weight > 0 else None
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
     # -- state ------------------------------------------------------------------------------------

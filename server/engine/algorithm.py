@@ -191,6 +191,9 @@ class Algorithm(ABC):
     asynchronous: ClassVar[bool] = False
     #: asynchronous algorithms: how many clients to keep training at once
     concurrency: int = 0
+    #: whether a step needs only the weighted mean of its updates (then secure aggregation can
+    #: hide each one: :meth:`absorb_secure`); gossip and robust rules need each update
+    secure_sum: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -247,6 +250,11 @@ class Algorithm(ABC):
     @abstractmethod
     def absorb(self, step: Step, update: Update) -> None:
         """Use one decoded update (raise :class:`Rejected` with the reason if it cannot be used)."""
+
+    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
+        """Secure aggregation: the weighted mean of ``nodes``' updates, the only thing the coordinator
+        learns of them (algorithms with ``secure_sum`` implement it)."""
+        raise NotImplementedError(f"{self.name} cannot run under secure aggregation")
 
     def missed(self, step: Step, node: int, reason: str) -> None:
         """``node`` gave no usable reply this step (timeout, client error, or rejected)."""

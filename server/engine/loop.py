@@ -45,6 +45,10 @@ from fedge.server.engine.algorithm import (
 )
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.engine.dispatcher import Dispatcher, Missing
+from fedge.server.engine.secure_round import SecureRound, refuse_reason, run_id_for
+from fedge.privacy.errors import SecAggError
+from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
+from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
@@ -114,6 +118,27 @@ def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
 
 
+def secure_aggregation_of(algorithm: Algorithm) -> SecAggSpec | None:
+    """The run's secure-aggregation spec, or None; a combination that cannot work is refused here
+    (the CLI's preflight calls this before any process starts)."""
+    settings = algorithm.ctx.settings
+    try:
+        spec = parse_secure_aggregation(settings.secure_aggregation)
+    except ValueError as err:
+        raise SettingsError(f"secure-aggregation: {err}") from None
+    if spec is None:
+        return None
+    reason = refuse_reason(algorithm)
+    if reason is None and settings.aggregator != "mean":
+        reason = f"aggregator {settings.aggregator!r} ranks individual updates; secure aggregation only reveals their sum"
+    if reason is None and settings.update_norm != "none":
+        reason = ("update-norm bounds each decoded update, which the coordinator never sees under secure "
+                  "aggregation; the shared grid's clip bounds every coordinate instead")
+    if reason is not None:
+        raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
+    return spec
+
+
 class Engine:
     def __init__(
         self,
@@ -134,6 +159,10 @@ class Engine:
         self._model = self.ctx.task.build_model()
         #: norm bound and weight cap of every decoded update, for every algorithm (checkpointed)
         self.guard = UpdateGuard(self.settings)
+        #: secure aggregation (``secure-aggregation``): the spec, and each node's identity key,
+        #: pinned the first time it takes part
+        self.secure = secure_aggregation_of(algorithm)
+        self._pins: dict[int, bytes] = {}
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -243,6 +272,8 @@ class Engine:
 
     def step(self, grid: object, step: int) -> RoundRow:
         """One synchronous step: select, send, absorb every reply as it lands, close, evaluate."""
+        if self.secure is not None:
+            return self._secure_step(grid, step)
         alg = self.algorithm
         tally = _Tally(self.clock())
         nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
@@ -255,6 +286,59 @@ class Engine:
         for item in exchange:
             self._receive(state, item, tally)
         outcome = alg.close(state)
+        metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
+        return self._row(step, tally, outcome, metrics, extra)
+
+    def _secure_step(self, grid: object, step: int) -> RoundRow:
+        """A synchronous step under secure aggregation (``secure_round``): advertise, share, train
+        (masked uploads), unmask; the algorithm gets only the weighted mean of the survivors."""
+        assert self.secure is not None
+        alg = self.algorithm
+        tally = _Tally(self.clock())
+        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+        selected = alg.select(step, nodes, self.sample)
+        state = alg.open_step(step, selected)
+        secure = SecureRound(self.secure, run_id_for(self.settings.seed, self.run_dir.path.name), self.settings.seed,
+                             step, selected, self.ctx.numel, self._pins)
+
+        def exchange(outgoing: list[Outgoing], timeout: float, group: str):  # type: ignore[no-untyped-def]
+            return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+                self._messages(outgoing, step, group), timeout)
+
+        outcome, notes = None, []
+        try:
+            secure.advertise(exchange)
+            dealt = secure.share(exchange)
+            outgoing = alg.configure(state, dealt)
+            for o in outgoing:
+                o.content[SECAGG_RECORD] = secure.train_record(o.node)
+            tally.sent(outgoing)
+            replies: dict[int, object] = {}
+            for item in exchange(outgoing, self.settings.round_timeout, "train"):
+                if isinstance(item, Missing):
+                    secure.missing[item.node] = item.reason
+                elif item.has_error():
+                    secure.missing[item.metadata.src_node_id] = f"client error {item.error.code}: {item.error.reason}"
+                else:
+                    replies[item.metadata.src_node_id] = item.content
+                    tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
+                    tally.train_seconds.append(_train_seconds(item))
+            survivors = secure.masked_inputs(replies)  # type: ignore[arg-type]
+            mean, count, weight = secure.unmask(exchange, survivors)
+            alg.absorb_secure(state, mean, survivors)
+            tally.used = count
+        except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
+            log.error("round %d: secure aggregation failed: %s; global model unchanged", step, error)
+            notes.append({"node": None, "reason": f"secure aggregation failed: {error}"})
+        for node, reason in sorted(secure.missing.items()):
+            tally.rejected.append({"node": node, "reason": reason})
+            alg.missed(state, node, reason)
+        tally.uplink += secure.uplink
+        tally.downlink += secure.downlink
+        outcome = alg.close(state)
+        outcome.notes.extend(notes)
+        outcome.extra.update({"secure_aggregation": self.secure.spec,
+                              "secagg_ring_bits": secure.plan.bits, "secagg_neighbours": secure.plan.degree})
         metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
         return self._row(step, tally, outcome, metrics, extra)
 

@@ -1,0 +1,148 @@
+"""Secure aggregation on the device: the ``query.secagg`` stages and the masked train reply.
+
+The device keeps a long-lived Ed25519 identity key in ``context.state`` (saved with the rest of its
+state on a real device), pins the identity keys it has seen for its peers (trust on first use: a
+coordinator that later swaps a peer's identity is refused), and keeps one round's secrets (its
+X25519 keys, self-mask seed, the shares it holds) between the stages' messages. The round's
+secrets are dropped when it unmasks, and overwritten by the next round's advertisement.
+
+What the device reveals about itself: its masked upload (uniform in the ring), its signed public
+keys, and, per neighbour, one share. Its metrics reply carries no example count or loss (both are
+about its data): ``num-examples`` is 1, the weight travels inside the masked sum.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from fedge.edge_client.node_store import NodeStore
+from fedge.privacy.errors import AdvertisementError, ProtocolError
+from fedge.privacy.keys import KeyAdvertisement
+from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state
+from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, unpack_blobs, unpack_ids
+
+__all__ = ["identity_of", "masked_update", "query"]
+
+log = logging.getLogger(__name__)
+
+_IDENTITY = "fedge-identity"
+_PINS = "fedge-secagg-pins"
+_ROUND = "fedge-secagg-round"
+_RAW = serialization.Encoding.Raw
+
+
+def identity_of(context: Context) -> Ed25519PrivateKey:
+    """This device's identity key, made on first use and kept in its state."""
+    record = context.state.config_records.get(_IDENTITY)
+    if record is not None and "key" in record:
+        return Ed25519PrivateKey.from_private_bytes(bytes(record["key"]))
+    key = Ed25519PrivateKey.generate()
+    raw = key.private_bytes(_RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    context.state[_IDENTITY] = ConfigRecord({"key": raw})
+    return key
+
+
+def _public(key: Ed25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes(_RAW, serialization.PublicFormat.Raw)
+
+
+def _node_id(msg: Message, context: Context) -> int:
+    return int(msg.metadata.dst_node_id) if msg.metadata.dst_node_id else int(context.node_id)
+
+
+def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[int, Ed25519PublicKey]:
+    """Peers' identity keys as delivered, checked against (and added to) this device's pins."""
+    pins = context.state.config_records.get(_PINS) or ConfigRecord()
+    out = {}
+    for node, raw in delivered.items():
+        pinned = pins.get(str(node))
+        if pinned is not None and bytes(pinned) != raw:
+            raise AdvertisementError(f"device {node}'s identity key differs from the one pinned when it was "
+                                     "first seen: refused (a coordinator substituting keys, or a re-installed device)")
+        try:
+            out[node] = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as error:
+            raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
+        pins[str(node)] = raw
+    context.state[_PINS] = pins
+    return out
+
+
+def _save(context: Context, device: SecAggDevice) -> None:
+    context.state[_ROUND] = ConfigRecord(export_state(device))  # type: ignore[arg-type]
+
+
+def _load(context: Context, record: ConfigRecord, node: int) -> SecAggDevice:
+    plan, _ = plan_from_record(record)
+    state = context.state.config_records.get(_ROUND)
+    if state is None:
+        raise ProtocolError(f"device {node} has no secure-aggregation state for round {plan.context.round}")
+    return restore_state(plan, node, identity_of(context), dict(state))
+
+
+def query(msg: Message, context: Context) -> Message:
+    """The key-exchange stages: ``advertise``, ``share``, ``unmask``."""
+    record = msg.content.config_records.get(SECAGG_RECORD)
+    if record is None:
+        raise ProtocolError("a query.secagg message without its secagg record")
+    plan, stage = plan_from_record(record)
+    node = _node_id(msg, context)
+    identity = identity_of(context)
+    if stage == "advertise":
+        device = SecAggDevice(plan, node, identity)
+        ad = device.advertise()
+        _save(context, device)
+        reply = ConfigRecord({"ad": ad.to_bytes(), "identity": _public(identity)})
+    elif stage == "share":
+        device = _load(context, record, node)
+        ads = {n: KeyAdvertisement.from_bytes(b) for n, b in unpack_blobs(record["ad-from"], record["ads"]).items()}
+        identities = _checked_identities(context, unpack_blobs(record["ad-from"], record["identities"]))
+        sealed = device.share_keys(ads, identities)
+        _save(context, device)
+        ids, blobs = pack_blobs(sealed)
+        reply = ConfigRecord({"sealed-to": ids, "sealed": blobs})
+    elif stage == "unmask":
+        device = _load(context, record, node)
+        reveals = device.unmask(unpack_ids(record["survivors"]))
+        del context.state[_ROUND]  # this round's secrets are not needed any more
+        reply = ConfigRecord({"reveals": reveals})
+    else:
+        raise ProtocolError(f"unknown secure-aggregation stage {stage!r}")
+    return Message(RecordDict({SECAGG_RECORD: reply}), reply_to=msg)
+
+
+def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples: int, memory: NodeStore,
+                  generator: torch.Generator, *, error_feedback: bool = True) -> tuple[bytes, float]:
+    """The masked upload of ``delta`` (weighted by ``examples``) and the error-feedback residual's norm.
+
+    The device quantizes its weighted update on the round's shared grid; what rounding and clipping
+    lost stays in its residual and is added to the next round's update (error feedback, as with the
+    other codecs), so clipping delays information instead of dropping it.
+    """
+    record = msg.content.config_records[SECAGG_RECORD]
+    node = _node_id(msg, context)
+    device = _load(context, record, node)
+    plan = device.plan
+    if plan.dimension != delta.numel():
+        raise ProtocolError(f"the plan's dimension {plan.dimension} is not the model's {delta.numel()}")
+    residual = memory.get_tensor("secagg-residual") if error_feedback else None
+    corrected = delta + residual if residual is not None and residual.shape == delta.shape else delta.clone()
+    grid = plan.grid
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
+    levels = grid.quantize(corrected.numpy(), examples, rng)
+    scale = min(max(examples, 0), grid.weight_cap) / grid.weight_cap
+    sent = torch.from_numpy(levels[: plan.dimension].astype(np.float64) * (2 * grid.clip / grid.top) - grid.clip)
+    new_residual = corrected - (sent / scale).to(torch.float32) if scale > 0 else corrected
+    if error_feedback:
+        memory.put_tensor("secagg-residual", new_residual)
+    sealed = unpack_blobs(record["shares-from"], record["shares"])
+    payload = device.masked_input(sealed, levels)
+    _save(context, device)
+    log.debug("secure aggregation: node %d sent %d masked bytes", node, len(payload))
+    return payload, float(new_residual.norm())

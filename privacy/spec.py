@@ -1,0 +1,65 @@
+"""The ``secure-aggregation`` run setting: ``none`` or ``secagg[:bits=8,clip=0.1,weight-cap=512,...]``.
+
+- ``bits``: levels of the shared grid (the ring adds ceil(log2 n) bits to it);
+- ``clip``: every coordinate of a device's weighted update is clipped to [-clip, clip];
+- ``weight-cap``: the largest example count that still counts in full (a device with w examples
+  scales its update by min(w, cap) / cap, see ``shared_grid``);
+- ``neighbours``, ``threshold``: the SecAgg+ graph degree and the Shamir threshold (0: defaults);
+- ``timeout``: seconds each key-exchange stage waits for replies (dropouts are then recovered).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedge.compression.errors import SpecError
+from fedge.compression.spec import parse_spec
+
+__all__ = ["SecAggSpec", "parse_secure_aggregation"]
+
+
+@dataclass(frozen=True)
+class SecAggSpec:
+    bits: int = 8
+    clip: float = 0.1
+    weight_cap: int = 512
+    neighbours: int = 0
+    threshold: int = 0
+    timeout: float = 60.0
+
+    @property
+    def spec(self) -> str:
+        return (f"secagg:bits={self.bits},clip={self.clip:g},weight-cap={self.weight_cap},"
+                f"neighbours={self.neighbours},threshold={self.threshold},timeout={self.timeout:g}")
+
+
+_TYPES = {"bits": int, "clip": float, "weight-cap": int, "neighbours": int, "threshold": int, "timeout": float}
+
+
+def parse_secure_aggregation(spec: str) -> SecAggSpec | None:
+    """``None`` for ``none``; raises :class:`SpecError` naming the bad parameter."""
+    if not spec or spec.strip().lower() == "none":
+        return None
+    name, raw = parse_spec(spec)
+    if name != "secagg":
+        raise SpecError(f"secure-aggregation is 'none' or 'secagg[:...]', not {name!r}")
+    values = {}
+    for key, text in raw.items():
+        kind = _TYPES.get(key)
+        if kind is None:
+            raise SpecError(f"secagg has no parameter {key!r} (parameters: {', '.join(_TYPES)})")
+        try:
+            values[key.replace("-", "_")] = kind(text)
+        except ValueError:
+            raise SpecError(f"secagg: {key}={text!r} is not a {kind.__name__}") from None
+    result = SecAggSpec(**values)
+    if not 1 <= result.bits <= 16:
+        raise SpecError("secagg: bits must be in [1, 16]")
+    if not (math.isfinite(result.clip) and result.clip > 0):
+        raise SpecError("secagg: clip must be a positive number")
+    if result.weight_cap < 1 or result.neighbours < 0 or result.threshold < 0:
+        raise SpecError("secagg: weight-cap must be >= 1, neighbours and threshold >= 0")
+    if not result.timeout > 0:
+        raise SpecError("secagg: timeout must be > 0")
+    return result

@@ -1,0 +1,115 @@
+"""Secure aggregation's messages on Flower's Message API: the agreement between the two sides.
+
+A round with ``secure-aggregation`` on takes four exchanges instead of one, all on the round engine:
+
+    query.secagg  stage=advertise  ->  ad (signed keys), identity (the device's Ed25519 public key)
+    query.secagg  stage=share      ->  sealed shares for each neighbour (the coordinator routes them)
+    train         + secagg record  ->  update: the masked upload (bit-packed ring elements)
+    query.secagg  stage=unmask     ->  reveals: one share per neighbour (seed if it survived, else key)
+
+Every message carries the round's public plan (participants, grid, ring, graph seed) in its
+``secagg`` ConfigRecord, so a device rebuilds the same :class:`SecAggPlan` the coordinator uses and
+refuses one it is not part of. Node ids travel packed as little-endian uint64 (Flower's integers are
+signed 64-bit, node ids are not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from flwr.app import ConfigRecord, MessageType
+
+from fedge.privacy.errors import ProtocolError as SecAggProtocolError
+from fedge.privacy.errors import SecAggError
+from fedge.privacy.keys import RoundContext
+from fedge.privacy.plan import SecAggPlan
+from fedge.privacy.shared_grid import SharedGrid
+
+__all__ = [
+    "SECAGG_RECORD",
+    "SECAGG_MESSAGE_TYPE",
+    "plan_record",
+    "plan_from_record",
+    "pack_ids",
+    "unpack_ids",
+    "pack_blobs",
+    "unpack_blobs",
+    "config_bytes",
+]
+
+SECAGG_RECORD = "secagg"
+SECAGG_MESSAGE_TYPE = f"{MessageType.QUERY}.secagg"
+_MAX_BLOBS = 1 << 16
+
+
+def pack_ids(ids: Sequence[int]) -> bytes:
+    return np.asarray(list(ids), dtype="<u8").tobytes()
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    data = bytes(data)
+    if len(data) % 8:
+        raise SecAggProtocolError(f"a node-id list of {len(data)} bytes is not a whole number of uint64")
+    return [int(x) for x in np.frombuffer(data, dtype="<u8")]
+
+
+def pack_blobs(blobs: Mapping[int, bytes]) -> tuple[bytes, list[bytes]]:
+    """A mapping node -> bytes as (packed ids, list of blobs) for a ConfigRecord."""
+    keys = sorted(blobs)
+    return pack_ids(keys), [bytes(blobs[k]) for k in keys]
+
+
+def unpack_blobs(ids: bytes, blobs: Sequence[bytes]) -> dict[int, bytes]:
+    nodes = unpack_ids(ids)
+    if len(nodes) != len(blobs) or len(nodes) > _MAX_BLOBS:
+        raise SecAggProtocolError(f"{len(nodes)} ids for {len(blobs)} blobs")
+    if len(set(nodes)) != len(nodes):
+        raise SecAggProtocolError("a node appears twice in a blob list")
+    return {node: bytes(blob) for node, blob in zip(nodes, blobs)}
+
+
+def plan_record(plan: SecAggPlan, stage: str, **extra: object) -> ConfigRecord:
+    """The round's public plan and the stage, plus a stage's own fields."""
+    return ConfigRecord({
+        "stage": stage, "run-id": plan.context.run_id, "round": plan.context.round,
+        "participants": pack_ids(plan.participants), "bits": plan.grid.bits, "clip": float(plan.grid.clip),
+        "weight-cap": plan.grid.weight_cap, "dimension": plan.dimension, "graph-seed": plan.graph_seed,
+        "neighbours": plan.neighbours, "threshold": plan.threshold, "headroom-bits": plan.headroom_bits,
+        **extra,  # type: ignore[dict-item]
+    })
+
+
+def plan_from_record(record: ConfigRecord) -> tuple[SecAggPlan, str]:
+    """(the plan, the stage); every field checked (a bad plan raises a ``SecAggError``)."""
+    try:
+        plan = SecAggPlan(
+            RoundContext(bytes(record["run-id"]), int(record["round"])),
+            tuple(unpack_ids(record["participants"])),
+            SharedGrid(int(record["bits"]), float(record["clip"]), int(record["weight-cap"])),
+            int(record["dimension"]), graph_seed=int(record["graph-seed"]), neighbours=int(record["neighbours"]),
+            threshold=int(record["threshold"]), headroom_bits=int(record["headroom-bits"]),
+        )
+        stage = str(record["stage"])
+    except SecAggError:
+        raise
+    except KeyError as error:
+        raise SecAggProtocolError(f"the secagg record lacks {error}") from None
+    except (TypeError, ValueError) as error:
+        raise SecAggProtocolError(f"the secagg record is malformed: {error}") from None
+    return plan, stage
+
+
+def config_bytes(record: ConfigRecord) -> int:
+    """Bytes a secagg record carries: its byte strings in full, 8 per number (what a device pays to send it)."""
+    total = 0
+    for value in record.values():
+        if isinstance(value, (bytes, bytearray)):
+            total += len(value)
+        elif isinstance(value, list):
+            total += sum(len(v) if isinstance(v, (bytes, bytearray)) else 8 for v in value)
+        elif isinstance(value, str):
+            total += len(value.encode())
+        else:
+            total += 8
+    return total

@@ -1,0 +1,185 @@
+"""One round with secure aggregation on the coordinator: the four exchanges around the train message.
+
+The engine runs the stages over the same dispatcher as every other message, each with its own
+timeout, and carries on with whoever answered: a device that misses the advertisement or the share
+stage is simply not in the sum; one that dealt shares and then vanished (the hard case) has its
+pairwise masks removed from the survivors' uploads with the key shares its neighbours reveal. What
+the coordinator ends with is the exact sum of the survivors' quantized, weighted updates and the sum
+of their weights, hence the weighted mean, and nothing about any one of them.
+
+Identity keys are pinned on first use, per node, for the whole run: a device that later presents
+another identity is refused (logged). See SECURITY.md for what that does and does not protect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from flwr.app import Message, RecordDict
+
+from fedge.compression import derive_seed
+from fedge.privacy.errors import SecAggError
+from fedge.privacy.keys import RoundContext
+from fedge.privacy.plan import SecAggPlan
+from fedge.privacy.secagg_server import SecAggServer
+from fedge.privacy.shared_grid import SharedGrid
+from fedge.privacy.spec import SecAggSpec
+from fedge.protocol import UPDATE_RECORD, read_payload
+from fedge.protocol.secagg import (
+    SECAGG_MESSAGE_TYPE,
+    SECAGG_RECORD,
+    config_bytes,
+    pack_blobs,
+    pack_ids,
+    plan_record,
+    unpack_blobs,
+)
+from fedge.server.engine.algorithm import Outgoing
+from fedge.server.engine.dispatcher import Missing
+
+__all__ = ["SecureRound", "refuse_reason", "run_id_for"]
+
+log = logging.getLogger(__name__)
+
+Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+
+
+def run_id_for(seed: int, run_dir: str) -> bytes:
+    """Binds every key of the run to it: a signature from another run does not verify here."""
+    return hashlib.sha256(f"fedge-run|{seed}|{run_dir}".encode()).digest()[:16]
+
+
+class SecureRound:
+    """Stages 1, 2 and 4 around the algorithm's train messages (stage 3)."""
+
+    def __init__(self, spec: SecAggSpec, run_id: bytes, seed: int, number: int, nodes: list[int], dimension: int,
+                 pins: dict[int, bytes]) -> None:
+        self.spec = spec
+        self.plan = SecAggPlan(RoundContext(run_id, number), tuple(sorted(nodes)),
+                               SharedGrid(spec.bits, spec.clip, spec.weight_cap), dimension,
+                               graph_seed=derive_seed(seed, number, purpose="secagg-graph"),
+                               neighbours=spec.neighbours, threshold=spec.threshold)
+        self.pins = pins
+        self.server: SecAggServer | None = None
+        self.uplink = 0
+        self.downlink = 0
+        self.missing: dict[int, str] = {}
+        self._inbox: dict[int, dict[int, bytes]] = {}
+
+    # -- stage 1 ----------------------------------------------------------------------------------
+    def advertise(self, exchange: Exchange) -> None:
+        ads: dict[int, bytes] = {}
+        identities: dict[int, Ed25519PublicKey] = {}
+        for reply in self._ask(exchange, {n: {} for n in self.plan.participants}, "advertise"):
+            node, record = reply
+            raw = bytes(record.get("identity", b""))
+            pinned = self.pins.get(node)
+            if pinned is not None and pinned != raw:
+                self._drop(node, "presented another identity key than the one pinned at its first round")
+                continue
+            try:
+                identities[node] = Ed25519PublicKey.from_public_bytes(raw)
+            except ValueError:
+                self._drop(node, "sent a malformed identity key")
+                continue
+            self.pins.setdefault(node, raw)
+            ads[node] = bytes(record.get("ad", b""))
+        self.server = SecAggServer(self.plan, identities)
+        self._routed_ads = self.server.receive_advertisements(ads)
+        self._identities = {n: self.pins[n] for n in self._routed_ads}
+        self.missing.update(self.server.refused)
+
+    # -- stage 2 ----------------------------------------------------------------------------------
+    def share(self, exchange: Exchange) -> list[int]:
+        """The devices that dealt their shares: the ones to train (stage 3)."""
+        assert self.server is not None
+        asks = {}
+        for node, peers in self._routed_ads.items():
+            ids, ads = pack_blobs({p: ad.to_bytes() for p, ad in peers.items()})
+            _, identities = pack_blobs({p: self._identities[p] for p in peers})
+            asks[node] = {"ad-from": ids, "ads": ads, "identities": identities}
+        sealed = {}
+        for node, record in self._ask(exchange, asks, "share"):
+            try:
+                sealed[node] = unpack_blobs(record["sealed-to"], record["sealed"])
+            except (KeyError, SecAggError) as error:
+                self._drop(node, f"malformed shares: {error}")
+        self._inbox = self.server.route_shares(sealed)
+        self.missing.update(self.server.refused)
+        return sorted(n for n in sealed if n not in self.server.refused)
+
+    def train_record(self, node: int):  # type: ignore[no-untyped-def]
+        """The secagg record a stage-3 train message carries: the plan and the shares dealt to ``node``."""
+        ids, blobs = pack_blobs(self._inbox.get(node, {}))
+        record = plan_record(self.plan, "masked", **{"shares-from": ids, "shares": blobs})
+        self.downlink += config_bytes(record)
+        return record
+
+    # -- stage 3 (the engine's train exchange) ----------------------------------------------------
+    def masked_inputs(self, replies: dict[int, RecordDict]) -> list[int]:
+        """The survivors: devices whose masked upload arrived and is well formed."""
+        assert self.server is not None
+        uploads = {}
+        for node, content in replies.items():
+            try:
+                uploads[node] = read_payload(content, UPDATE_RECORD)
+            except ValueError as error:
+                self._drop(node, f"no masked upload: {error}")
+        survivors = self.server.receive_masked(uploads)
+        self.missing.update(self.server.refused)
+        return survivors
+
+    # -- stage 4 ----------------------------------------------------------------------------------
+    def unmask(self, exchange: Exchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
+        """(the weighted mean of the survivors' updates, the number of survivors, their total weight)."""
+        assert self.server is not None
+        asks = {n: {"survivors": pack_ids(survivors)} for n in survivors}
+        reveals = {node: bytes(record.get("reveals", b"")) for node, record in self._ask(exchange, asks, "unmask")}
+        level_sum, count = self.server.unmask(reveals)
+        total, weight = self.plan.grid.decode_sum(level_sum, count)
+        mean = total * (self.plan.grid.weight_cap / weight) if weight > 0 else np.zeros_like(total)
+        return torch.from_numpy(mean.astype(np.float32)), count, weight
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _ask(self, exchange: Exchange, asks: dict[int, dict], stage: str):  # type: ignore[no-untyped-def]
+        outgoing = []
+        for node, fields in asks.items():
+            record = plan_record(self.plan, stage, **fields)
+            self.downlink += config_bytes(record)
+            outgoing.append(Outgoing(node, RecordDict({SECAGG_RECORD: record}), SECAGG_MESSAGE_TYPE))
+        for item in exchange(outgoing, self.spec.timeout, f"secagg-{stage}"):
+            if isinstance(item, Missing):
+                self._drop(item.node, f"{stage}: {item.reason}")
+                continue
+            node = item.metadata.src_node_id
+            if item.has_error():
+                self._drop(node, f"{stage}: client error {item.error.code}: {item.error.reason}")
+                continue
+            record = item.content.config_records.get(SECAGG_RECORD)
+            if record is None:
+                self._drop(node, f"{stage}: reply without a secagg record")
+                continue
+            self.uplink += config_bytes(record)
+            yield node, record
+
+    def _drop(self, node: int, reason: str) -> None:
+        self.missing[node] = reason
+        log.warning("round %d: secure aggregation without node %d: %s", self.plan.context.round, node, reason)
+
+
+def refuse_reason(algorithm: object) -> str | None:
+    """Why an algorithm cannot run under secure aggregation (None: it can)."""
+    name = getattr(algorithm, "name", "")
+    if getattr(algorithm, "asynchronous", False):
+        return (f"{name} aggregates each update as it lands (asynchronously); secure aggregation only "
+                "reveals the sum of a whole round")
+    if not getattr(algorithm, "secure_sum", False):
+        return (f"{name} needs each device's update (gossip relays them, robust rules rank them); secure "
+                "aggregation only reveals their sum")
+    return None
+

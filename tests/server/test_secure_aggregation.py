@@ -1,0 +1,81 @@
+"""Secure aggregation in the round engine (in-process grid: fast; the real-process run is in
+tests/integration/test_secure_aggregation.py): the model moves by exactly the unmasked mean, a
+device that drops after dealing its shares costs nothing, and what cannot work is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedge.server.algorithms.registry import make_algorithm
+from fedge.server.engine.loop import Engine, make_context
+from fedge.server.run.initial_model import initial_params
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings, SettingsError
+from fedge.tasks import make_task
+from tests.server.in_process_grid import FakeClock, InProcessGrid
+
+TASK = make_task("digits")
+SECAGG = "secagg:bits=8,clip=0.2,weight-cap=256"
+
+
+def _engine(tmp_path, **overrides) -> Engine:
+    values = dict(rounds=2, clients_per_round=5, local_epochs=3, round_timeout=5.0, wait_for_nodes=1.0,
+                  run_dir=str(tmp_path / "run"), secure_aggregation=SECAGG)
+    values.update(overrides)
+    settings = RunSettings(**values)
+    run_dir = RunDirectory(settings.run_dir)
+    run_dir.start(settings)
+    algorithm = make_algorithm(settings.algorithm, make_context(settings, TASK))
+    clock = FakeClock()
+    return Engine(algorithm, run_dir, clock=clock, sleep=clock.sleep)
+
+
+def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
+    engine = _engine(tmp_path)
+    grid = InProcessGrid(5)
+    start = initial_params(TASK, 42)
+    before = engine.evaluate(start)["accuracy"]
+    result = engine.run(grid, start)
+    row = result.rows[-1]
+    assert row.clients_used == 5 and not row.rejected, row.rejected
+    assert row.accuracy > before + 0.2
+    kinds = [m.metadata.message_type for m in grid.pushed]
+    assert kinds.count("query.secagg") == 2 * 3 * 5 and kinds.count("train") == 2 * 5
+    # the uplink holds the masked uploads (ring of 8 + 3 bits per coordinate) and the key exchange
+    ring = row.extra["secagg_ring_bits"]
+    assert ring == 11
+    masked = 5 * (((engine.ctx.numel + 1) * ring + 7) // 8 + 17)  # + 1 weight digit, 17-byte header
+    assert masked < row.uplink_bytes < masked + 5 * 10_000  # + keys, sealed shares and reveals
+    # no device reported its example count or loss in clear
+    assert row.train_loss is None
+
+
+def test_a_device_dropping_after_sharing_is_recovered(tmp_path) -> None:
+    """Partition 4 deals its shares and then crashes in training (its pairwise masks are in the
+    others' uploads): the round still unmasks the sum of the four survivors."""
+    engine = _engine(tmp_path, rounds=1)
+    grid = InProcessGrid(5, node_config={4: {"fault": "crash"}})
+    start = initial_params(TASK, 42)
+    result = engine.run(grid, start)
+    row = result.rows[-1]
+    assert row.clients_used == 4
+    assert [r["node"] for r in row.rejected] == [grid.node_id(4)]
+    assert not torch.equal(result.model, start)
+    assert row.accuracy > engine.evaluate(start)["accuracy"]
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"algorithm": "gossip"}, "needs each device's update"),
+    ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "asynchronously"),
+    ({"aggregator": "median"}, "ranks individual updates"),
+    ({"update_norm": "clip:max=1"}, "never sees"),
+])
+def test_what_needs_individual_updates_is_refused_before_the_run(tmp_path, overrides, reason) -> None:
+    with pytest.raises(SettingsError, match=reason):
+        _engine(tmp_path, **overrides)
+
+
+def test_a_malformed_spec_is_refused(tmp_path) -> None:
+    with pytest.raises(SettingsError, match="secure-aggregation"):
+        _engine(tmp_path, secure_aggregation="secagg:bits=40")
