@@ -21,6 +21,7 @@ from fedge.compression.dgc import DGCCodec
 from fedge.compression.entropy import ZstdCodec
 from fedge.compression.errors import SpecError
 from fedge.compression.layerwise import LayerwiseCodec
+from fedge.compression.grid import GridCodec
 from fedge.compression.qsgd import QSGDCodec
 from fedge.compression.sign import OneBitCodec, ScaledSignCodec
 from fedge.compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
@@ -98,4 +99,5 @@ _REGISTRY.update({
     "dgc": DGCCodec,
     "layerwise": LayerwiseCodec,
     "zstd": ZstdCodec,
+    "grid": GridCodec,
 })

@@ -60,10 +60,11 @@ def test_codecs_that_claim_unbiasedness_are_unbiased(spec: str) -> None:
 def test_biased_codecs_are_contractions(spec: str, values: list[float]) -> None:
     """|C(x) - x|^2 <= |x|^2: what error feedback needs (top-k, sign, 1-bit, dense rounding).
 
-    Stochastic biased codecs (TernGrad's clipping) are checked on average in a test of their own.
+    Stochastic biased codecs (TernGrad's and the fixed grid's clipping) are checked on average in
+    tests of their own; a fixed grid is no contraction near 0 (its levels need not include 0).
     """
     codec = make_codec(spec)
-    if spec.startswith(("terngrad", "randk")):
+    if spec.startswith(("terngrad", "randk", "grid")):
         return
     x = torch.tensor(values, dtype=torch.float32)
     err = (codec.decode(codec.encode(x), x.numel()) - x).double().pow(2).sum()
@@ -201,3 +202,17 @@ def test_layerwise_policy_keeps_small_tensors_exact_and_counts_their_bytes() -> 
         codec.decode(payload, x.numel() + 1)
     with pytest.raises(SpecError):
         make_codec("layerwise:small=qsgd+qsgd:bits=4")
+
+
+def test_the_fixed_grid_is_unbiased_inside_its_range_and_clips_outside() -> None:
+    """``grid`` (secure aggregation's quantizer, in clear): E[C(x)] = x for |x| <= clip, C(x) = +-clip
+    beyond, and every decoded value is a level of the shared grid."""
+    codec = make_codec("grid:bits=4,clip=1.0,bucket=16")
+    x = torch.tensor([-3.0, -1.0, -0.37, 0.0, 0.2, 0.99, 1.0, 2.5])
+    gen = torch.Generator().manual_seed(4)
+    samples = torch.stack([codec.decode(codec.encode(x, gen), x.numel()) for _ in range(4000)])
+    inside = x.abs() <= 1.0
+    assert (samples.mean(0)[inside] - x[inside]).abs().max() < 0.01
+    assert torch.equal(samples[:, 0], torch.full((4000,), -1.0)) and torch.equal(samples[:, -1], torch.full((4000,), 1.0))
+    levels = (samples + 1.0) * (15 / 2.0)
+    assert torch.allclose(levels, levels.round(), atol=1e-4)
