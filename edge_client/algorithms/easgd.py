@@ -11,7 +11,9 @@ import time
 from flwr.app import Context, Message
 
 from fedge.edge_client import local
+from fedge.edge_client.secure_aggregation import masked_update
 from fedge.protocol import MODEL_RECORD, read_state_dict
+from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.tasks import evaluate, flatten_state
 
 __all__ = ["train"]
@@ -39,6 +41,10 @@ def train(msg: Message, context: Context) -> Message:
     delta = alpha * (x - center)
     x = x - delta
     store.put_tensor("local", x)
+    if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: only the masked difference leaves
+        payload, residual = masked_update(msg, context, delta, 1, store, generator, error_feedback=config.error_feedback)
+        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds,
+                                                "residual-norm": residual}, started)
     payload, residual = local.encode(delta, config, task, store, generator)
     # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
     # part when the run keeps one, else on the task's central split when the device has it.

@@ -62,11 +62,14 @@ class EASGDStep(Step):
     distance: float = 0.0
     score_sum: float = 0.0  # the clients' own models, on the task's primary metric
     scored: int = 0
+    #: secure aggregation: the unmasked mean of the elastic differences and how many it averages
+    secure: tuple[torch.Tensor, int] | None = None
 
 
 class EASGD(Algorithm):
     name = "easgd"
     weighted = False  # every client's elastic difference counts once: the center moves by their sum
+    secure_sum = True
 
     def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
         super().__init__(ctx)
@@ -116,22 +119,30 @@ class EASGD(Algorithm):
             step.score_sum += score
             step.scored += 1
 
+    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
+        """The unmasked mean of the elastic differences (their distances and scores stay on the devices)."""
+        assert isinstance(step, EASGDStep)
+        step.secure = (mean, len(nodes))
+
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep) and step.sum is not None
-        used = step.sum.count
+        used = step.secure[1] if step.secure is not None else step.sum.count
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
         if used >= self.ctx.settings.min_replies:
             scale = self.beta / (self.alpha * used)
-            self.center, notes = finite_or_previous(self.center + scale * step.sum.sum(), self.center, step.number)
-            extra["center_distance"] = step.distance / used
+            total = step.secure[0] * used if step.secure is not None else step.sum.sum()
+            self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)
+            if step.secure is None:
+                extra["center_distance"] = step.distance / used
             if step.scored:
                 # e.g. client_model_accuracy: the clients' own models, measured on the clients
                 extra[f"client_model_{self.ctx.task.primary_metric}"] = step.score_sum / step.scored
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step.number, used, self.ctx.settings.min_replies)
-        return StepOutcome(model=self.center, train_loss=step.loss / used if used else None, extra=extra, notes=notes)
+        train_loss = step.loss / used if used and step.secure is None else None
+        return StepOutcome(model=self.center, train_loss=train_loss, extra=extra, notes=notes)
 
     def final_model(self) -> torch.Tensor:
         return self.center.clone()

@@ -299,7 +299,7 @@ class Engine:
         selected = alg.select(step, nodes, self.sample)
         state = alg.open_step(step, selected)
         secure = SecureRound(self.secure, run_id_for(self.settings.seed, self.run_dir.path.name), self.settings.seed,
-                             step, selected, self.ctx.numel, self._pins)
+                             step, selected, self.ctx.numel, self._pins, weighted=alg.weighted)
 
         def exchange(outgoing: list[Outgoing], timeout: float, group: str):  # type: ignore[no-untyped-def]
             return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(

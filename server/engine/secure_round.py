@@ -58,10 +58,11 @@ class SecureRound:
     """Stages 1, 2 and 4 around the algorithm's train messages (stage 3)."""
 
     def __init__(self, spec: SecAggSpec, run_id: bytes, seed: int, number: int, nodes: list[int], dimension: int,
-                 pins: dict[int, bytes]) -> None:
+                 pins: dict[int, bytes], *, weighted: bool = True) -> None:
         self.spec = spec
+        # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1
         self.plan = SecAggPlan(RoundContext(run_id, number), tuple(sorted(nodes)),
-                               SharedGrid(spec.bits, spec.clip, spec.weight_cap), dimension,
+                               SharedGrid(spec.bits, spec.clip, spec.weight_cap if weighted else 1), dimension,
                                graph_seed=derive_seed(seed, number, purpose="secagg-graph"),
                                neighbours=spec.neighbours, threshold=spec.threshold)
         self.pins = pins

@@ -65,6 +65,17 @@ def test_a_device_dropping_after_sharing_is_recovered(tmp_path) -> None:
     assert row.accuracy > engine.evaluate(start)["accuracy"]
 
 
+def test_easgd_moves_its_center_by_the_unmasked_mean(tmp_path) -> None:
+    engine = _engine(tmp_path, algorithm="easgd", rounds=3)
+    grid = InProcessGrid(5)
+    start = initial_params(TASK, 42)
+    result = engine.run(grid, start)
+    row = result.rows[-1]
+    assert row.clients_used == 5 and not row.rejected
+    assert row.extra["secagg_ring_bits"] == 11 and "center_distance" not in row.extra  # distances stay on the devices
+    assert row.accuracy > engine.evaluate(start)["accuracy"] + 0.2
+
+
 @pytest.mark.parametrize("overrides, reason", [
     ({"algorithm": "gossip"}, "needs each device's update"),
     ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "asynchronously"),
