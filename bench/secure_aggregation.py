@@ -7,8 +7,9 @@ upload, and everything a device sends), one device's seconds per round (its four
 devices) and the coordinator's seconds per round (routing, checks, unmasking).
 
 ``--part accuracy`` (real Flower simulation runs on digits): the same shared-grid quantizer sent in
-clear (codec ``grid``) against secure aggregation with a fifth of the devices crashing after dealing
-their shares, and fp32 for reference; final held-out accuracy and total uplink.
+clear (codec ``grid``) against secure aggregation, each without and with a fifth of the devices
+crashing in training (under secure aggregation: after dealing their shares), and fp32 for reference;
+final held-out accuracy and total uplink.
 
     .venv/bin/python bench/secure_aggregation.py --part cost --devices 100 --dimension 1000000
     .venv/bin/python bench/secure_aggregation.py --part accuracy --clients 10 --rounds 20
@@ -101,6 +102,8 @@ def accuracy(clients: int, rounds: int, bits: int, clip: float, seed: int) -> li
         ("fp32", {"codec": "none"}),
         (f"grid:bits={bits},clip={clip:g} (clear)", {"codec": f"grid:bits={bits},clip={clip:g}"}),
         (f"secagg:bits={bits},clip={clip:g}", {"secure_aggregation": f"secagg:bits={bits},clip={clip:g},weight-cap=512"}),
+        (f"grid:bits={bits},clip={clip:g} (clear), 20% crash", {"codec": f"grid:bits={bits},clip={clip:g}",
+                                                               "faulty_clients": "fraction=0.2,fault=crash"}),
         (f"secagg:bits={bits},clip={clip:g}, 20% crash after sharing",
          {"secure_aggregation": f"secagg:bits={bits},clip={clip:g},weight-cap=512",
           "faulty_clients": "fraction=0.2,fault=crash"}),

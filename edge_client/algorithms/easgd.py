@@ -42,9 +42,9 @@ def train(msg: Message, context: Context) -> Message:
     x = x - delta
     store.put_tensor("local", x)
     if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: only the masked difference leaves
-        payload, residual = masked_update(msg, context, delta, 1, store, generator, error_feedback=config.error_feedback)
-        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds,
-                                                "residual-norm": residual}, started)
+        payload, _ = masked_update(msg, context, delta, 1, store, generator, error_feedback=config.error_feedback)
+        # nothing about the update in clear (its residual's norm would be): only the masked upload
+        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds}, started)
     payload, residual = local.encode(delta, config, task, store, generator)
     # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
     # part when the run keeps one, else on the task's central split when the device has it.

@@ -53,10 +53,10 @@ def train(msg: Message, context: Context) -> Message:
     delta = local.flat_of(model) - start
     memory = local.store(context, _NAMESPACE)
     if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: a masked upload, nothing in clear
-        payload, residual = masked_update(msg, context, delta, result.examples, memory, generator,
-                                          error_feedback=config.error_feedback)
-        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds,
-                                                "residual-norm": residual}, started)
+        payload, _ = masked_update(msg, context, delta, result.examples, memory, generator,
+                                   error_feedback=config.error_feedback)
+        # nothing about the update in clear (its residual's norm would be): only the masked upload
+        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds}, started)
     payload, residual = local.encode(delta, config, local.task_of(config), memory, generator)
     return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
                                             "residual-norm": residual, "update-norm": float(delta.norm())}, started)

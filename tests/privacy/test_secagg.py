@@ -159,6 +159,18 @@ def test_a_device_never_reveals_both_shares_and_stages_run_in_order() -> None:
     levels = _levels(plan)
     total, survivors, server = run_round(plan, levels, keys=keys)
     assert np.array_equal(total.astype(np.int64), _plain_sum(levels, survivors))
+    # one reveal per round: a second request (say, with another survivor set) is refused
+    done = SecAggDevice(plan, plan.participants[1], keys[plan.participants[1]])
+    server2 = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
+    others = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants if n != done.node}
+    others[done.node] = done
+    ads = server2.receive_advertisements({n: d.advertise().to_bytes() for n, d in others.items()})
+    inbox = server2.route_shares({n: others[n].share_keys(ads[n], server2._identities) for n in others})
+    for n, d in others.items():
+        d.masked_input(inbox[n], levels[n])
+    done.unmask(list(plan.participants))
+    with pytest.raises(Exception, match="called at stage done"):
+        done.unmask([n for n in plan.participants if n != plan.participants[0]])
 
 
 def test_too_few_survivors_cannot_be_unmasked() -> None:

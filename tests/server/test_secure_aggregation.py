@@ -76,6 +76,34 @@ def test_easgd_moves_its_center_by_the_unmasked_mean(tmp_path) -> None:
     assert row.accuracy > engine.evaluate(start)["accuracy"] + 0.2
 
 
+def test_identity_keys_are_pinned_on_both_sides(tmp_path) -> None:
+    """A device that comes back with another identity key is dropped by the coordinator (which
+    pinned the first one), and a device refuses a peer identity that differs from its own pin."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from fedge.edge_client.secure_aggregation import _checked_identities
+    from fedge.privacy.errors import AdvertisementError
+
+    engine = _engine(tmp_path, rounds=2)
+    grid = InProcessGrid(5)
+    engine.algorithm.start(initial_params(TASK, 42))
+    first = engine.step(grid, 1)
+    assert first.clients_used == 5
+    impostor = grid.node_id(2)
+    del grid.contexts[impostor].state["fedge-identity"]  # a new key at the next use
+    second = engine.step(grid, 2)
+    assert second.clients_used == 4
+    assert [r["node"] for r in second.rejected] == [impostor] and "pinned" in second.rejected[0]["reason"]
+
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    key = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    _checked_identities(context, {7: key})
+    with pytest.raises(AdvertisementError, match="differs from the one pinned"):
+        _checked_identities(context, {7: Ed25519PrivateKey.generate().public_key().public_bytes_raw()})
+    assert isinstance(context.state["fedge-secagg-pins"], ConfigRecord)
+
+
 @pytest.mark.parametrize("overrides, reason", [
     ({"algorithm": "gossip"}, "needs each device's update"),
     ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "asynchronously"),
