@@ -133,6 +133,8 @@ def main(grid: Grid, context: Context) -> None:
             "seconds": sum(r.seconds for r in rows),
             "resumed_from_round": result.resumed_from,
             "stopped_at": (settings.stop_at or f"accuracy>={settings.stop_accuracy}") if result.reached_target else None,
+            "privacy_budget_spent": result.budget_spent,
+            "dp_epsilon": rows[-1].extra.get("dp_epsilon") if rows else None,
             "codec": settings.codec,
             "bundle": bundle,
         }

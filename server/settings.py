@@ -94,6 +94,12 @@ class RunSettings:
         "coordinator learns only the sum of each round's updates (SecAgg+ on a shared quantization grid; "
         "FedAvg and EASGD; replaces codec for the uplink; docs/privacy.md)",
     )
+    differential_privacy: str = _opt(
+        "none",
+        "'none', or 'gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0]': client-level DP-FedAvg (Poisson "
+        "sampling, updates clipped to L2 norm clip, Gaussian noise of std noise x clip on the sum); epsilon at "
+        "delta in every metrics row (dp-accounting); the run stops before exceeding budget (0: none)",
+    )
     update_norm: str = _opt(
         "none",
         "bound on each decoded update's L2 norm: 'none', 'clip:max=M', 'reject:max=M' ('factor=F': F x the "

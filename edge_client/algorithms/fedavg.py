@@ -51,6 +51,10 @@ def train(msg: Message, context: Context) -> Message:
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator, prox_mu=config.number("prox-mu", low=0.0))
     delta = local.flat_of(model) - start
+    if "dp-clip" in config.extra:  # differential privacy: this device's contribution is bounded here
+        clip = config.number("dp-clip", low=0.0)
+        norm = float(delta.norm())
+        delta = delta * (clip / norm) if norm > clip > 0 else delta
     memory = local.store(context, _NAMESPACE)
     if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: a masked upload, nothing in clear
         payload, _ = masked_update(msg, context, delta, result.examples, memory, generator,

@@ -146,7 +146,10 @@ class FedAvg(Algorithm):
         if not aggregator.streaming:
             extra["aggregator_bytes"] = aggregator_memory_bytes(aggregator.spec, self.ctx.numel, aggregator.capacity)
         if used >= self.ctx.settings.min_replies:
-            proposed = self.server_opt.step(self.params, aggregator.result())
+            mean = aggregator.result()
+            if step.finish is not None:  # differential privacy: the noisy mean over the expected count
+                mean = step.finish(mean, used)
+            proposed = self.server_opt.step(self.params, mean)
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
             chosen = aggregator.chosen()
             if chosen is not None:

@@ -45,6 +45,7 @@ from fedge.server.engine.algorithm import (
 )
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.engine.dispatcher import Dispatcher, Missing
+from fedge.server.engine.central_dp import central_dp_of
 from fedge.server.engine.secure_round import SecureRound, refuse_reason, run_id_for
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
@@ -76,6 +77,8 @@ class EngineResult:
     stopped: bool = False
     #: the run ended complete before its last round because a row reached ``stop-accuracy``
     reached_target: bool = False
+    #: the run ended complete before its last round because its privacy budget was spent
+    budget_spent: bool = False
 
 
 def make_context(settings: RunSettings, task: Task) -> RunContext:
@@ -163,6 +166,8 @@ class Engine:
         #: pinned the first time it takes part
         self.secure = secure_aggregation_of(algorithm)
         self._pins: dict[int, bytes] = {}
+        #: client-level differential privacy (``differential-privacy``): sampling, clipping, noise, ledger
+        self.dp = central_dp_of(algorithm)
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -188,6 +193,11 @@ class Engine:
             self._run_async(grid, start, result)
         else:
             for step in range(start + 1, self.settings.rounds + 1):
+                if self.dp is not None and self.dp.exhausted(len(grid.get_node_ids()), self.settings.clients_per_round):  # type: ignore[attr-defined]
+                    log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete "
+                             "after round %d", self.dp.spec.budget, self.dp.spec.delta, step - 1)
+                    result.budget_spent = True
+                    break
                 self._publish(self.step(grid, step), result)
                 if self._reached_target(result) or self._stop_requested(result):
                     break
@@ -201,7 +211,8 @@ class Engine:
         self.run_dir.metrics.append(row.to_json())
         self.run_dir.checkpoints.save(
             Checkpoint(round=row.round, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
-                       numel=self.ctx.numel, state={**self.algorithm.state_dict(), "guard": self.guard.state_dict()})
+                       numel=self.ctx.numel, state={**self.algorithm.state_dict(), "guard": self.guard.state_dict(),
+                                                    **({"dp": self.dp.state_dict()} if self.dp is not None else {})})
         )
         result.rows.append(row)
         if self.on_row:
@@ -268,6 +279,8 @@ class Engine:
         return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
+        if self.dp is not None:  # Poisson sampling from the OS CSPRNG: what the accountant assumes
+            return self.dp.sample(nodes, self.settings.clients_per_round)
         return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
 
     def step(self, grid: object, step: int) -> RoundRow:
@@ -285,7 +298,12 @@ class Engine:
             self._messages(outgoing, step, "train"), self.settings.round_timeout)
         for item in exchange:
             self._receive(state, item, tally)
+        if self.dp is not None:
+            dp, connected = self.dp, len(nodes)
+            state.finish = lambda mean, used: dp.noisy_mean(mean * used, connected)
         outcome = alg.close(state)
+        if self.dp is not None:
+            outcome.extra.update(self.dp.close_round())
         metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
         return self._row(step, tally, outcome, metrics, extra)
 
@@ -406,6 +424,8 @@ class Engine:
         vector = alg.reply_codec(step, reply).decode(payload, self.ctx.numel)
         vector = self.guard.bound(step.number, reply.node, vector)
         weight = self.guard.weight(step.number, reply.node, float(metrics["num-examples"])) if alg.weighted else 1.0
+        if self.dp is not None:  # the sensitivity bound holds whatever the device sent; every device counts once
+            vector, weight = self.dp.clip(vector), 1.0
         alg.absorb(step, Update(node=reply.node, vector=vector, weight=weight, metrics=metrics, payload=bytes(payload),
                                 content=reply.content, started=reply.started))
 
@@ -496,6 +516,10 @@ class Engine:
             )
         try:
             self.guard.load_state_dict(checkpoint.state.get("guard") or {})
+            if self.dp is not None:
+                if "dp" not in checkpoint.state:
+                    raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
+                self.dp.load_state_dict(checkpoint.state["dp"])
             self.algorithm.load_state_dict(checkpoint.state)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None

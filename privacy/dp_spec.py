@@ -1,0 +1,62 @@
+"""The ``differential-privacy`` run setting: ``none`` or ``gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0]``.
+
+Client-level DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018): each sampled device's update is
+clipped to L2 norm ``clip`` (on the device, and again by the coordinator after decoding, so one
+device cannot exceed it), the clipped updates are summed, Gaussian noise of standard deviation
+``noise x clip`` is added to the sum, and the sum is divided by the expected number of devices.
+Devices are sampled by Poisson sampling at rate q = clients-per-round / connected devices (what the
+accountant's amplification assumes). ``delta`` is the delta that epsilon is reported at; ``budget``
+is the epsilon at which the run stops (0: never).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedge.compression.errors import SpecError
+from fedge.compression.spec import parse_spec
+
+__all__ = ["DPSpec", "parse_differential_privacy"]
+
+
+@dataclass(frozen=True)
+class DPSpec:
+    noise: float = 1.0
+    clip: float = 1.0
+    delta: float = 1e-5
+    budget: float = 0.0
+
+    @property
+    def spec(self) -> str:
+        return f"gaussian:noise={self.noise:g},clip={self.clip:g},delta={self.delta:g},budget={self.budget:g}"
+
+
+_KEYS = ("noise", "clip", "delta", "budget")
+
+
+def parse_differential_privacy(spec: str) -> DPSpec | None:
+    """``None`` for ``none``; raises :class:`SpecError` naming the bad parameter."""
+    if not spec or spec.strip().lower() == "none":
+        return None
+    name, raw = parse_spec(spec)
+    if name != "gaussian":
+        raise SpecError(f"differential-privacy is 'none' or 'gaussian[:...]', not {name!r}")
+    values = {}
+    for key, text in raw.items():
+        if key not in _KEYS:
+            raise SpecError(f"gaussian has no parameter {key!r} (parameters: {', '.join(_KEYS)})")
+        try:
+            values[key] = float(text)
+        except ValueError:
+            raise SpecError(f"gaussian: {key}={text!r} is not a number") from None
+    result = DPSpec(**values)
+    if not (math.isfinite(result.noise) and result.noise > 0):
+        raise SpecError("gaussian: noise (the noise multiplier z) must be > 0")
+    if not (math.isfinite(result.clip) and result.clip > 0):
+        raise SpecError("gaussian: clip must be > 0")
+    if not 0 < result.delta < 1:
+        raise SpecError("gaussian: delta must be in (0, 1)")
+    if not (math.isfinite(result.budget) and result.budget >= 0):
+        raise SpecError("gaussian: budget must be >= 0 (0: no budget)")
+    return result

@@ -1,0 +1,79 @@
+"""Client-level DP in the round engine: epsilon in every row, a clean stop at the budget, and a
+resumed run that neither forgets nor counts twice what it spent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedge.privacy.accountant import PrivacyLedger
+from fedge.server.algorithms.registry import make_algorithm
+from fedge.server.engine.loop import Engine, make_context
+from fedge.server.run.initial_model import initial_params
+from fedge.server.run.run_directory import RunDirectory
+from fedge.server.settings import RunSettings, SettingsError
+from fedge.tasks import make_task
+from tests.server.in_process_grid import FakeClock, InProcessGrid
+
+TASK = make_task("digits")
+DP = "gaussian:noise=1.0,clip=1.0,delta=1e-5"
+
+
+def _engine(tmp_path, **overrides) -> Engine:
+    values = dict(rounds=3, clients_per_round=3, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
+                  run_dir=str(tmp_path / "run"), differential_privacy=DP)
+    values.update(overrides)
+    settings = RunSettings(**values)
+    run_dir = RunDirectory(settings.run_dir)
+    run_dir.start(settings)
+    algorithm = make_algorithm(settings.algorithm, make_context(settings, TASK))
+    clock = FakeClock()
+    return Engine(algorithm, run_dir, clock=clock, sleep=clock.sleep)
+
+
+def test_every_row_reports_epsilon_as_an_independent_accountant_computes_it(tmp_path) -> None:
+    engine = _engine(tmp_path)
+    result = engine.run(InProcessGrid(6), initial_params(TASK, 42))
+    rows = result.rows
+    assert [r.round for r in rows] == [1, 2, 3]
+    q = 3 / 6
+    for k, row in enumerate(rows, start=1):
+        assert row.extra["dp_sampling_rate"] == q and row.extra["dp_noise_multiplier"] == 1.0
+        independent = PrivacyLedger(1e-5, [(q, 1.0)] * k)
+        assert row.extra["dp_epsilon"] == pytest.approx(independent.epsilon_pld())
+        assert row.extra["dp_epsilon_rdp"] == pytest.approx(independent.epsilon_rdp())
+    assert rows[0].extra["dp_epsilon"] < rows[1].extra["dp_epsilon"] < rows[2].extra["dp_epsilon"]
+    # uniform weights, every decoded update within the clip, and noise in the model
+    assert not torch.equal(result.model, initial_params(TASK, 42))
+
+
+def test_the_run_stops_cleanly_at_its_budget_and_a_resume_does_not_double_count(tmp_path) -> None:
+    q = 0.5
+    two = PrivacyLedger(1e-5, [(q, 1.0)] * 2).epsilon_rdp()
+    three = PrivacyLedger(1e-5, [(q, 1.0)] * 3).epsilon_rdp()
+    budget = (two + three) / 2  # room for two rounds, not three
+    engine = _engine(tmp_path, rounds=5, differential_privacy=f"{DP},budget={budget}")
+    first = engine.run(InProcessGrid(6), initial_params(TASK, 42))
+    assert [r.round for r in first.rows] == [1, 2] and first.budget_spent
+    # a restart reads the ledger from the checkpoint: it has nothing left to spend
+    again = _engine(tmp_path, rounds=5, differential_privacy=f"{DP},budget={budget}")
+    resumed = again.run(InProcessGrid(6), initial_params(TASK, 42))
+    assert resumed.resumed_from == 2 and len(again.dp.ledger.rounds) == 2 and resumed.budget_spent
+    # a run resumed for more rounds continues from what was spent, not from zero
+    short = _engine(tmp_path / "other", rounds=2)
+    short.run(InProcessGrid(6), initial_params(TASK, 42))
+    longer = _engine(tmp_path / "other", rounds=3)
+    finished = longer.run(InProcessGrid(6), initial_params(TASK, 42))
+    assert finished.resumed_from == 2 and [r.round for r in finished.rows] == [1, 2, 3]
+    assert finished.rows[-1].extra["dp_epsilon_rdp"] == pytest.approx(three)
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"algorithm": "easgd"}, "implemented for fedavg"),
+    ({"aggregator": "median"}, "no bounded sensitivity"),
+    ({"secure_aggregation": "secagg"}, "inside the ring"),
+    ({"differential_privacy": "gaussian:noise=-1"}, "differential-privacy"),
+])
+def test_what_it_cannot_account_for_is_refused(tmp_path, overrides, reason) -> None:
+    with pytest.raises(SettingsError, match=reason):
+        _engine(tmp_path, **overrides)
