@@ -323,7 +323,7 @@ class Engine:
             return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
                 self._messages(outgoing, step, group), timeout)
 
-        outcome, notes = None, []
+        notes: list[dict[str, object]] = []
         try:
             secure.advertise(exchange)
             dealt = secure.share(exchange)
@@ -331,6 +331,7 @@ class Engine:
             for o in outgoing:
                 o.content[SECAGG_RECORD] = secure.train_record(o.node)
             tally.sent(outgoing)
+            tally.sampled = len(selected)  # those that missed a key stage were sampled too
             replies: dict[int, object] = {}
             for item in exchange(outgoing, self.settings.round_timeout, "train"):
                 if isinstance(item, Missing):
@@ -342,7 +343,7 @@ class Engine:
                     tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
                     tally.train_seconds.append(_train_seconds(item))
             survivors = secure.masked_inputs(replies)  # type: ignore[arg-type]
-            mean, count, weight = secure.unmask(exchange, survivors)
+            mean, count, _ = secure.unmask(exchange, survivors)
             alg.absorb_secure(state, mean, survivors)
             tally.used = count
         except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing

@@ -70,6 +70,8 @@ class SecureRound:
         self.uplink = 0
         self.downlink = 0
         self.missing: dict[int, str] = {}
+        self._routed_ads: dict[int, dict] = {}  # device -> its neighbours' accepted advertisements
+        self._identities: dict[int, bytes] = {}  # device -> its pinned identity key
         self._inbox: dict[int, dict[int, bytes]] = {}
 
     # -- stage 1 ----------------------------------------------------------------------------------
