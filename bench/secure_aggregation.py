@@ -4,7 +4,9 @@
 with a ``--dimension``-coordinate update on a ``--bits``-bit grid; ``--drop`` of them vanish after
 dealing their shares (their masks are recovered). Reports upload bytes per coordinate (the masked
 upload, and everything a device sends), one device's seconds per round (its four stages, median over
-devices) and the coordinator's seconds per round (routing, checks, unmasking).
+devices) and the coordinator's seconds per round (routing, checks, unmasking); then the same round
+through Flower's own SecAgg+ (``bench/flower_secaggplus.py``: its legacy workflow and client mod, the
+same number of clients, neighbours and threshold, the same dropouts), side by side.
 
 ``--part accuracy`` (real Flower simulation runs on digits): the same shared-grid quantizer sent in
 clear (codec ``grid``) against secure aggregation, each without and with a fifth of the devices
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bits", type=int, default=8)
     parser.add_argument("--drop", type=int, default=-1, help="devices that vanish after sharing (default: 20%%)")
     parser.add_argument("--neighbours", type=int, default=0, help="graph degree (0: the default for the size)")
+    parser.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ side by side")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--clip", type=float, default=0.2)
@@ -143,12 +146,27 @@ def main(argv: list[str] | None = None) -> None:
         drop = args.devices // 5 if args.drop < 0 else args.drop
         report["cost"] = cost(args.devices, args.dimension, args.bits, drop, args.neighbours)
         c = report["cost"]
+        if not args.no_flower:  # the same round through Flower's SecAgg+ (its legacy workflow), same graph size
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from flower_secaggplus import measure
+
+            report["flower"] = measure(args.devices, args.dimension, drop, c["neighbours"] + 1, c["threshold"])
         print(f"{c['devices']} devices x {c['dimension']:,} coordinates, {c['bits']}-bit grid, ring {c['ring_bits']} bits, "
               f"{c['neighbours']} neighbours (threshold {c['threshold']}), {c['dropped_after_sharing']} dropped after sharing")
         print(f"  masked upload {c['masked_upload_bytes_per_coordinate']:.3f} B/coordinate; everything a device sends "
               f"{c['all_sent_bytes_per_coordinate']:.3f} B/coordinate (Flower SecAgg+: 8 B int64)")
         print(f"  device {c['device_seconds_median']:.2f} s per round (max {c['device_seconds_max']:.2f}); "
               f"coordinator {c['coordinator_seconds']:.2f} s; unmasked sum exact")
+        if "flower" in report:
+            f = report["flower"]
+            print("| | Fedge | Flower SecAgg+ (legacy workflow) |")
+            print("|---|---|---|")
+            print(f"| masked upload, bytes per coordinate | {c['masked_upload_bytes_per_coordinate']:.3f} | - |")
+            print(f"| everything a device sends, bytes per coordinate | {c['all_sent_bytes_per_coordinate']:.3f} | "
+                  f"{f['all_sent_bytes_per_coordinate']:.3f} |")
+            print(f"| device seconds per round (median / max) | {c['device_seconds_median']:.2f} / "
+                  f"{c['device_seconds_max']:.2f} | {f['client_seconds_median']:.2f} / {f['client_seconds_max']:.2f} |")
+            print(f"| coordinator seconds per round | {c['coordinator_seconds']:.2f} | {f['coordinator_seconds']:.2f} |")
     if args.part in ("accuracy", "both"):
         report["accuracy"] = accuracy(args.clients, args.rounds, args.bits, args.clip, args.seed)
         print("| configuration | final accuracy | best | uplink MB | clients used (last round) |")
