@@ -25,3 +25,16 @@ def test_secure_aggregation_survives_a_fifth_of_the_devices_dropping(tmp_path, a
         assert "crashed" in row["rejected"][0]["reason"]
         assert row["secure_aggregation"].startswith("secagg:bits=8") and row["secagg_ring_bits"] == 11
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.2
+
+
+@pytest.mark.slow
+def test_secure_aggregation_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
+    """The key-exchange stages through a real SuperLink to three SuperNodes (query.secagg messages)."""
+    settings = RunSettings(rounds=2, clients_per_round=3, min_replies=3, local_epochs=2, run_dir=str(tmp_path / "run"),
+                           secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", round_timeout=240,
+                           wait_for_nodes=120)
+    result = launch(settings, engine="deployment", num_supernodes=3, timeout=500)
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    assert [row["round"] for row in result.rows] == [1, 2]
+    assert all(row["clients_used"] == 3 and not row["rejected"] for row in result.rows)
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"]
