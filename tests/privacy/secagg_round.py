@@ -24,6 +24,16 @@ def identities(plan: SecAggPlan) -> dict[int, Ed25519PrivateKey]:
     return {node: Ed25519PrivateKey.generate() for node in plan.participants}
 
 
+def deal_shares(plan: SecAggPlan, keys: dict[int, Ed25519PrivateKey] | None = None):
+    """Stages 1 and 2 for every participant: (devices, server, each device's inbox of sealed shares)."""
+    keys = keys or identities(plan)
+    devices = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants}
+    server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
+    ads = server.receive_advertisements({n: d.advertise().to_bytes() for n, d in devices.items()})
+    inbox = server.route_shares({n: devices[n].share_keys(ads[n], server._identities) for n in devices})
+    return devices, server, inbox
+
+
 def run_round(plan: SecAggPlan, levels: dict[int, np.ndarray], *, drop_after_sharing: Collection[int] = (),
               drop_before_sharing: Collection[int] = (), drop_before_unmask: Collection[int] = (),
               keys: dict[int, Ed25519PrivateKey] | None = None):

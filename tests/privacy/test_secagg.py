@@ -14,7 +14,7 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_device import SecAggDevice
 from fedge.privacy.secagg_server import SecAggServer
 
-from tests.privacy.secagg_round import identities, make_plan, run_round
+from tests.privacy.secagg_round import deal_shares, identities, make_plan, run_round
 
 
 def _levels(plan: SecAggPlan, seed: int = 0) -> dict[int, np.ndarray]:
@@ -57,11 +57,7 @@ def test_a_masked_upload_is_uniform_in_the_ring() -> None:
     test over 64 buckets does not reject uniformity."""
     plan = make_plan(5, 50_000)
     zeros = {node: np.zeros(plan.length, np.uint32) for node in plan.participants}
-    keys = identities(plan)
-    devices = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants}
-    server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
-    ads = server.receive_advertisements({n: d.advertise().to_bytes() for n, d in devices.items()})
-    inbox = server.route_shares({n: devices[n].share_keys(ads[n], server._identities) for n in devices})
+    devices, server, inbox = deal_shares(plan)
     node = plan.participants[0]
     upload = decode_masked(devices[node].masked_input(inbox[node], zeros[node]), node, plan.length, plan.bits)
     counts = np.bincount((upload.astype(np.uint64) * 64 >> plan.bits).astype(np.int64), minlength=64)
@@ -86,11 +82,7 @@ def test_the_ring_cannot_wrap() -> None:
 
 def test_an_altered_share_is_refused_by_its_holder() -> None:
     plan = make_plan(6, 32)
-    keys = identities(plan)
-    devices = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants}
-    server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
-    ads = server.receive_advertisements({n: d.advertise().to_bytes() for n, d in devices.items()})
-    inbox = server.route_shares({n: devices[n].share_keys(ads[n], server._identities) for n in devices})
+    devices, server, inbox = deal_shares(plan)
     holder = plan.participants[0]
     dealer = next(iter(inbox[holder]))
     blob = bytearray(inbox[holder][dealer])
@@ -105,11 +97,7 @@ def test_a_revealed_share_that_was_altered_cannot_corrupt_the_sum() -> None:
     from another subset of shares (more than the threshold arrived), so the sum is still exact."""
     plan = make_plan(8, 64)
     levels = _levels(plan, 3)
-    keys = identities(plan)
-    devices = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants}
-    server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
-    ads = server.receive_advertisements({n: d.advertise().to_bytes() for n, d in devices.items()})
-    inbox = server.route_shares({n: devices[n].share_keys(ads[n], server._identities) for n in devices})
+    devices, server, inbox = deal_shares(plan)
     survivors = server.receive_masked({n: devices[n].masked_input(inbox[n], levels[n]) for n in devices})
     reveals = {n: devices[n].unmask(survivors) for n in survivors}
     liar = survivors[0]
@@ -160,14 +148,10 @@ def test_a_device_never_reveals_both_shares_and_stages_run_in_order() -> None:
     total, survivors, server = run_round(plan, levels, keys=keys)
     assert np.array_equal(total.astype(np.int64), _plain_sum(levels, survivors))
     # one reveal per round: a second request (say, with another survivor set) is refused
-    done = SecAggDevice(plan, plan.participants[1], keys[plan.participants[1]])
-    server2 = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
-    others = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants if n != done.node}
-    others[done.node] = done
-    ads = server2.receive_advertisements({n: d.advertise().to_bytes() for n, d in others.items()})
-    inbox = server2.route_shares({n: others[n].share_keys(ads[n], server2._identities) for n in others})
-    for n, d in others.items():
+    devices, _, inbox = deal_shares(plan, keys)
+    for n, d in devices.items():
         d.masked_input(inbox[n], levels[n])
+    done = devices[plan.participants[1]]
     done.unmask(list(plan.participants))
     with pytest.raises(Exception, match="called at stage done"):
         done.unmask([n for n in plan.participants if n != plan.participants[0]])
@@ -183,11 +167,7 @@ def test_a_malformed_upload_drops_its_device_only() -> None:
     plan = make_plan(6, 40)
     with pytest.raises(MaskedInputError, match="the round expects"):
         decode_masked(b"FSM1" + bytes(20), 1, plan.length, plan.bits)
-    keys = identities(plan)
-    devices = {n: SecAggDevice(plan, n, keys[n]) for n in plan.participants}
-    server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
-    ads = server.receive_advertisements({n: d.advertise().to_bytes() for n, d in devices.items()})
-    inbox = server.route_shares({n: devices[n].share_keys(ads[n], server._identities) for n in devices})
+    devices, server, inbox = deal_shares(plan)
     levels = _levels(plan, 5)
     uploads = {n: devices[n].masked_input(inbox[n], levels[n]) for n in devices}
     bad = plan.participants[1]

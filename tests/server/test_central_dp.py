@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from fedge.privacy.accountant import PrivacyLedger
-from fedge.server.algorithms.registry import make_algorithm
-from fedge.server.engine.loop import Engine, make_context
+from fedge.server.engine.loop import Engine
 from fedge.server.run.initial_model import initial_params
-from fedge.server.run.run_directory import RunDirectory
-from fedge.server.settings import RunSettings, SettingsError
+from fedge.server.settings import SettingsError
 from fedge.tasks import make_task
-from tests.server.in_process_grid import FakeClock, InProcessGrid
+from tests.server.engines import build_engine
+from tests.server.in_process_grid import InProcessGrid
 
 TASK = make_task("digits")
 DP = "gaussian:noise=1.0,clip=1.0,delta=1e-5"
@@ -23,12 +22,7 @@ def _engine(tmp_path, **overrides) -> Engine:
     values = dict(rounds=3, clients_per_round=3, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
                   run_dir=str(tmp_path / "run"), differential_privacy=DP)
     values.update(overrides)
-    settings = RunSettings(**values)
-    run_dir = RunDirectory(settings.run_dir)
-    run_dir.start(settings)
-    algorithm = make_algorithm(settings.algorithm, make_context(settings, TASK))
-    clock = FakeClock()
-    return Engine(algorithm, run_dir, clock=clock, sleep=clock.sleep)
+    return build_engine(values)
 
 
 def test_every_row_reports_epsilon_as_an_independent_accountant_computes_it(tmp_path) -> None:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedge.server.algorithms.registry import make_algorithm
-from fedge.server.engine.loop import Engine, make_context
+from fedge.server.engine.loop import Engine
 from fedge.server.run.initial_model import initial_params
-from fedge.server.run.run_directory import RunDirectory
-from fedge.server.settings import RunSettings, SettingsError
+from fedge.server.settings import SettingsError
 from fedge.tasks import make_task
-from tests.server.in_process_grid import FakeClock, InProcessGrid
+from tests.server.engines import build_engine
+from tests.server.in_process_grid import InProcessGrid
 
 TASK = make_task("digits")
 SECAGG = "secagg:bits=8,clip=0.2,weight-cap=256"
@@ -23,12 +22,7 @@ def _engine(tmp_path, **overrides) -> Engine:
     values = dict(rounds=2, clients_per_round=5, local_epochs=3, round_timeout=5.0, wait_for_nodes=1.0,
                   run_dir=str(tmp_path / "run"), secure_aggregation=SECAGG)
     values.update(overrides)
-    settings = RunSettings(**values)
-    run_dir = RunDirectory(settings.run_dir)
-    run_dir.start(settings)
-    algorithm = make_algorithm(settings.algorithm, make_context(settings, TASK))
-    clock = FakeClock()
-    return Engine(algorithm, run_dir, clock=clock, sleep=clock.sleep)
+    return build_engine(values)
 
 
 def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
