@@ -129,16 +129,23 @@ def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples:
     node = _node_id(msg, context)
     device = _load(context, record, node)
     plan = device.plan
-    if plan.dimension != delta.numel():
-        raise ProtocolError(f"the plan's dimension {plan.dimension} is not the model's {delta.numel()}")
+    if (plan.model_size or plan.dimension) != delta.numel():
+        raise ProtocolError(f"the plan's model size {plan.model_size or plan.dimension} is not the model's {delta.numel()}")
     residual = memory.get_tensor("secagg-residual") if error_feedback else None
     corrected = delta + residual if residual is not None and residual.shape == delta.shape else delta.clone()
+    support = plan.support  # random-k with a shared support: only these coordinates are sent
+    chosen = corrected if support is None else corrected[torch.from_numpy(support)]
     grid = plan.grid
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
-    levels = grid.quantize(corrected.numpy(), examples, rng)
+    levels = grid.quantize(chosen.numpy(), examples, rng)
     scale = min(max(examples, 0), grid.weight_cap) / grid.weight_cap
-    sent = torch.from_numpy(levels[: plan.dimension].astype(np.float64) * (2 * grid.clip / grid.top) - grid.clip)
-    new_residual = corrected - (sent / scale).to(torch.float32) if scale > 0 else corrected
+    values = torch.from_numpy(levels[: plan.dimension].astype(np.float64) * (2 * grid.clip / grid.top) - grid.clip)
+    sent = torch.zeros_like(corrected)
+    if support is None:
+        sent += (values / scale).to(torch.float32) if scale > 0 else 0.0
+    elif scale > 0:
+        sent[torch.from_numpy(support)] = (values / scale).to(torch.float32)
+    new_residual = corrected - sent
     if error_feedback:
         memory.put_tensor("secagg-residual", new_residual)
     sealed = unpack_blobs(record["shares-from"], record["shares"])

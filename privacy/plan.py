@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from fedge.privacy.errors import ProtocolError, RingError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.neighbourhood import auto_neighbours, default_threshold, harary_neighbours
@@ -32,6 +34,10 @@ class SecAggPlan:
     neighbours: int = 0
     threshold: int = 0
     headroom_bits: int = 0
+    #: random-k with a shared support: the model's full length (0: dense, every coordinate is
+    #: summed) and the public seed every device draws the same ``dimension`` coordinates from
+    model_size: int = 0
+    support_seed: int = 0
 
     def __post_init__(self) -> None:
         if len(set(self.participants)) != len(self.participants):
@@ -46,6 +52,8 @@ class SecAggPlan:
         if 2 * self.reconstruction_threshold <= degree:
             raise ProtocolError(f"threshold {self.reconstruction_threshold} of {degree} neighbours is not a "
                                 "majority: a coordinator could collect both a device's seed and key shares")
+        if self.model_size and self.model_size < self.dimension:
+            raise ProtocolError(f"a support of {self.dimension} coordinates out of {self.model_size} is impossible")
         self.bits  # sizes the ring now: a plan that cannot hold its sum is refused here
 
     @property
@@ -65,6 +73,18 @@ class SecAggPlan:
     def length(self) -> int:
         """Coordinates of a masked upload: the update plus the weight's digits."""
         return self.dimension + self.grid.weight_digits
+
+    @cached_property
+    def support(self) -> np.ndarray | None:
+        """The coordinates every device sends this round (sorted), or None when all of them are sent.
+
+        Random-k with one support for everyone keeps the masked vectors aligned: the sum of the
+        devices' k values is the sum of their updates on those k coordinates (Konečný et al. 2016's
+        random mask, shared). What a device does not send stays in its error-feedback residual."""
+        if not self.model_size or self.model_size == self.dimension:
+            return None
+        rng = np.random.default_rng(self.support_seed)
+        return np.sort(rng.choice(self.model_size, size=self.dimension, replace=False))
 
     @cached_property
     def graph(self) -> dict[int, tuple[int, ...]]:

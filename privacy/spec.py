@@ -5,7 +5,9 @@
 - ``weight-cap``: the largest example count that still counts in full (a device with w examples
   scales its update by min(w, cap) / cap, see ``shared_grid``);
 - ``neighbours``, ``threshold``: the SecAgg+ graph degree and the Shamir threshold (0: defaults);
-- ``timeout``: seconds each key-exchange stage waits for replies (dropouts are then recovered).
+- ``timeout``: seconds each key-exchange stage waits for replies (dropouts are then recovered);
+- ``ratio``: random-k with a support shared by every device of the round: each sends only that
+  fraction of the coordinates (masked); the rest waits in its error-feedback residual (1: dense).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ class SecAggSpec:
     neighbours: int = 0
     threshold: int = 0
     timeout: float = 60.0
+    ratio: float = 1.0
 
     @property
     def spec(self) -> str:
         return (f"secagg:bits={self.bits},clip={self.clip:g},weight-cap={self.weight_cap},"
-                f"neighbours={self.neighbours},threshold={self.threshold},timeout={self.timeout:g}")
+                f"neighbours={self.neighbours},threshold={self.threshold},timeout={self.timeout:g},ratio={self.ratio:g}")
 
 
-_TYPES = {"bits": int, "clip": float, "weight-cap": int, "neighbours": int, "threshold": int, "timeout": float}
+_TYPES = {"bits": int, "clip": float, "weight-cap": int, "neighbours": int, "threshold": int, "timeout": float,
+          "ratio": float}
 
 
 def parse_secure_aggregation(spec: str) -> SecAggSpec | None:
@@ -62,4 +66,6 @@ def parse_secure_aggregation(spec: str) -> SecAggSpec | None:
         raise SpecError("secagg: weight-cap must be >= 1, neighbours and threshold >= 0")
     if not result.timeout > 0:
         raise SpecError("secagg: timeout must be > 0")
+    if not 0 < result.ratio <= 1:
+        raise SpecError("secagg: ratio must be in (0, 1]")
     return result

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -61,10 +62,13 @@ class SecureRound:
                  pins: dict[int, bytes], *, weighted: bool = True) -> None:
         self.spec = spec
         # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1
+        sent = max(1, math.ceil(spec.ratio * dimension)) if spec.ratio < 1 else dimension
         self.plan = SecAggPlan(RoundContext(run_id, number), tuple(sorted(nodes)),
-                               SharedGrid(spec.bits, spec.clip, spec.weight_cap if weighted else 1), dimension,
+                               SharedGrid(spec.bits, spec.clip, spec.weight_cap if weighted else 1), sent,
                                graph_seed=derive_seed(seed, number, purpose="secagg-graph"),
-                               neighbours=spec.neighbours, threshold=spec.threshold)
+                               neighbours=spec.neighbours, threshold=spec.threshold,
+                               model_size=dimension if sent < dimension else 0,
+                               support_seed=derive_seed(seed, number, purpose="secagg-support"))
         self.pins = pins
         self.server: SecAggServer | None = None
         self.uplink = 0
@@ -146,6 +150,11 @@ class SecureRound:
         level_sum, count = self.server.unmask(reveals)
         total, weight = self.plan.grid.decode_sum(level_sum, count)
         mean = total * (self.plan.grid.weight_cap / weight) if weight > 0 else np.zeros_like(total)
+        support = self.plan.support
+        if support is not None:  # random-k: the sent coordinates back in place, the others unchanged
+            full = np.zeros(self.plan.model_size, dtype=np.float64)
+            full[support] = mean
+            mean = full
         return torch.from_numpy(mean.astype(np.float32)), count, weight
 
     # -- helpers ----------------------------------------------------------------------------------

@@ -100,3 +100,20 @@ def test_auto_neighbours_grow_logarithmically() -> None:
     assert auto_neighbours(100) == 28 and auto_neighbours(1000) == 40 and auto_neighbours(100_000) == 68
     with pytest.raises(ProtocolError):
         harary_neighbours([1], 1, 0)
+
+
+def test_a_shared_support_is_the_same_for_everyone_and_changes_with_its_seed() -> None:
+    from fedge.privacy.keys import RoundContext
+    from fedge.privacy.plan import SecAggPlan
+
+    def plan(seed: int) -> SecAggPlan:
+        return SecAggPlan(RoundContext(b"r", 1), (1, 2, 3), SharedGrid(4, 1.0), 250, graph_seed=1, model_size=1000,
+                          support_seed=seed)
+
+    support = plan(5).support
+    assert support is not None and len(support) == 250 and len(set(support.tolist())) == 250
+    assert np.array_equal(support, np.sort(support)) and support.max() < 1000
+    assert np.array_equal(support, plan(5).support) and not np.array_equal(support, plan(6).support)
+    assert SecAggPlan(RoundContext(b"r", 1), (1, 2), SharedGrid(4, 1.0), 10, graph_seed=1).support is None
+    with pytest.raises(ProtocolError, match="impossible"):
+        SecAggPlan(RoundContext(b"r", 1), (1, 2), SharedGrid(4, 1.0), 10, graph_seed=1, model_size=5)

@@ -59,6 +59,20 @@ def test_a_device_dropping_after_sharing_is_recovered(tmp_path) -> None:
     assert row.accuracy > engine.evaluate(start)["accuracy"]
 
 
+def test_random_k_on_a_shared_support_sends_a_quarter_and_still_trains(tmp_path) -> None:
+    """``ratio=0.25``: every device masks the same quarter of the coordinates (the round's public
+    support); the others wait in their residuals. A quarter of the masked bytes, and the model learns."""
+    dense = _engine(tmp_path / "dense", rounds=1).run(InProcessGrid(5), initial_params(TASK, 42)).rows
+    engine = _engine(tmp_path / "sparse", rounds=6, secure_aggregation=f"{SECAGG},ratio=0.25")
+    start = initial_params(TASK, 42)
+    rows = engine.run(InProcessGrid(5), start).rows
+    assert all(r.clients_used == 5 and not r.rejected for r in rows)
+    # masked uploads are a quarter; keys, shares and reveals are the same size
+    assert rows[-1].uplink_bytes < 0.3 * dense[-1].uplink_bytes
+    # slower than dense (a quarter of the coordinates move per round; the rest wait in the residuals)
+    assert rows[-1].accuracy > engine.evaluate(start)["accuracy"] + 0.2
+
+
 def test_easgd_moves_its_center_by_the_unmasked_mean(tmp_path) -> None:
     engine = _engine(tmp_path, algorithm="easgd", rounds=3)
     grid = InProcessGrid(5)
