@@ -1,4 +1,4 @@
-"""The ``differential-privacy`` run setting: ``none`` or ``gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0]``.
+"""The ``differential-privacy`` run setting: ``none`` or ``gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0,adaptive=false]``.
 
 Client-level DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018): each sampled device's update is
 clipped to L2 norm ``clip`` (on the device, and again by the coordinator after decoding, so one
@@ -7,6 +7,13 @@ device cannot exceed it), the clipped updates are summed, Gaussian noise of stan
 Devices are sampled by Poisson sampling at rate q = clients-per-round / connected devices (what the
 accountant's amplification assumes). ``delta`` is the delta that epsilon is reported at; ``budget``
 is the epsilon at which the run stops (0: never).
+
+``adaptive=true`` (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021, "Differentially Private
+Learning with Adaptive Clipping"): ``clip`` is only the first round's bound; each device also says
+whether its update fitted under the bound, the coordinator releases a noisy count of those bits
+(std m/20 for m expected devices) and moves the bound geometrically toward the ``quantile`` of the
+update norms (``clip-lr``: the step). The count's noise is paid for out of the same budget: the
+update's noise multiplier becomes (z^-2 - (2 sigma_b)^-2)^-1/2, so the round still costs z.
 """
 
 from __future__ import annotations
@@ -26,13 +33,17 @@ class DPSpec:
     clip: float = 1.0
     delta: float = 1e-5
     budget: float = 0.0
+    adaptive: bool = False
+    quantile: float = 0.5
+    clip_lr: float = 0.2
 
     @property
     def spec(self) -> str:
-        return f"gaussian:noise={self.noise:g},clip={self.clip:g},delta={self.delta:g},budget={self.budget:g}"
+        base = f"gaussian:noise={self.noise:g},clip={self.clip:g},delta={self.delta:g},budget={self.budget:g}"
+        return base + (f",adaptive=true,quantile={self.quantile:g},clip-lr={self.clip_lr:g}" if self.adaptive else "")
 
 
-_KEYS = ("noise", "clip", "delta", "budget")
+_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr")
 
 
 def parse_differential_privacy(spec: str) -> DPSpec | None:
@@ -46,17 +57,25 @@ def parse_differential_privacy(spec: str) -> DPSpec | None:
     for key, text in raw.items():
         if key not in _KEYS:
             raise SpecError(f"gaussian has no parameter {key!r} (parameters: {', '.join(_KEYS)})")
+        if key == "adaptive":
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise SpecError(f"gaussian: adaptive={text!r} is not true or false")
+            values["adaptive"] = text.lower() in ("true", "1")
+            continue
         try:
-            values[key] = float(text)
+            values[key.replace("-", "_")] = float(text)
         except ValueError:
             raise SpecError(f"gaussian: {key}={text!r} is not a number") from None
     result = DPSpec(**values)
-    if not (math.isfinite(result.noise) and result.noise > 0):
-        raise SpecError("gaussian: noise (the noise multiplier z) must be > 0")
+    if not (math.isfinite(result.noise) and result.noise >= 0.1):
+        # below 0.1 epsilon runs into the hundreds per round and the PLD accountant's cost explodes
+        raise SpecError("gaussian: noise (the noise multiplier z) must be >= 0.1")
     if not (math.isfinite(result.clip) and result.clip > 0):
         raise SpecError("gaussian: clip must be > 0")
     if not 0 < result.delta < 1:
         raise SpecError("gaussian: delta must be in (0, 1)")
     if not (math.isfinite(result.budget) and result.budget >= 0):
         raise SpecError("gaussian: budget must be >= 0 (0: no budget)")
+    if not 0 < result.quantile < 1 or not result.clip_lr > 0:
+        raise SpecError("gaussian: quantile must be in (0, 1) and clip-lr > 0")
     return result

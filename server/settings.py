@@ -96,9 +96,10 @@ class RunSettings:
     )
     differential_privacy: str = _opt(
         "none",
-        "'none', or 'gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0]': client-level DP-FedAvg (Poisson "
-        "sampling, updates clipped to L2 norm clip, Gaussian noise of std noise x clip on the sum); epsilon at "
-        "delta in every metrics row (dp-accounting); the run stops before exceeding budget (0: none)",
+        "'none', or 'gaussian[:noise=1.0,clip=1.0,delta=1e-5,budget=0,adaptive=false,quantile=0.5,clip-lr=0.2]': "
+        "client-level DP-FedAvg (Poisson sampling, updates clipped to L2 norm clip, adaptive: toward the quantile "
+        "of norms, Gaussian noise of std noise x clip on the sum); epsilon at delta in every metrics row "
+        "(dp-accounting); the run stops before exceeding budget (0: none); docs/privacy.md",
     )
     update_norm: str = _opt(
         "none",

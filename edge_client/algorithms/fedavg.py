@@ -51,9 +51,11 @@ def train(msg: Message, context: Context) -> Message:
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator, prox_mu=config.number("prox-mu", low=0.0))
     delta = local.flat_of(model) - start
+    privacy: dict[str, float] = {}
     if "dp-clip" in config.extra:  # differential privacy: this device's contribution is bounded here
         clip = config.number("dp-clip", low=0.0)
         norm = float(delta.norm())
+        privacy["dp-fitted"] = 1.0 if norm <= clip else 0.0  # adaptive clipping's bit (counted with noise)
         delta = delta * (clip / norm) if norm > clip > 0 else delta
     memory = local.store(context, _NAMESPACE)
     if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: a masked upload, nothing in clear
@@ -63,7 +65,8 @@ def train(msg: Message, context: Context) -> Message:
         return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds}, started)
     payload, residual = local.encode(delta, config, local.task_of(config), memory, generator)
     return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
-                                            "residual-norm": residual, "update-norm": float(delta.norm())}, started)
+                                            "residual-norm": residual, "update-norm": float(delta.norm()), **privacy},
+                             started)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

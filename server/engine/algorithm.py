@@ -94,13 +94,6 @@ class RunContext:
         model.load_state_dict(unflatten_state(flat, self.template))
         return evaluate(model, self.central_data, self.task)
 
-    def _privacy_keys(self) -> dict[str, Any]:
-        """Differential privacy: devices clip their update to ``dp-clip`` before encoding it."""
-        from fedge.privacy.dp_spec import parse_differential_privacy
-
-        spec = parse_differential_privacy(self.settings.differential_privacy)
-        return {"dp-clip": spec.clip} if spec is not None else {}
-
     def round_config(self, step: int, **extra: Any) -> RoundConfig:
         """The common part of every train message's config, plus an algorithm's own keys."""
         s = self.settings
@@ -108,7 +101,7 @@ class RunContext:
             round=step, task=self.task.spec, partitioning=s.partitioning, codec=self.codec.spec,
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
             lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout,
-            extra={**({"plugins": s.plugins} if s.plugins else {}), **self._privacy_keys(), **extra},
+            extra={**({"plugins": s.plugins} if s.plugins else {}), **extra},
         )
 
 

@@ -49,7 +49,10 @@ def central_dp_of(algorithm: Any) -> "CentralDP | None":
     if settings.aggregator != "mean":
         raise SettingsError(f"differential-privacy: aggregator {settings.aggregator!r} has no bounded sensitivity; "
                             "use 'mean'")
-    return CentralDP(spec)
+    dp = CentralDP(spec)
+    if spec.adaptive:
+        dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
+    return dp
 
 
 class CentralDP:
@@ -59,6 +62,26 @@ class CentralDP:
         self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
         self.rate = 0.0
         self.clipped = 0
+        #: the current clipping bound (moves each round when adaptive) and this round's
+        #: "my update fitted under the bound" bits from the devices
+        self.clip_bound = spec.clip
+        self.fitted = 0.0
+        self._expected = 1.0
+
+    def _count_noise_std(self, expected: float) -> float:
+        """Andrew et al.'s sigma_b = m / 20 for m expected devices."""
+        return max(expected, 1.0) / 20.0
+
+    def update_noise_multiplier(self, expected: float) -> float:
+        """z for the update's noise: all of it, or (adaptive) what is left after the count's share."""
+        z = self.spec.noise
+        if not self.spec.adaptive:
+            return z
+        sigma_b = self._count_noise_std(expected)
+        if z >= 2 * sigma_b:
+            raise SettingsError(f"adaptive clipping: noise {z:g} must stay below 2 sigma_b = {2 * sigma_b:g} "
+                                f"(m/10 for {expected:g} expected devices); sample more devices or use less noise")
+        return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
 
     def sampling_rate(self, connected: int, clients_per_round: int) -> float:
         return min(1.0, clients_per_round / max(connected, 1))
@@ -74,33 +97,45 @@ class CentralDP:
         q = self.sampling_rate(connected, clients_per_round)
         return self.ledger.would_exceed(self.spec.budget, q, self.spec.noise)
 
-    def clip(self, vector: torch.Tensor) -> torch.Tensor:
+    def clip(self, vector: torch.Tensor, fitted: object = None) -> torch.Tensor:
+        """Bound one decoded update; count the device's bit (1 if its own update fitted under the bound)."""
+        if self.spec.adaptive:
+            self.fitted += 1.0 if fitted in (1, 1.0, True) else 0.0
         norm = float(vector.norm())
-        if norm > self.spec.clip:
+        if norm > self.clip_bound:
             self.clipped += 1
-            return vector * (self.spec.clip / norm)
+            return vector * (self.clip_bound / norm)
         return vector
 
     def noisy_mean(self, total: torch.Tensor, connected: int) -> torch.Tensor:
-        """(sum of clipped updates + N(0, (zC)^2)) / (q N)."""
-        std = self.spec.noise * self.spec.clip
+        """(sum of clipped updates + N(0, (z_update C)^2)) / (q N)."""
+        self._expected = self.rate * connected
+        std = self.update_noise_multiplier(self._expected) * self.clip_bound
         noise = self._rng.normal(0.0, std, size=total.numel()).astype(np.float32)
-        return (total + torch.from_numpy(noise)) / (self.rate * connected)
+        return (total + torch.from_numpy(noise)) / self._expected
 
     def close_round(self) -> dict[str, Any]:
-        """Record the round in the ledger; the metrics row's DP fields."""
+        """Record the round in the ledger, move an adaptive bound; the metrics row's DP fields."""
         self.ledger.record(self.rate, self.spec.noise)
         fields = {"dp_epsilon": self.ledger.epsilon_pld(), "dp_epsilon_rdp": self.ledger.epsilon_rdp(),
                   "dp_delta": self.spec.delta, "dp_sampling_rate": self.rate, "dp_noise_multiplier": self.spec.noise,
-                  "dp_clip": self.spec.clip, "dp_clipped": self.clipped}
-        self.clipped = 0
+                  "dp_clip": self.clip_bound, "dp_clipped": self.clipped}
+        if self.spec.adaptive:  # the noisy fraction of devices under the bound, released and used
+            sigma_b = self._count_noise_std(self._expected)
+            fraction = (self.fitted + self._rng.normal(0.0, sigma_b)) / self._expected
+            self.clip_bound *= float(np.exp(-self.spec.clip_lr * (fraction - self.spec.quantile)))
+            fields["dp_fraction_under_clip"] = fraction
+        self.clipped, self.fitted = 0, 0.0
         return fields
 
     def state_dict(self) -> dict[str, Any]:
-        return self.ledger.state_dict()
+        return {**self.ledger.state_dict(), "clip": self.clip_bound}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ledger = PrivacyLedger.from_state(state)
         if ledger.delta != self.spec.delta:
             raise ValueError(f"the checkpoint accounted at delta={ledger.delta}, this run at {self.spec.delta}")
-        self.ledger = ledger
+        clip = float(state.get("clip", self.spec.clip))
+        if not (np.isfinite(clip) and clip > 0):
+            raise ValueError(f"the checkpoint's clipping bound {clip!r} is not a positive number")
+        self.ledger, self.clip_bound = ledger, clip

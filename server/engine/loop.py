@@ -426,7 +426,7 @@ class Engine:
         vector = self.guard.bound(step.number, reply.node, vector)
         weight = self.guard.weight(step.number, reply.node, float(metrics["num-examples"])) if alg.weighted else 1.0
         if self.dp is not None:  # the sensitivity bound holds whatever the device sent; every device counts once
-            vector, weight = self.dp.clip(vector), 1.0
+            vector, weight = self.dp.clip(vector, metrics.get("dp-fitted")), 1.0
         alg.absorb(step, Update(node=reply.node, vector=vector, weight=weight, metrics=metrics, payload=bytes(payload),
                                 content=reply.content, started=reply.started))
 
@@ -492,6 +492,8 @@ class Engine:
         for o in outgoing:  # a plugin algorithm's messages name their device handler
             if handler and CONFIG_RECORD in o.content.config_records:
                 o.content.config_records[CONFIG_RECORD]["handler"] = handler
+            if self.dp is not None and CONFIG_RECORD in o.content.config_records:  # this round's clipping bound
+                o.content.config_records[CONFIG_RECORD]["dp-clip"] = self.dp.clip_bound
         return [
             Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
                     ttl=self.settings.round_timeout + 60.0)

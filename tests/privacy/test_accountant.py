@@ -50,6 +50,7 @@ def test_the_setting_is_checked() -> None:
     assert parse_differential_privacy("none") is None
     spec = parse_differential_privacy("gaussian:noise=0.8,clip=0.5,budget=8")
     assert (spec.noise, spec.clip, spec.delta, spec.budget) == (0.8, 0.5, 1e-5, 8.0)
-    for bad in ("laplace", "gaussian:noise=0", "gaussian:delta=1", "gaussian:sigma=1", "gaussian:clip=x"):
+    for bad in ("laplace", "gaussian:noise=0", "gaussian:noise=0.01", "gaussian:delta=1", "gaussian:sigma=1",
+                "gaussian:clip=x", "gaussian:adaptive=maybe", "gaussian:quantile=1.5"):
         with pytest.raises(ValueError):
             parse_differential_privacy(bad)

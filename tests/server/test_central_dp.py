@@ -3,6 +3,8 @@ resumed run that neither forgets nor counts twice what it spent."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -60,6 +62,22 @@ def test_the_run_stops_cleanly_at_its_budget_and_a_resume_does_not_double_count(
     finished = longer.run(InProcessGrid(6), initial_params(TASK, 42))
     assert finished.resumed_from == 2 and [r.round for r in finished.rows] == [1, 2, 3]
     assert finished.rows[-1].extra["dp_epsilon_rdp"] == pytest.approx(three)
+
+
+def test_adaptive_clipping_moves_the_bound_toward_the_quantile(tmp_path) -> None:
+    """Andrew et al.: no device's update fits under a bound of 0.01, so the noisy fraction is near 0
+    and the bound grows geometrically toward the median norm (quantile 0.5); the bound is
+    checkpointed with the ledger. A noise the count cannot share (z >= m/10) is refused up front."""
+    dp = "gaussian:noise=0.5,clip=0.01,delta=1e-5,adaptive=true,quantile=0.5,clip-lr=0.5"
+    engine = _engine(tmp_path, rounds=3, clients_per_round=10, differential_privacy=dp)
+    result = engine.run(InProcessGrid(10), initial_params(TASK, 42))
+    bounds = [r.extra["dp_clip"] for r in result.rows]
+    assert bounds[0] == 0.01 and bounds[0] < bounds[1] < bounds[2]
+    assert all(r.extra["dp_fraction_under_clip"] < 0.5 for r in result.rows)
+    last = result.rows[-1].extra["dp_fraction_under_clip"]
+    assert engine.dp.state_dict()["clip"] == pytest.approx(bounds[2] * math.exp(-0.5 * (last - 0.5)))
+    with pytest.raises(SettingsError, match="below 2 sigma_b"):
+        _engine(tmp_path / "x", clients_per_round=3, differential_privacy="gaussian:noise=1,adaptive=true")
 
 
 @pytest.mark.parametrize("overrides, reason", [
