@@ -6,7 +6,7 @@ QUANTIZERS = [
     "qsgd:bits=8,bucket=64",
     "terngrad:bucket=64", "terngrad:bucket=100,clip=0",
     "onebit:bucket=64", "sign:bucket=64",
-    "grid:bits=8,clip=2.0,bucket=64", "grid:bits=3,clip=0.5,bucket=100",
+    "grid:bits=3,clip=0.5,bucket=100",
 ]
 SPARSIFIERS = [
     "topk:ratio=0.05", "topk:ratio=0.05,sample=0.2", "topk:ratio=0.02+qsgd:bits=4,bucket=16",
