@@ -146,10 +146,10 @@ def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples:
     elif scale > 0:
         sent[torch.from_numpy(support)] = (values / scale).to(torch.float32)
     new_residual = corrected - sent
-    if error_feedback:
-        memory.put_tensor("secagg-residual", new_residual)
     sealed = unpack_blobs(record["shares-from"], record["shares"])
     payload = device.masked_input(sealed, levels)
     _save(context, device)
+    if error_feedback:  # only once the upload exists: a refused round leaves the residual as it was
+        memory.put_tensor("secagg-residual", new_residual)
     log.debug("secure aggregation: node %d sent %d masked bytes", node, len(payload))
     return payload, float(new_residual.norm())
