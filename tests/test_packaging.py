@@ -75,30 +75,61 @@ def test_the_wheel_installs_fedge_and_nothing_generic(wheel: Path) -> None:
         assert module in names
 
 
-@pytest.mark.integration
-def test_the_installed_wheel_runs_anywhere(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment holding the built wheel with its platform extra (made once)."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c", str(ROOT / "constraints.txt"),
                     f"{wheel}[platform]"], check=True, timeout=900, env={**os.environ, **_QUIET})
+    return venv
+
+
+def _user_directory(tmp_path: Path, venv: Path) -> tuple[Path, dict[str, str]]:
+    """A directory of user files that abort if imported, and an environment whose PATH is the venv's."""
     user = tmp_path / "my-app"
     user.mkdir()
     for name in USER_FILES:
         (user / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py was imported")\n')
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return user, env
+
+
+def _fedge(venv: Path, user: Path, env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([str(venv / "bin" / "fedge"), *args], cwd=user, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, f"fedge {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def _trains(venv: Path, user: Path, env: dict[str, str], *args: str) -> None:
+    out = _fedge(venv, user, env, *args, "--run-dir", str(user / args[0]))
+    assert "held-out accuracy" in out
+    summary = json.loads((user / args[0] / "summary.json").read_text())
+    assert summary["rounds"] == int(args[-1]) and summary["final_accuracy"] > 0.5, summary
+
+
+# The deployment engine from the wheel (a SuperLink and two SuperNodes) under `make test-slow` (time
+# budget); the default suite runs it from the editable install (tests/integration/test_deployment_engine.py).
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_installed_wheel_runs_a_local_cluster(installed: Path, tmp_path: Path) -> None:
+    user, env = _user_directory(tmp_path, installed)
+    _trains(installed, user, env, "local-cluster", "--supernodes", "2", "--rounds", "2")
+    logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
+    assert "was imported" not in logs
+
+
+@pytest.mark.integration
+def test_the_installed_wheel_runs_anywhere(installed: Path, tmp_path: Path) -> None:
+    venv = installed
+    user, env = _user_directory(tmp_path, venv)
 
     def fedge(*args: str) -> str:
-        done = subprocess.run([str(venv / "bin" / "fedge"), *args], cwd=user, env=env, capture_output=True,
-                              text=True, timeout=900)
-        assert done.returncode == 0, f"fedge {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        return done.stdout
+        return _fedge(venv, user, env, *args)
 
-    for args in (("demo", "--rounds", "3"), ("local-cluster", "--supernodes", "2", "--rounds", "2")):
-        out = fedge(*args, "--run-dir", str(user / args[0]))
-        assert "held-out accuracy" in out
-        summary = json.loads((user / args[0] / "summary.json").read_text())
-        assert summary["rounds"] == int(args[-1]) and summary["final_accuracy"] > 0.5, summary
+    _trains(venv, user, env, "demo", "--rounds", "3")
     # a new user's project, run with Flower's own command on its default local federation
     fedge("new", "myapp")
     home = tmp_path / "flwr-home"

@@ -14,9 +14,11 @@ from fedge.launcher.processes import processes_with_env
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-# SIGTERM in the default suite through `fedge serve` (tests/integration/test_serve.py); here with
-# `make test-slow` (time budget).
-@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
+# Under `make test-slow` (time budget). The default suite stops a daemon and its processes on SIGTERM
+# (tests/integration/test_serve.py) and checks every launcher's process group is stopped
+# (assert_no_leftovers in every integration test).
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_stops_every_started_process(tmp_path, sig) -> None:
     run_dir = tmp_path / "run"
     flwr_home = str((run_dir / "flwr-home").resolve())
