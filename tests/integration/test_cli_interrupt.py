@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -38,6 +39,8 @@ def test_interrupt_stops_every_started_process(tmp_path, sig) -> None:
     finally:
         if cli.poll() is None:
             cli.kill()
+        for pid in processes_with_env("FLWR_HOME", flwr_home):  # a failed start must not leave a cluster behind
+            os.kill(pid, signal.SIGKILL)
     assert cli.returncode == 130, err
     assert "all started processes were stopped" in err
     assert processes_with_env("FLWR_HOME", flwr_home) == []
