@@ -111,13 +111,14 @@ class SecAggServer:
             except SecAggError as error:
                 self._refuse(holder, error)
                 continue
+            dealt = self._routed.get(holder, set())
+            records = [r for r in records if r.dealer in dealt]  # a share it was never dealt: ignored
+            wrong = [r.dealer for r in records if r.kind != (SEED if r.dealer in survivors else KEY)]
+            if wrong:  # never both kinds of one device's secrets: this device's reveals are all set aside
+                self._refuse(holder, UnmaskError(f"device {holder} revealed the wrong kind of share of devices {wrong}"))
+                continue
             for record in records:
-                if holder not in self._routed or record.dealer not in self._routed[holder]:
-                    continue  # a share it was never dealt: ignored
-                wanted = SEED if record.dealer in survivors else KEY
-                if record.kind != wanted:
-                    raise UnmaskError(f"device {holder} revealed the wrong kind of share of device {record.dealer}")
-                bucket = seed_shares if wanted == SEED else key_shares
+                bucket = seed_shares if record.kind == SEED else key_shares
                 bucket.setdefault(record.dealer, []).append((self.plan.holder_index(record.dealer, holder),
                                                              record.share))
         bits, count = self.plan.bits, self.plan.length

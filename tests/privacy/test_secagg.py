@@ -176,3 +176,20 @@ def test_a_malformed_upload_drops_its_device_only() -> None:
     assert bad not in survivors and "payload bytes" in server.refused[bad]
     total, _ = server.unmask({n: devices[n].unmask(survivors) for n in survivors})
     assert np.array_equal(total.astype(np.int64), _plain_sum(levels, survivors))
+
+
+def test_a_reveal_of_the_wrong_kind_is_set_aside_and_the_round_goes_on() -> None:
+    """A survivor asks the coordinator to take a key share of a device that survived (both kinds of
+    its secrets would then be out): its reveals are refused, the others still rebuild the exact sum."""
+    from fedge.privacy.messages import KEY, Reveal, decode_reveals, encode_reveals
+
+    plan = make_plan(8, 64)
+    levels = _levels(plan, 7)
+    devices, server, inbox = deal_shares(plan)
+    survivors = server.receive_masked({n: devices[n].masked_input(inbox[n], levels[n]) for n in devices})
+    reveals = {n: devices[n].unmask(survivors) for n in survivors}
+    liar = survivors[0]
+    reveals[liar] = encode_reveals([Reveal(r.dealer, KEY, r.share) for r in decode_reveals(reveals[liar], liar)])
+    total, _ = server.unmask(reveals)
+    assert "wrong kind" in server.refused[liar]
+    assert np.array_equal(total.astype(np.int64), _plain_sum(levels, survivors))
