@@ -22,7 +22,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedge.privacy.errors import AdvertisementError, ProtocolError, UnmaskError
-from fedge.privacy.keys import KeyAdvertisement, derive_key, private_bytes, public_bytes, seed_commitment
+from fedge.privacy.keys import (
+    AD_BYTES,
+    KeyAdvertisement,
+    derive_key,
+    private_bytes,
+    public_bytes,
+    seed_commitment,
+    x25519_from_private_bytes,
+)
 from fedge.privacy.messages import KEY, SEED, Reveal, encode_masked, encode_reveals, open_shares, seal_shares
 from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.prg import mask
@@ -144,11 +152,9 @@ def _state_key(name: str) -> str:
 
 def export_state(device: SecAggDevice) -> dict[str, bytes | int]:
     """What a device must keep between the stages' messages (Flower hands a handler only ``context.state``)."""
-    from fedge.privacy.keys import private_bytes as raw
-
     held = b"".join(dealer.to_bytes(8, "little") + seed + key for dealer, (seed, key) in sorted(device._held.items()))
     ads = b"".join(ad.to_bytes() for _, ad in sorted(device._ads.items()))
-    return {_state_key("c"): raw(device._c), _state_key("s"): raw(device._s), _state_key("seed"): device._seed,
+    return {_state_key("c"): private_bytes(device._c), _state_key("s"): private_bytes(device._s), _state_key("seed"): device._seed,
             _state_key("stage"): device._stage, _state_key("ads"): ads, _state_key("held"): held,
             _state_key("round"): device.plan.context.round, _state_key("run"): device.plan.context.run_id}
 
@@ -156,8 +162,6 @@ def export_state(device: SecAggDevice) -> dict[str, bytes | int]:
 def restore_state(plan: SecAggPlan, node: int, identity: Ed25519PrivateKey,
                   state: Mapping[str, bytes | int]) -> SecAggDevice:
     """The device of :func:`export_state`, checked to belong to this plan's round."""
-    from fedge.privacy.keys import AD_BYTES, x25519_from_private_bytes
-
     if state.get(_state_key("round")) != plan.context.round or state.get(_state_key("run")) != plan.context.run_id:
         raise ProtocolError(f"device {node} holds no secure-aggregation state for round {plan.context.round}")
     device = SecAggDevice.__new__(SecAggDevice)

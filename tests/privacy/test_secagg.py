@@ -22,6 +22,13 @@ def _levels(plan: SecAggPlan, seed: int = 0) -> dict[int, np.ndarray]:
     return {node: rng.integers(0, plan.grid.top + 1, plan.length).astype(np.uint32) for node in plan.participants}
 
 
+def _reveals(plan: SecAggPlan, levels: dict[int, np.ndarray]):  # type: ignore[no-untyped-def]
+    """Every stage up to the reveals, nobody dropping: (server, survivors, each survivor's reveals)."""
+    devices, server, inbox = deal_shares(plan)
+    survivors = server.receive_masked({n: devices[n].masked_input(inbox[n], levels[n]) for n in devices})
+    return server, survivors, {n: devices[n].unmask(survivors) for n in survivors}
+
+
 def _plain_sum(levels: dict[int, np.ndarray], nodes) -> np.ndarray:
     return np.sum([levels[n].astype(np.int64) for n in nodes], axis=0)
 
@@ -97,9 +104,7 @@ def test_a_revealed_share_that_was_altered_cannot_corrupt_the_sum() -> None:
     from another subset of shares (more than the threshold arrived), so the sum is still exact."""
     plan = make_plan(8, 64)
     levels = _levels(plan, 3)
-    devices, server, inbox = deal_shares(plan)
-    survivors = server.receive_masked({n: devices[n].masked_input(inbox[n], levels[n]) for n in devices})
-    reveals = {n: devices[n].unmask(survivors) for n in survivors}
+    server, survivors, reveals = _reveals(plan, levels)
     liar = survivors[0]
     altered = bytearray(reveals[liar])
     altered[-1] ^= 0xFF  # the last byte of its last share
@@ -185,9 +190,7 @@ def test_a_reveal_of_the_wrong_kind_is_set_aside_and_the_round_goes_on() -> None
 
     plan = make_plan(8, 64)
     levels = _levels(plan, 7)
-    devices, server, inbox = deal_shares(plan)
-    survivors = server.receive_masked({n: devices[n].masked_input(inbox[n], levels[n]) for n in devices})
-    reveals = {n: devices[n].unmask(survivors) for n in survivors}
+    server, survivors, reveals = _reveals(plan, levels)
     liar = survivors[0]
     reveals[liar] = encode_reveals([Reveal(r.dealer, KEY, r.share) for r in decode_reveals(reveals[liar], liar)])
     total, _ = server.unmask(reveals)
