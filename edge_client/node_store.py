@@ -60,6 +60,16 @@ class NodeStore:
     def put_tensor(self, key: str, tensor: torch.Tensor) -> None:
         self.put_tensors(key, {"value": tensor})
 
+    def get_bytes(self, key: str) -> bytes | None:
+        """Raw bytes stored with :meth:`put_bytes` (an encoded, compact form of some state), or None."""
+        full = self._key(key)
+        if full not in self._state.array_records:
+            return None
+        return bytes(np.asarray(self._state.array_records[full]["bytes"].numpy(), dtype=np.uint8).tobytes())
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._state[self._key(key)] = ArrayRecord({"bytes": Array(np.frombuffer(data, dtype=np.uint8).copy())})
+
     def get_meta(self, key: str) -> dict[str, Any] | None:
         full = self._key(key)
         if full not in self._state.config_records:

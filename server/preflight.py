@@ -9,6 +9,7 @@ same factories, and throws the objects away.
 from __future__ import annotations
 
 from fedge.aggregation import make_server_optimizer
+from fedge.aggregation.broadcast import parse_downlink
 from fedge.compression import make_codec
 from fedge.protocol.plugins import load_plugins
 from fedge.server.settings import RunSettings
@@ -23,8 +24,7 @@ def preflight(settings: RunSettings) -> None:
     setting that cannot work."""
     load_plugins(settings.plugins)
     make_codec(settings.codec)
-    if settings.downlink_codec != "none":
-        make_codec(settings.downlink_codec)
+    parse_downlink(settings.downlink_codec)
     make_server_optimizer(settings.server_opt)
     task = make_task(settings.task)
     validate_partitioning(settings.partitioning)

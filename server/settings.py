@@ -73,8 +73,9 @@ class RunSettings:
     error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
     downlink_codec: str = _opt(
         "none",
-        "codec for the model sent to clients: 'none' sends the full fp32 model; any other codec sends "
-        "up-to-date clients only the change since their copy (server-side error feedback)",
+        "model sent to clients: 'none' (full fp32 model) or 'lattice[:ratio=0.05,bits=8,cache=64,resolution=256]': "
+        "versioned copies, each device gets the exact change since the version it holds (a catch-up from a "
+        "cache of recent changes, or a compact snapshot), checked by digest; server-side error feedback",
     )
     server_opt: str = _opt(
         "fedavg", "server optimizer: fedavg[:lr=], fedavgm[:lr=,momentum=], fedadam, fedyogi, fedadagrad"

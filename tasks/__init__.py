@@ -3,10 +3,12 @@ scikit-learn digits) and partitioning."""
 
 from fedge.tasks.base import Task, TensorData, as_tensor_data
 from fedge.tasks.evaluation import batches, evaluate, predict
+from fedge.tasks.initial import seeded_initial_params
 from fedge.tasks.parameters import flatten_state, numel_of, tensor_sizes, unflatten_state
 from fedge.tasks.registry import TaskNotFoundError, available_tasks, make_task, register_task
 
 __all__ = [
+    "seeded_initial_params",
     "Task",
     "TaskNotFoundError",
     "TensorData",

@@ -11,10 +11,10 @@ import time
 from flwr.app import Context, Message
 
 from fedge.edge_client import local
+from fedge.edge_client.downlink import received_model
 from fedge.edge_client.secure_aggregation import masked_update
-from fedge.protocol import MODEL_RECORD, read_state_dict
 from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.tasks import evaluate, flatten_state
+from fedge.tasks import evaluate
 
 __all__ = ["train"]
 
@@ -26,8 +26,7 @@ def train(msg: Message, context: Context) -> Message:
     config = local.round_config(msg)
     alpha = config.number("alpha", low=0.0, high=1.0)
     task = local.task_of(config)
-    template = task.build_model().state_dict()
-    center = flatten_state(read_state_dict(msg.content, MODEL_RECORD, template))
+    center = received_model(msg, config, local.store(context, "downlink"), task)
     store = local.store(context, _NAMESPACE)
     x = store.get_tensor("local")
     if x is None or x.numel() != center.numel():

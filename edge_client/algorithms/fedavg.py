@@ -1,44 +1,36 @@
 """FedAvg / FedProx on the device: train from the global model, send ``local - global``.
 
 Receives ``train`` messages (Flower's default train action). The model comes in full (``arrays``)
-or, with a compressed downlink, as an encoded change of the node's public copy of the global model.
+or, with the lattice downlink, as what brings the node's versioned copy of it up to date.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch
+
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import local
-from fedge.edge_client.public_copy import PublicCopy
+from fedge.edge_client.downlink import received_model
 from fedge.edge_client.secure_aggregation import masked_update
-from fedge.protocol import DOWNLINK_RECORD, METRICS_RECORD, MODEL_RECORD, ProtocolError, read_payload, read_state_dict
+from fedge.protocol import METRICS_RECORD, MODEL_RECORD, ProtocolError, read_state_dict
 from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.tasks import evaluate as evaluate_model
-from fedge.tasks import flatten_state
 
 __all__ = ["evaluate", "train"]
 
 _NAMESPACE = "fedavg"
+_DOWNLINK = "downlink"
 
 
-def _training_start(msg: Message, config: RoundConfig, context: Context):  # type: ignore[no-untyped-def]
-    """The model to train from: the full model the server sent, or the node's public copy moved by
-    the encoded change the server sent (compressed downlink)."""
+def _training_start(msg: Message, config: RoundConfig, context: Context) -> torch.nn.Module:
+    """The model to train from: the full model the server sent, or the node's versioned copy of it
+    brought up to date by what the server sent (lattice downlink, ``edge_client.downlink``)."""
     task = local.task_of(config)
-    downlink = config.text("downlink-codec")
-    copy = PublicCopy(local.store(context, _NAMESPACE), "downlink")
-    if MODEL_RECORD in msg.content.array_records:
-        model = task.build_model()
-        model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
-        if downlink != "none":
-            copy.set(flatten_state(model.state_dict()), config.round)
-        return model
-    payload = read_payload(msg.content, DOWNLINK_RECORD)
-    public = copy.apply(local.codec_for(downlink, task), payload, config.integer("base-round", 0), config.round)
-    return local.load_flat(task, public)
+    return local.load_flat(task, received_model(msg, config, local.store(context, _DOWNLINK), task))
 
 
 def train(msg: Message, context: Context) -> Message:

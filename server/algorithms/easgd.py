@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation import StreamingMean
-from fedge.protocol import CONFIG_RECORD, MODEL_RECORD
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -46,7 +44,7 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
     warn_if_not_contractive,
 )
-from fedge.tasks import unflatten_state
+from fedge.server.engine.downlink import Downlink
 
 __all__ = ["EASGD"]
 
@@ -64,12 +62,14 @@ class EASGDStep(Step):
     scored: int = 0
     #: secure aggregation: the unmasked mean of the elastic differences and how many it averages
     secure: tuple[torch.Tensor, int] | None = None
+    failed: set[int] = field(default_factory=set)
 
 
 class EASGD(Algorithm):
     name = "easgd"
     weighted = False  # every client's elastic difference counts once: the center moves by their sum
     secure_sum = True
+    settings_used = frozenset({"downlink-codec"})
 
     def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
         super().__init__(ctx)
@@ -82,6 +82,7 @@ class EASGD(Algorithm):
         self.alpha, self.beta = float(alpha), float(beta)
         warn_if_not_contractive(self.codec, ctx.numel, ctx.settings.error_feedback)
         self.center = torch.zeros(ctx.numel)
+        self.downlink = Downlink(ctx.settings.downlink_codec, ctx.task, ctx.template, ctx.settings.seed, ctx.settings.init)
 
     @property
     def spec(self) -> str:
@@ -89,15 +90,17 @@ class EASGD(Algorithm):
 
     def start(self, params: torch.Tensor) -> None:
         self.center = params.clone().to(torch.float32)
+        self.downlink.start(self.center)
 
     def open_step(self, number: int, nodes: list[int]) -> EASGDStep:
         return EASGDStep(number, list(nodes), sum=StreamingMean(self.ctx.numel))
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        config = self.ctx.round_config(step.number, alpha=self.alpha).to_record()
-        center = ArrayRecord(unflatten_state(self.center, self.ctx.template))
-        return [Outgoing(n, RecordDict({MODEL_RECORD: center, CONFIG_RECORD: config}), self.message_type)
-                for n in nodes]
+        """The center, full or (lattice downlink) as what brings each device's copy of it up to date."""
+        self.downlink.publish(self.center, step.number)
+        config = self.ctx.round_config(step.number, alpha=self.alpha, **self.downlink.config_keys()).to_record()
+        contents = self.downlink.contents(self.center, nodes, config)
+        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
 
     def admit(self, step: Step, reply: Reply) -> None:
         """The metrics EASGD reports are checked before the update is decoded."""
@@ -124,11 +127,19 @@ class EASGD(Algorithm):
         assert isinstance(step, EASGDStep)
         step.secure = (mean, len(nodes))
 
+    def missed(self, step: Step, node: int, reason: str) -> None:
+        assert isinstance(step, EASGDStep)
+        step.failed.add(node)
+        self.downlink.failed(node, reason)
+
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep) and step.sum is not None
+        for node in step.nodes:
+            if node not in step.failed:
+                self.downlink.replied(node, step.number)
         used = step.secure[1] if step.secure is not None else step.sum.count
         notes: list[dict[str, Any]] = []
-        extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
+        extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, **self.downlink.metrics()}
         if used >= self.ctx.settings.min_replies:
             scale = self.beta / (self.alpha * used)
             total = step.secure[0] * used if step.secure is not None else step.sum.sum()
@@ -149,12 +160,13 @@ class EASGD(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "alpha": self.alpha, "beta": self.beta,
-                "clients_per_round": self.ctx.settings.clients_per_round}
+                "clients_per_round": self.ctx.settings.clients_per_round, "downlink_codec": self.downlink.spec}
 
     def state_dict(self) -> dict[str, Any]:
         # The clients' own models live on the clients; after a coordinator restart (a new Flower
         # run, hence new node state) each client starts again from the center.
-        return {"center": self.center.clone()}
+        return {"center": self.center.clone(), "downlink": self.downlink.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.center = self.check_flat(state.get("center"), "EASGD center")
+        self.downlink.load_state_dict(state.get("downlink") or {})

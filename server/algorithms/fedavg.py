@@ -5,8 +5,9 @@ FedAvg (McMahan et al., AISTATS 2017, https://arxiv.org/abs/1602.05629) with Fed
 ``server-opt``). Each sampled client trains from the global model and sends ``local - global``
 encoded with the run's codec (error feedback on the client); each payload is validated and decoded
 straight into one running weighted sum (weight = the client's example count) and dropped, so the
-coordinator holds O(model) whatever the number of clients. With ``downlink-codec`` the clients known
-to hold last round's public copy receive only its encoded change (``aggregation.broadcast``).
+coordinator holds O(model) whatever the number of clients. With ``downlink-codec = "lattice:..."``
+each device receives only what brings its versioned copy of the model up to date
+(``aggregation.broadcast``, ``server.engine.downlink``).
 """
 
 from __future__ import annotations
@@ -16,24 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation import make_server_optimizer
-from fedge.aggregation.broadcast import Broadcast
 from fedge.aggregation.robust import Aggregator, aggregator_memory_bytes, make_aggregator, validate_aggregator
-from fedge.compression import Codec, derive_seed, make_codec
-from fedge.protocol import (
-    CONFIG_RECORD,
-    DOWNLINK_RECORD,
-    METRICS_RECORD,
-    MODEL_RECORD,
-    payload_record,
-)
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
-    Rejected,
-    Reply,
     RunContext,
     Step,
     StepOutcome,
@@ -41,7 +30,7 @@ from fedge.server.engine.algorithm import (
     finite_or_previous,
     warn_if_not_contractive,
 )
-from fedge.tasks import tensor_sizes, unflatten_state
+from fedge.server.engine.downlink import Downlink
 
 __all__ = ["FedAvg"]
 
@@ -69,10 +58,7 @@ class FedAvg(Algorithm):
         s = ctx.settings
         warn_if_not_contractive(self.codec, ctx.numel, s.error_feedback)
         self.server_opt = make_server_optimizer(s.server_opt)
-        self.downlink: Codec | None = None
-        if s.downlink_codec != "none":
-            self.downlink = make_codec(s.downlink_codec).for_model(tensor_sizes(ctx.template))
-        self._broadcast: Broadcast | None = None
+        self.downlink = Downlink(s.downlink_codec, ctx.task, ctx.template, s.seed, s.init)
         self.params = torch.zeros(ctx.numel)
         # Checked here, so the CLI's preflight refuses a rule that would not fit before any process starts.
         validate_aggregator(s.aggregator, ctx.numel, max(s.clients_per_round, 1), s.aggregator_memory_mb * 2**20)
@@ -83,6 +69,7 @@ class FedAvg(Algorithm):
 
     def start(self, params: torch.Tensor) -> None:
         self.params = params.clone().to(torch.float32)
+        self.downlink.start(self.params)
 
     def open_step(self, number: int, nodes: list[int]) -> FedAvgStep:
         aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=max(len(nodes), 1))
@@ -90,28 +77,12 @@ class FedAvg(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         s = self.ctx.settings
+        self.downlink.publish(self.params, step.number)
         config = self.ctx.round_config(
-            step.number, **{"prox-mu": s.prox_mu, "downlink-codec": self.downlink.spec if self.downlink else "none",
-                            "base-round": step.number - 1}
+            step.number, **{"prox-mu": s.prox_mu, "base-round": step.number - 1, **self.downlink.config_keys()}
         ).to_record()
-        kind = self.message_type
-        if self.downlink is None:
-            model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
-            return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), kind) for n in nodes]
-        # Compressed downlink: up-to-date clients get the encoded change of the public copy, the
-        # others (first round, missed a round, after a restart) the full public copy.
-        if self._broadcast is None:
-            self._broadcast = Broadcast(self.downlink, self.params)
-        state = self._broadcast
-        seed = derive_seed(s.seed, step.number, purpose="downlink")
-        state.advance(self.params, step.number, torch.Generator().manual_seed(seed))
-        full = ArrayRecord(unflatten_state(state.public, self.ctx.template))
-        delta = payload_record(state.delta or b"")
-        return [
-            Outgoing(n, RecordDict({DOWNLINK_RECORD: delta, CONFIG_RECORD: config}), kind)
-            if state.is_current(n) else Outgoing(n, RecordDict({MODEL_RECORD: full, CONFIG_RECORD: config}), kind)
-            for n in nodes
-        ]
+        contents = self.downlink.contents(self.params, nodes, config)
+        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
 
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedAvgStep) and step.aggregator is not None
@@ -130,19 +101,17 @@ class FedAvg(Algorithm):
     def missed(self, step: Step, node: int, reason: str) -> None:
         assert isinstance(step, FedAvgStep)
         step.failed.add(node)
+        self.downlink.failed(node, reason)
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, FedAvgStep) and step.aggregator is not None
-        if self._broadcast is not None:
-            for node in step.nodes:
-                if node in step.failed:
-                    self._broadcast.forget(node)
-                else:
-                    self._broadcast.confirm(node)
+        for node in step.nodes:
+            if node not in step.failed:
+                self.downlink.replied(node, step.number)
         aggregator = step.aggregator
         notes: list[dict[str, Any]] = []
         used = len(step.used)
-        extra: dict[str, Any] = {"aggregator": aggregator.spec}
+        extra: dict[str, Any] = {"aggregator": aggregator.spec, **self.downlink.metrics()}
         if not aggregator.streaming:
             extra["aggregator_bytes"] = aggregator_memory_bytes(aggregator.spec, self.ctx.numel, aggregator.capacity)
         if used >= self.ctx.settings.min_replies:
@@ -166,12 +135,12 @@ class FedAvg(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "server_opt": self.server_opt.spec,
-                "downlink_codec": self.downlink.spec if self.downlink else "none",
+                "downlink_codec": self.downlink.spec,
                 "aggregator": self.ctx.settings.aggregator}
 
     def state_dict(self) -> dict[str, Any]:
-        # The downlink's public copy is not saved: after a restart every client gets the full model.
-        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict()}
+        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict(),
+                "downlink": self.downlink.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = self.check_flat(state.get("params"), "FedAvg global model")
@@ -181,4 +150,5 @@ class FedAvg(Algorithm):
         for key, value in optimizer.items():
             self.check_flat(value, f"server optimizer state {key!r}")
         self.server_opt.load_state_dict(optimizer)
+        self.downlink.load_state_dict(state.get("downlink") or {})
         self.params = params

@@ -29,12 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation.robust import make_aggregator
 from fedge.aggregation.staleness import Staleness
 from fedge.compression import Codec
-from fedge.protocol import CONFIG_RECORD, MODEL_RECORD
 from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.engine.algorithm import (
     Outgoing,
@@ -46,7 +44,6 @@ from fedge.server.engine.algorithm import (
     Update,
     finite_or_previous,
 )
-from fedge.tasks import unflatten_state
 
 __all__ = ["FedBuff"]
 
@@ -64,7 +61,7 @@ class FedBuffStep(FedAvgStep):
 class FedBuff(FedAvg):
     name = "fedbuff"
     device_handler = "fedavg"  # clients do FedAvg's work; only the coordinator's schedule differs
-    settings_used = frozenset({"server-opt", "prox-mu", "aggregator"})
+    settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec"})
     asynchronous = True
 
     def __init__(self, ctx: RunContext, concurrency: int = 0, buffer: int = 0, staleness: str = "poly",
@@ -98,12 +95,13 @@ class FedBuff(FedAvg):
         return FedBuffStep(number, list(nodes), aggregator=aggregator)
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        """Messages that start training from the current version (``step.number`` = version + 1)."""
-        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu, "downlink-codec": "none",
-                                                       "base-round": step.number - 1}).to_record()
-        model = ArrayRecord(unflatten_state(self.params, self.ctx.template))
-        return [Outgoing(n, RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}), self.message_type)
-                for n in nodes]
+        """Messages that start training from the current version (``step.number`` = version + 1); with
+        a lattice downlink each device gets what brings its copy from the version it holds to this one."""
+        self.downlink.publish(self.params, step.number)
+        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu, "base-round": step.number - 1,
+                                                       **self.downlink.config_keys()}).to_record()
+        contents = self.downlink.contents(self.params, nodes, config)
+        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
 
     def admit(self, step: Step, reply: Reply) -> None:
         """τ = versions published since the reply's message left: an update staler than the bound is
@@ -111,6 +109,7 @@ class FedBuff(FedAvg):
         assert isinstance(step, FedBuffStep)
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
+        self.downlink.replied(reply.node, reply.started + 1)  # it holds the copy its message carried
         tau = self.version - reply.started
         if self.staleness.dropped(tau):
             step.dropped += 1
@@ -132,7 +131,8 @@ class FedBuff(FedAvg):
         step.staleness.append(tau)
 
     def missed(self, step: Step, node: int, reason: str) -> None:
-        pass
+        if "stale by" not in reason:  # a refused stale update still applied its message's downlink
+            self.downlink.failed(node, reason)
 
     def ready(self, step: Step) -> bool:
         assert isinstance(step, FedBuffStep) and step.aggregator is not None
@@ -148,6 +148,7 @@ class FedBuff(FedAvg):
             "staleness_histogram": {str(t): staleness.count(t) for t in sorted(set(staleness))},
             "dropped_stale": step.dropped,
             "nodes": list(step.used),  # whose updates made this version
+            **self.downlink.metrics(),
         }
         notes: list[dict[str, Any]] = []
         if aggregator.count:

@@ -7,8 +7,7 @@ import logging
 
 import torch
 
-from fedge.compression import derive_seed
-from fedge.tasks import Task, flatten_state
+from fedge.tasks import Task, flatten_state, seeded_initial_params
 
 __all__ = ["initial_params"]
 
@@ -16,18 +15,16 @@ log = logging.getLogger(__name__)
 
 
 def initial_params(task: Task, seed: int, init: str = "") -> torch.Tensor:
-    """The initial model as a flat vector. The random initialisation draws from its own stream
-    (``derive_seed(seed, purpose="init")``) under ``fork_rng``, leaving the process's global torch
-    RNG as it was."""
-    with torch.random.fork_rng():
-        torch.manual_seed(derive_seed(seed, purpose="init"))
-        model = task.build_model()
-    if init:
-        from fedge.deploy.model_file import ModelFileError, load_model_file
+    """The initial model as a flat vector: the model file ``init``, or the seeded random
+    initialisation (``fedge.tasks.seeded_initial_params``)."""
+    if not init:
+        return seeded_initial_params(task, seed)
+    from fedge.deploy.model_file import ModelFileError, load_model_file
 
-        loaded = load_model_file(init)
-        if loaded.task != task.spec:
-            raise ModelFileError(f"{init} holds a model of task {loaded.task!r}, this run trains {task.spec!r}")
-        model.load_state_dict(loaded.state_dict, strict=True)
-        log.info("initial model from %s", init)
+    loaded = load_model_file(init)
+    if loaded.task != task.spec:
+        raise ModelFileError(f"{init} holds a model of task {loaded.task!r}, this run trains {task.spec!r}")
+    model = task.build_model()
+    model.load_state_dict(loaded.state_dict, strict=True)
+    log.info("initial model from %s", init)
     return flatten_state(model.state_dict())

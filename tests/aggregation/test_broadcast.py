@@ -1,46 +1,120 @@
+"""The versioned lattice downlink: exact composition of versions, catch-up, snapshots, bookkeeping."""
+
+from __future__ import annotations
+
+import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
 
-from fedge.aggregation.broadcast import Broadcast
-from fedge.compression import make_codec
-from fedge.edge_client.node_store import NodeStore
-from fedge.edge_client.public_copy import OutOfSyncError, PublicCopy
+from fedge.aggregation.broadcast import DownlinkSpec, VersionedBroadcast, lattice_model, model_digest, parse_downlink
+from fedge.compression.lattice import decode_lattice
 
-
-def test_client_copy_equals_server_copy_and_tracks_the_model() -> None:
-    codec = make_codec("qsgd:bits=4,bucket=64")
-    gen = torch.Generator().manual_seed(0)
-    params = torch.randn(1000, generator=gen)
-    server = Broadcast(codec, params)
-    copy = PublicCopy(NodeStore(RecordDict(), "fedavg"), "downlink")
-    copy.set(server.public, 0)
-    for round_ in range(1, 30):
-        if round_ < 20:
-            params = params + 0.1 * torch.randn(1000, generator=gen)  # training moves the model
-        server.advance(params, round_, gen)
-        client = copy.apply(codec, server.delta, round_ - 1, round_)
-        assert torch.equal(client, server.public)  # bit-identical copies: nothing drifts
-    # once the model stops moving, server-side error feedback closes the gap
-    assert (params - server.public).norm() / params.norm() < 1e-2
+SIZES = [600, 300, 100]
 
 
-def test_sync_bookkeeping() -> None:
-    server = Broadcast(make_codec("fp16"), torch.zeros(4))
-    server.advance(torch.ones(4), 1)
-    assert not server.is_current(7)  # unknown node: full model
-    server.confirm(7)
-    server.advance(torch.ones(4) * 2, 2)
-    assert server.is_current(7)
-    server.forget(7)
-    assert not server.is_current(7)
+def _model(seed: int = 0) -> torch.Tensor:
+    return torch.randn(sum(SIZES), generator=torch.Generator().manual_seed(seed)) * 0.1
 
 
-def test_out_of_sync_change_is_refused() -> None:
-    codec = make_codec("fp16")
-    copy = PublicCopy(NodeStore(RecordDict(), "fedavg"), "downlink")
-    with pytest.raises(OutOfSyncError):
-        copy.apply(codec, codec.encode(torch.zeros(3)), 0, 1)
-    copy.set(torch.zeros(3), 4)
-    with pytest.raises(OutOfSyncError, match="version 4"):
-        copy.apply(codec, codec.encode(torch.zeros(3)), 5, 6)
+class Device:
+    """A device's copy, kept the way ``edge_client.downlink`` keeps it: integer n + version."""
+
+    def __init__(self, server: VersionedBroadcast) -> None:
+        self.server, self.n, self.version = server, None, None
+
+    def receive(self) -> str:
+        message = self.server.message_for(id(self))
+        decoded = decode_lattice(message.payload, self.server.numel)
+        if message.kind == "snapshot":
+            self.n = torch.from_numpy(decoded.values.copy())
+        else:
+            assert decoded.base == self.version
+            self.n[torch.from_numpy(decoded.indices)] += torch.from_numpy(decoded.values)
+        self.version = decoded.version
+        self.server.confirm(id(self), decoded.version)
+        return message.kind
+
+    @property
+    def copy(self) -> torch.Tensor:
+        return lattice_model(self.server.base, self.server.steps, self.n)
+
+
+def test_every_path_to_a_version_gives_the_coordinators_bits() -> None:
+    server = VersionedBroadcast(DownlinkSpec(ratio=0.05, cache=8), _model(), SIZES)
+    params = server.base.clone()
+    every, weekly, rare = Device(server), Device(server), Device(server)
+    kinds: dict[str, set[str]] = {"every": set(), "weekly": set(), "rare": set()}
+    gen = torch.Generator().manual_seed(1)
+    for version in range(1, 41):
+        params = params + 0.01 * torch.randn(params.numel(), generator=gen)
+        server.publish(params, version)
+        for name, device, period in (("every", every, 1), ("weekly", weekly, 5), ("rare", rare, 13)):
+            if version % period == 0 or version == 1:
+                kinds[name].add(device.receive())
+                assert torch.equal(device.copy, server.public)  # bit-identical, whichever path
+                assert model_digest(device.copy) == server.digest
+    assert kinds["every"] == {"snapshot", "current"}
+    assert kinds["weekly"] == {"snapshot", "catch-up"}  # 5 behind: the sum of five cached changes
+    assert kinds["rare"] == {"snapshot"}  # 13 behind > cache of 8: a snapshot
+
+
+def test_catch_up_is_smaller_than_the_changes_it_sums() -> None:
+    server = VersionedBroadcast(DownlinkSpec(ratio=0.02, cache=16), _model(), SIZES)
+    params = server.base.clone()
+    gen = torch.Generator().manual_seed(2)
+    singles = []
+    for version in range(1, 11):
+        params = params + 0.01 * torch.randn(params.numel(), generator=gen)
+        server.publish(params, version)
+        singles.append(len(server.catch_up(version - 1)))
+    composed = server.catch_up(0)
+    assert composed is not None and len(composed) < sum(singles)
+
+
+def test_server_error_feedback_closes_the_gap_once_the_model_stops() -> None:
+    server = VersionedBroadcast(DownlinkSpec(ratio=0.1, bits=8), _model(), SIZES)
+    target = server.base + 0.05 * torch.randn(server.numel, generator=torch.Generator().manual_seed(3))
+    for version in range(1, 80):
+        server.publish(target, version)
+    gap = (target - server.public).abs()
+    assert float(gap.max()) <= float(server.steps.max()) / 2 + 1e-7  # within half a lattice step
+
+
+def test_bookkeeping_and_the_base() -> None:
+    server = VersionedBroadcast(DownlinkSpec(cache=3), _model(), SIZES)
+    assert server.message_for(7).kind == "snapshot" and server.message_for(7).base is None
+    server.publish(_model(1), 1)
+    server.confirm(7, 1)
+    server.publish(_model(2), 2)
+    assert server.message_for(7).kind == "current"
+    server.forget(7, base=True)  # it could not rebuild the base: a snapshot with the base
+    message = server.message_for(7)
+    assert message.kind == "snapshot" and torch.equal(message.base, server.base)
+    server.confirm(7, 2)
+    assert server.message_for(7).base is None
+    unseeded = VersionedBroadcast(DownlinkSpec(), _model(), SIZES, seeded=False)
+    assert unseeded.message_for(1).base is not None
+
+
+def test_state_round_trip_keeps_versions_and_refuses_a_mismatch() -> None:
+    server = VersionedBroadcast(DownlinkSpec(), _model(), SIZES)
+    server.publish(_model(5), 1)
+    again = VersionedBroadcast(DownlinkSpec(), _model(), SIZES)
+    again.load_state_dict(server.state_dict())
+    assert again.version == 1 and torch.equal(again.public, server.public) and again.digest == server.digest
+    assert again.message_for(1).kind == "snapshot"  # who held what is not kept across a restart
+    with pytest.raises(ValueError, match="differs"):
+        VersionedBroadcast(DownlinkSpec(ratio=0.5), _model(), SIZES).load_state_dict(server.state_dict())
+    bad = server.state_dict() | {"n": torch.zeros(3, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="lattice"):
+        again.load_state_dict(bad)
+
+
+def test_spec_parsing() -> None:
+    assert parse_downlink("none") is None
+    assert parse_downlink("lattice:ratio=0.01,cache=32") == DownlinkSpec(ratio=0.01, cache=32)
+    for spec, reason in (("qsgd:bits=8", "compose exactly"), ("lattice:ratio=0", "ratio"),
+                         ("lattice:bits=1", "bits"), ("lattice:cache=0", "cache"), ("lattice:speed=2", "unknown")):
+        with pytest.raises(ValueError, match=reason):
+            parse_downlink(spec)
+    assert np.isfinite(parse_downlink("lattice").resolution)

@@ -51,15 +51,18 @@ def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_lef
 
 @pytest.mark.parametrize("algorithm", ["easgd", "gossip:topology=ring"])
 def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_no_leftovers, algorithm) -> None:
+    easgd = algorithm == "easgd"  # EASGD's center goes out as versioned lattice copies
     settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
-                           run_dir=str(tmp_path / "run"))
+                           downlink_codec="lattice:ratio=0.1" if easgd else "none", run_dir=str(tmp_path / "run"))
     result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(result.run_dir / "flwr-home")
     assert [row["round"] for row in result.rows] == [1, 2, 3]
     last = result.rows[-1]
     assert last["algorithm"] == algorithm.split(":")[0] and last["clients_used"] == 4 and not last["rejected"]
-    if algorithm == "easgd":  # clients keep local models tied to the center; both measured on held-out data
+    if easgd:  # clients keep local models tied to the center; both measured on held-out data
         assert last["center_distance"] > 0 and 0 <= last["client_model_accuracy"] <= 1
+        assert [row["downlink_current"] for row in result.rows] == [0, 4, 4]  # after round 1's snapshots
+        assert last["downlink_bytes"] < last["uplink_fp32_bytes"] / 12  # 10% of coordinates change
     else:  # no global model: every node's own model is measured, and how far they are from consensus
         assert last["consensus_distance"] >= 0 and last["nodes_measured"] == 4
     assert last["uplink_bytes"] < last["uplink_fp32_bytes"] / 7  # 4-bit payloads, headers included
@@ -82,9 +85,11 @@ def test_gossip_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
 
 def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_leftovers) -> None:
     """One client in four three times slower: versions keep coming, its updates arrive stale; a crash
-    after version 2 and a restart still publish exactly 10 versions."""
+    after version 2 and a restart still publish exactly 10 versions. The model goes out as versioned
+    lattice copies: a device returning versions later gets the catch-up from the cache."""
     settings = RunSettings(algorithm="fedbuff:concurrency=4,buffer=2", rounds=10, clients_per_round=4,
-                           local_epochs=5, stragglers="fraction=0.25,slowdown=3", run_dir=str(tmp_path / "run"))
+                           local_epochs=5, stragglers="fraction=0.25,slowdown=3", downlink_codec="lattice:ratio=0.1",
+                           run_dir=str(tmp_path / "run"))
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None
     assert_no_leftovers(crashed.run_dir / "flwr-home")
@@ -100,6 +105,8 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
     assert CheckpointStore(result.run_dir / "checkpoint").load().round == 10
     assert all(row["algorithm"] == "fedbuff" and row["updates_applied"] == 2 for row in rows)
     assert max(row["staleness_max"] for row in rows) >= 1
+    assert sum(row["downlink_catch_up"] for row in rows) >= 1  # came back more than one version later
+    assert not any("copy" in r["reason"] or "downlink" in r["reason"] for row in rows for r in row["rejected"])
     walls = [row["wall_seconds"] for row in rows]  # cumulative across the restart
     assert walls == sorted(walls) and walls[0] > 0
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1

@@ -64,7 +64,8 @@ def test_every_setting_is_checked_before_any_process_starts(capsys, tmp_path) ->
     """Issue 9: these used to start the SuperLink and Ray and die with Flower's exit code 700."""
     cases = [
         (["--server-opt", "fedadm"], "unknown server optimizer 'fedadm'"),
-        (["--downlink-codec", "qsgd:bits=1"], "qsgd bits must be in 2..8"),
+        (["--downlink-codec", "qsgd:bits=8"], "do not compose exactly"),
+        (["--downlink-codec", "lattice:ratio=2"], "downlink ratio must be in (0, 1]"),
         (["--algorithm", "ring"], "unknown algorithm 'ring'"),
         (["--algorithm", "easgd:beta=2"], "beta must be in (0, 1]"),
         (["--algorithm", "gossip:topology=torus"], "2-D torus needs"),

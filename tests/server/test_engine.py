@@ -66,9 +66,9 @@ def test_fedavg_round_trains_and_accounts_bytes(tmp_path) -> None:
 
 def test_client_evaluation_and_compressed_downlink(tmp_path) -> None:
     """Central and federated evaluation (``evaluate=both``, the devices every 2 rounds) and the
-    compressed downlink: full models first, encoded changes afterwards (also on a real engine in
+    lattice downlink: snapshots first, each version's change afterwards (also on a real engine in
     the slow ``tests/integration/test_resume.py``)."""
-    engine = _engine(tmp_path, rounds=4, evaluate="both", evaluate_every=2, downlink_codec="qsgd:bits=8")
+    engine = _engine(tmp_path, rounds=4, evaluate="both", evaluate_every=2, downlink_codec="lattice:ratio=0.05")
     grid = InProcessGrid(3)
     rows = engine.run(grid, _start(engine)).rows
     assert [r.extra.get("federated_replies") for r in rows] == [None, 3, None, 3]
@@ -76,7 +76,10 @@ def test_client_evaluation_and_compressed_downlink(tmp_path) -> None:
     assert all(r.evaluation == "central" and 0.0 < r.accuracy <= 1.0 for r in rows)
     assert "evaluate" in [m.metadata.message_type for m in grid.pushed]
     full = 3 * engine.ctx.fp32_bytes
-    assert rows[0].downlink_bytes == full and rows[2].downlink_bytes < full / 3
+    assert rows[0].extra["downlink_snapshot"] == 3 and rows[0].downlink_bytes < full / 8
+    assert [r.extra["downlink_current"] for r in rows[1:]] == [3, 3, 3]
+    train_bytes = [r.extra["downlink_current_bytes"] for r in rows[1:]]
+    assert 0 < max(train_bytes) < full / 20
 
 
 def test_round_timeout_and_min_replies(tmp_path) -> None:

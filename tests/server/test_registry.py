@@ -26,6 +26,6 @@ def test_settings_rules_come_from_the_classes() -> None:
         assert cls.settings_used <= set(ALGORITHM_KEYS), name
     with pytest.raises(SettingsError, match="unknown algorithm 'ring'; available: easgd, fedasync, fedavg"):
         check_algorithm_settings(RunSettings(algorithm="ring"))
-    with pytest.raises(SettingsError, match="downlink-codec='fp16' applies to algorithm fedavg only, not gossip"):
-        check_algorithm_settings(RunSettings(algorithm="gossip", downlink_codec="fp16"))
+    with pytest.raises(SettingsError, match="downlink-codec=.lattice. applies to algorithm"):
+        check_algorithm_settings(RunSettings(algorithm="gossip", downlink_codec="lattice"))
     assert check_algorithm_settings(RunSettings(algorithm="fedbuff", aggregator="median")).name == "fedbuff"

@@ -1,0 +1,77 @@
+"""The lattice downlink end to end on the engine's stand-in Grid, with the real device handlers:
+devices that miss versions rejoin with copies bit-identical to the coordinator's; past the cache a
+snapshot is sent; a copy that does not match is refused before any training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import Message
+
+from fedge.edge_client import local
+from fedge.edge_client.downlink import received_model
+from fedge.edge_client.public_copy import OutOfSyncError
+from fedge.protocol import CONFIG_RECORD, ProtocolError
+from fedge.protocol.round_config import RoundConfig
+from tests.server.in_process_grid import InProcessGrid
+from tests.server.test_engine import TASK, _engine, _start
+
+
+def _receive(grid: InProcessGrid, node: int, content) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    message = Message(content, dst_node_id=node, message_type="train")
+    config = RoundConfig.from_record(content.config_records[CONFIG_RECORD])
+    return received_model(message, config, local.store(grid.contexts[node], "downlink"), TASK)
+
+
+def _send_current(engine, grid: InProcessGrid, version: int) -> dict[int, object]:  # type: ignore[no-untyped-def]
+    algorithm = engine.algorithm
+    algorithm.downlink.publish(algorithm.params, version)
+    config = algorithm.ctx.round_config(version, **algorithm.downlink.config_keys()).to_record()
+    return algorithm.downlink.contents(algorithm.params, grid.get_node_ids(), config)
+
+
+def test_devices_missing_versions_rejoin_bit_identical_and_past_the_cache_get_a_snapshot(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=8, clients_per_round=2, downlink_codec="lattice:ratio=0.05,cache=3")
+    grid = InProcessGrid(6)
+    rows = engine.run(grid, _start(engine)).rows
+    assert all(not row.rejected for row in rows)  # every device's digest check passed
+    assert sum(row.extra["downlink_catch_up"] for row in rows) > 0  # some came back within the cache
+    later_snapshots = sum(row.extra["downlink_snapshot"] for row in rows[3:])
+    assert later_snapshots > 0  # some were away longer than 3 versions (or new)
+    broadcast = engine.algorithm.downlink.broadcast
+    contents = _send_current(engine, grid, 9)
+    for node in grid.get_node_ids():  # everyone rejoins at version 9, from wherever it was
+        copy = _receive(grid, node, contents[node])
+        assert torch.equal(copy, broadcast.public)  # bit-identical to the coordinator's copy
+
+
+def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_needed(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=1, downlink_codec="lattice")
+    grid = InProcessGrid(2)
+    engine.algorithm.start(_start(engine))
+    node, other = grid.get_node_ids()
+    contents = _send_current(engine, grid, 1)
+    _receive(grid, node, contents[node])  # a snapshot: accepted
+    engine.algorithm.downlink.replied(node, 1)
+    engine.algorithm.params = engine.algorithm.params + 0.01
+    contents = _send_current(engine, grid, 2)
+    config = contents[node].config_records[CONFIG_RECORD]
+    good = config["downlink-digest"]
+    config["downlink-digest"] = good ^ 1
+    with pytest.raises(OutOfSyncError, match="digest"):
+        _receive(grid, node, contents[node])
+    config["downlink-digest"] = good
+    with pytest.raises(OutOfSyncError, match="no copy"):  # the other device never got version 1
+        _receive(grid, other, contents[node])
+    config["downlink-base-digest"] ^= 1  # as if this device's torch drew another initial model
+    with pytest.raises(OutOfSyncError, match="downlink base") as refused:
+        _receive(grid, other, contents[other])
+    engine.algorithm.downlink.failed(other, str(refused.value))
+    config["downlink-base-digest"] ^= 1
+    shipped = engine.algorithm.downlink.contents(engine.algorithm.params, [other], config)[other]
+    assert "base" in shipped.array_records["downlink"]
+    assert torch.equal(_receive(grid, other, shipped), engine.algorithm.downlink.broadcast.public)
+    payload = shipped.array_records["downlink"]
+    payload["steps"] = payload["base"]  # a snapshot whose steps do not fit the model
+    with pytest.raises(ProtocolError):
+        _receive(grid, other, shipped)
