@@ -62,6 +62,7 @@ def launch(
     parallel_clients: int = 0,
     tls: bool = False,
     app_dir: Path | None = None,
+    ray_address: str | None = None,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -77,6 +78,10 @@ def launch(
     ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,
     server certificate and node keys are made in ``<run dir>/tls`` (``fedge.deploy.certs``), every
     node key is registered with ``flwr supernode register`` before its SuperNode starts.
+    ``ray_address`` (simulation only): run the ClientApps on an existing Ray cluster (``ray start
+    --head`` plus ``ray start --address=...`` on every other machine) instead of a local Ray
+    instance; Flower's Ray backend connects through ``RAY_ADDRESS`` and schedules one ClientApp per
+    CPU across every node of the cluster (docs/operations.md, "Beyond one machine").
     """
     if engine not in ("simulation", "deployment"):
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
@@ -84,10 +89,15 @@ def launch(
         raise ValueError("launch needs an explicit run directory")
     if tls and engine != "deployment":
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
+    if ray_address and engine != "simulation":
+        raise ValueError("ray_address applies to the simulation engine")
     run_dir = Path(settings.run_dir).resolve()
     RunDirectory(run_dir).prepare_launch()
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
+    # "local": a new Ray instance for this run, never a cluster some other `ray start` left running
+    # on this machine (ray.init() would otherwise join it and refuse Flower's num_cpus)
+    env["RAY_ADDRESS"] = ray_address or "local"
     started = time.monotonic()
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
@@ -110,13 +120,11 @@ def launch(
                     flower.register(auth_key.with_suffix(".pub"), name=f"node-{i}")
                 flower.start_supernode(i, config, auth_key=auth_key, cwd=run_dir)
         else:
-            federation_config = {
-                "num-supernodes": num_supernodes,
-                "client-resources-num-cpus": 1,
+            federation_config = {"num-supernodes": num_supernodes, "client-resources-num-cpus": 1}
+            if not ray_address:  # an existing cluster's nodes declared their CPUs when they started
                 # Ray schedules one actor per logical CPU it is told about (Flower takes whole
                 # CPUs only): more logical CPUs than cores means more ClientApps at once.
-                "init-args-num-cpus": max(1, os.cpu_count() or 1, parallel_clients),
-            }
+                federation_config["init-args-num-cpus"] = max(1, os.cpu_count() or 1, parallel_clients)
         runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins), run_config,
                                federation_config=federation_config, cwd=run_dir)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--clients", type=int, default=10, help="simulated SuperNodes (default: 10)")
     demo.add_argument("--timeout", type=float, default=3600, help="seconds before giving up (default: 3600)")
+    demo.add_argument("--ray-address", default="", metavar="HOST:PORT",
+                      help="run the simulated clients on an existing Ray cluster (`ray start --head` here, "
+                      "`ray start --address` on every other machine); default: a local Ray instance")
     _add_run_options(demo, {"export-bundle": "auto"})
 
     cluster = sub.add_parser(
@@ -232,7 +235,8 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     with RoundProgress(console, settings.rounds) as progress:
         try:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
-                            timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir)
+                            timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir,
+                            ray_address=getattr(args, "ray_address", "") or None)
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1
