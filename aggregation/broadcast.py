@@ -55,7 +55,7 @@ class DownlinkSpec:
     snapshots)."""
 
     ratio: float = 0.05
-    bits: int = 8
+    bits: int = 16
     cache: int = 64
     resolution: float = 256.0
 
@@ -76,7 +76,7 @@ def parse_downlink(spec: str) -> DownlinkSpec | None:
     if unknown:
         raise ValueError(f"unknown downlink parameter(s) {sorted(unknown)} in {spec!r}")
     try:
-        out = DownlinkSpec(ratio=float(raw.get("ratio", 0.05)), bits=int(raw.get("bits", 8)),
+        out = DownlinkSpec(ratio=float(raw.get("ratio", 0.05)), bits=int(raw.get("bits", 16)),
                            cache=int(raw.get("cache", 64)), resolution=float(raw.get("resolution", 256)))
     except ValueError:
         raise ValueError(f"downlink parameters must be numbers: {spec!r}") from None

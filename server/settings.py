@@ -73,7 +73,7 @@ class RunSettings:
     error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
     downlink_codec: str = _opt(
         "none",
-        "model sent to clients: 'none' (full fp32 model) or 'lattice[:ratio=0.05,bits=8,cache=64,resolution=256]': "
+        "model sent to clients: 'none' (full fp32 model) or 'lattice[:ratio=0.05,bits=16,cache=64,resolution=256]': "
         "versioned copies, each device gets the exact change since the version it holds (a catch-up from a "
         "cache of recent changes, or a compact snapshot), checked by digest; server-side error feedback",
     )
