@@ -15,7 +15,8 @@ The kept fraction warms up over the first ``warmup`` rounds as in the paper (75%
 99.6%, ... sparsity: ratio = max(final, 0.25^round)). On the wire a DGC update *is* a top-k payload,
 so the coordinator decodes it with :meth:`DGCCodec.for_round` and needs no DGC state.
 
-Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4[+qsgd:bits=4]``.
+Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4,absent=keep[+qsgd:bits=4]``;
+``absent`` is what a client that skipped rounds does with its memory (:meth:`DGCMemory.age`).
 """
 
 from __future__ import annotations
@@ -26,25 +27,29 @@ from fedge.compression.codec import Codec, as_flat_float32
 from fedge.compression.errors import SpecError
 from fedge.compression.sparse import TopKCodec
 
-__all__ = ["DGCCodec", "DGCMemory"]
+__all__ = ["ABSENT_POLICIES", "DGCCodec", "DGCMemory"]
+
+ABSENT_POLICIES = ("keep", "decay", "reset-momentum", "reset")
 
 
 class DGCCodec(TopKCodec):
     """The DGC schedule and memory factory; encodes like (and as) a sampled top-k codec."""
 
     def __init__(self, ratio: float = 0.001, sample: float = 0.01, momentum: float = 0.9,
-                 clip: float = 0.0, warmup: int = 4, values: Codec | None = None) -> None:
+                 clip: float = 0.0, warmup: int = 4, absent: str = "keep", values: Codec | None = None) -> None:
         super().__init__(ratio=ratio, sample=sample, values=values)
         if not 0 <= momentum < 1:
             raise SpecError(f"dgc momentum must be in [0, 1), got {momentum}")
         if clip < 0 or warmup < 0:
             raise SpecError("dgc clip and warmup must be >= 0")
-        self.momentum, self.clip, self.warmup = momentum, clip, warmup
+        if absent not in ABSENT_POLICIES:
+            raise SpecError(f"dgc absent must be one of {', '.join(ABSENT_POLICIES)}, got {absent!r}")
+        self.momentum, self.clip, self.warmup, self.absent = momentum, clip, warmup, absent
 
     @property
     def spec(self) -> str:
         head = (f"dgc:ratio={self.ratio:g},sample={self.sample:g},momentum={self.momentum:g},"
-                f"clip={self.clip:g},warmup={self.warmup}")
+                f"clip={self.clip:g},warmup={self.warmup}" + (f",absent={self.absent}" if self.absent != "keep" else ""))
         return self._spec_with_values(head)
 
     def ratio_at(self, server_round: int) -> float:
@@ -56,16 +61,16 @@ class DGCCodec(TopKCodec):
         return TopKCodec(ratio=self.ratio_at(server_round), sample=self.sample, values=self.values)
 
     def make_memory(self, wire: Codec, numel: int, state: dict[str, torch.Tensor] | None) -> DGCMemory:
-        return DGCMemory(wire, numel, self.momentum, self.clip, state)
+        return DGCMemory(wire, numel, self.momentum, self.clip, state, absent=self.absent)
 
 
 class DGCMemory:
     """Momentum ``u`` and accumulation ``v`` of one client, persisted between rounds by the caller."""
 
     def __init__(self, wire: Codec, numel: int, momentum: float, clip: float,
-                 state: dict[str, torch.Tensor] | None = None) -> None:
+                 state: dict[str, torch.Tensor] | None = None, absent: str = "keep") -> None:
         state = state or {}
-        self.codec, self.numel, self.momentum, self.clip = wire, numel, momentum, clip
+        self.codec, self.numel, self.momentum, self.clip, self.absent = wire, numel, momentum, clip, absent
         self.u = as_flat_float32(state["u"]) if "u" in state else torch.zeros(numel)
         self.v = as_flat_float32(state["v"]) if "v" in state else torch.zeros(numel)
         if self.u.numel() != numel or self.v.numel() != numel:
@@ -75,6 +80,21 @@ class DGCMemory:
     def residual(self) -> torch.Tensor:
         """What has been accumulated but not sent (the analogue of the error-feedback residual)."""
         return self.v
+
+    def age(self, rounds: int) -> None:
+        """The client last sent ``rounds`` rounds ago (1: the previous round). Partial participation
+        leaves a client's momentum and accumulation from a model many rounds old; the policy says
+        what becomes of them: ``keep`` (the paper, all clients every step), ``decay`` (momentum as if
+        the missed rounds had brought zero updates: u *= m^(rounds-1)), ``reset-momentum`` (u = 0
+        after any absence) or ``reset`` (u = v = 0 after any absence)."""
+        if rounds <= 1 or self.absent == "keep":
+            return
+        if self.absent == "decay":
+            self.u.mul_(self.momentum ** (rounds - 1))
+        else:
+            self.u.zero_()
+            if self.absent == "reset":
+                self.v.zero_()
 
     def encode(self, update: torch.Tensor, generator: torch.Generator | None = None) -> bytes:
         g = as_flat_float32(update)

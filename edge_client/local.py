@@ -109,8 +109,10 @@ def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator:
 def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,
            generator: torch.Generator) -> tuple[bytes, float]:
     """The update encoded with the round's codec through the node's persistent compression memory."""
+    storage = str(config.extra.get("memory-storage", "fp32"))
     return encode_update(update, codec_for(config.codec, task), memory, server_round=config.round,
-                         seed=config.seed, error_feedback=config.error_feedback, generator=generator)
+                         seed=config.seed, error_feedback=config.error_feedback, generator=generator,
+                         storage=storage)
 
 
 def train_reply(msg: Message, payload: bytes, metrics: dict[str, Any], started: float,

@@ -43,15 +43,21 @@ def encode_update(
     seed: int,
     error_feedback: bool,
     generator: torch.Generator | None = None,
+    storage: str = "fp32",
 ) -> tuple[bytes, float]:
     """Return the payload for ``delta`` (encoded with ``codec.for_round``) and the L2 norm of what
-    the memory carries over to the next round."""
+    the memory carries over to the next round. ``storage`` is how the memory is kept between rounds
+    (``fp32``, ``fp16`` or ``int8``: see :meth:`NodeStore.put_tensors`)."""
     wire = codec.for_round(server_round, seed)
     if not error_feedback:
         return wire.encode(delta, generator), 0.0
     numel = delta.numel()
     memory = codec.make_memory(wire, numel, load_memory_state(store, codec, numel))
+    meta = store.get_meta("memory.meta") or {}
+    last = meta.get("round")
+    if isinstance(last, int) and 0 < last < server_round and hasattr(memory, "age"):
+        memory.age(server_round - last)  # partial participation: rounds since this client last sent
     payload = memory.encode(delta, generator)
-    store.put_tensors("memory", memory.state_dict())
-    store.put_meta("memory.meta", {"codec": codec.spec, "numel": numel})
+    store.put_tensors("memory", memory.state_dict(), storage)
+    store.put_meta("memory.meta", {"codec": codec.spec, "numel": numel, "round": int(server_round)})
     return payload, float(memory.residual.norm())

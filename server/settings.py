@@ -71,6 +71,10 @@ class RunSettings:
         "'sign', 'terngrad', 'topk:ratio=R', 'dgc:ratio=R', a sparsifier '+' a quantizer ('dgc:ratio=0.01+qsgd:bits=4')",
     )
     error_feedback: bool = _opt(True, "clients keep the compression error and resend it next round")
+    memory_storage: str = _opt(
+        "fp32", "how each client keeps its compression memory (error-feedback residual, DGC state) between "
+        "rounds: 'fp32', 'fp16' or 'int8' (blocks of 4096, one scale each): compact state for many simulated clients",
+    )
     downlink_codec: str = _opt(
         "none",
         "model sent to clients: 'none' (full fp32 model) or 'lattice[:ratio=0.05,bits=16,cache=64,resolution=256]': "
@@ -201,6 +205,8 @@ class RunSettings:
             raise SettingsError(f"stop-at: {err}") from None
         if self.prox_mu < 0:
             raise SettingsError("prox-mu must be >= 0")
+        if self.memory_storage not in ("fp32", "fp16", "int8"):
+            raise SettingsError(f"memory-storage must be fp32, fp16 or int8, got {self.memory_storage!r}")
         if self.min_replies > self.clients_per_round:
             raise SettingsError("min-replies cannot exceed clients-per-round")
         if self.export_prune and not self.export_bundle:

@@ -101,7 +101,8 @@ class RunContext:
             round=step, task=self.task.spec, partitioning=s.partitioning, codec=self.codec.spec,
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
             lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout,
-            extra={**({"plugins": s.plugins} if s.plugins else {}), **extra},
+            extra={**({"plugins": s.plugins} if s.plugins else {}),
+                   **({"memory-storage": s.memory_storage} if s.memory_storage != "fp32" else {}), **extra},
         )
 
 

@@ -60,3 +60,40 @@ def test_shared_random_k_support_is_the_same_for_all_clients_of_a_round() -> Non
     x, y = torch.randn(5000), torch.randn(5000)
     assert torch.equal(a.decode(a.encode(x), 5000) != 0, b.decode(b.encode(y), 5000) != 0)
     assert not torch.equal(a.decode(a.encode(x), 5000) != 0, c.decode(c.encode(x), 5000) != 0)
+
+
+def test_dgc_memory_of_a_client_that_skipped_rounds_follows_its_absent_policy() -> None:
+    """Partial participation: the rounds since a client last sent reach its DGC memory."""
+    update = torch.zeros(1000)
+    update[:500] = torch.linspace(0.5, 1.0, 500)  # only the largest is sent; coordinate 0 stays in the memory
+    for absent, expected_u in (("keep", 1.0), ("decay", 0.9**4), ("reset-momentum", 0.0), ("reset", 0.0)):
+        codec = make_codec(f"dgc:ratio=0.001,sample=0,momentum=0.9,warmup=0,absent={absent}")
+        state = NodeStore(RecordDict(), "fedavg")
+        _encode(update, codec, state, round_=3)
+        before = load_memory_state(state, codec, 1000)
+        _encode(torch.zeros(1000), codec, state, round_=8)  # back five rounds later, with nothing new
+        after = load_memory_state(state, codec, 1000)
+        i = 0  # the smallest: never sent
+        # age: u *= m^4 (decay); then u <- m u + 0 and v <- v + u
+        u_seen = float(after["u"][i]) / (0.9 * float(before["u"][i]))
+        assert abs(u_seen - expected_u) < 1e-5, absent
+        kept_v = float(after["v"][i]) - float(after["u"][i])
+        assert abs(kept_v - (0.0 if absent == "reset" else float(before["v"][i]))) < 1e-5, absent
+
+
+def test_compact_memory_storage_keeps_the_residual_within_its_rounding() -> None:
+    codec = make_codec("qsgd:bits=2,bucket=64,norm=max")
+    delta = torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    exact = NodeStore(RecordDict(), "fedavg")
+    encode_update(delta, codec, exact, server_round=1, seed=42, error_feedback=True,
+                  generator=torch.Generator().manual_seed(2))
+    reference = load_memory_state(exact, codec, 10_000)["residual"]
+    for storage, bytes_per_value, tolerance in (("fp16", 2, 1e-3), ("int8", 1, 1 / 127)):
+        store = NodeStore(RecordDict(), "fedavg")
+        encode_update(delta, codec, store, server_round=1, seed=42, error_feedback=True,
+                      generator=torch.Generator().manual_seed(2), storage=storage)
+        stored = load_memory_state(store, codec, 10_000)["residual"]
+        error = float((stored - reference).abs().max()) / float(reference.abs().max())
+        assert error <= tolerance, storage
+        held = sum(len(a.data) for record in store._state.array_records.values() for a in record.values())  # noqa: SLF001
+        assert held < 10_000 * bytes_per_value + 400, storage

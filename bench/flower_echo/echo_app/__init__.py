@@ -1,0 +1,1 @@
+"""A trivial Flower app for measuring the SuperLink."""

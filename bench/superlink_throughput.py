@@ -1,0 +1,137 @@
+"""Messages per second through one Flower SuperLink, with as many SuperNodes as this machine holds.
+
+A real ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1 (Fedge's launch
+sequence, ``fedge.launcher.sequence``) run ``bench/flower_echo``: each round the ServerApp sends one
+small query to every node and waits for every reply; the ClientApp echoes it. No training, no
+Fedge code in the app: what is measured is Flower's message path.
+
+Reported: messages per second the federation sustained (2 per node per round: the instruction and
+its reply, both through the SuperLink), the SuperLink process's CPU seconds (utime + stime from
+/proc) over the measured rounds and so its CPU cost per message, and resident memory of the
+SuperLink and of one SuperNode. On this engine every message starts a fresh ClientApp process on
+the SuperNode, so N nodes on 2 cores are bounded by process start-up, not by the SuperLink; its CPU
+per message is the figure that extrapolates (docs/capacity.md).
+
+    .venv/bin/python bench/superlink_throughput.py --supernodes 40 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedge.launcher.app_bundle import stage_directory
+from fedge.launcher.environment import flower_environment
+from fedge.launcher.processes import ProcessGroup
+from fedge.launcher.sequence import FlowerLaunch
+
+ECHO_APP = Path(__file__).resolve().parent / "flower_echo"
+_TICK = 1 / 100  # /proc/<pid>/stat counts clock ticks (USER_HZ, 100 on Linux)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK  # utime, stime
+
+
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def measure(supernodes: int, rounds: int, payload: int, timeout: float) -> dict[str, Any]:
+    run_dir = Path(tempfile.mkdtemp(prefix="superlink-"))
+    flwr_home = run_dir / "flwr-home"
+    env = flower_environment(flwr_home)
+    out_path = run_dir / "rounds.jsonl"
+    group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    cpu: list[tuple[int, float]] = []  # (rounds done, SuperLink CPU seconds)
+    rss = {"superlink": 0.0, "supernode": 0.0}
+    started = time.monotonic()
+    try:
+        flower = FlowerLaunch(group, flwr_home)
+        link = flower.start_superlink(cwd=run_dir)
+        nodes = [flower.start_supernode(i, {"partition-id": i, "num-partitions": supernodes}, cwd=run_dir)
+                 for i in range(supernodes)]
+        run_config = {"num-server-rounds": rounds + 1, "min-nodes": supernodes, "payload-bytes": payload,
+                      "out-path": str(out_path)}
+        runner = flower.submit(stage_directory(flwr_home / "app", ECHO_APP), run_config, cwd=run_dir)
+
+        def tick() -> bool:
+            done = len(_lines(out_path))
+            if not cpu or cpu[-1][0] != done:
+                cpu.append((done, _cpu_seconds(link.popen.pid)))
+            rss["superlink"] = max(rss["superlink"], _rss_mib(link.popen.pid))
+            rss["supernode"] = max(rss["supernode"], _rss_mib(nodes[0].popen.pid))
+            return False
+
+        flower.follow(runner, started + timeout, tick)
+        lines = _lines(out_path)
+        if runner.popen.returncode != 0 or len(lines) != rounds + 1:
+            raise RuntimeError(f"the echo run failed (exit {runner.popen.returncode}, {len(lines)} rounds); "
+                               f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}")
+    finally:
+        group.stop()
+    measured = lines[1:]  # round 1 carries every node's first ClientApp start: reported apart
+    messages = sum(2 * line["replied"] for line in measured)
+    seconds = sum(line["seconds"] for line in measured)
+    first = next((c for n, c in cpu if n >= 1), None)
+    last = next((c for n, c in reversed(cpu) if n >= rounds + 1), cpu[-1][1] if cpu else None)
+    link_cpu = None if first is None or last is None else last - first
+    return {
+        "supernodes": supernodes, "rounds_measured": len(measured), "payload_bytes": payload,
+        "first_round_seconds": lines[0]["seconds"], "messages": messages, "seconds": seconds,
+        "messages_per_second": messages / seconds if seconds else None,
+        "superlink_cpu_seconds": link_cpu,
+        "superlink_cpu_ms_per_message": None if not link_cpu or not messages else 1000 * link_cpu / messages,
+        "superlink_peak_rss_mib": rss["superlink"], "supernode_peak_rss_mib": rss["supernode"],
+        "all_replied": all(line["replied"] == line["sent"] for line in lines),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--supernodes", type=int, nargs="+", default=[10, 40])
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (one more runs first, as warm-up)")
+    parser.add_argument("--payload-bytes", type=int, default=1024)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--out", default="bench/results/superlink_throughput")
+    args = parser.parse_args(argv)
+    results = []
+    for n in args.supernodes:
+        result = measure(n, args.rounds, args.payload_bytes, args.timeout)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)
+    record = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "results": results}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
