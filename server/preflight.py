@@ -8,26 +8,32 @@ same factories, and throws the objects away.
 
 from __future__ import annotations
 
+import warnings
+
 from fedge.aggregation import make_server_optimizer
 from fedge.aggregation.broadcast import parse_downlink
 from fedge.compression import make_codec
 from fedge.protocol.plugins import load_plugins
-from fedge.server.settings import RunSettings
-from fedge.tasks import make_task
+from fedge.server.settings import RunSettings, SettingsError
+from fedge.tasks import Task, make_task
 from fedge.tasks.partition import validate_partitioning
 
 __all__ = ["preflight"]
 
 
-def preflight(settings: RunSettings) -> None:
+def preflight(settings: RunSettings, num_partitions: int | None = None) -> None:
     """Raise ``ValueError`` (``SettingsError``, ``SpecError``) or ``PluginError`` for the first
-    setting that cannot work."""
+    setting that cannot work. With ``num_partitions`` (the CLI's simulated clients, whose data is
+    the task's pool) the partitioning is drawn once here, so a split the pool cannot give (Dirichlet
+    shards below their minimum size) fails in the CLI, not in every ClientApp."""
     load_plugins(settings.plugins)
     make_codec(settings.codec)
     parse_downlink(settings.downlink_codec)
     make_server_optimizer(settings.server_opt)
     task = make_task(settings.task)
     validate_partitioning(settings.partitioning)
+    if num_partitions is not None:
+        _check_split(task, settings.partitioning, num_partitions)
     if settings.export_prune:
         from fedge.deploy.prune import parse_pruning
 
@@ -41,3 +47,17 @@ def preflight(settings: RunSettings) -> None:
     algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
     secure_aggregation_of(algorithm)  # secure aggregation with what needs individual updates: refused here
     central_dp_of(algorithm)  # differential privacy it cannot account for: refused here
+
+
+def _check_split(task: Task, partitioning: str, num_partitions: int) -> None:
+    try:
+        with warnings.catch_warnings():  # flwr-datasets warns at every failed draw before it gives up
+            warnings.simplefilter("ignore")
+            task.partition(0, num_partitions, partitioning)
+    except SettingsError:
+        raise
+    except (ValueError, RuntimeError) as err:  # flwr-datasets: "max number of attempts (10) was reached"
+        raise SettingsError(
+            f"partitioning {partitioning!r} cannot split task {task.spec!r} into {num_partitions} clients ({err}); "
+            "use fewer clients, a larger alpha, 'iid', or a smaller minimum ('dirichlet:alpha=A,min_size=N')"
+        ) from None

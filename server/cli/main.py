@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
     from fedge.server.preflight import preflight
 
-    preflight(settings)
+    preflight(settings, num_partitions=nodes if engine == "simulation" else None)
 
     console.print(
         f"[bold]fedge[/bold] {engine} engine: {nodes} clients, task {settings.task}, "

@@ -65,6 +65,7 @@ def test_every_setting_is_checked_before_any_process_starts(capsys, tmp_path) ->
     cases = [
         (["--server-opt", "fedadm"], "unknown server optimizer 'fedadm'"),
         (["--downlink-codec", "qsgd:bits=8"], "do not compose exactly"),
+        (["--clients", "100"], "cannot split task 'digits' into 100 clients"),
         (["--downlink-codec", "lattice:ratio=2"], "downlink ratio must be in (0, 1]"),
         (["--algorithm", "ring"], "unknown algorithm 'ring'"),
         (["--algorithm", "easgd:beta=2"], "beta must be in (0, 1]"),
