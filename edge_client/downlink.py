@@ -19,16 +19,21 @@ from fedge.aggregation.broadcast import lattice_model, model_digest
 from fedge.compression.lattice import CHANGE, SNAPSHOT, decode_lattice, encode_lattice, lattice_header
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.public_copy import OutOfSyncError
-from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, ProtocolError, read_flat, read_payload, read_state_dict
+from fedge.protocol import (
+    DOWNLINK_BASE_ERROR,
+    DOWNLINK_BASE_KEY,
+    DOWNLINK_RECORD,
+    DOWNLINK_STEPS_KEY,
+    MODEL_RECORD,
+    ProtocolError,
+    read_flat,
+    read_payload,
+    read_state_dict,
+)
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
 __all__ = ["received_model"]
-
-#: must match ``fedge.server.engine.downlink`` (the device never imports the coordinator)
-STEPS_KEY = "steps"
-BASE_KEY = "base"
-DOWNLINK_BASE_ERROR = "downlink base"
 
 
 def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task) -> torch.Tensor:
@@ -54,9 +59,9 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
     message = decode_lattice(payload, numel)
     meta = store.get_meta("lattice.meta")
     if kind == SNAPSHOT:
-        if STEPS_KEY not in arrays:
+        if DOWNLINK_STEPS_KEY not in arrays:
             raise ProtocolError("a downlink snapshot must carry the lattice steps")
-        tensor_steps = read_flat(arrays[STEPS_KEY], len(sizes), f"{DOWNLINK_RECORD}[{STEPS_KEY}]")
+        tensor_steps = read_flat(arrays[DOWNLINK_STEPS_KEY], len(sizes), f"{DOWNLINK_RECORD}[{DOWNLINK_STEPS_KEY}]")
         if not bool((tensor_steps > 0).all()):
             raise ProtocolError("downlink lattice steps must be positive")
         n = torch.from_numpy(message.values.copy())
@@ -91,8 +96,8 @@ def _base(arrays, config: RoundConfig, store: NodeStore, task: Task, numel: int)
     """The lattice's base: shipped with this message, shipped earlier and stored, or rebuilt from the
     task and seed and checked against the coordinator's digest."""
     expected = config.integer("downlink-base-digest", 0)
-    if BASE_KEY in arrays:
-        base = read_flat(arrays[BASE_KEY], numel, f"{DOWNLINK_RECORD}[{BASE_KEY}]")
+    if DOWNLINK_BASE_KEY in arrays:
+        base = read_flat(arrays[DOWNLINK_BASE_KEY], numel, f"{DOWNLINK_RECORD}[{DOWNLINK_BASE_KEY}]")
         if model_digest(base) != expected:
             raise ProtocolError("the shipped downlink base does not match its digest")
         store.put_tensor("lattice.base", base)

@@ -1,8 +1,7 @@
 """A node's copy of a public model, moved only by encoded changes it receives (CHOCO's x_hat).
 
-Used twice: the FedAvg compressed downlink (the node's copy of the server's broadcast model, see
-``aggregation.broadcast``) and gossip (the node's copies of its own and its neighbours' public
-models). Each copy lives in the node store with the version (round) it belongs to. A change applies
+Used by gossip: the node's copies of its own and its neighbours' public models (the coordinator's
+model reaches devices through the lattice downlink instead, ``edge_client.downlink``). Each copy lives in the node store with the version (round) it belongs to. A change applies
 only to the copy of the version it was computed from; anything else raises :class:`OutOfSyncError`
 so that a node can never train from a model that silently differs from the one its peers hold (the
 coordinator then sends the full copy next time).

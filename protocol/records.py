@@ -11,7 +11,8 @@ Messages (``record name: what``)::
 
     server -> client   config     ConfigRecord: round, task, codec, hyper-parameters (see round_config)
                        arrays     ArrayRecord: a full model (state dict), float32
-                       downlink   ArrayRecord{payload}: encoded change of the node's public copy (FedAvg)
+                       downlink   ArrayRecord{payload[, steps][, base]}: lattice change or snapshot of the
+                                  node's versioned copy of the model (FedAvg, FedBuff, EASGD's center)
                        relay      ArrayRecord{<node id>: payload}: neighbours' encoded copy updates (gossip)
                        public     ArrayRecord{<node id>: float32 vector}: full public copies (gossip resync)
     client -> server   update     ArrayRecord{payload}: the encoded update (the only counted uplink)
@@ -30,7 +31,10 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 
 __all__ = [
     "CONFIG_RECORD",
+    "DOWNLINK_BASE_ERROR",
+    "DOWNLINK_BASE_KEY",
     "DOWNLINK_RECORD",
+    "DOWNLINK_STEPS_KEY",
     "MEASURE_RECORD",
     "METRICS_RECORD",
     "MODEL_RECORD",
@@ -61,6 +65,12 @@ MEASURE_RECORD = "measure"
 RELAY_RECORD = "relay"
 PUBLIC_RECORD = "public"
 PAYLOAD_KEY = "payload"
+#: the lattice downlink's record (``downlink``) carries, besides its payload, the per-tensor steps
+#: (snapshots) and the base model (only for a device that cannot rebuild it)
+DOWNLINK_STEPS_KEY = "steps"
+DOWNLINK_BASE_KEY = "base"
+#: the words of a device's error when it cannot rebuild the lattice's base (it is then shipped)
+DOWNLINK_BASE_ERROR = "downlink base"
 #: stype of a raw-bytes uint8 Array: Flower adds no .npy header, so its size is the payload's size.
 PAYLOAD_STYPE = "fedge.payload/1"
 #: stype of a flat float32 vector (public copies, measured models), raw little-endian bytes.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import torch
-
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import local

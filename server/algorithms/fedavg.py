@@ -79,7 +79,7 @@ class FedAvg(Algorithm):
         s = self.ctx.settings
         self.downlink.publish(self.params, step.number)
         config = self.ctx.round_config(
-            step.number, **{"prox-mu": s.prox_mu, "base-round": step.number - 1, **self.downlink.config_keys()}
+            step.number, **{"prox-mu": s.prox_mu, **self.downlink.config_keys()}
         ).to_record()
         contents = self.downlink.contents(self.params, nodes, config)
         return [Outgoing(n, contents[n], self.message_type) for n in nodes]

@@ -98,7 +98,7 @@ class FedBuff(FedAvg):
         """Messages that start training from the current version (``step.number`` = version + 1); with
         a lattice downlink each device gets what brings its copy from the version it holds to this one."""
         self.downlink.publish(self.params, step.number)
-        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu, "base-round": step.number - 1,
+        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu,
                                                        **self.downlink.config_keys()}).to_record()
         contents = self.downlink.contents(self.params, nodes, config)
         return [Outgoing(n, contents[n], self.message_type) for n in nodes]

@@ -19,17 +19,22 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedge.aggregation.broadcast import DownlinkMessage, VersionedBroadcast, parse_downlink
-from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, flat_array, payload_array
+from fedge.protocol import (
+    CONFIG_RECORD,
+    DOWNLINK_BASE_ERROR,
+    DOWNLINK_BASE_KEY,
+    DOWNLINK_RECORD,
+    DOWNLINK_STEPS_KEY,
+    MODEL_RECORD,
+    PAYLOAD_KEY,
+    flat_array,
+    payload_array,
+)
 from fedge.tasks import seeded_initial_params, tensor_sizes, unflatten_state
 
-__all__ = ["BASE_KEY", "DOWNLINK_BASE_ERROR", "STEPS_KEY", "Downlink"]
+__all__ = ["Downlink"]
 
 log = logging.getLogger(__name__)
-
-STEPS_KEY = "steps"
-BASE_KEY = "base"
-#: the words a device's error carries when it cannot rebuild the lattice's base (it is then shipped)
-DOWNLINK_BASE_ERROR = "downlink base"
 
 
 class Downlink:
@@ -84,9 +89,9 @@ class Downlink:
     def _record(message: DownlinkMessage) -> ArrayRecord:
         arrays = {PAYLOAD_KEY: payload_array(message.payload)}
         if message.steps is not None:
-            arrays[STEPS_KEY] = flat_array(message.steps)
+            arrays[DOWNLINK_STEPS_KEY] = flat_array(message.steps)
         if message.base is not None:
-            arrays[BASE_KEY] = flat_array(message.base)
+            arrays[DOWNLINK_BASE_KEY] = flat_array(message.base)
         return ArrayRecord(arrays)
 
     def _count(self, message: DownlinkMessage) -> None:
