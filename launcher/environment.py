@@ -1,7 +1,8 @@
 """The environment of every Flower process Fedge starts, and run-config arguments for ``flwr``.
 
 Telemetry, update checks, runtime dependency installation (which would ``uv sync`` a multi-GB CUDA
-torch per run) and hub access are switched off; each run gets its own ``FLWR_HOME`` so concurrent
+torch per run) and hub access are switched off; Ray starts its own instance unless ``RAY_ADDRESS``
+names a cluster; each run gets its own ``FLWR_HOME`` so concurrent
 runs and tests never collide with each other or with a user's ``~/.flwr``.
 """
 
@@ -37,6 +38,10 @@ def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -
             # own knob (flwr 1.41 supercore/superexec/run_superexec.py), a user's value wins.
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
             "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
+            # Simulation: a Ray instance of the run's own unless the caller names a cluster. Without
+            # it ray.init() joins whatever /tmp/ray/ray_current_cluster names, left by any earlier
+            # `ray start`, and a dead one there hangs the run (seen here: the wheel test timed out).
+            "RAY_ADDRESS": env.get("RAY_ADDRESS") or "local",
         }
     )
     return env

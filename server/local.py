@@ -96,7 +96,8 @@ def launch(
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
     # "local": a new Ray instance for this run, never a cluster some other `ray start` left running
-    # on this machine (ray.init() would otherwise join it and refuse Flower's num_cpus)
+    # on this machine (ray.init() would otherwise join it and refuse Flower's num_cpus), even when
+    # the caller's environment names one: only ``ray_address`` selects a cluster
     env["RAY_ADDRESS"] = ray_address or "local"
     started = time.monotonic()
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None

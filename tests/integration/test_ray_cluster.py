@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,12 @@ from fedge.server.settings import RunSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 BIN = Path(sys.executable).parent
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _nodes_alive(address: str) -> int:
@@ -44,15 +51,15 @@ def test_a_run_on_a_two_node_ray_cluster(tmp_path, assert_no_leftovers) -> None:
                               env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + 90
-        while _nodes_alive(address) < 1:
+        while not _port_open(port):  # the head's GCS listens: a worker can join
             assert time.monotonic() < deadline, "the Ray head did not come up"
-            time.sleep(1)
+            time.sleep(0.5)
         nodes.append(subprocess.Popen([str(BIN / "ray"), "start", "--address", address, "--num-cpus", "2", *common],
                                       env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
         while _nodes_alive(address) < 2:
             assert time.monotonic() < deadline, "the Ray worker node did not join"
-            time.sleep(1)
+            time.sleep(2)
         settings = RunSettings(rounds=2, clients_per_round=4, local_epochs=2, run_dir=str(tmp_path / "run"))
         result = launch(settings, engine="simulation", num_supernodes=4, timeout=200, ray_address=address)
         assert_no_leftovers(result.run_dir / "flwr-home")
