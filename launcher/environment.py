@@ -39,8 +39,8 @@ def flower_environment(flwr_home: Path, base: Mapping[str, str] | None = None) -
             "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": env.get("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
             "PATH": venv_bin + os.pathsep + env.get("PATH", ""),
             # Simulation: a Ray instance of the run's own unless the caller names a cluster. Without
-            # it ray.init() joins whatever /tmp/ray/ray_current_cluster names, left by any earlier
-            # `ray start`, and a dead one there hangs the run (seen here: the wheel test timed out).
+            # it ray.init() joins the cluster named in Ray's current-cluster file, left in its temp
+            # directory by any earlier `ray start`, and a dead one there hangs the run.
             "RAY_ADDRESS": env.get("RAY_ADDRESS") or "local",
         }
     )

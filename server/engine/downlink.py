@@ -30,7 +30,7 @@ from fedge.protocol import (
     flat_array,
     payload_array,
 )
-from fedge.tasks import seeded_initial_params, tensor_sizes, unflatten_state
+from fedge.tasks import flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
 
 __all__ = ["Downlink"]
 
@@ -44,8 +44,8 @@ class Downlink:
         self.parsed = parse_downlink(spec)
         self.template = template
         self.broadcast: VersionedBroadcast | None = None
-        if self.parsed is not None:
-            base = seeded_initial_params(task, seed)
+        if self.parsed is not None:  # from a model file, the base is that model (set in start())
+            base = flatten_state(template) if init else seeded_initial_params(task, seed)
             self.broadcast = VersionedBroadcast(self.parsed, base, tensor_sizes(template), seeded=not init)
         self._init = init
         self.reset_tally()

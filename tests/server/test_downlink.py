@@ -75,3 +75,22 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     payload["steps"] = payload["base"]  # a snapshot whose steps do not fit the model
     with pytest.raises(ProtocolError):
         _receive(grid, other, shipped)
+
+
+def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
+    """Devices cannot rebuild a model file's weights: the base travels with the first snapshot."""
+    from fedge.server.engine.downlink import Downlink
+
+    template = TASK.build_model().state_dict()
+    downlink = Downlink("lattice", TASK, template, seed=42, init="pretrained.pt")
+    start = _start(_engine(tmp_path)) + 0.05  # as if a model file had been loaded
+    downlink.start(start)
+    assert torch.equal(downlink.broadcast.base, start) and not downlink.broadcast.seeded
+    grid = InProcessGrid(1)
+    (node,) = grid.get_node_ids()
+    downlink.publish(start, 1)
+    engine = _engine(tmp_path / "b")
+    config = engine.algorithm.ctx.round_config(1, **downlink.config_keys()).to_record()
+    content = downlink.contents(start, [node], config)[node]
+    assert "base" in content.array_records["downlink"]
+    assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)
