@@ -57,7 +57,6 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
                             f"{config.integer('downlink-version', 0)}")
     base = _base(arrays, config, store, task, numel)
     message = decode_lattice(payload, numel)
-    meta = store.get_meta("lattice.meta")
     if kind == SNAPSHOT:
         if DOWNLINK_STEPS_KEY not in arrays:
             raise ProtocolError("a downlink snapshot must carry the lattice steps")
@@ -67,6 +66,7 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
         n = torch.from_numpy(message.values.copy())
     else:
         assert kind == CHANGE
+        meta = store.get_meta("lattice.meta")
         held = store.get_bytes("lattice.n")
         steps_held = store.get_tensor("lattice.steps")
         if meta is None or held is None or steps_held is None:

@@ -134,9 +134,7 @@ class EASGD(Algorithm):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep) and step.sum is not None
-        for node in step.nodes:
-            if node not in step.failed:
-                self.downlink.replied(node, step.number)
+        self.downlink.settle(step.nodes, step.failed, step.number)
         used = step.secure[1] if step.secure is not None else step.sum.count
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, **self.downlink.metrics()}

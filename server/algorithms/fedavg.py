@@ -105,9 +105,7 @@ class FedAvg(Algorithm):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, FedAvgStep) and step.aggregator is not None
-        for node in step.nodes:
-            if node not in step.failed:
-                self.downlink.replied(node, step.number)
+        self.downlink.settle(step.nodes, step.failed, step.number)
         aggregator = step.aggregator
         notes: list[dict[str, Any]] = []
         used = len(step.used)

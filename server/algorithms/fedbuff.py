@@ -49,6 +49,9 @@ __all__ = ["FedBuff"]
 
 log = logging.getLogger(__name__)
 
+#: how :meth:`FedBuff.admit` words a stale refusal, which :meth:`FedBuff.missed` then recognises
+_STALE = "stale by"
+
 
 @dataclass
 class FedBuffStep(FedAvgStep):
@@ -113,7 +116,7 @@ class FedBuff(FedAvg):
         tau = self.version - reply.started
         if self.staleness.dropped(tau):
             step.dropped += 1
-            raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
+            raise Rejected(f"{_STALE} {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
 
     def reply_codec(self, step: Step, reply: Reply) -> Codec:
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.
@@ -131,7 +134,7 @@ class FedBuff(FedAvg):
         step.staleness.append(tau)
 
     def missed(self, step: Step, node: int, reason: str) -> None:
-        if "stale by" not in reason:  # a refused stale update still applied its message's downlink
+        if _STALE not in reason:  # a refused stale update still applied its message's downlink
             self.downlink.failed(node, reason)
 
     def ready(self, step: Step) -> bool:

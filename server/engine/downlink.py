@@ -30,7 +30,7 @@ from fedge.protocol import (
     flat_array,
     payload_array,
 )
-from fedge.tasks import flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
+from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
 
 __all__ = ["Downlink"]
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Downlink:
     """One run's downlink. ``template``/``seed``/``init`` say what the lattice's base is."""
 
-    def __init__(self, spec: str, task: Any, template: dict[str, torch.Tensor], seed: int, init: str) -> None:
+    def __init__(self, spec: str, task: Task, template: dict[str, torch.Tensor], seed: int, init: str) -> None:
         self.parsed = parse_downlink(spec)
         self.template = template
         self.broadcast: VersionedBroadcast | None = None
@@ -76,7 +76,6 @@ class Downlink:
         """Each node's message content: the model record (full or lattice) and ``config``."""
         if self.broadcast is None:
             model = ArrayRecord(unflatten_state(params, self.template))
-            self.tally["full"] += len(nodes)
             return {n: RecordDict({MODEL_RECORD: model, CONFIG_RECORD: config}) for n in nodes}
         out = {}
         for node in nodes:
@@ -105,6 +104,13 @@ class Downlink:
     def replied(self, node: int, version: int) -> None:
         if self.broadcast is not None:
             self.broadcast.confirm(node, version)
+
+    def settle(self, nodes: list[int], failed: set[int], version: int) -> None:
+        """End of a synchronous round: every node that did not fail holds ``version``'s copy (a
+        failed one was forgotten by :meth:`failed` when it failed)."""
+        for node in nodes:
+            if node not in failed:
+                self.replied(node, version)
 
     def failed(self, node: int, reason: str = "") -> None:
         if self.broadcast is not None:
