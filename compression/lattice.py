@@ -8,14 +8,19 @@ that applies it holds a copy bit-identical to the coordinator's. This module is 
 
 Format (little-endian)::
 
-    magic "FGL1" | kind u8 (0 change, 1 snapshot) | width u8 | numel u64 | count u64 | escapes u64
-    | base i64 | version i64 | [indices: delta varints, changes only] | escape positions (delta
-    varints) | values | escape values (int32) | crc32 u32
+    magic "FGL2" | kind u8 (0 change, 1 snapshot) | width u8 | index coding u8 | rice k u8
+    | numel u64 | count u64 | escapes u64 | base i64 | version i64 | index bytes u64
+    | [indices, changes only] | escape positions (delta varints) | values | escape values (int32)
+    | crc32 u32
 
-Values are zig-zag mapped (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...) and stored in ``width`` bits (1..8
-bit-packed, or 16); a value that does not fit below the all-ones code is stored as that code and
-again, exactly, in the escape list. The width is chosen per message to minimise the size, so most
-of a snapshot takes a few bits per coordinate and the rare outliers cost their exact value.
+Values are zig-zag mapped (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...) and stored either in ``width``
+bits (1..8 bit-packed, or 16) or, with ``width`` 0, Rice-coded with parameter ``k``
+(:mod:`fedge.compression.rice`). A value that does not fit (the all-ones code of its width; in
+Rice coding a quotient of 32 or more) is stored as that escape code and again, exactly, in the
+escape list. The encoder picks the coding that gives the fewest bytes, so most of a snapshot takes
+a few bits per coordinate and the rare outliers cost their exact value. A change's indices are an
+index set (:mod:`fedge.compression.index_sets`: varint or Rice gaps, whichever is smaller; a
+catch-up over many versions is dense enough for Rice gaps to cost 3-4 bits instead of 8).
 Every field is checked by :func:`decode_lattice` before anything is returned (:class:`PayloadError`).
 """
 
@@ -27,18 +32,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedge.compression import bitpack
+from fedge.compression import bitpack, rice
 from fedge.compression.errors import PayloadError
+from fedge.compression.index_sets import SCHEMES, decode_index_set, encode_index_set
 from fedge.compression.varint import decode_indices, encode_indices
 
 __all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "decode_lattice", "encode_lattice", "lattice_header"]
 
-MAGIC = b"FGL1"
+MAGIC = b"FGL2"
 CHANGE = 0
 SNAPSHOT = 1
-_HEAD = struct.Struct("<4sBBQQQqq")
+_HEAD = struct.Struct("<4sBBBBQQQqqQ")
 _CRC = struct.Struct("<I")
 _WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+_RICE = 0  # the width field's value for Rice-coded values
+_RICE_QUOTIENT = 32  # Rice codes with a larger quotient are escaped
+_ESCAPE_COST = 6  # bytes: ~2 of position varint + 4 of exact value
 #: the largest |value| the format carries (int32, as n is stored on devices)
 MAX_VALUE = 2**31 - 1
 
@@ -65,21 +74,34 @@ def _unzigzag(codes: np.ndarray) -> np.ndarray:
     return ((c >> np.uint64(1)).astype(np.int64)) ^ -((c & np.uint64(1)).astype(np.int64))
 
 
-def _best_width(codes: np.ndarray) -> int:
-    """The width that minimises packed values plus escapes (an escape costs ~2 + 4 bytes)."""
+def _escape_code(width: int, k: int) -> np.uint64:
+    """The code that marks an escaped value (and the smallest code that is escaped)."""
+    return np.uint64(_RICE_QUOTIENT << k) if width == _RICE else np.uint64((1 << width) - 1)
+
+
+def _best_coding(codes: np.ndarray) -> tuple[int, int]:
+    """(width, rice k) minimising packed values plus escapes over every fixed width and Rice."""
     if codes.size == 0:
-        return 1
+        return 1, 0
     ordered = np.sort(codes)
-    best, best_cost = 16, None
+
+    def escapes(code: np.uint64) -> int:
+        return ordered.size - int(np.searchsorted(ordered, code, side="left"))
+
+    options = []
     for width in _WIDTHS:
-        escapes = ordered.size - int(np.searchsorted(ordered, np.uint64((1 << width) - 1), side="left"))
-        cost = (ordered.size * width + 7) // 8 + 6 * escapes
-        if best_cost is None or cost < best_cost:
-            best, best_cost = width, cost
-    return best
+        cost = _packed_size(ordered.size, width) + _ESCAPE_COST * escapes(_escape_code(width, 0))
+        options.append((cost, width, 0))
+    k = rice.best_parameter(np.minimum(ordered, np.uint64(1 << 40)))
+    capped = np.minimum(ordered, _escape_code(_RICE, k))
+    options.append((rice.encoded_size(capped, k) + _ESCAPE_COST * escapes(_escape_code(_RICE, k)), _RICE, k))
+    _, width, k = min(options)
+    return width, k
 
 
-def _pack(codes: np.ndarray, width: int) -> bytes:
+def _pack(codes: np.ndarray, width: int, k: int) -> bytes:
+    if width == _RICE:
+        return rice.encode(codes, k)
     if width == 16:
         return codes.astype("<u2").tobytes()
     return bitpack.pack(codes.astype(np.uint8), width)
@@ -89,7 +111,11 @@ def _packed_size(count: int, width: int) -> int:
     return 2 * count if width == 16 else bitpack.packed_size(count, width)
 
 
-def _unpack(data: memoryview, count: int, width: int) -> np.ndarray:
+def _unpack(data: memoryview, count: int, width: int, k: int) -> np.ndarray:
+    if width == _RICE:
+        return rice.decode(data, count, k)
+    if len(data) != _packed_size(count, width):
+        raise PayloadError(f"{len(data)} value bytes, {_packed_size(count, width)} expected for {count} values")
     if width == 16:
         return np.frombuffer(data, dtype="<u2").astype(np.uint64)
     return bitpack.unpack(data, count, width).astype(np.uint64)
@@ -105,20 +131,20 @@ def encode_lattice(kind: int, numel: int, base: int, version: int, values: np.nd
     if kind == SNAPSHOT:
         if values.size != numel or indices is not None:
             raise ValueError("a snapshot carries one value per coordinate and no indices")
-        index_bytes = b""
+        scheme, index_bytes = 0, b""
     elif kind == CHANGE:
         if indices is None or np.asarray(indices).size != values.size:
             raise ValueError("a change needs one index per value")
-        index_bytes = encode_indices(np.asarray(indices, dtype=np.int64))
+        scheme, index_bytes = encode_index_set(np.asarray(indices, dtype=np.int64))
     else:
         raise ValueError(f"unknown lattice message kind {kind}")
     codes = _zigzag(values)
-    width = _best_width(codes)
-    escape_code = np.uint64((1 << width) - 1)
+    width, k = _best_coding(codes)
+    escape_code = _escape_code(width, k)
     escaped = np.flatnonzero(codes >= escape_code)
     stored = np.where(codes >= escape_code, escape_code, codes)
-    head = _HEAD.pack(MAGIC, kind, width, numel, values.size, escaped.size, base, version)
-    body = b"".join((index_bytes, encode_indices(escaped), _pack(stored, width),
+    head = _HEAD.pack(MAGIC, kind, width, scheme, k, numel, values.size, escaped.size, base, version, len(index_bytes))
+    body = b"".join((index_bytes, encode_indices(escaped), _pack(stored, width, k),
                      values[escaped].astype("<i4").tobytes()))
     return head + body + _CRC.pack(zlib.crc32(body, zlib.crc32(head)))
 
@@ -128,7 +154,7 @@ def lattice_header(data: bytes | memoryview) -> tuple[int, int, int]:
     view = memoryview(data)
     if len(view) < _HEAD.size + _CRC.size:
         raise PayloadError(f"lattice payload of {len(view)} bytes is shorter than its header")
-    magic, kind, _, _, _, _, base, version = _HEAD.unpack_from(view)
+    magic, kind, *_, base, version, _ = _HEAD.unpack_from(view)
     if magic != MAGIC:
         raise PayloadError("not a lattice payload (bad magic)")
     return kind, base, version
@@ -138,51 +164,47 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
     """Decode and validate a payload meant for a model of ``numel`` coordinates."""
     view = memoryview(data)
     lattice_header(view)
-    magic, kind, width, declared, count, escapes, base, version = _HEAD.unpack_from(view)
+    magic, kind, width, scheme, k, declared, count, escapes, base, version, index_length = _HEAD.unpack_from(view)
     if kind not in (CHANGE, SNAPSHOT):
         raise PayloadError(f"unknown lattice message kind {kind}")
-    if width not in _WIDTHS:
-        raise PayloadError(f"value width {width} is not one of {_WIDTHS}")
+    if width not in (*_WIDTHS, _RICE) or scheme not in SCHEMES or k > rice.MAX_K - 6:
+        raise PayloadError(f"value width {width}, index coding {scheme} or Rice parameter {k} is unknown")
     if declared != numel:
         raise PayloadError(f"payload is for {declared} coordinates, the model has {numel}")
     if count > numel or escapes > count:
         raise PayloadError(f"{count} values and {escapes} escapes do not fit {numel} coordinates")
-    if kind == SNAPSHOT and (count != numel or base != -1):
-        raise PayloadError("a snapshot must carry every coordinate and no base version")
+    if kind == SNAPSHOT and (count != numel or base != -1 or index_length):
+        raise PayloadError("a snapshot must carry every coordinate, no indices and no base version")
     if version < 0 or (kind == CHANGE and not 0 <= base <= version):
         raise PayloadError(f"versions out of order: base {base}, version {version}")
     (crc,) = _CRC.unpack_from(view, len(view) - _CRC.size)
     body = view[_HEAD.size: len(view) - _CRC.size]
     if zlib.crc32(body, zlib.crc32(view[: _HEAD.size])) != crc:
         raise PayloadError("lattice payload checksum mismatch (corrupted in transit)")
-    value_bytes = _packed_size(count, width)
     escape_value_bytes = 4 * escapes
-    rest = len(body) - value_bytes - escape_value_bytes
-    if rest < 0:
-        raise PayloadError("lattice payload is shorter than its declared values")
-    # The index and escape-position sections are varints of unknown total length: the change's
-    # indices end where ``count`` varints end (a varint's last byte is < 0x80).
-    varints = np.frombuffer(body[:rest], dtype=np.uint8)
-    ends = np.flatnonzero(varints < 0x80)
-    n_index = count if kind == CHANGE else 0
-    if ends.size != n_index + escapes:
-        raise PayloadError(f"expected {n_index + escapes} varints, found {ends.size}")
-    split = int(ends[n_index - 1]) + 1 if n_index else 0
-    if n_index + escapes and int(ends[-1]) + 1 != rest:
-        raise PayloadError("trailing bytes after the varint sections")
-    indices = (decode_indices(body[:split], n_index, numel) if kind == CHANGE
+    if index_length + escape_value_bytes > len(body):
+        raise PayloadError("lattice payload is shorter than its declared sections")
+    indices = (decode_index_set(scheme, body[:index_length], count, numel) if kind == CHANGE
                else np.arange(numel, dtype=np.int64))
-    codes = _unpack(body[rest: rest + value_bytes], count, width)
-    positions = decode_indices(body[split:rest], escapes, max(count, 1))
-    exact = np.frombuffer(body[rest + value_bytes:], dtype="<i4").astype(np.int64)
-    escape_code = np.uint64((1 << width) - 1)
-    marked = np.flatnonzero(codes == escape_code)
+    # The escape positions are varints: they end where ``escapes`` varints end (last byte < 0x80).
+    rest = body[index_length: len(body) - escape_value_bytes]
+    ends = np.flatnonzero(np.frombuffer(rest, dtype=np.uint8) < 0x80)
+    if ends.size < escapes:
+        raise PayloadError(f"expected {escapes} escape positions, found {ends.size}")
+    split = int(ends[escapes - 1]) + 1 if escapes else 0
+    positions = decode_indices(rest[:split], escapes, max(count, 1))
+    codes = _unpack(rest[split:], count, width, k)
+    exact = np.frombuffer(body[len(body) - escape_value_bytes:], dtype="<i4").astype(np.int64)
+    escape_code = _escape_code(width, k)
+    marked = np.flatnonzero(codes >= escape_code)
     if marked.size != escapes or (escapes and not np.array_equal(marked, positions)):
         raise PayloadError("escape positions do not match the escaped values")
+    if (codes > escape_code).any():
+        raise PayloadError("a value code exceeds its escape code (non-canonical)")
     values = _unzigzag(codes)
     values[positions] = exact
     if escapes and (_zigzag(exact) < escape_code).any():
-        raise PayloadError("an escaped value would have fitted its width (non-canonical)")
+        raise PayloadError("an escaped value would have fitted its coding (non-canonical)")
     if kind == CHANGE and (values == 0).any():
         raise PayloadError("a change carries a zero value")
     return LatticeMessage(kind, numel, int(base), int(version), indices, values)

@@ -54,3 +54,18 @@ def test_malformed_payloads_are_refused_with_a_reason() -> None:
             decode_lattice(bytes(corrupt), 10)
     with pytest.raises(ValueError):
         encode_lattice(SNAPSHOT, 10, -1, 1, np.zeros(9))
+
+
+def test_a_dense_change_costs_rice_gaps_and_values_not_bytes() -> None:
+    """A catch-up over many versions touches a quarter of the model with small values: Rice-coded
+    gaps (~3.3 bits each at 25% density, a varint takes 8) and Rice-coded values (geometric with a
+    sign here: entropy 3.9 bits, Rice 4.3)."""
+    rng = np.random.default_rng(2)
+    idx = np.sort(rng.choice(200_000, 50_000, replace=False))
+    values = rng.geometric(0.3, idx.size) * rng.choice([-1, 1], idx.size)
+    values[[7, 70]] = [123_456, -99_999]
+    payload = encode_lattice(CHANGE, 200_000, 2, 12, values, idx)
+    assert payload[5] == 0  # Rice-coded values (width field 0)
+    assert len(payload) * 8 / idx.size < 3.3 + 4.4 + 0.1
+    message = decode_lattice(payload, 200_000)
+    assert np.array_equal(message.indices, idx) and np.array_equal(message.values, values)
