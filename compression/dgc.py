@@ -15,7 +15,8 @@ The kept fraction warms up over the first ``warmup`` rounds as in the paper (75%
 99.6%, ... sparsity: ratio = max(final, 0.25^round)). On the wire a DGC update *is* a top-k payload,
 so the coordinator decodes it with :meth:`DGCCodec.for_round` and needs no DGC state.
 
-Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4,absent=keep[+qsgd:bits=4]``;
+Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4,absent=keep,scope=model[+qsgd:bits=4]``
+(``scope=tensor``: the top ratio of each tensor, as the paper sparsifies layer by layer);
 ``absent`` is what a client that skipped rounds does with its memory (:meth:`DGCMemory.age`).
 """
 
@@ -36,8 +37,9 @@ class DGCCodec(TopKCodec):
     """The DGC schedule and memory factory; encodes like (and as) a sampled top-k codec."""
 
     def __init__(self, ratio: float = 0.001, sample: float = 0.01, momentum: float = 0.9,
-                 clip: float = 0.0, warmup: int = 4, absent: str = "keep", values: Codec | None = None) -> None:
-        super().__init__(ratio=ratio, sample=sample, values=values)
+                 clip: float = 0.0, warmup: int = 4, absent: str = "keep", scope: str = "model",
+                 values: Codec | None = None, sizes: tuple[int, ...] | None = None) -> None:
+        super().__init__(ratio=ratio, sample=sample, scope=scope, values=values, sizes=sizes)
         if not 0 <= momentum < 1:
             raise SpecError(f"dgc momentum must be in [0, 1), got {momentum}")
         if clip < 0 or warmup < 0:
@@ -49,7 +51,8 @@ class DGCCodec(TopKCodec):
     @property
     def spec(self) -> str:
         head = (f"dgc:ratio={self.ratio:g},sample={self.sample:g},momentum={self.momentum:g},"
-                f"clip={self.clip:g},warmup={self.warmup}" + (f",absent={self.absent}" if self.absent != "keep" else ""))
+                f"clip={self.clip:g},warmup={self.warmup}" + (f",absent={self.absent}" if self.absent != "keep" else "")
+                + (",scope=tensor" if self.scope == "tensor" else ""))
         return self._spec_with_values(head)
 
     def ratio_at(self, server_round: int) -> float:
@@ -57,8 +60,14 @@ class DGCCodec(TopKCodec):
             return max(self.ratio, 0.25**server_round)
         return self.ratio
 
+    def for_model(self, sizes: list[int] | tuple[int, ...]) -> Codec:
+        if self.scope != "tensor":
+            return self
+        return DGCCodec(self.ratio, self.sample, self.momentum, self.clip, self.warmup, self.absent, self.scope,
+                        self.values, tuple(int(n) for n in sizes))
+
     def for_round(self, server_round: int, seed: int) -> Codec:
-        return TopKCodec(ratio=self.ratio_at(server_round), sample=self.sample, values=self.values)
+        return self._with(ratio=self.ratio_at(server_round))
 
     def make_memory(self, wire: Codec, numel: int, state: dict[str, torch.Tensor] | None) -> DGCMemory:
         return DGCMemory(wire, numel, self.momentum, self.clip, state, absent=self.absent)

@@ -5,6 +5,9 @@
   estimate the magnitude threshold from a random fraction ``F`` of the elements, keep what passes,
   trim to at most ``ceil(R*n)`` with an exact top-k over the (few) survivors.
 * ``threshold:value=T`` - every element with ``|x| >= T`` (variable size).
+* ``topk:ratio=R,scope=tensor`` - the top ``R`` of *each tensor* (at least one element each), as DGC
+  sparsifies layer by layer: a whole-model top-k spends its budget on the layers whose updates are
+  largest (often the classifier) and starves the rest. Needs the tensor sizes (``for_model``).
 * ``randk:ratio=R`` - ``ceil(R*n)`` coordinates drawn from a seed carried in the payload; no
   indices are sent. With a seed shared by all clients of a round, every client keeps the same
   support (compatible with secure aggregation). ``unbiased=true`` scales values by ``n/k``.
@@ -39,7 +42,10 @@ from fedge.compression.index_sets import decode_index_set, encode_index_set
 from fedge.compression.varint import MAX_VARINT_BYTES
 from fedge.compression.wire import CODEC_IDS, HEADER_SIZE, Header, check_crc, parse_payload
 
-__all__ = ["RandomKCodec", "ThresholdCodec", "TopKCodec"]
+__all__ = ["SCOPES", "RandomKCodec", "ThresholdCodec", "TopKCodec"]
+
+#: where top-k ranks: over the whole update, or within each tensor (each keeps its own top ratio)
+SCOPES = ("model", "tensor")
 
 _COUNTS = struct.Struct("<QQ")
 _SCHEME_SHIFT = 56
@@ -103,6 +109,10 @@ class _SparseCodec(Codec):
             if self.checks_finite and not bool(torch.isfinite(x).all()):  # the kernel declined
                 raise ValueError("cannot encode a tensor with NaN or infinite values")
             indices = self._select(x.abs(), generator)
+        return self._body_for(x, indices, generator)
+
+    def _body_for(self, x: torch.Tensor, indices: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        """The body that sends ``x`` at the sorted ``indices``."""
         scheme, index_bytes = encode_index_set(indices.numpy())
         values = self.values.encode(x[indices], generator)
         return _COUNTS.pack(indices.numel(), scheme << _SCHEME_SHIFT | len(index_bytes)) + index_bytes + values
@@ -156,30 +166,76 @@ class _SparseCodec(Codec):
 class TopKCodec(_SparseCodec):
     name = "topk"
 
-    def __init__(self, ratio: float = 0.01, sample: float = 0.0, values: Codec | None = None) -> None:
+    def __init__(self, ratio: float = 0.01, sample: float = 0.0, scope: str = "model", values: Codec | None = None,
+                 sizes: tuple[int, ...] | None = None) -> None:
         super().__init__(values)
         if not 0 < ratio <= 1:
             raise SpecError(f"topk ratio must be in (0, 1], got {ratio}")
         if not 0 <= sample <= 1:
             raise SpecError(f"topk sample must be in [0, 1] (0 = exact), got {sample}")
-        self.ratio, self.sample = _f32(ratio), _f32(sample)
+        if scope not in SCOPES:
+            raise SpecError(f"topk scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        self.ratio, self.sample, self.scope, self.sizes = _f32(ratio), _f32(sample), scope, sizes
 
     @property
     def spec(self) -> str:
         head = f"topk:ratio={self.ratio:g}" + (f",sample={self.sample:g}" if self.sample else "")
+        head += ",scope=tensor" if self.scope == "tensor" else ""
         return self._spec_with_values(head)
 
     def params_bytes(self) -> bytes:
         return self._params(self.ratio) + struct.pack("<f", self.sample)[:3]
 
-    def max_kept(self, numel: int) -> int:
+    def for_model(self, sizes: list[int] | tuple[int, ...]) -> Codec:
+        if self.scope != "tensor":
+            return self
+        return self._with(sizes=tuple(int(n) for n in sizes))
+
+    def _with(self, **changes: object) -> TopKCodec:
+        """A copy of this codec with some constructor arguments changed (DGC's rounds reuse it)."""
+        args: dict[str, object] = {"ratio": self.ratio, "sample": self.sample, "scope": self.scope,
+                                   "values": self.values, "sizes": self.sizes, **changes}
+        return TopKCodec(**args)  # type: ignore[arg-type]
+
+    def _tensor_sizes(self, numel: int) -> tuple[int, ...]:
+        if self.scope != "tensor":
+            return (numel,)
+        if self.sizes is None:
+            raise ValueError("topk scope=tensor used before for_model(sizes) bound the tensor sizes")
+        if sum(self.sizes) != numel:
+            raise PayloadError(f"topk scope=tensor is bound to {sum(self.sizes)} elements, got {numel}")
+        return self.sizes
+
+    def _kept_of(self, numel: int) -> int:
         return min(numel, max(1, math.ceil(self.ratio * numel))) if numel else 0
+
+    def max_kept(self, numel: int) -> int:
+        """``ceil(ratio * n)``; per tensor, each tensor's own (so at most one more per tensor)."""
+        if self.scope == "tensor" and self.sizes is not None and sum(self.sizes) == numel:
+            return sum(self._kept_of(n) for n in self.sizes)
+        return self._kept_of(numel)
+
+    def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        if self.scope != "tensor":
+            return super()._encode_body(x, generator)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError("cannot encode a tensor with NaN or infinite values")
+        whole = self._with(scope="model", sizes=None)
+        parts, offset = [], 0
+        for size in self._tensor_sizes(x.numel()):
+            piece = x[offset: offset + size]
+            chosen = whole._fused_select(piece, generator) if kernels.available() else None
+            if chosen is None:
+                chosen = whole._select(piece.abs(), generator)
+            parts.append(chosen + offset)
+            offset += size
+        return self._body_for(x, torch.cat(parts), generator)
 
     def _fused_select(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
         """Sampled top-k in one pass over ``x``: threshold from the probe, then the kernel collects
         the survivors in index order (room for 4k of them; with more it declines)."""
         n = x.numel()
-        k = self.max_kept(n)
+        k = self._kept_of(n)
         if not self.sample or k == 0 or k >= n:
             return None
         size = min(n, max(k, math.ceil(self.sample * n), 1000))
@@ -198,7 +254,7 @@ class TopKCodec(_SparseCodec):
         return candidates
 
     def _select(self, magnitude: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        k = self.max_kept(magnitude.numel())
+        k = self._kept_of(magnitude.numel())
         if k == 0:
             return torch.zeros(0, dtype=torch.long)
         if self.sample and k < magnitude.numel():
