@@ -1,0 +1,117 @@
+"""Screen error-feedback schemes for sparse uplinks at partial participation, in one process.
+
+A federated run on Flower's simulation engine takes ~40 s on this machine; this loop takes ~9 s, so a
+candidate scheme can be tried over several seeds before it is built into the engine. It uses
+Fedge's own task, local trainer and codecs; only the federation (sampling, aggregation) is an
+in-process loop, and that is why it is a screen, not a result: every figure that goes into
+docs/results.md comes from ``bench/bidirectional.py`` on Flower. Partitions are sampled from the
+seed here (on Flower's simulation the node ids are random per run, so the same seed samples other
+partitions; see docs/results.md).
+
+Schemes (``--scheme``):
+
+* ``fp32`` - FedAvg, dense updates.
+* ``ef`` - the engine's scheme: each client keeps the memory of its codec (error feedback's
+  residual, or DGC's momentum and accumulation) and sends ``codec(update + memory)``.
+* ``ef21`` - EF21 (Richtarik, Sokolov, Fatkhullin, NeurIPS 2021, https://arxiv.org/abs/2106.05203):
+  client ``i`` and the server both hold an estimate ``g_i`` of the client's update; the client sends
+  ``codec(update - g_i)``, both add it to ``g_i``; the server averages the sampled clients' ``g_i``.
+* ``ef21-pp`` - EF21 with partial participation as in MIFA (Gu et al., NeurIPS 2021,
+  https://arxiv.org/abs/2106.04159): the server applies the weighted average of *every* client's
+  latest ``g_i`` each round (kept as one running sum, O(model) on the server).
+
+    .venv/bin/python bench/partial_participation_screen.py --scheme ef --codec "dgc:ratio=0.01,sample=0.05+qsgd:bits=4"
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+
+import numpy as np
+import torch
+
+from fedge.compression.registry import make_codec
+from fedge.edge_client.trainer import train_local
+from fedge.tasks import evaluate, make_task
+
+SCHEMES = ("fp32", "ef", "ef21", "ef21-pp")
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def run(args: argparse.Namespace, seed: int) -> float:
+    task = make_task(args.task)
+    parts = [task.partition(i, args.clients, args.partitioning) for i in range(args.clients)]
+    test = task.test_data()
+    torch.manual_seed(seed)
+    model = task.build_model()
+    x = flat(model)
+    n = x.numel()
+    rng = np.random.default_rng(seed)
+    codec = make_codec(args.codec) if args.scheme != "fp32" else None
+    memory: dict[int, dict[str, torch.Tensor]] = {}
+    last_sent: dict[int, int] = {}
+    estimate: dict[int, torch.Tensor] = {}
+    running, running_weight, weights = torch.zeros(n), 0.0, {}
+    for step in range(1, args.rounds + 1):
+        total, total_weight = torch.zeros(n), 0.0
+        for i in (int(c) for c in rng.choice(args.clients, args.per_round, replace=False)):
+            torch.nn.utils.vector_to_parameters(x.clone(), model.parameters())
+            result = train_local(model, parts[i], task, epochs=args.local_epochs, lr=args.lr, batch_size=32,
+                                 generator=torch.Generator().manual_seed(seed * 100_003 + step * 1_009 + i))
+            update, weight = flat(model) - x, float(result.examples)
+            if codec is None:
+                sent = update
+            elif args.scheme == "ef":
+                wire = codec.for_round(step, seed)
+                mem = codec.make_memory(wire, n, memory.get(i))
+                if i in last_sent and hasattr(mem, "age"):
+                    mem.age(step - last_sent[i])
+                sent = wire.decode(mem.encode(update), n)
+                memory[i], last_sent[i] = dict(mem.state_dict()), step
+            else:
+                wire = codec.for_round(step, seed)
+                g = estimate.get(i, torch.zeros(n))
+                correction = wire.decode(wire.encode(update - g), n)
+                estimate[i] = sent = g + correction
+                if args.scheme == "ef21-pp":
+                    running += weight * correction
+                    if i not in weights:
+                        weights[i] = weight
+                        running_weight += weight
+            total += weight * sent
+            total_weight += weight
+        step_update = running / running_weight if args.scheme == "ef21-pp" else total / total_weight
+        x = x + args.server_lr * step_update
+    torch.nn.utils.vector_to_parameters(x, model.parameters())
+    return float(evaluate(model, test, task)["accuracy"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scheme", choices=SCHEMES, default="ef")
+    parser.add_argument("--codec", default="dgc:ratio=0.01,sample=0.05+qsgd:bits=4")
+    parser.add_argument("--task", default="digits")
+    parser.add_argument("--partitioning", default="dirichlet:alpha=0.5")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--per-round", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="The specified min_partition_size")  # flwr-datasets redraws
+    accuracies = [run(args, seed) for seed in args.seeds]
+    label = args.scheme if args.scheme == "fp32" else f"{args.scheme} {args.codec}"
+    print(f"{label} (server lr {args.server_lr:g}): " + ", ".join(f"{a:.2%}" for a in accuracies)
+          + f"; mean {statistics.mean(accuracies):.2%}")
+
+
+if __name__ == "__main__":
+    main()
