@@ -17,7 +17,8 @@ Because ``n`` is integer, changes compose exactly:
   one sparse message over the union of their supports (STC's "caching and synchronizing" of
   returning clients, Sattler et al. 2019, made exact);
 * a device past the cache, new, or whose copy is in doubt gets a snapshot: ``n`` itself, a few
-  bits per coordinate with exact escapes for the rare outliers, plus the per-tensor steps;
+  bits per coordinate with exact escapes for the rare outliers (or only its non-zero entries, while
+  most of ``n`` is still zero: a device joining early), plus the per-tensor steps;
   whichever of catch-up and snapshot is smaller is sent.
 
 Every message names the version it brings the device to and that version's digest (BLAKE2b of the

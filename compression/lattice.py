@@ -8,7 +8,7 @@ that applies it holds a copy bit-identical to the coordinator's. This module is 
 
 Format (little-endian)::
 
-    magic "FGL2" | kind u8 (0 change, 1 snapshot) | width u8 | index coding u8 | rice k u8
+    magic "FGL2" | kind u8 (0 change, 1 snapshot, 2 sparse snapshot) | width u8 | index coding u8 | rice k u8
     | numel u64 | count u64 | escapes u64 | base i64 | version i64 | index bytes u64
     | [indices, changes only] | escape positions (delta varints) | values | escape values (int32)
     | crc32 u32
@@ -20,7 +20,9 @@ Rice coding a quotient of 32 or more) is stored as that escape code and again, e
 escape list. The encoder picks the coding that gives the fewest bytes, so most of a snapshot takes
 a few bits per coordinate and the rare outliers cost their exact value. A change's indices are an
 index set (:mod:`fedge.compression.index_sets`: varint or Rice gaps, whichever is smaller; a
-catch-up over many versions is dense enough for Rice gaps to cost 3-4 bits instead of 8).
+catch-up over many versions is dense enough for Rice gaps to cost 3-4 bits instead of 8). A
+snapshot goes dense (every coordinate) or sparse (the non-zero coordinates of ``n`` as an index set:
+early in a run most of ``n`` is still zero), whichever is smaller; both decode to a snapshot.
 Every field is checked by :func:`decode_lattice` before anything is returned (:class:`PayloadError`).
 """
 
@@ -42,6 +44,7 @@ __all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "decode_lattice", "encode_lat
 MAGIC = b"FGL2"
 CHANGE = 0
 SNAPSHOT = 1
+_SPARSE_SNAPSHOT = 2  # on the wire only: decodes to a SNAPSHOT
 _HEAD = struct.Struct("<4sBBBBQQQqqQ")
 _CRC = struct.Struct("<I")
 _WIDTHS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
@@ -124,26 +127,36 @@ def _unpack(data: memoryview, count: int, width: int, k: int) -> np.ndarray:
 def encode_lattice(kind: int, numel: int, base: int, version: int, values: np.ndarray,
                    indices: np.ndarray | None = None) -> bytes:
     """Encode a change (``indices`` strictly increasing, ``values`` non-zero) or a snapshot (dense
-    ``values`` of length ``numel``)."""
+    ``values`` of length ``numel``; sent dense or as its non-zero entries, whichever is smaller)."""
     values = np.asarray(values, dtype=np.int64).reshape(-1)
     if values.size and int(np.abs(values).max()) > MAX_VALUE:
         raise ValueError(f"a lattice value exceeds {MAX_VALUE}")
     if kind == SNAPSHOT:
         if values.size != numel or indices is not None:
             raise ValueError("a snapshot carries one value per coordinate and no indices")
-        scheme, index_bytes = 0, b""
-    elif kind == CHANGE:
+        dense = _encode(SNAPSHOT, numel, base, version, values, None)
+        nonzero = np.flatnonzero(values)
+        if nonzero.size * 2 > numel:  # the index set would cost more than the zeros it removes
+            return dense
+        sparse = _encode(_SPARSE_SNAPSHOT, numel, base, version, values[nonzero], nonzero)
+        return sparse if len(sparse) < len(dense) else dense
+    if kind == CHANGE:
         if indices is None or np.asarray(indices).size != values.size:
             raise ValueError("a change needs one index per value")
-        scheme, index_bytes = encode_index_set(np.asarray(indices, dtype=np.int64))
-    else:
-        raise ValueError(f"unknown lattice message kind {kind}")
+        return _encode(CHANGE, numel, base, version, values, np.asarray(indices, dtype=np.int64))
+    raise ValueError(f"unknown lattice message kind {kind}")
+
+
+def _encode(wire_kind: int, numel: int, base: int, version: int, values: np.ndarray,
+            indices: np.ndarray | None) -> bytes:
+    scheme, index_bytes = (0, b"") if indices is None else encode_index_set(indices)
     codes = _zigzag(values)
     width, k = _best_coding(codes)
     escape_code = _escape_code(width, k)
     escaped = np.flatnonzero(codes >= escape_code)
     stored = np.where(codes >= escape_code, escape_code, codes)
-    head = _HEAD.pack(MAGIC, kind, width, scheme, k, numel, values.size, escaped.size, base, version, len(index_bytes))
+    head = _HEAD.pack(MAGIC, wire_kind, width, scheme, k, numel, values.size, escaped.size, base, version,
+                      len(index_bytes))
     body = b"".join((index_bytes, encode_indices(escaped), _pack(stored, width, k),
                      values[escaped].astype("<i4").tobytes()))
     return head + body + _CRC.pack(zlib.crc32(body, zlib.crc32(head)))
@@ -157,7 +170,7 @@ def lattice_header(data: bytes | memoryview) -> tuple[int, int, int]:
     magic, kind, *_, base, version, _ = _HEAD.unpack_from(view)
     if magic != MAGIC:
         raise PayloadError("not a lattice payload (bad magic)")
-    return kind, base, version
+    return (SNAPSHOT if kind == _SPARSE_SNAPSHOT else kind), base, version
 
 
 def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
@@ -165,7 +178,7 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
     view = memoryview(data)
     lattice_header(view)
     magic, kind, width, scheme, k, declared, count, escapes, base, version, index_length = _HEAD.unpack_from(view)
-    if kind not in (CHANGE, SNAPSHOT):
+    if kind not in (CHANGE, SNAPSHOT, _SPARSE_SNAPSHOT):
         raise PayloadError(f"unknown lattice message kind {kind}")
     if width not in (*_WIDTHS, _RICE) or scheme not in SCHEMES or k > rice.MAX_K - 6:
         raise PayloadError(f"value width {width}, index coding {scheme} or Rice parameter {k} is unknown")
@@ -175,6 +188,8 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
         raise PayloadError(f"{count} values and {escapes} escapes do not fit {numel} coordinates")
     if kind == SNAPSHOT and (count != numel or base != -1 or index_length):
         raise PayloadError("a snapshot must carry every coordinate, no indices and no base version")
+    if kind == _SPARSE_SNAPSHOT and base != -1:
+        raise PayloadError("a snapshot has no base version")
     if version < 0 or (kind == CHANGE and not 0 <= base <= version):
         raise PayloadError(f"versions out of order: base {base}, version {version}")
     (crc,) = _CRC.unpack_from(view, len(view) - _CRC.size)
@@ -184,8 +199,8 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
     escape_value_bytes = 4 * escapes
     if index_length + escape_value_bytes > len(body):
         raise PayloadError("lattice payload is shorter than its declared sections")
-    indices = (decode_index_set(scheme, body[:index_length], count, numel) if kind == CHANGE
-               else np.arange(numel, dtype=np.int64))
+    indices = (np.arange(numel, dtype=np.int64) if kind == SNAPSHOT
+               else decode_index_set(scheme, body[:index_length], count, numel))
     # The escape positions are varints: they end where ``escapes`` varints end (last byte < 0x80).
     rest = body[index_length: len(body) - escape_value_bytes]
     ends = np.flatnonzero(np.frombuffer(rest, dtype=np.uint8) < 0x80)
@@ -205,6 +220,10 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
     values[positions] = exact
     if escapes and (_zigzag(exact) < escape_code).any():
         raise PayloadError("an escaped value would have fitted its coding (non-canonical)")
-    if kind == CHANGE and (values == 0).any():
-        raise PayloadError("a change carries a zero value")
+    if kind != SNAPSHOT and (values == 0).any():
+        raise PayloadError("a sparse message carries a zero value")
+    if kind == _SPARSE_SNAPSHOT:
+        dense = np.zeros(numel, dtype=np.int64)
+        dense[indices] = values
+        return LatticeMessage(SNAPSHOT, numel, -1, int(version), np.arange(numel, dtype=np.int64), dense)
     return LatticeMessage(kind, numel, int(base), int(version), indices, values)

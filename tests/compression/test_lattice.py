@@ -69,3 +69,18 @@ def test_a_dense_change_costs_rice_gaps_and_values_not_bytes() -> None:
     assert len(payload) * 8 / idx.size < 3.3 + 4.4 + 0.1
     message = decode_lattice(payload, 200_000)
     assert np.array_equal(message.indices, idx) and np.array_equal(message.values, values)
+
+
+def test_a_snapshot_of_a_mostly_unchanged_lattice_goes_sparse_and_decodes_dense() -> None:
+    """Early in a run most of ``n`` is still zero: a new device gets the non-zero entries only."""
+    n = np.zeros(100_000, dtype=np.int64)
+    rng = np.random.default_rng(3)
+    touched = rng.choice(n.size, 3_000, replace=False)
+    n[touched] = rng.integers(-300, 300, touched.size) | 1  # odd: never zero
+    payload = encode_lattice(SNAPSHOT, n.size, -1, 4, n)
+    assert payload[4] == 2 and len(payload) < 3_000 * (7 + 11) / 8 + 200  # gaps + values, not 100k codes
+    message = decode_lattice(payload, n.size)
+    assert message.kind == SNAPSHOT and message.base == -1 and message.version == 4
+    assert np.array_equal(message.values, n) and np.array_equal(message.indices, np.arange(n.size))
+    dense = rng.integers(-300, 300, n.size)  # a dense lattice stays a dense snapshot
+    assert encode_lattice(SNAPSHOT, n.size, -1, 9, dense)[4] == SNAPSHOT
