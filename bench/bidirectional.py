@@ -84,6 +84,18 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def typed_settings(items: list[str]) -> dict[str, object]:
+    """``["server-opt=fedavg:lr=2", "lr=0.05"]`` as RunSettings keyword arguments of the right types."""
+    extra = {k.replace("-", "_"): v for k, v in (item.split("=", 1) for item in items if item)}
+    typed = {f.name: f.type for f in RunSettings.__dataclass_fields__.values()}
+    out: dict[str, object] = {}
+    for key, value in extra.items():
+        kind = typed.get(key)
+        out[key] = (value.lower() == "true") if kind in (bool, "bool") else \
+            int(value) if kind in (int, "int") else float(value) if kind in (float, "float") else value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=20)
@@ -93,24 +105,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="digits")
     parser.add_argument("--partitioning", default="dirichlet:alpha=0.5")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42])
-    parser.add_argument("--config", action="append", metavar="LABEL;CODEC;DOWNLINK",
-                        help=f"a configuration (repeatable; default: {DEFAULT_CONFIGS})")
+    parser.add_argument("--config", action="append", metavar="LABEL;CODEC;DOWNLINK[;KEY=VALUE,...]",
+                        help=f"a configuration (repeatable; default: {DEFAULT_CONFIGS}); an optional fourth "
+                             "field sets other run settings for this configuration only, e.g. "
+                             "'...;server-opt=fedavg:lr=2|update-norm=clip:factor=3' ('|' separates them)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="any other run setting, e.g. --set lr=0.05")
     parser.add_argument("--out", default="bench/results/bidirectional")
     args = parser.parse_args(argv)
-    extra = dict(item.split("=", 1) for item in args.settings)
-    extra = {k.replace("-", "_"): v for k, v in extra.items()}
-    typed = {f.name: f.type for f in RunSettings.__dataclass_fields__.values()}
-    for key, value in list(extra.items()):
-        kind = typed.get(key)
-        extra[key] = (value.lower() == "true") if kind in (bool, "bool") else \
-            int(value) if kind in (int, "int") else float(value) if kind in (float, "float") else value
+    extra = typed_settings(args.settings)
     results = []
     for seed in args.seeds:
         for config in args.config or DEFAULT_CONFIGS:
-            label, codec, downlink = config.split(";")
-            result = run(label, codec, downlink, args, seed, extra)
+            label, codec, downlink, *own = config.split(";")
+            result = run(label, codec, downlink, args, seed, {**extra, **typed_settings(own[0].split("|") if own else [])})
+            result["settings"] = own[0] if own else ""
             results.append(result)
             print(f"{label} seed {seed}: {100 * result['accuracy']:.2f}% in {result['seconds']:.0f} s", flush=True)
     command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)
