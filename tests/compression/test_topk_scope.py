@@ -23,8 +23,12 @@ def test_each_tensor_keeps_its_own_top_ratio(spec: str) -> None:
     x = torch.randn(sum(SIZES), generator=torch.Generator().manual_seed(0))
     x[-650:] *= 100  # a classifier whose update dwarfs the rest: a whole-model top-k keeps only it
     codec = make_codec(spec).for_model(SIZES).for_round(10, 0)
-    decoded = codec.decode(codec.encode(x), x.numel())
-    assert _kept_per_tensor(decoded) == [2, 1, 47, 1, 328, 1, 7, 1]
+    decoded = codec.decode(codec.encode(x, torch.Generator().manual_seed(1)), x.numel())
+    kept, wanted = _kept_per_tensor(decoded), [2, 1, 47, 1, 328, 1, 7, 1]  # ceil(1% of each), at least 1
+    if "sample" in spec:  # a sampled threshold may fall short of k, never over it; every tensor keeps some
+        assert all(1 <= k <= w for k, w in zip(kept, wanted)) and sum(kept) >= 0.9 * sum(wanted), kept
+    else:
+        assert kept == wanted
     offset = 0
     for size in SIZES:  # within a tensor, the largest magnitudes are the ones kept
         piece, kept = x[offset: offset + size], decoded[offset: offset + size] != 0
@@ -38,9 +42,11 @@ def test_the_spec_round_trips_and_a_whole_model_decoder_refuses_the_extra_elemen
     codec = make_codec("dgc:ratio=0.01,sample=0.05,scope=tensor+qsgd:bits=4")
     assert make_codec(codec.spec).spec == codec.spec and "scope=tensor" in codec.spec
     bound = codec.for_model(SIZES).for_round(10, 0)
-    payload = bound.encode(torch.randn(sum(SIZES)))
-    with pytest.raises(PayloadError, match="exceed"):
-        make_codec("topk:ratio=0.01,sample=0.05+qsgd:bits=4").decode(payload, sum(SIZES))
+    x = torch.randn(sum(SIZES))
+    assert bound.decode(bound.encode(x), x.numel()).shape == x.shape
+    exact = make_codec("topk:ratio=0.01,scope=tensor+qsgd:bits=4").for_model(SIZES)
+    with pytest.raises(PayloadError, match="exceed"):  # 388 elements (one more per small tensor) > 383
+        make_codec("topk:ratio=0.01+qsgd:bits=4").decode(exact.encode(x), sum(SIZES))
     with pytest.raises(ValueError, match="for_model"):
         make_codec("topk:ratio=0.01,scope=tensor").encode(torch.randn(100))
     with pytest.raises(ValueError, match="NaN"):
