@@ -85,15 +85,11 @@ def table(results: list[dict]) -> str:
 
 
 def typed_settings(items: list[str]) -> dict[str, object]:
-    """``["server-opt=fedavg:lr=2", "lr=0.05"]`` as RunSettings keyword arguments of the right types."""
-    extra = {k.replace("-", "_"): v for k, v in (item.split("=", 1) for item in items if item)}
-    typed = {f.name: f.type for f in RunSettings.__dataclass_fields__.values()}
-    out: dict[str, object] = {}
-    for key, value in extra.items():
-        kind = typed.get(key)
-        out[key] = (value.lower() == "true") if kind in (bool, "bool") else \
-            int(value) if kind in (int, "int") else float(value) if kind in (float, "float") else value
-    return out
+    """``["server-opt=fedavg:lr=2", "lr=0.05"]`` as RunSettings keyword arguments, parsed and checked
+    by the settings' own parser (an unknown key or a bad value is refused with its reason)."""
+    pairs = dict(item.split("=", 1) for item in items if item)
+    chosen = RunSettings.from_run_config(pairs)
+    return {key.replace("-", "_"): getattr(chosen, key.replace("-", "_")) for key in pairs}
 
 
 def main(argv: list[str] | None = None) -> int:

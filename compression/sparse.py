@@ -104,12 +104,16 @@ class _SparseCodec(Codec):
         return kernels.available() and type(self)._fused_select is not _SparseCodec._fused_select
 
     def _encode_body(self, x: torch.Tensor, generator: torch.Generator | None) -> bytes:
+        return self._body_for(x, self._indices(x, generator), generator)
+
+    def _indices(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Sorted indices of the elements of ``x`` to send: the fused kernel's, or :meth:`_select`'s."""
         indices = self._fused_select(x, generator) if kernels.available() else None
         if indices is None:
             if self.checks_finite and not bool(torch.isfinite(x).all()):  # the kernel declined
                 raise ValueError("cannot encode a tensor with NaN or infinite values")
             indices = self._select(x.abs(), generator)
-        return self._body_for(x, indices, generator)
+        return indices
 
     def _body_for(self, x: torch.Tensor, indices: torch.Tensor, generator: torch.Generator | None) -> bytes:
         """The body that sends ``x`` at the sorted ``indices``."""
@@ -223,11 +227,7 @@ class TopKCodec(_SparseCodec):
         whole = self._with(scope="model", sizes=None)
         parts, offset = [], 0
         for size in self._tensor_sizes(x.numel()):
-            piece = x[offset: offset + size]
-            chosen = whole._fused_select(piece, generator) if kernels.available() else None
-            if chosen is None:
-                chosen = whole._select(piece.abs(), generator)
-            parts.append(chosen + offset)
+            parts.append(whole._indices(x[offset: offset + size], generator) + offset)
             offset += size
         return self._body_for(x, torch.cat(parts), generator)
 
