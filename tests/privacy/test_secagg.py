@@ -61,14 +61,16 @@ def test_sparse_neighbourhoods_dropouts_at_every_stage() -> None:
 
 def test_a_masked_upload_is_uniform_in_the_ring() -> None:
     """All-zero levels (the most structured input) still upload as uniform ring elements: a chi-square
-    test over 64 buckets does not reject uniformity."""
+    test over 64 buckets does not reject uniformity. The keys are fresh per run, so the threshold is a
+    false-alarm rate: 1e-7 (1e-4 failed once in CI at p = 1.7e-5; 150 repeats gave uniform p-values),
+    while any real defect (a mask not reduced to the ring, a zero mask) gives p far below 1e-100 here."""
     plan = make_plan(5, 50_000)
     zeros = {node: np.zeros(plan.length, np.uint32) for node in plan.participants}
     devices, server, inbox = deal_shares(plan)
     node = plan.participants[0]
     upload = decode_masked(devices[node].masked_input(inbox[node], zeros[node]), node, plan.length, plan.bits)
     counts = np.bincount((upload.astype(np.uint64) * 64 >> plan.bits).astype(np.int64), minlength=64)
-    assert stats.chisquare(counts).pvalue > 1e-4
+    assert stats.chisquare(counts).pvalue > 1e-7
     assert upload.max() < (1 << plan.bits)
 
 
