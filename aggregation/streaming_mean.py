@@ -14,7 +14,13 @@ import torch
 
 from fedge.compression import Codec
 
-__all__ = ["StreamingMean"]
+__all__ = ["StreamingMean", "check_weight"]
+
+
+def check_weight(weight: float) -> None:
+    """An aggregation weight is a finite positive number (a NaN weight would poison every later sum)."""
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+        raise ValueError(f"weight must be a finite positive number, got {weight!r}")
 
 
 class StreamingMean:
@@ -32,13 +38,13 @@ class StreamingMean:
         Validation happens completely before the accumulator is touched: a :class:`PayloadError`
         (or a bad weight) leaves the running mean exactly as it was.
         """
-        self._check_weight(weight)
+        check_weight(weight)
         decoded = codec.decode(payload, self.numel)
         self._accumulate(decoded, weight)
 
     def add(self, vector: torch.Tensor, weight: float) -> None:
         """Accumulate an already-decoded vector."""
-        self._check_weight(weight)
+        check_weight(weight)
         flat = vector.reshape(-1)
         if flat.numel() != self.numel:
             raise ValueError(f"vector has {flat.numel()} elements, expected {self.numel}")
@@ -63,8 +69,3 @@ class StreamingMean:
         self._sum.add_(flat, alpha=weight)
         self.total_weight += weight
         self.count += 1
-
-    @staticmethod
-    def _check_weight(weight: float) -> None:
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-            raise ValueError(f"weight must be a finite positive number, got {weight!r}")

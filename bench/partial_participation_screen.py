@@ -36,7 +36,27 @@ from fedge.compression.registry import make_codec
 from fedge.edge_client.trainer import train_local
 from fedge.tasks import evaluate, make_task
 
-SCHEMES = ("fp32", "ef", "ef21", "ef21-pp")
+SCHEMES = ("fp32", "ef", "ef21", "ef21-pp", "fetchsgd")
+
+
+class CountSketch:
+    """A count sketch of an n-vector: ``rows`` hash rows of ``columns`` signed buckets (linear, so
+    sketches of updates add and scale like the updates)."""
+
+    def __init__(self, n: int, rows: int, columns: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.rows, self.columns = rows, columns
+        self.bucket = torch.randint(0, columns, (rows, n), generator=g)
+        self.sign = torch.randint(0, 2, (rows, n), generator=g).float() * 2 - 1
+
+    def sketch(self, v: torch.Tensor) -> torch.Tensor:
+        table = torch.zeros(self.rows, self.columns)
+        for r in range(self.rows):
+            table[r].index_add_(0, self.bucket[r], self.sign[r] * v)
+        return table
+
+    def estimate(self, table: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.sign[r] * table[r, self.bucket[r]] for r in range(self.rows)]).median(0).values
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:
@@ -57,14 +77,23 @@ def run(args: argparse.Namespace, seed: int) -> float:
     last_sent: dict[int, int] = {}
     estimate: dict[int, torch.Tensor] = {}
     running, running_weight, weights = torch.zeros(n), 0.0, {}
+    velocity = torch.zeros(n)
+    if args.scheme == "fetchsgd":
+        cs = CountSketch(n, args.sketch_rows, max(1, int(args.sketch_columns * n)), seed)
+        s_momentum = torch.zeros(cs.rows, cs.columns)
+        s_error = torch.zeros(cs.rows, cs.columns)
+        k = max(1, int(args.fetch_k * n))
     for step in range(1, args.rounds + 1):
-        total, total_weight = torch.zeros(n), 0.0
+        total = torch.zeros(cs.rows, cs.columns) if args.scheme == "fetchsgd" else torch.zeros(n)
+        total_weight = 0.0
         for i in (int(c) for c in rng.choice(args.clients, args.per_round, replace=False)):
             torch.nn.utils.vector_to_parameters(x.clone(), model.parameters())
             result = train_local(model, parts[i], task, epochs=args.local_epochs, lr=args.lr, batch_size=32,
                                  generator=torch.Generator().manual_seed(seed * 100_003 + step * 1_009 + i))
             update, weight = flat(model) - x, float(result.examples)
-            if codec is None:
+            if args.scheme == "fetchsgd":
+                sent = cs.sketch(update)  # stateless client: the sketch of its update
+            elif codec is None:
                 sent = update
             elif args.scheme == "ef":
                 wire = codec.for_round(step, seed)
@@ -83,10 +112,31 @@ def run(args: argparse.Namespace, seed: int) -> float:
                     if i not in weights:
                         weights[i] = weight
                         running_weight += weight
-            total += weight * sent
-            total_weight += weight
+            if args.aggregate == "coordinate" and args.scheme != "fetchsgd":
+                total += weight * sent
+                total_weight = total_weight + weight * (sent != 0).float()
+            else:
+                total += weight * sent
+                total_weight += weight
+        if args.scheme == "fetchsgd":
+            # FetchSGD (Rothchild et al., ICML 2020): momentum and error accumulate in sketch space on
+            # the server; the k heavy coordinates are unsketched, applied, and removed from the error.
+            s_momentum = args.server_momentum * s_momentum + total / total_weight
+            s_error += args.server_lr * s_momentum
+            estimate_ = cs.estimate(s_error)
+            delta = torch.zeros(n)
+            top = estimate_.abs().topk(k).indices
+            delta[top] = estimate_[top]
+            sketched = cs.sketch(delta)
+            s_error -= sketched
+            s_momentum[sketched != 0] = 0
+            x = x + delta
+            continue
+        if args.aggregate == "coordinate" and args.scheme != "fetchsgd":
+            total_weight = torch.clamp(total_weight, min=1e-12)
         step_update = running / running_weight if args.scheme == "ef21-pp" else total / total_weight
-        x = x + args.server_lr * step_update
+        velocity = args.server_momentum * velocity + step_update
+        x = x + args.server_lr * velocity
     torch.nn.utils.vector_to_parameters(x, model.parameters())
     return float(evaluate(model, test, task)["accuracy"])
 
@@ -103,13 +153,19 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--server-lr", type=float, default=1.0)
+    parser.add_argument("--server-momentum", type=float, default=0.0, help="FedAvgM / FetchSGD momentum")
+    parser.add_argument("--aggregate", choices=("mean", "coordinate"), default="mean",
+                        help="coordinate: each coordinate averaged over the clients that sent it")
+    parser.add_argument("--sketch-rows", type=int, default=1)
+    parser.add_argument("--sketch-columns", type=float, default=0.02, help="columns as a fraction of n")
+    parser.add_argument("--fetch-k", type=float, default=0.01, help="coordinates unsketched per round")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The specified min_partition_size")  # flwr-datasets redraws
     accuracies = [run(args, seed) for seed in args.seeds]
     label = args.scheme if args.scheme == "fp32" else f"{args.scheme} {args.codec}"
-    print(f"{label} (server lr {args.server_lr:g}): " + ", ".join(f"{a:.2%}" for a in accuracies)
+    print(f"{label} (server lr {args.server_lr:g}, momentum {args.server_momentum:g}, {args.aggregate}): " + ", ".join(f"{a:.2%}" for a in accuracies)
           + f"; mean {statistics.mean(accuracies):.2%}")
 
 

@@ -87,7 +87,8 @@ class RunSettings:
     aggregator: str = _opt(
         "mean",
         "FedAvg and FedBuff: how a step's decoded updates combine: 'mean' (weighted, streaming), 'median', "
-        "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M'; robust rules take ',nnm=F' (mix each update "
+        "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M', 'sparse-mean' (each coordinate over the updates "
+        "that sent it: for sparse uplinks at partial participation); robust rules take ',nnm=F' (mix each update "
         "with its n-F nearest first: for skewed data) and hold every update of a step",
     )
     aggregator_memory_mb: int = _opt(

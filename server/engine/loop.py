@@ -133,7 +133,7 @@ def secure_aggregation_of(algorithm: Algorithm) -> SecAggSpec | None:
         return None
     reason = refuse_reason(algorithm)
     if reason is None and settings.aggregator != "mean":
-        reason = f"aggregator {settings.aggregator!r} ranks individual updates; secure aggregation only reveals their sum"
+        reason = f"aggregator {settings.aggregator!r} works on individual updates; secure aggregation only reveals their sum"
     if reason is None and settings.update_norm != "none":
         reason = ("update-norm bounds each decoded update, which the coordinator never sees under secure "
                   "aggregation; the shared grid's clip bounds every coordinate instead")

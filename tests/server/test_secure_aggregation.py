@@ -118,7 +118,8 @@ def test_identity_keys_are_pinned_on_both_sides(tmp_path) -> None:
 @pytest.mark.parametrize("overrides, reason", [
     ({"algorithm": "gossip"}, "needs each device's update"),
     ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "asynchronously"),
-    ({"aggregator": "median"}, "ranks individual updates"),
+    ({"aggregator": "median"}, "works on individual updates"),
+    ({"aggregator": "sparse-mean"}, "works on individual updates"),
     ({"update_norm": "clip:max=1"}, "never sees"),
 ])
 def test_what_needs_individual_updates_is_refused_before_the_run(tmp_path, overrides, reason) -> None:
