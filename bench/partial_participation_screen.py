@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, seed: int) -> float:
         k = max(1, int(args.fetch_k * n))
     for step in range(1, args.rounds + 1):
         total = torch.zeros(cs.rows, cs.columns) if args.scheme == "fetchsgd" else torch.zeros(n)
-        total_weight = 0.0
+        total_weight, weight_sum = 0.0, 0.0
         for i in (int(c) for c in rng.choice(args.clients, args.per_round, replace=False)):
             torch.nn.utils.vector_to_parameters(x.clone(), model.parameters())
             result = train_local(model, parts[i], task, epochs=args.local_epochs, lr=args.lr, batch_size=32,
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace, seed: int) -> float:
             if args.aggregate == "coordinate" and args.scheme != "fetchsgd":
                 total += weight * sent
                 total_weight = total_weight + weight * (sent != 0).float()
+                weight_sum += weight
             else:
                 total += weight * sent
                 total_weight += weight
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace, seed: int) -> float:
             x = x + delta
             continue
         if args.aggregate == "coordinate" and args.scheme != "fetchsgd":
-            total_weight = torch.clamp(total_weight, min=1e-12)
+            step_weight = float(weight_sum)
+            total_weight = torch.clamp(total_weight, min=max(args.floor * step_weight, 1e-12))
         step_update = running / running_weight if args.scheme == "ef21-pp" else total / total_weight
         velocity = args.server_momentum * velocity + step_update
         x = x + args.server_lr * velocity
@@ -156,6 +158,8 @@ def main() -> None:
     parser.add_argument("--server-momentum", type=float, default=0.0, help="FedAvgM / FetchSGD momentum")
     parser.add_argument("--aggregate", choices=("mean", "coordinate"), default="mean",
                         help="coordinate: each coordinate averaged over the clients that sent it")
+    parser.add_argument("--floor", type=float, default=0.0,
+                        help="coordinate: the divisor is at least this fraction of the step's weight")
     parser.add_argument("--sketch-rows", type=int, default=1)
     parser.add_argument("--sketch-columns", type=float, default=0.02, help="columns as a fraction of n")
     parser.add_argument("--fetch-k", type=float, default=0.01, help="coordinates unsketched per round")
@@ -165,7 +169,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="The specified min_partition_size")  # flwr-datasets redraws
     accuracies = [run(args, seed) for seed in args.seeds]
     label = args.scheme if args.scheme == "fp32" else f"{args.scheme} {args.codec}"
-    print(f"{label} (server lr {args.server_lr:g}, momentum {args.server_momentum:g}, {args.aggregate}): " + ", ".join(f"{a:.2%}" for a in accuracies)
+    print(f"{label} (server lr {args.server_lr:g}, momentum {args.server_momentum:g}, {args.aggregate}, floor {args.floor:g}): " + ", ".join(f"{a:.2%}" for a in accuracies)
           + f"; mean {statistics.mean(accuracies):.2%}")
 
 
