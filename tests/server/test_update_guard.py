@@ -5,6 +5,7 @@ fault mod's ``signflip`` and ``inflate``)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedge.compression import SpecError
 from fedge.server.preflight import preflight
@@ -95,3 +96,20 @@ def test_settings_refuse_what_cannot_work() -> None:
         preflight(RunSettings(weight_cap="mean"))
     with pytest.raises(ValueError, match="needs max"):
         preflight(RunSettings(update_norm="clip"))
+
+
+def test_sparse_mean_through_the_engine_undoes_the_dilution_of_sparse_updates(tmp_path) -> None:
+    """The same first round (same clients, same top-5% updates) aggregated by ``mean`` and by
+    ``sparse-mean``: every coordinate moves the same way, and by the full weight of the devices
+    that sent it rather than of all of them (so never less, and more where not every device sent)."""
+    changes = {}
+    for rule in ("mean", "sparse-mean"):
+        engine = _engine(tmp_path / rule, rounds=1, clients_per_round=3, codec="topk:ratio=0.05", aggregator=rule)
+        start = _start(engine)
+        result = engine.run(InProcessGrid(3), start.clone())
+        assert result.rows[0].extra["aggregator"] == rule and result.rows[0].clients_used == 3
+        changes[rule] = result.model - start
+    plain, sparse = changes["mean"], changes["sparse-mean"]
+    assert torch.equal(plain != 0, sparse != 0) and torch.all(torch.sign(plain) == torch.sign(sparse))
+    assert torch.all(sparse.abs() >= plain.abs() - 1e-7)
+    assert float(sparse.norm()) > 1.5 * float(plain.norm())  # 3 devices, mostly different top 5%
