@@ -56,6 +56,7 @@ def run(label: str, codec: str, downlink: str, args: argparse.Namespace, seed: i
     return {
         "label": label, "codec": codec, "downlink": downlink, "seed": seed,
         "accuracy": summary["final_accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
+        "accuracy_by_round": [r["accuracy"] for r in rows],  # a late swing shows here, not in final/best
         "uplink_bytes": summary["uplink_bytes"], "downlink_bytes": summary["downlink_bytes"],
         "downlink_by_kind": kinds, "downlink_counts": counts, "participations": participations,
         "fp32_model_bytes": fp32_model,
