@@ -63,7 +63,9 @@ def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
 
 
-def run(args: argparse.Namespace, seed: int) -> float:
+def run(args: argparse.Namespace, seed: int) -> tuple[float, float, float]:
+    """Final accuracy, the mean over the last ten rounds, and the final accuracy of the server's
+    exponential moving average of the model (``--ema``; the raw model when 0)."""
     task = make_task(args.task)
     parts = [task.partition(i, args.clients, args.partitioning) for i in range(args.clients)]
     test = task.test_data()
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace, seed: int) -> float:
         s_momentum = torch.zeros(cs.rows, cs.columns)
         s_error = torch.zeros(cs.rows, cs.columns)
         k = max(1, int(args.fetch_k * n))
+    ema = x.clone()
+    history: list[float] = []
     for step in range(1, args.rounds + 1):
         total = torch.zeros(cs.rows, cs.columns) if args.scheme == "fetchsgd" else torch.zeros(n)
         total_weight, weight_sum = 0.0, 0.0
@@ -139,8 +143,12 @@ def run(args: argparse.Namespace, seed: int) -> float:
         step_update = running / running_weight if args.scheme == "ef21-pp" else total / total_weight
         velocity = args.server_momentum * velocity + step_update
         x = x + args.server_lr * velocity
-    torch.nn.utils.vector_to_parameters(x, model.parameters())
-    return float(evaluate(model, test, task)["accuracy"])
+        ema = args.ema * ema + (1 - args.ema) * x
+        if step > args.rounds - 10:
+            torch.nn.utils.vector_to_parameters(x, model.parameters())
+            history.append(float(evaluate(model, test, task)["accuracy"]))
+    torch.nn.utils.vector_to_parameters(ema, model.parameters())
+    return history[-1], statistics.mean(history), float(evaluate(model, test, task)["accuracy"])
 
 
 def main() -> None:
@@ -163,14 +171,18 @@ def main() -> None:
     parser.add_argument("--sketch-rows", type=int, default=1)
     parser.add_argument("--sketch-columns", type=float, default=0.02, help="columns as a fraction of n")
     parser.add_argument("--fetch-k", type=float, default=0.01, help="coordinates unsketched per round")
+    parser.add_argument("--ema", type=float, default=0.0, help="server EMA of the model (reported separately)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="The specified min_partition_size")  # flwr-datasets redraws
-    accuracies = [run(args, seed) for seed in args.seeds]
+    runs = [run(args, seed) for seed in args.seeds]
     label = args.scheme if args.scheme == "fp32" else f"{args.scheme} {args.codec}"
-    print(f"{label} (server lr {args.server_lr:g}, momentum {args.server_momentum:g}, {args.aggregate}, floor {args.floor:g}): " + ", ".join(f"{a:.2%}" for a in accuracies)
-          + f"; mean {statistics.mean(accuracies):.2%}")
+    for name, column in (("final", 0), ("last-10 mean", 1), (f"ema {args.ema:g}", 2)):
+        accuracies = [r[column] for r in runs]
+        print(f"{label} (server lr {args.server_lr:g}, momentum {args.server_momentum:g}, {args.aggregate}, "
+              f"floor {args.floor:g}) {name}: " + ", ".join(f"{a:.2%}" for a in accuracies)
+              + f"; mean {statistics.mean(accuracies):.2%}")
 
 
 if __name__ == "__main__":

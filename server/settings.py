@@ -18,7 +18,7 @@ __all__ = ["ALGORITHM_KEYS", "OPTIONS", "Option", "RunSettings", "SettingsError"
 
 #: Settings only some round algorithms use; each algorithm lists the ones it uses
 #: (``Algorithm.settings_used``) and a run that changes another one is refused before it starts.
-ALGORITHM_KEYS = ("server-opt", "prox-mu", "aggregator", "downlink-codec")
+ALGORITHM_KEYS = ("server-opt", "prox-mu", "aggregator", "downlink-codec", "model-average")
 
 
 class SettingsError(ValueError):
@@ -90,6 +90,12 @@ class RunSettings:
         "'trimmed-mean:beta=0.2', 'krum:f=F', 'multikrum:f=F,m=M', 'sparse-mean' (each coordinate over the updates "
         "that sent it: for sparse uplinks at partial participation); robust rules take ',nnm=F' (mix each update "
         "with its n-F nearest first: for skewed data) and hold every update of a step",
+    )
+    model_average: str = _opt(
+        "none",
+        "the model the run evaluates, saves and exports: 'none' (the last global model) or 'ema:decay=0.8' (an "
+        "exponential moving average of the global models: smooths the last rounds' swings at partial "
+        "participation; devices still train from the latest model); FedAvg, FedBuff, FedAsync, EASGD",
     )
     aggregator_memory_mb: int = _opt(
         1024, "largest memory a robust aggregator may hold per step (clients x model x 4 bytes); refused if over"
@@ -231,7 +237,8 @@ class RunSettings:
         from fedge.compression.errors import SpecError
         from fedge.compression.spec import parse_spec
 
-        for key, value in (("algorithm", self.algorithm), ("update-norm", self.update_norm)):
+        for key, value in (("algorithm", self.algorithm), ("update-norm", self.update_norm),
+                           ("model-average", self.model_average)):
             try:
                 parse_spec(value)
             except SpecError as err:

@@ -69,7 +69,7 @@ class EASGD(Algorithm):
     name = "easgd"
     weighted = False  # every client's elastic difference counts once: the center moves by their sum
     secure_sum = True
-    settings_used = frozenset({"downlink-codec"})
+    settings_used = frozenset({"downlink-codec", "model-average"})
 
     def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
         super().__init__(ctx)

@@ -48,7 +48,7 @@ class FedAsyncStep(FedBuffStep):
 
 class FedAsync(FedBuff):
     name = "fedasync"
-    settings_used = frozenset({"prox-mu"})
+    settings_used = frozenset({"prox-mu", "model-average"})
     weighted = False  # one update per version: its example count mixes nothing
 
     def __init__(self, ctx: RunContext, alpha: float = 0.6, concurrency: int = 0, staleness: str = "poly",

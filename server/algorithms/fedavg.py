@@ -51,7 +51,7 @@ class FedAvgStep(Step):
 class FedAvg(Algorithm):
     name = "fedavg"
     secure_sum = True
-    settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec"})
+    settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec", "model-average"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

@@ -64,7 +64,7 @@ class FedBuffStep(FedAvgStep):
 class FedBuff(FedAvg):
     name = "fedbuff"
     device_handler = "fedavg"  # clients do FedAvg's work; only the coordinator's schedule differs
-    settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec"})
+    settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec", "model-average"})
     asynchronous = True
 
     def __init__(self, ctx: RunContext, concurrency: int = 0, buffer: int = 0, staleness: str = "poly",

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
+from fedge.aggregation.model_average import ModelAverage, parse_model_average
 from fedge.compression import PayloadError, derive_seed
 from fedge.deploy.atomic import atomic_write_text
 from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
@@ -59,7 +60,7 @@ from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, evaluate, numel_of, unflatten_state
 from fedge.tasks.data_files import load_npz
 
-__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
+__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "model_average_of", "sample_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,15 @@ def secure_aggregation_of(algorithm: Algorithm) -> SecAggSpec | None:
     return spec
 
 
+def model_average_of(algorithm: Algorithm) -> ModelAverage | None:
+    """The run's ``model-average`` (None for 'none'); a bad spec is refused here (the CLI's preflight
+    calls this before any process starts). Which algorithms may set it, the registry checks."""
+    try:
+        return parse_model_average(algorithm.ctx.settings.model_average)
+    except ValueError as err:
+        raise SettingsError(str(err)) from None
+
+
 class Engine:
     def __init__(
         self,
@@ -168,6 +178,8 @@ class Engine:
         self._pins: dict[int, bytes] = {}
         #: client-level differential privacy (``differential-privacy``): sampling, clipping, noise, ledger
         self.dp = central_dp_of(algorithm)
+        #: ``model-average``: the delivered (evaluated, saved, exported) model averages the published ones
+        self.average = model_average_of(algorithm)
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -175,7 +187,7 @@ class Engine:
         rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
         # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
         self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
-        result = EngineResult(model=self.algorithm.final_model(), rows=rows, resumed_from=start)
+        result = EngineResult(model=self._final_model(), rows=rows, resumed_from=start)
         described = {**self.algorithm.describe(), "update_norm": self.guard.norm.spec, "weight_cap": self.guard.cap.spec}
         atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(described, indent=2) + "\n")
         if start >= self.settings.rounds or self._reached_target(result):
@@ -201,19 +213,35 @@ class Engine:
                 self._publish(self.step(grid, step), result)
                 if self._reached_target(result) or self._stop_requested(result):
                     break
-        result.model = self.algorithm.final_model()
+        result.model = self._final_model()
         return result
+
+    def _final_model(self) -> torch.Tensor:
+        """What the run delivers: the algorithm's final model, or its average (``model-average``)."""
+        averaged = self.average.value() if self.average is not None else None
+        return averaged if averaged is not None else self.algorithm.final_model()
+
+    def _close(self, step: Step) -> StepOutcome:
+        """Close a step; with ``model-average`` the outcome's model (what is measured) is the average
+        of the published models, and the algorithm's own model keeps training."""
+        outcome = self.algorithm.close(step)
+        if self.average is not None and outcome.model is not None:
+            outcome.model = self.average.update(outcome.model)
+            outcome.extra["model_average"] = self.average.spec
+        return outcome
 
     def _publish(self, row: RoundRow, result: EngineResult) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
         between, the step runs again and its row is replaced)."""
         row.wall_seconds = self._wall + self.clock()
         self.run_dir.metrics.append(row.to_json())
-        self.run_dir.checkpoints.save(
-            Checkpoint(round=row.round, algorithm=self.algorithm.spec, task=self.ctx.task.spec,
-                       numel=self.ctx.numel, state={**self.algorithm.state_dict(), "guard": self.guard.state_dict(),
-                                                    **({"dp": self.dp.state_dict()} if self.dp is not None else {})})
-        )
+        state = {**self.algorithm.state_dict(), "guard": self.guard.state_dict()}
+        if self.dp is not None:
+            state["dp"] = self.dp.state_dict()
+        if self.average is not None:
+            state["model-average"] = self.average.state_dict()
+        self.run_dir.checkpoints.save(Checkpoint(round=row.round, algorithm=self.algorithm.spec,
+                                                 task=self.ctx.task.spec, numel=self.ctx.numel, state=state))
         result.rows.append(row)
         if self.on_row:
             self.on_row(row)
@@ -301,7 +329,7 @@ class Engine:
         if self.dp is not None:
             dp, connected = self.dp, len(nodes)
             state.finish = lambda mean, used: dp.noisy_mean(mean * used, connected)
-        outcome = alg.close(state)
+        outcome = self._close(state)
         if self.dp is not None:
             outcome.extra.update(self.dp.close_round())
         metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
@@ -354,7 +382,7 @@ class Engine:
             alg.missed(state, node, reason)
         tally.uplink += secure.uplink
         tally.downlink += secure.downlink
-        outcome = alg.close(state)
+        outcome = self._close(state)
         outcome.notes.extend(notes)
         outcome.extra.update({"secure_aggregation": self.secure.spec,
                               "secagg_ring_bits": secure.plan.bits, "secagg_neighbours": secure.plan.degree})
@@ -403,7 +431,7 @@ class Engine:
                 self._receive(state, item, tally, started=began)
                 if alg.ready(state):
                     version += 1
-                    outcome = alg.close(state)
+                    outcome = self._close(state)
                     metrics, extra = self.measure(grid, version, outcome.model, self._evaluators(grid, version), tally)
                     self._publish(self._row(version, tally, outcome, metrics, {"client_idle_seconds": tally.idle, **extra}),
                                   result)
@@ -523,6 +551,10 @@ class Engine:
                 if "dp" not in checkpoint.state:
                     raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
                 self.dp.load_state_dict(checkpoint.state["dp"])
+            if self.average is not None:
+                if "model-average" not in checkpoint.state:
+                    raise ValueError("the checkpoint has no model average: the run did not set model-average")
+                self.average.load_state_dict(checkpoint.state["model-average"])
             self.algorithm.load_state_dict(checkpoint.state)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None

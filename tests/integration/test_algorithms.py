@@ -8,10 +8,13 @@ test_serve.py), and every algorithm's stop/resume through the engine (tests/serv
 from __future__ import annotations
 
 import pytest
+import torch
 
+from fedge.deploy.model_file import load_model_file
 from fedge.server.run.checkpoint import CheckpointStore
 from fedge.server.local import launch
 from fedge.server.settings import RunSettings
+from fedge.tasks import flatten_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -86,16 +89,18 @@ def test_gossip_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
 def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_leftovers) -> None:
     """One client in four three times slower: versions keep coming, its updates arrive stale; a crash
     after version 2 and a restart still publish exactly 10 versions. The model goes out as versioned
-    lattice copies: a device returning versions later gets the catch-up from the cache."""
+    lattice copies: a device returning versions later gets the catch-up from the cache. The delivered
+    model is the moving average of the versions (``model-average``), continued across the restart."""
     settings = RunSettings(algorithm="fedbuff:concurrency=4,buffer=2", rounds=10, clients_per_round=4,
                            local_epochs=5, stragglers="fraction=0.25,slowdown=3", downlink_codec="lattice:ratio=0.1",
-                           run_dir=str(tmp_path / "run"))
+                           model_average="ema:decay=0.5", run_dir=str(tmp_path / "run"))
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None
     assert_no_leftovers(crashed.run_dir / "flwr-home")
     saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
     # versions come fast once the actors are up: a few more may land before every process is killed
     assert saved is not None and 1 <= saved.round < 10 and saved.state["version"] == saved.round
+    assert saved.state["model-average"]["count"] == saved.round
 
     result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(result.run_dir / "flwr-home")
@@ -111,6 +116,12 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
     assert walls == sorted(walls) and walls[0] > 0
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
     assert (result.run_dir / "model.pt").exists()
+    final = CheckpointStore(result.run_dir / "checkpoint").load().state
+    assert final["model-average"]["count"] == 10 and all(row["model_average"] == "ema:decay=0.5" for row in rows)
+    delivered = load_model_file(result.run_dir / "model.pt")
+    flat = flatten_state(delivered.state_dict)
+    assert torch.equal(flat, final["model-average"]["average"])  # the average, not the last version
+    assert not torch.equal(flat, final["params"])
 
 
 def test_fedasync_with_a_straggler_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:

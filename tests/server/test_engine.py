@@ -210,3 +210,28 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     grid.push_messages(messages)
     (reply,) = grid.pull_messages([messages[0].metadata.message_id])
     assert reply.has_error() and "does not match the model" in reply.error.reason
+
+
+def test_model_average_is_what_the_run_measures_and_delivers_and_it_resumes(tmp_path) -> None:
+    """With ``model-average = ema``, each row measures the average of the published models, the
+    result is that average (the algorithm's own model keeps training), and a resumed run continues
+    the average from the checkpoint exactly as an uninterrupted one (fp32 updates: a new grid's
+    devices hold no error-feedback memory, so only fp32 training is the same after a restart)."""
+    whole = _engine(tmp_path / "whole", rounds=3, codec="none", model_average="ema:decay=0.5")
+    result = whole.run(InProcessGrid(3), _start(whole))
+    trained = whole.algorithm.final_model()
+    assert not torch.equal(result.model, trained)
+    assert result.rows[-1].extra["model_average"] == "ema:decay=0.5"
+    assert result.rows[-1].accuracy == pytest.approx(whole.evaluate(result.model)["accuracy"])
+    part = _engine(tmp_path / "part", rounds=2, codec="none", model_average="ema:decay=0.5")
+    part.run(InProcessGrid(3), _start(part))
+    rest = _engine(tmp_path / "part", rounds=3, codec="none", model_average="ema:decay=0.5")
+    resumed = rest.run(InProcessGrid(3), _start(rest))
+    assert resumed.resumed_from == 2 and torch.allclose(resumed.model, result.model, atol=1e-6)
+    with pytest.raises(ValueError, match="model-average"):  # a run directory keeps its average
+        _engine(tmp_path / "part", rounds=4, codec="none")
+
+
+def test_model_average_is_refused_where_there_is_no_global_model(tmp_path) -> None:
+    with pytest.raises(ValueError, match="model-average"):
+        _engine(tmp_path, algorithm="gossip:topology=ring", model_average="ema")
