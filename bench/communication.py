@@ -59,6 +59,8 @@ PRESETS = {
             ("topk:ratio=0.02,sample=0.05+qsgd:bits=4", True),
             ("topk:ratio=0.001,sample=0.05+qsgd:bits=4", True), ("randk:ratio=0.01,shared=true", True),
             ("dgc:ratio=0.01,sample=0.05+qsgd:bits=4", True), ("dgc:ratio=0.001,sample=0.05+qsgd:bits=4", True),
+            # issue 22's moonshot: no sparsity warm-up (its dense first rounds are a third of the uplink)
+            ("dgc:ratio=0.007,sample=0.05,warmup=0+qsgd:bits=4", True),
         ],
     },
 }
