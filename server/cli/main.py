@@ -223,9 +223,11 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     if settings.clients_per_round > nodes:
         settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
-    from fedge.server.preflight import preflight
+    from fedge.server.preflight import advise, preflight
 
     preflight(settings, num_partitions=nodes if engine == "simulation" else None)
+    for line in advise(settings, nodes):
+        console.print(f"[yellow]note:[/yellow] {line}")
 
     console.print(
         f"[bold]fedge[/bold] {engine} engine: {nodes} clients, task {settings.task}, "

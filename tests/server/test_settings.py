@@ -45,3 +45,21 @@ def test_values_are_validated() -> None:
     with pytest.raises(SettingsError, match="stop-accuracy"):
         RunSettings(stop_accuracy=-0.1)
     assert RunSettings.from_run_config({"lr": 1, "error-feedback": "false"}).lr == 1.0
+
+
+def test_advice_for_sparse_uplinks_at_partial_participation() -> None:
+    """The CLI's advice: a sparsifier at one device in four or fewer per round without sparse-mean
+    and a model average gets a note naming what is missing; dense codecs, full participation,
+    gossip and the recommended settings get none."""
+    from fedge.server.preflight import advise
+
+    sparse = RunSettings(codec="dgc:ratio=0.01,sample=0.05+qsgd:bits=4", clients_per_round=10)
+    [note] = advise(sparse, 100)
+    assert "dgc at 10 of 100" in note and "--aggregator sparse-mean" in note and "--model-average" in note
+    [note] = advise(sparse.replace(aggregator="sparse-mean"), 100)
+    assert "sparse-mean" not in note and "model-average" in note
+    assert advise(sparse.replace(aggregator="sparse-mean", model_average="ema:decay=0.8"), 100) == []
+    assert advise(sparse, 20) == []  # half the clients every round
+    assert advise(RunSettings(codec="qsgd:bits=4", clients_per_round=10), 100) == []
+    assert advise(sparse.replace(algorithm="gossip"), 100) == []
+    assert advise(RunSettings(codec="zstd:level=3+topk:ratio=0.01", clients_per_round=5), 50)
