@@ -52,8 +52,10 @@ class ModelAverage:
         flat = model.detach().reshape(-1).to(torch.float32)
         if not bool(torch.isfinite(flat).all()):
             raise ValueError("model-average: the published model has non-finite values")
-        if self._average is None or self._average.numel() != flat.numel():
+        if self._average is None:
             self._average = flat.clone()
+        elif self._average.numel() != flat.numel():
+            raise ValueError(f"model-average: a model of {flat.numel()} values, the average has {self._average.numel()}")
         else:
             self._average.mul_(self.decay).add_(flat, alpha=1.0 - self.decay)
         self.count += 1

@@ -12,16 +12,14 @@ import warnings
 
 from fedge.aggregation import make_server_optimizer
 from fedge.aggregation.broadcast import parse_downlink
-from fedge.compression import make_codec
+from fedge.compression import Codec, make_codec
+from fedge.compression.sparse import ThresholdCodec, TopKCodec
 from fedge.protocol.plugins import load_plugins
 from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, make_task
 from fedge.tasks.partition import validate_partitioning
 
 __all__ = ["advise", "preflight"]
-
-#: codecs that send a few coordinates per update (their names in a codec spec, any stage of a '+' chain)
-SPARSIFIERS = ("topk", "dgc", "threshold")
 
 
 def preflight(settings: RunSettings, num_partitions: int | None = None) -> None:
@@ -72,10 +70,10 @@ def advise(settings: RunSettings, num_clients: int) -> list[str]:
     prints them before the run; nothing is refused). Today: a sparse uplink with one device in four
     or fewer per round, aggregated by the plain mean or delivered without a model average, ended 6
     to 13 points below fp32 FedAvg (docs/codecs.md, "Sparsification at partial participation")."""
-    stages = [part.partition(":")[0].strip().lower() for part in settings.codec.split("+")]
-    sparse = [name for name in stages if name in SPARSIFIERS]
-    algorithm = settings.algorithm.partition(":")[0].strip().lower()
-    if not sparse or algorithm not in ("fedavg", "fedbuff") or num_clients < 1:
+    from fedge.server.algorithms.registry import algorithm_class
+
+    sparse = _sparsifier(make_codec(settings.codec))
+    if sparse is None or "aggregator" not in algorithm_class(settings.algorithm).settings_used or num_clients < 1:
         return []
     if settings.clients_per_round * 4 > num_clients:
         return []
@@ -86,6 +84,16 @@ def advise(settings: RunSettings, num_clients: int) -> list[str]:
         missing.append("--model-average ema:decay=0.8")
     if not missing:
         return []
-    return [f"{sparse[0]} at {settings.clients_per_round} of {num_clients} clients per round: sparse uplinks at "
+    return [f"{sparse} at {settings.clients_per_round} of {num_clients} clients per round: sparse uplinks at "
             f"partial participation ended 6-13 points below fp32 FedAvg without {' and '.join(missing)} "
             "(run-config keys of the same names; docs/codecs.md, 'Sparsification at partial participation')"]
+
+
+def _sparsifier(codec: Codec) -> str | None:
+    """The name of the sparsifier (top-k, DGC, threshold) anywhere in a codec's chain, or None."""
+    current: Codec | None = codec
+    while current is not None:
+        if isinstance(current, (TopKCodec, ThresholdCodec)):
+            return current.spec.partition(":")[0]
+        current = getattr(current, "values", None)
+    return None
