@@ -1,0 +1,135 @@
+"""Seeded runs' fingerprints: what the engine sends and receives, byte for byte, for each algorithm
+and cross-cutting feature, on the in-process Grid stand-in (real ClientApp handlers).
+
+``tests/server/test_behaviour.py`` checks today's engine against ``behaviour.json``, which this
+module wrote before the engine's layers were refactored ("One door"): a refactor that changes one
+uplink byte, one downlink byte or the trained model fails it. Regenerate only for a deliberate
+change of behaviour, and say so in the commit:
+
+    .venv/bin/python -m tests.server.behaviour --write
+
+Training is bit-reproducible for one torch build and CPU kind; the fingerprints name the torch
+version they were recorded with, and the test skips on another. Secure aggregation's masks come
+from fresh X25519 keys, so its uploads differ every run; its fingerprint is the unmasked model and
+the upload sizes. Central DP draws its noise from the OS; the fingerprint run fixes that source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+
+from fedge.protocol import UPDATE_RECORD
+from fedge.server.run.initial_model import initial_params
+from fedge.tasks import make_task
+from tests.server.engines import build_engine
+from tests.server.in_process_grid import InProcessGrid
+
+__all__ = ["CASES", "FINGERPRINTS", "fingerprint"]
+
+FINGERPRINTS = Path(__file__).with_name("behaviour.json")
+
+_BASE: dict[str, Any] = dict(rounds=3, clients_per_round=4, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
+                             codec="qsgd:bits=4", seed=42)
+
+#: name -> (run settings, in-process grid arguments, whether uploads are reproducible bytes)
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
+    "fedavg": ({}, {"num_nodes": 6}, True),
+    "fedavg-prox-adam": ({"prox_mu": 0.1, "server_opt": "fedadam:lr=0.01"}, {"num_nodes": 6}, True),
+    "fedavg-lattice-ema": ({"downlink_codec": "lattice:ratio=0.05", "codec": "dgc:ratio=0.05",
+                            "model_average": "ema:decay=0.8"}, {"num_nodes": 6}, True),
+    "fedavg-median": ({"aggregator": "median"}, {"num_nodes": 5}, True),
+    "easgd": ({"algorithm": "easgd", "downlink_codec": "lattice:ratio=0.05"}, {"num_nodes": 4}, True),
+    "gossip": ({"algorithm": "gossip:topology=ring"}, {"num_nodes": 4}, True),
+    "fedbuff": ({"algorithm": "fedbuff:concurrency=3,buffer=2", "rounds": 4}, {"num_nodes": 4, "lag": {2: 3}}, True),
+    "fedasync": ({"algorithm": "fedasync:concurrency=3", "rounds": 4}, {"num_nodes": 4, "lag": {1: 2}}, True),
+    "federated-eval": ({"evaluate": "federated", "holdout": 0.2}, {"num_nodes": 5}, True),
+    "dp": ({"differential_privacy": "gaussian:noise=1.0,clip=1.0,delta=1e-5"}, {"num_nodes": 6}, True),
+    "dp-adaptive": ({"differential_privacy": "gaussian:noise=0.1,clip=1.0,delta=1e-5,adaptive=true,quantile=0.5",
+                     "clients_per_round": 6}, {"num_nodes": 8}, True),
+    "secure": ({"secure_aggregation": "secagg:bits=8,clip=0.2,weight-cap=256", "clients_per_round": 5},
+               {"num_nodes": 5}, False),
+    "secure-easgd": ({"algorithm": "easgd", "secure_aggregation": "secagg:bits=8,clip=0.2,weight-cap=256",
+                      "clients_per_round": 5}, {"num_nodes": 5}, False),
+}
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _fixed_urandom(size: int) -> bytes:
+    return hashlib.shake_256(b"fedge-behaviour").digest(size)
+
+
+def fingerprint(name: str, run_dir: Path) -> dict[str, Any]:
+    """One case's fingerprint: per step the bytes moved and the digest of every upload, then the
+    delivered model's digest."""
+    values, grid_args, exact = CASES[name]
+    settings = {**_BASE, **values, "run_dir": str(run_dir)}
+    uploads: list[list[str]] = []
+    fixed = mock.patch("os.urandom", _fixed_urandom) if "differential_privacy" in values else contextlib.nullcontext()
+    with fixed:
+        engine = build_engine(settings)
+        grid = InProcessGrid(**grid_args)
+        seen: list[str] = []
+        pull = grid.pull_messages
+
+        def recording_pull(ids: list[str]) -> list:  # type: ignore[type-arg]
+            replies = pull(ids)
+            for reply in replies:
+                if not reply.has_error() and UPDATE_RECORD in reply.content.array_records:
+                    payload = b"".join(bytes(a.data) for a in reply.content.array_records[UPDATE_RECORD].values())
+                    seen.append(f"{reply.metadata.src_node_id}:{len(payload)}:{_digest(payload) if exact else '-'}")
+            return replies
+
+        grid.pull_messages = recording_pull  # type: ignore[method-assign]
+        previous = 0
+
+        def on_row(row: Any) -> None:
+            nonlocal previous
+            uploads.append(sorted(seen[previous:]))
+            previous = len(seen)
+
+        engine.on_row = on_row
+        result = engine.run(grid, initial_params(make_task(settings.get("task", "digits")), settings["seed"]))
+    rows = []
+    for row, ups in zip(result.rows, uploads):
+        rows.append({"round": row.round, "uplink_bytes": row.uplink_bytes if exact else None,
+                     "downlink_bytes": row.downlink_bytes if exact else None,
+                     "measurement_bytes": row.measurement_bytes, "clients_used": row.clients_used,
+                     "clients_failed": row.clients_failed, "score": round(row.score, 6), "uploads": ups})
+    model = result.model.contiguous().numpy().tobytes()
+    return {"rows": rows, "model": _digest(model)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help=f"write {FINGERPRINTS.name}")
+    parser.add_argument("--case", action="append", help="only these cases (default: all)")
+    args = parser.parse_args()
+    import tempfile
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"torch": torch.__version__, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.case or CASES:
+            out["cases"][name] = fingerprint(name, Path(tmp) / name)
+            print(name, out["cases"][name]["model"], flush=True)
+    if args.write:
+        FINGERPRINTS.write_text(json.dumps(out, indent=1) + "\n")
+    else:
+        print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    main()
