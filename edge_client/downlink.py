@@ -6,8 +6,10 @@ coordinates of its copy ``base + step * n``, and the version they belong to, in 
 version the coordinator believes the device holds, or a snapshot. The device applies it, rebuilds the
 copy, and checks it against the digest the coordinator sent before training. Anything that does not
 fit (another version, no copy, a digest mismatch, a base it cannot rebuild) raises
-:class:`OutOfSyncError`: the reply is an error, the coordinator forgets the device's copy and sends a
-snapshot next time, and no training ever starts from a copy that differs from the coordinator's.
+:class:`OutOfSyncError` (:class:`MissingBaseError` for the base): the device replies with a typed
+refusal (``edge_client.layers.refusal_mod``), the coordinator forgets the device's copy and sends a
+snapshot (and the base) next time, and no training ever starts from a copy that differs from the
+coordinator's.
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ from flwr.app import Message
 from fedge.aggregation.broadcast import lattice_model, model_digest
 from fedge.compression.lattice import CHANGE, SNAPSHOT, decode_lattice, encode_lattice, lattice_header
 from fedge.edge_client.node_store import NodeStore
-from fedge.edge_client.public_copy import OutOfSyncError
 from fedge.protocol import (
-    DOWNLINK_BASE_ERROR,
     DOWNLINK_BASE_KEY,
     DOWNLINK_RECORD,
     DOWNLINK_STEPS_KEY,
@@ -30,6 +30,8 @@ from fedge.protocol import (
     read_payload,
     read_state_dict,
 )
+from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
+from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
@@ -38,7 +40,7 @@ __all__ = ["received_model"]
 
 def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task) -> torch.Tensor:
     """The flat model to start from, as the coordinator holds it."""
-    if config.extra.get("downlink-codec", "none") == "none" or MODEL_RECORD in msg.content.array_records:
+    if config.extra.get(DOWNLINK_CODEC, "none") == "none" or MODEL_RECORD in msg.content.array_records:
         model = task.build_model()
         model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
         return flatten_state(model.state_dict())
@@ -52,9 +54,9 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
     sizes = tensor_sizes(template)
     numel = sum(sizes)
     kind, base_version, version = lattice_header(payload)
-    if version != config.integer("downlink-version", 0):
+    if version != config.integer(DOWNLINK_VERSION, 0):
         raise ProtocolError(f"downlink payload brings version {version}, the config says "
-                            f"{config.integer('downlink-version', 0)}")
+                            f"{config.integer(DOWNLINK_VERSION, 0)}")
     base = _base(arrays, config, store, task, numel)
     message = decode_lattice(payload, numel)
     if kind == SNAPSHOT:
@@ -78,7 +80,7 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
         n[torch.from_numpy(message.indices)] += torch.from_numpy(message.values)
     steps = torch.repeat_interleave(tensor_steps, torch.tensor(sizes))
     copy = lattice_model(base, steps, n)
-    expected = config.integer("downlink-digest", 0)
+    expected = config.integer(DOWNLINK_DIGEST, 0)
     if model_digest(copy) != expected:
         raise OutOfSyncError(f"this device's copy of version {version} does not match the coordinator's digest")
     # Stored compactly (the snapshot encoding); the digest check above passed, so this is the copy.
@@ -95,7 +97,7 @@ def _decode_stored(stored: bytes, numel: int) -> torch.Tensor:
 def _base(arrays, config: RoundConfig, store: NodeStore, task: Task, numel: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The lattice's base: shipped with this message, shipped earlier and stored, or rebuilt from the
     task and seed and checked against the coordinator's digest."""
-    expected = config.integer("downlink-base-digest", 0)
+    expected = config.integer(DOWNLINK_BASE_DIGEST, 0)
     if DOWNLINK_BASE_KEY in arrays:
         base = read_flat(arrays[DOWNLINK_BASE_KEY], numel, f"{DOWNLINK_RECORD}[{DOWNLINK_BASE_KEY}]")
         if model_digest(base) != expected:
@@ -107,6 +109,6 @@ def _base(arrays, config: RoundConfig, store: NodeStore, task: Task, numel: int)
         return stored
     rebuilt = seeded_initial_params(task, config.seed)
     if model_digest(rebuilt) != expected:
-        raise OutOfSyncError(f"{DOWNLINK_BASE_ERROR}: this device's seeded initial model differs from the "
+        raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
                              "coordinator's (another torch build?); it must be sent once")
     return rebuilt

@@ -13,12 +13,9 @@ import torch
 
 from fedge.compression import Codec
 from fedge.edge_client.node_store import NodeStore
+from fedge.protocol.refusals import OutOfSyncError
 
 __all__ = ["OutOfSyncError", "PublicCopy"]
-
-
-class OutOfSyncError(RuntimeError):
-    """The coordinator sent a change for a version of a copy that this node does not hold."""
 
 
 class PublicCopy:

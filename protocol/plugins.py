@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ENTRY_POINT_GROUP", "PLUGIN_ACTION", "PluginError", "device_handler", "load_plugins", "plugin_modules",
+__all__ = ["DEVICE_LAYERS_ATTRIBUTE", "ENTRY_POINT_GROUP", "PLUGIN_ACTION", "PluginError", "device_handler", "load_plugins", "plugin_modules",
            "register_device_handler"]
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ ENTRY_POINT_GROUP = "fedge.plugins"
 #: the Flower action of every plugin algorithm's messages (``train.plugin``); the config record's
 #: ``handler`` key names the device handler
 PLUGIN_ACTION = "plugin"
+#: set on a device handler whose updates leave through the device's layers (clipping, masking,
+#: encoding: ``fedge.edge_client.layers.uses_device_layers``); the coordinator reads it when the
+#: handler is registered, so a plugin that bypasses them is refused secure aggregation and DP
+DEVICE_LAYERS_ATTRIBUTE = "fedge_device_layers"
 
 _loaded: set[str] = set()
 _entry_points_loaded = False

@@ -31,7 +31,6 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 
 __all__ = [
     "CONFIG_RECORD",
-    "DOWNLINK_BASE_ERROR",
     "DOWNLINK_BASE_KEY",
     "DOWNLINK_RECORD",
     "DOWNLINK_STEPS_KEY",
@@ -69,8 +68,6 @@ PAYLOAD_KEY = "payload"
 #: (snapshots) and the base model (only for a device that cannot rebuild it)
 DOWNLINK_STEPS_KEY = "steps"
 DOWNLINK_BASE_KEY = "base"
-#: the words of a device's error when it cannot rebuild the lattice's base (it is then shipped)
-DOWNLINK_BASE_ERROR = "downlink base"
 #: stype of a raw-bytes uint8 Array: Flower adds no .npy header, so its size is the payload's size.
 PAYLOAD_STYPE = "fedge.payload/1"
 #: stype of a flat float32 vector (public copies, measured models), raw little-endian bytes.

@@ -40,15 +40,13 @@ def preflight(settings: RunSettings, num_partitions: int | None = None) -> None:
 
         parse_pruning(settings.export_prune)
     from fedge.server.algorithms.registry import make_algorithm
-    from fedge.server.engine.central_dp import central_dp_of
-    from fedge.server.engine.loop import make_context, model_average_of, secure_aggregation_of
-    from fedge.server.engine.update_guard import UpdateGuard
+    from fedge.server.engine.layers import build_layers
+    from fedge.server.engine.loop import make_context
 
-    UpdateGuard(settings)  # the engine's norm bound and weight cap, for every algorithm
     algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
-    secure_aggregation_of(algorithm)  # secure aggregation with what needs individual updates: refused here
-    central_dp_of(algorithm)  # differential privacy it cannot account for: refused here
-    model_average_of(algorithm)  # a malformed model-average: refused here
+    # every layer the run holds (update guard, downlink, secure aggregation, DP, model average):
+    # a setting one cannot honour with this algorithm is refused here, with its reason
+    build_layers(algorithm)
 
 
 def _check_split(task: Task, partitioning: str, num_partitions: int) -> None:

@@ -74,4 +74,6 @@ def test_the_user_algorithm_is_registered_with_its_device_handler() -> None:
 
     cls = algorithm_class("fedavg_decay:decay=0.5")
     assert cls.plugin_handler == "fedavg_decay" and cls.device_handler in handled_algorithms
-    assert device_handler("fedavg_decay").__module__ == "decaying_fedavg"
+    # FedAvg's handler built around the plugin's change of config: the device's layers included
+    handler = device_handler("fedavg_decay")
+    assert getattr(handler, "fedge_device_layers", False) and cls.device_layers

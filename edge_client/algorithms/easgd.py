@@ -2,6 +2,8 @@
 
 Per round: x_i (or, the first time, the center) trains for the round's local epochs; the node
 sends δ_i = α(x_i − x̃) encoded with error feedback and keeps x_i ← x_i − δ_i (see ``fedge.server.algorithms.easgd``).
+The center arrives through the device's downlink layer and δ_i leaves through its upload layer
+(``edge_client.layers``: masked under secure aggregation, encoded otherwise).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import time
 from flwr.app import Context, Message
 
 from fedge.edge_client import local
-from fedge.edge_client.downlink import received_model
-from fedge.edge_client.secure_aggregation import masked_update
+from fedge.edge_client.layers import start_model, upload, uses_device_layers
+from fedge.protocol.config_keys import EASGD_ALPHA
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.tasks import evaluate
 
@@ -21,12 +23,13 @@ __all__ = ["train"]
 _NAMESPACE = "easgd"
 
 
+@uses_device_layers
 def train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     config = local.round_config(msg)
-    alpha = config.number("alpha", low=0.0, high=1.0)
+    alpha = config.number(EASGD_ALPHA, low=0.0, high=1.0)
     task = local.task_of(config)
-    center = received_model(msg, config, local.store(context, "downlink"), task)
+    center = start_model(msg, config, context, task)
     store = local.store(context, _NAMESPACE)
     x = store.get_tensor("local")
     if x is None or x.numel() != center.numel():
@@ -40,18 +43,14 @@ def train(msg: Message, context: Context) -> Message:
     delta = alpha * (x - center)
     x = x - delta
     store.put_tensor("local", x)
-    if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: only the masked difference leaves
-        payload, _ = masked_update(msg, context, delta, 1, store, generator, error_feedback=config.error_feedback)
-        # nothing about the update in clear (its residual's norm would be): only the masked upload
-        return local.train_reply(msg, payload, {"num-examples": 1, "train-seconds": result.seconds}, started)
-    payload, residual = local.encode(delta, config, task, store, generator)
-    # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
-    # part when the run keeps one, else on the task's central split when the device has it.
-    held_out = held_out if held_out is not None else task.test_data()
     measured = {}
-    if held_out is not None:
-        measured["local-score"] = float(evaluate(local.load_flat(task, x), held_out, task)[task.primary_metric])
-    return local.train_reply(msg, payload, {
-        "num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds, "center-distance": distance,
-        "residual-norm": residual, **measured,
-    }, started)
+    if SECAGG_RECORD not in msg.content.config_records:  # masked rounds report nothing in clear
+        # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
+        # part when the run keeps one, else on the task's central split when the device has it.
+        held_out = held_out if held_out is not None else task.test_data()
+        if held_out is not None:
+            measured["local-score"] = float(evaluate(local.load_flat(task, x), held_out, task)[task.primary_metric])
+    return upload(msg, context, config, task, delta, examples=result.examples, memory=store, generator=generator,
+                  started=started, weighted=False,
+                  metrics={"train-loss": result.loss, "train-seconds": result.seconds, "center-distance": distance,
+                           **measured})

@@ -15,9 +15,20 @@ import time
 from flwr.app import Context, Message
 
 from fedge.aggregation.choco import consensus_step
+from fedge.compression import make_codec
 from fedge.edge_client import local
 from fedge.edge_client.public_copy import OutOfSyncError, PublicCopy
 from fedge.protocol import PUBLIC_RECORD, RELAY_RECORD, ProtocolError, read_flats, read_payloads
+from fedge.protocol.config_keys import (
+    GOSSIP_GAMMA,
+    GOSSIP_MEASURE,
+    GOSSIP_MIX_PEERS,
+    GOSSIP_MIX_WEIGHTS,
+    GOSSIP_PEERS,
+    GOSSIP_POSITION,
+    GOSSIP_VERSION,
+)
+from fedge.tasks import flatten_state, tensor_sizes, unflatten_state
 
 __all__ = ["train"]
 
@@ -35,13 +46,18 @@ def train(msg: Message, context: Context) -> Message:
     started = time.perf_counter()
     config = local.round_config(msg)
     task = local.task_of(config)
-    numel = local.flat_of(task.build_model()).numel()
-    position = config.integer("position", low=0)
-    version = config.integer("version", low=0)
-    gamma = config.number("gamma", low=0.0, high=1.0)
-    peers = _int_list(config.extra.get("peers"), "peers")
-    mix_peers = _int_list(config.extra.get("mix-peers"), "mix-peers")
-    mix_weights = config.extra.get("mix-weights")
+    model = task.build_model()  # the one model of this message: its layout, then its training
+    template = model.state_dict()
+    numel = flatten_state(template).numel()
+    # the run's codec for this model; each round derives its shared seeds from it (the payloads
+    # relayed here were encoded in round ``version``, this node's own upload in this round)
+    codec = make_codec(config.codec).for_model(tensor_sizes(template))
+    position = config.integer(GOSSIP_POSITION, low=0)
+    version = config.integer(GOSSIP_VERSION, low=0)
+    gamma = config.number(GOSSIP_GAMMA, low=0.0, high=1.0)
+    peers = _int_list(config.extra.get(GOSSIP_PEERS), GOSSIP_PEERS)
+    mix_peers = _int_list(config.extra.get(GOSSIP_MIX_PEERS), GOSSIP_MIX_PEERS)
+    mix_weights = config.extra.get(GOSSIP_MIX_WEIGHTS)
     if position not in peers or not set(mix_peers) <= set(peers):
         raise ProtocolError("config peers do not include this node or its mixing peers")
     if not isinstance(mix_weights, list) or len(mix_weights) != len(mix_peers) or not all(
@@ -61,13 +77,13 @@ def train(msg: Message, context: Context) -> Message:
         unknown = set(relayed) - {str(j) for j in peers}
         if unknown:
             raise ProtocolError(f"relayed payloads for nodes {sorted(unknown)} this node does not follow")
-        codec = local.codec_for(config.text("relay-codec"), task)
+        relay_codec = codec.for_round(version, config.seed)  # the round those payloads were encoded in
         for j in peers:  # check every version first: apply all of them or none
             if copies[j].version != version - 1:
                 raise OutOfSyncError(f"copy {j} is at version {copies[j].version}, the relay is from {version - 1}")
         for j in peers:
             if str(j) in relayed:
-                copies[j].apply(codec, relayed[str(j)], version - 1, version)
+                copies[j].apply(relay_codec, relayed[str(j)], version - 1, version)
             else:  # that peer sent nothing last step: its copy is unchanged everywhere
                 value = copies[j].get()
                 assert value is not None
@@ -84,13 +100,12 @@ def train(msg: Message, context: Context) -> Message:
     if mix_peers:
         x = consensus_step(x, own, public, dict(zip(mix_peers, mix_weights)), gamma)
 
-    model = local.load_flat(task, x)
+    model.load_state_dict(unflatten_state(x, template))
     generator = local.node_generator(config, context, "train")
     result = local.train(model, local.local_data(context, config), config, generator)
     x = local.flat_of(model)
     store.put_tensor("model", x)
-    wire = local.codec_for(config.codec, task).for_round(config.round, config.seed)
-    payload = wire.encode(x - own, generator)
-    measure = x if config.flag("measure") else None
+    payload = codec.for_round(config.round, config.seed).encode(x - own, generator)
+    measure = x if config.flag(GOSSIP_MEASURE) else None
     return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss, "train-seconds": result.seconds,
                                             "drift-norm": float((x - own).norm())}, started, measure=measure)

@@ -1,20 +1,25 @@
 """A round algorithm from outside Fedge: FedAvg whose clients' learning rate decays by ``decay``
 every round (lr × decay^(round-1)), registered with its server class and its device handler in one
 call. Use it as ``algorithm = "fedavg_decay:decay=0.9"``; every process of the run loads this
-module (``plugins = "decaying_fedavg"``)."""
+module (``plugins = "decaying_fedavg"``).
+
+The device handler is FedAvg's, built around one change of the round's config
+(``make_train``): it inherits the device's layers (the downlink, clipping under differential
+privacy, masking under secure aggregation), so the algorithm runs with all of them."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
-from flwr.app import Context, Message
-
-from fedge.edge_client import local
-from fedge.protocol import CONFIG_RECORD, MODEL_RECORD, read_state_dict
+from fedge.edge_client.algorithms.fedavg import make_train
+from fedge.protocol import CONFIG_RECORD
+from fedge.protocol.round_config import RoundConfig
 from fedge.server.algorithms.fedavg import FedAvg
 from fedge.server.algorithms.registry import register_algorithm
 from fedge.server.engine.algorithm import Outgoing, RunContext, Step
+
+#: the config key this plugin adds to FedAvg's messages
+LR_SCALE = "lr-scale"
 
 
 class DecayingFedAvg(FedAvg):
@@ -34,26 +39,13 @@ class DecayingFedAvg(FedAvg):
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         outgoing = super().configure(step, nodes)
         for o in outgoing:
-            o.content.config_records[CONFIG_RECORD]["lr-scale"] = self.decay ** (step.number - 1)
+            o.content.config_records[CONFIG_RECORD][LR_SCALE] = self.decay ** (step.number - 1)
         return outgoing
 
 
-def train(msg: Message, context: Context) -> Message:
-    """The device side: FedAvg's local training at the decayed rate, the update encoded with the
-    run's codec through the node's error-feedback memory."""
-    started = time.perf_counter()
-    config = local.round_config(msg)
-    task = local.task_of(config)
-    model = task.build_model()
-    model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
-    start = local.flat_of(model)
-    generator = local.node_generator(config, context, "train")
-    scaled = dataclasses.replace(config, lr=config.lr * config.number("lr-scale", low=0.0, high=1.0))
-    result = local.train(model, local.local_data(context, config), scaled, generator)
-    delta = local.flat_of(model) - start
-    payload, residual = local.encode(delta, config, task, local.store(context, "fedavg_decay"), generator)
-    return local.train_reply(msg, payload, {"num-examples": result.examples, "train-loss": result.loss,
-                                            "train-seconds": result.seconds, "residual-norm": residual}, started)
+def decayed(config: RoundConfig) -> RoundConfig:
+    """The round's config with the learning rate the coordinator scaled for this round."""
+    return dataclasses.replace(config, lr=config.lr * config.number(LR_SCALE, low=0.0, high=1.0))
 
 
-register_algorithm(DecayingFedAvg, train)
+register_algorithm(DecayingFedAvg, make_train(decayed, namespace="fedavg_decay"))

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from flwr.app import ConfigRecord, RecordDict
 
 from fedge.aggregation import StreamingMean
 from fedge.server.engine.algorithm import (
@@ -44,7 +45,8 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
     warn_if_not_contractive,
 )
-from fedge.server.engine.downlink import Downlink
+from fedge.protocol import CONFIG_RECORD
+from fedge.protocol.config_keys import EASGD_ALPHA
 
 __all__ = ["EASGD"]
 
@@ -55,20 +57,17 @@ log = logging.getLogger(__name__)
 class EASGDStep(Step):
     """One round: the sum of elastic differences and what the metrics row reports of the clients."""
 
-    sum: StreamingMean | None = None
     loss: float = 0.0
+    absorbed: int = 0  # updates absorbed in clear (none under secure aggregation: only their sum)
     distance: float = 0.0
     score_sum: float = 0.0  # the clients' own models, on the task's primary metric
     scored: int = 0
-    #: secure aggregation: the unmasked mean of the elastic differences and how many it averages
-    secure: tuple[torch.Tensor, int] | None = None
-    failed: set[int] = field(default_factory=set)
 
 
 class EASGD(Algorithm):
     name = "easgd"
     weighted = False  # every client's elastic difference counts once: the center moves by their sum
-    secure_sum = True
+    aggregate = "sum"
     settings_used = frozenset({"downlink-codec", "model-average"})
 
     def __init__(self, ctx: RunContext, beta: float = 0.9, alpha: float = 0.3) -> None:
@@ -82,7 +81,6 @@ class EASGD(Algorithm):
         self.alpha, self.beta = float(alpha), float(beta)
         warn_if_not_contractive(self.codec, ctx.numel, ctx.settings.error_feedback)
         self.center = torch.zeros(ctx.numel)
-        self.downlink = Downlink(ctx.settings.downlink_codec, ctx.task, ctx.template, ctx.settings.seed, ctx.settings.init)
 
     @property
     def spec(self) -> str:
@@ -90,17 +88,15 @@ class EASGD(Algorithm):
 
     def start(self, params: torch.Tensor) -> None:
         self.center = params.clone().to(torch.float32)
-        self.downlink.start(self.center)
 
     def open_step(self, number: int, nodes: list[int]) -> EASGDStep:
-        return EASGDStep(number, list(nodes), sum=StreamingMean(self.ctx.numel))
+        return EASGDStep(number, list(nodes), aggregate=StreamingMean(self.ctx.numel))
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        """The center, full or (lattice downlink) as what brings each device's copy of it up to date."""
-        self.downlink.publish(self.center, step.number)
-        config = self.ctx.round_config(step.number, alpha=self.alpha, **self.downlink.config_keys()).to_record()
-        contents = self.downlink.contents(self.center, nodes, config)
-        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
+        """The center (the downlink layer ships it, full or as what brings each copy up to date)."""
+        config = self.ctx.round_config(step.number, **{EASGD_ALPHA: self.alpha}).to_record()
+        return [Outgoing(n, RecordDict({CONFIG_RECORD: ConfigRecord(dict(config))}), self.message_type, model=self.center)
+                for n in nodes]
 
     def admit(self, step: Step, reply: Reply) -> None:
         """The metrics EASGD reports are checked before the update is decoded."""
@@ -113,8 +109,9 @@ class EASGD(Algorithm):
             raise Rejected(f"local-score must be a finite number, got {score!r}")
 
     def absorb(self, step: Step, update: Update) -> None:
-        assert isinstance(step, EASGDStep) and step.sum is not None
-        step.sum.add(update.vector, weight=1.0)  # the center moves by the sum
+        assert isinstance(step, EASGDStep)
+        step.aggregate.add(update.vector, weight=1.0)  # the center moves by the sum
+        step.absorbed += 1
         step.loss += update.train_loss
         step.distance += float(update.metrics["center-distance"])
         score = update.metrics.get("local-score")
@@ -122,35 +119,24 @@ class EASGD(Algorithm):
             step.score_sum += score
             step.scored += 1
 
-    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
-        """The unmasked mean of the elastic differences (their distances and scores stay on the devices)."""
-        assert isinstance(step, EASGDStep)
-        step.secure = (mean, len(nodes))
-
-    def missed(self, step: Step, node: int, reason: str) -> None:
-        assert isinstance(step, EASGDStep)
-        step.failed.add(node)
-        self.downlink.failed(node, reason)
-
     def close(self, step: Step) -> StepOutcome:
-        assert isinstance(step, EASGDStep) and step.sum is not None
-        self.downlink.settle(step.nodes, step.failed, step.number)
-        used = step.secure[1] if step.secure is not None else step.sum.count
+        assert isinstance(step, EASGDStep)
+        used = step.aggregate.count  # under secure aggregation: the survivors whose sum was unmasked
         notes: list[dict[str, Any]] = []
-        extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta, **self.downlink.metrics()}
+        extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
         if used >= self.ctx.settings.min_replies:
             scale = self.beta / (self.alpha * used)
-            total = step.secure[0] * used if step.secure is not None else step.sum.sum()
+            total = step.aggregate.sum()
             self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)
-            if step.secure is None:
-                extra["center_distance"] = step.distance / used
+            if step.absorbed:  # the distances came with the updates (never under secure aggregation)
+                extra["center_distance"] = step.distance / step.absorbed
             if step.scored:
                 # e.g. client_model_accuracy: the clients' own models, measured on the clients
                 extra[f"client_model_{self.ctx.task.primary_metric}"] = step.score_sum / step.scored
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step.number, used, self.ctx.settings.min_replies)
-        train_loss = step.loss / used if used and step.secure is None else None
+        train_loss = step.loss / step.absorbed if step.absorbed else None
         return StepOutcome(model=self.center, train_loss=train_loss, extra=extra, notes=notes)
 
     def final_model(self) -> torch.Tensor:
@@ -158,13 +144,12 @@ class EASGD(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "alpha": self.alpha, "beta": self.beta,
-                "clients_per_round": self.ctx.settings.clients_per_round, "downlink_codec": self.downlink.spec}
+                "clients_per_round": self.ctx.settings.clients_per_round}
 
     def state_dict(self) -> dict[str, Any]:
         # The clients' own models live on the clients; after a coordinator restart (a new Flower
         # run, hence new node state) each client starts again from the center.
-        return {"center": self.center.clone(), "downlink": self.downlink.state_dict()}
+        return {"center": self.center.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.center = self.check_flat(state.get("center"), "EASGD center")
-        self.downlink.load_state_dict(state.get("downlink") or {})

@@ -5,9 +5,9 @@ FedAvg (McMahan et al., AISTATS 2017, https://arxiv.org/abs/1602.05629) with Fed
 ``server-opt``). Each sampled client trains from the global model and sends ``local - global``
 encoded with the run's codec (error feedback on the client); each payload is validated and decoded
 straight into one running weighted sum (weight = the client's example count) and dropped, so the
-coordinator holds O(model) whatever the number of clients. With ``downlink-codec = "lattice:..."``
-each device receives only what brings its versioned copy of the model up to date
-(``aggregation.broadcast``, ``server.engine.downlink``).
+coordinator holds O(model) whatever the number of clients. The global model rides in each message
+as :attr:`Outgoing.model`; the engine's downlink layer ships it (in full, or with
+``downlink-codec = "lattice:..."`` as what brings each device's versioned copy up to date).
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from flwr.app import ConfigRecord, RecordDict
 
 from fedge.aggregation import make_server_optimizer
 from fedge.aggregation.robust import Aggregator, aggregator_memory_bytes, make_aggregator, validate_aggregator
+from fedge.protocol import CONFIG_RECORD
+from fedge.protocol.config_keys import PROX_MU
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -30,7 +33,6 @@ from fedge.server.engine.algorithm import (
     finite_or_previous,
     warn_if_not_contractive,
 )
-from fedge.server.engine.downlink import Downlink
 
 __all__ = ["FedAvg"]
 
@@ -41,16 +43,14 @@ log = logging.getLogger(__name__)
 class FedAvgStep(Step):
     """One round: the streaming (or robust) aggregate and what the metrics row reports of it."""
 
-    aggregator: Aggregator | None = None
     loss_sum: float = 0.0
     loss_weight: float = 0.0
     used: list[int] = field(default_factory=list)
-    failed: set[int] = field(default_factory=set)
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    secure_sum = True
+    aggregate = "mean"  # the step applies the weighted mean of its updates
     settings_used = frozenset({"server-opt", "prox-mu", "aggregator", "downlink-codec", "model-average"})
 
     def __init__(self, ctx: RunContext) -> None:
@@ -58,7 +58,6 @@ class FedAvg(Algorithm):
         s = ctx.settings
         warn_if_not_contractive(self.codec, ctx.numel, s.error_feedback)
         self.server_opt = make_server_optimizer(s.server_opt)
-        self.downlink = Downlink(s.downlink_codec, ctx.task, ctx.template, s.seed, s.init)
         self.params = torch.zeros(ctx.numel)
         # Checked here, so the CLI's preflight refuses a rule that would not fit before any process starts.
         validate_aggregator(s.aggregator, ctx.numel, max(s.clients_per_round, 1), s.aggregator_memory_mb * 2**20)
@@ -69,53 +68,34 @@ class FedAvg(Algorithm):
 
     def start(self, params: torch.Tensor) -> None:
         self.params = params.clone().to(torch.float32)
-        self.downlink.start(self.params)
 
     def open_step(self, number: int, nodes: list[int]) -> FedAvgStep:
         aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=max(len(nodes), 1))
-        return FedAvgStep(number, list(nodes), aggregator=aggregator)
+        return FedAvgStep(number, list(nodes), aggregate=aggregator)
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        s = self.ctx.settings
-        self.downlink.publish(self.params, step.number)
-        config = self.ctx.round_config(
-            step.number, **{"prox-mu": s.prox_mu, **self.downlink.config_keys()}
-        ).to_record()
-        contents = self.downlink.contents(self.params, nodes, config)
-        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
+        """The global model (the downlink layer ships it) and the round's config, to each node."""
+        config = self.ctx.round_config(step.number, **{PROX_MU: self.ctx.settings.prox_mu}).to_record()
+        return [Outgoing(n, RecordDict({CONFIG_RECORD: ConfigRecord(dict(config))}), self.message_type, model=self.params)
+                for n in nodes]
 
     def absorb(self, step: Step, update: Update) -> None:
-        assert isinstance(step, FedAvgStep) and step.aggregator is not None
-        step.aggregator.add(update.vector, update.weight)
+        assert isinstance(step, FedAvgStep)
+        step.aggregate.add(update.vector, update.weight)
         step.loss_sum += update.train_loss * update.weight
         step.loss_weight += update.weight
         step.used.append(update.node)
 
-    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
-        """The unmasked weighted mean of the round: one "update" of weight 1 (no per-device loss)."""
-        assert isinstance(step, FedAvgStep) and step.aggregator is not None
-        if nodes:
-            step.aggregator.add(mean, 1.0)
-        step.used.extend(nodes)
-
-    def missed(self, step: Step, node: int, reason: str) -> None:
-        assert isinstance(step, FedAvgStep)
-        step.failed.add(node)
-        self.downlink.failed(node, reason)
-
     def close(self, step: Step) -> StepOutcome:
-        assert isinstance(step, FedAvgStep) and step.aggregator is not None
-        self.downlink.settle(step.nodes, step.failed, step.number)
-        aggregator = step.aggregator
+        assert isinstance(step, FedAvgStep)
+        aggregator: Aggregator = step.aggregate
         notes: list[dict[str, Any]] = []
-        used = len(step.used)
-        extra: dict[str, Any] = {"aggregator": aggregator.spec, **self.downlink.metrics()}
+        used = aggregator.count
+        extra: dict[str, Any] = {"aggregator": aggregator.spec}
         if not aggregator.streaming:
             extra["aggregator_bytes"] = aggregator_memory_bytes(aggregator.spec, self.ctx.numel, aggregator.capacity)
         if used >= self.ctx.settings.min_replies:
             mean = aggregator.result()
-            if step.finish is not None:  # differential privacy: the noisy mean over the expected count
-                mean = step.finish(mean, used)
             proposed = self.server_opt.step(self.params, mean)
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
             chosen = aggregator.chosen()
@@ -133,12 +113,10 @@ class FedAvg(Algorithm):
 
     def describe(self) -> dict[str, Any]:
         return {"algorithm": self.spec, "server_opt": self.server_opt.spec,
-                "downlink_codec": self.downlink.spec,
                 "aggregator": self.ctx.settings.aggregator}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict(),
-                "downlink": self.downlink.state_dict()}
+        return {"params": self.params.clone(), "optimizer": self.server_opt.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         params = self.check_flat(state.get("params"), "FedAvg global model")
@@ -148,5 +126,4 @@ class FedAvg(Algorithm):
         for key, value in optimizer.items():
             self.check_flat(value, f"server optimizer state {key!r}")
         self.server_opt.load_state_dict(optimizer)
-        self.downlink.load_state_dict(state.get("downlink") or {})
         self.params = params

@@ -35,7 +35,6 @@ from fedge.aggregation.staleness import Staleness
 from fedge.compression import Codec
 from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.engine.algorithm import (
-    Outgoing,
     Rejected,
     Reply,
     RunContext,
@@ -48,9 +47,6 @@ from fedge.server.engine.algorithm import (
 __all__ = ["FedBuff"]
 
 log = logging.getLogger(__name__)
-
-#: how :meth:`FedBuff.admit` words a stale refusal, which :meth:`FedBuff.missed` then recognises
-_STALE = "stale by"
 
 
 @dataclass
@@ -95,16 +91,10 @@ class FedBuff(FedAvg):
     # -- the engine's asynchronous loop calls these ---------------------------------------------
     def open_step(self, number: int, nodes: list[int]) -> FedBuffStep:
         aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=self.buffer)
-        return FedBuffStep(number, list(nodes), aggregator=aggregator)
+        return FedBuffStep(number, list(nodes), aggregate=aggregator)
 
-    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
-        """Messages that start training from the current version (``step.number`` = version + 1); with
-        a lattice downlink each device gets what brings its copy from the version it holds to this one."""
-        self.downlink.publish(self.params, step.number)
-        config = self.ctx.round_config(step.number, **{"prox-mu": self.ctx.settings.prox_mu,
-                                                       **self.downlink.config_keys()}).to_record()
-        contents = self.downlink.contents(self.params, nodes, config)
-        return [Outgoing(n, contents[n], self.message_type) for n in nodes]
+    # configure: FedAvg's; ``step.number`` = version + 1, so every message starts training from the
+    # current version (with a lattice downlink, what brings each copy from the version it holds)
 
     def admit(self, step: Step, reply: Reply) -> None:
         """τ = versions published since the reply's message left: an update staler than the bound is
@@ -112,11 +102,11 @@ class FedBuff(FedAvg):
         assert isinstance(step, FedBuffStep)
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
-        self.downlink.replied(reply.node, reply.started + 1)  # it holds the copy its message carried
         tau = self.version - reply.started
         if self.staleness.dropped(tau):
             step.dropped += 1
-            raise Rejected(f"{_STALE} {tau} versions > max-staleness {self.staleness.max_staleness}; dropped")
+            raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped",
+                           kind="stale")
 
     def reply_codec(self, step: Step, reply: Reply) -> Codec:
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.
@@ -124,26 +114,22 @@ class FedBuff(FedAvg):
         return self.wire(reply.started + 1)
 
     def absorb(self, step: Step, update: Update) -> None:
-        assert isinstance(step, FedBuffStep) and step.aggregator is not None and update.started is not None
+        assert isinstance(step, FedBuffStep) and update.started is not None
         tau = self.version - update.started
         scale = self.staleness.weight(tau)
-        step.aggregator.add(update.vector * scale if scale != 1.0 else update.vector, update.weight)
+        step.aggregate.add(update.vector * scale if scale != 1.0 else update.vector, update.weight)
         step.loss_sum += update.train_loss * update.weight
         step.loss_weight += update.weight
         step.used.append(update.node)
         step.staleness.append(tau)
 
-    def missed(self, step: Step, node: int, reason: str) -> None:
-        if _STALE not in reason:  # a refused stale update still applied its message's downlink
-            self.downlink.failed(node, reason)
-
     def ready(self, step: Step) -> bool:
-        assert isinstance(step, FedBuffStep) and step.aggregator is not None
-        return step.aggregator.count >= self.buffer
+        assert isinstance(step, FedBuffStep)
+        return step.aggregate.count >= self.buffer
 
     def close(self, step: Step) -> StepOutcome:
-        assert isinstance(step, FedBuffStep) and step.aggregator is not None
-        aggregator, staleness = step.aggregator, step.staleness
+        assert isinstance(step, FedBuffStep)
+        aggregator, staleness = step.aggregate, step.staleness
         extra: dict[str, Any] = {
             "version": step.number, "aggregator": aggregator.spec, "updates_applied": aggregator.count,
             "staleness_mean": statistics.fmean(staleness) if staleness else None,
@@ -151,7 +137,6 @@ class FedBuff(FedAvg):
             "staleness_histogram": {str(t): staleness.count(t) for t in sorted(set(staleness))},
             "dropped_stale": step.dropped,
             "nodes": list(step.used),  # whose updates made this version
-            **self.downlink.metrics(),
         }
         notes: list[dict[str, Any]] = []
         if aggregator.count:

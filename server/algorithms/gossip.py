@@ -49,6 +49,15 @@ from flwr.app import ArrayRecord, RecordDict
 from fedge.aggregation.topology import Topology, make_topology
 from fedge.aggregation.update_bounds import make_norm_bound
 from fedge.compression import relative_error
+from fedge.protocol.config_keys import (
+    GOSSIP_GAMMA,
+    GOSSIP_MEASURE,
+    GOSSIP_MIX_PEERS,
+    GOSSIP_MIX_WEIGHTS,
+    GOSSIP_PEERS,
+    GOSSIP_POSITION,
+    GOSSIP_VERSION,
+)
 from fedge.protocol import (
     CONFIG_RECORD,
     MEASURE_RECORD,
@@ -84,6 +93,7 @@ class GossipStep(Step):
 class Gossip(Algorithm):
     name = "gossip"
     weighted = False  # mixing weights come from the topology, not from example counts
+    fixed_membership = True  # the topology's nodes take part in every step: nothing is sampled
 
     def __init__(self, ctx: RunContext, topology: str = "ring", gamma: float = 1.0, degree: int = 4,
                  measure: int = 1) -> None:
@@ -131,14 +141,16 @@ class Gossip(Algorithm):
         return self.n
 
     def select(self, step: int, nodes: list[int], sample: Any) -> list[int]:
+        """The topology's members (fixed membership: the engine has waited until ``n`` nodes are
+        connected, and never samples). Positions follow the sorted node ids of this run; a resumed
+        run (new Flower run, new node state) re-maps them and every node receives its copies in full."""
         if self._members is None:
-            if len(nodes) < self.n:
-                raise ValueError(f"gossip over {self.n} nodes needs {self.n} connected, found {len(nodes)}")
-            # Positions follow the sorted node ids of this run; a resumed run (new Flower run, new
-            # node state) re-maps them and every node receives its copies in full.
             self._members = sorted(nodes)[: self.n]
-            self._position = {node: i for i, node in enumerate(self._members)}
         return list(self._members)
+
+    @property
+    def _position(self) -> dict[int, int]:
+        return {node: i for i, node in enumerate(self._members or [])}
 
     def _measuring(self, step: int) -> bool:
         return step % self.measure == 0 or step == self.ctx.settings.rounds
@@ -149,18 +161,19 @@ class Gossip(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         version = step.number - 1  # the copies each node holds after this message
-        relay_codec = self.wire(version).spec if version else self.codec.spec
         measuring = self._measuring(step.number)
         weights = self.topology.mixing(version) if version >= 1 else None
+        position = self._position
         out = []
         for node in nodes:
-            i = self._position[node]
+            i = position[node]
             peers = self.holders[i]
             mix = {j: float(weights[i, j]) for j in peers if j != i} if weights is not None else {}
+            # relayed payloads were encoded in step ``version`` with the run's codec for that round:
+            # the device derives it from the config's codec, as for its own upload (one convention)
             extra: dict[str, Any] = {
-                "position": i, "version": version, "gamma": self.gamma, "measure": measuring,
-                "peers": peers, "mix-peers": list(mix), "mix-weights": list(mix.values()),
-                "relay-codec": relay_codec,
+                GOSSIP_POSITION: i, GOSSIP_VERSION: version, GOSSIP_GAMMA: self.gamma, GOSSIP_MEASURE: measuring,
+                GOSSIP_PEERS: peers, GOSSIP_MIX_PEERS: list(mix), GOSSIP_MIX_WEIGHTS: list(mix.values()),
             }
             content = RecordDict({CONFIG_RECORD: self.ctx.round_config(step.number, **extra).to_record()})
             if self.synced.get(i) == version - 1 and version >= 1:
@@ -203,14 +216,17 @@ class Gossip(Algorithm):
             if self.ctx.central_data is not None:  # each node's own model on central held-out data
                 step.scores.append(self.ctx.evaluate(measured)[self.ctx.task.primary_metric])
 
+    def missed(self, step: Step, node: int, reason: str) -> None:
+        """A node without a usable reply holds no known version: it gets its copies in full next."""
+        position = self._position.get(node)
+        if position is not None:
+            self.synced.pop(position, None)
+
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, GossipStep) and step.measured_sum is not None
         version = step.number - 1
-        for i in range(self.n):
-            if i in step.replied:
-                self.synced[i] = version
-            else:
-                self.synced.pop(i, None)
+        for i in step.replied:  # a node that missed the step was forgotten by missed()
+            self.synced[i] = version
         self.pending = step.next_pending
         extra: dict[str, Any] = {"topology": self.topology.spec, "spectral_gap": self.topology.spectral_gap(),
                                  "nodes_replied": len(step.replied), "measured": step.measured > 0}

@@ -21,7 +21,7 @@ from typing import Any
 
 from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec, parse_spec
-from fedge.protocol.plugins import PLUGIN_ACTION, register_device_handler
+from fedge.protocol.plugins import DEVICE_LAYERS_ATTRIBUTE, PLUGIN_ACTION, register_device_handler
 from fedge.server.engine.algorithm import Algorithm, RunContext
 from fedge.server.settings import ALGORITHM_KEYS, RunSettings, SettingsError
 
@@ -36,7 +36,12 @@ def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = 
     """Register a round algorithm from outside Fedge: its server class and, in the same call, its
     device handler ``train(msg, context) -> Message`` (omit it to reuse a Fedge handler named by
     ``cls.device_handler``, e.g. ``"fedavg"``). The plugin module that calls this must be loaded
-    by the coordinator and every device (the ``plugins`` setting, or an installed entry point)."""
+    by the coordinator and every device (the ``plugins`` setting, or an installed entry point).
+
+    A handler built on the device's layers (``fedge.edge_client.algorithms.fedavg.make_train``, or
+    any function marked with ``fedge.edge_client.layers.uses_device_layers``) gets clipping and
+    masking from them, so the algorithm may run with differential privacy and secure aggregation;
+    any other handler sends what it likes, and those runs are refused before they start."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise SettingsError(f"{cls!r} needs a class attribute name (an identifier), got {name!r}")
@@ -46,6 +51,7 @@ def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = 
         register_device_handler(name, train)
         cls.device_handler = PLUGIN_ACTION
         cls.plugin_handler = name
+        cls.device_layers = bool(getattr(train, DEVICE_LAYERS_ATTRIBUTE, False))
     _PLUGINS[name] = cls
     return cls
 

@@ -21,8 +21,15 @@ call lives in that call's object):
   needs, validated on load (the checkpoint stores it).
 
 An algorithm is one file in ``fedge.server.algorithms``; the registry finds it there by its
-``name``, and its class attributes say which device handler its messages go to and which
-algorithm-specific settings it uses. Specs use the grammar codecs use, ``easgd:alpha=0.05,beta=0.9``.
+``name``, and its class attributes say which device handler its messages go to, which
+algorithm-specific settings it uses and what it needs of a step's updates (``aggregate``: each
+one, or only their mean or sum). Specs use the grammar codecs use, ``easgd:alpha=0.05,beta=0.9``.
+
+An algorithm knows nothing of differential privacy, secure aggregation, the downlink codec, the
+update guard or the model average: those are the engine's layers (``fedge.server.engine.layers``),
+which wrap every algorithm's steps. A message that carries one model to many devices names it in
+:attr:`Outgoing.model` and the downlink layer ships it; an algorithm that works from a sum reads
+``step.aggregate``, which a layer may wrap (noise, or the unmasked sum of secure aggregation).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -57,7 +65,13 @@ __all__ = [
 
 
 class Rejected(ValueError):
-    """A reply the algorithm cannot use; the message is the reason recorded in the metrics."""
+    """A reply the engine or the algorithm cannot use; the message is the reason recorded in the
+    metrics, ``kind`` what code acts on (``invalid``; ``stale`` for an asynchronous update older
+    than the bound, which still applied its message's downlink)."""
+
+    def __init__(self, reason: str, kind: str = "invalid") -> None:
+        super().__init__(reason)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -75,8 +89,9 @@ class RunContext:
     #: where step models are measured: ``central``, ``federated`` or ``both`` (``engine.evaluation``)
     evaluation: str = "central"
 
-    @property
+    @cached_property
     def codec(self) -> Codec:
+        """The run's uplink codec, built once for the model's layout."""
         return make_codec(self.settings.codec).for_model(tensor_sizes(self.template))
 
     @property
@@ -84,15 +99,20 @@ class RunContext:
         """The fraction of each device's data it keeps for federated evaluation (0: none)."""
         return self.settings.holdout if self.evaluation != "central" else 0.0
 
+    @cached_property
+    def _evaluation_model(self) -> torch.nn.Module:
+        return self.task.build_model()
+
     def evaluate(self, flat: torch.Tensor) -> dict[str, float]:
-        """Loss and the task's metrics of a flat model on the coordinator's held-out data."""
+        """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty
+        when the run has none: it evaluates on the devices). The one evaluation path: the engine's
+        step models and gossip's node models alike, in one model built once."""
         from fedge.tasks import evaluate, unflatten_state
 
         if self.central_data is None:
-            raise ValueError("this run has no central held-out data")
-        model = self.task.build_model()
-        model.load_state_dict(unflatten_state(flat, self.template))
-        return evaluate(model, self.central_data, self.task)
+            return {}
+        self._evaluation_model.load_state_dict(unflatten_state(flat, self.template))
+        return evaluate(self._evaluation_model, self.central_data, self.task)
 
     def round_config(self, step: int, **extra: Any) -> RoundConfig:
         """The common part of every train message's config, plus an algorithm's own keys."""
@@ -113,6 +133,9 @@ class Outgoing:
     node: int
     content: RecordDict
     message_type: str
+    #: the flat model this message carries to the device, when it carries one (FedAvg's global
+    #: model, EASGD's center): the downlink layer ships it, in full or as a lattice change
+    model: torch.Tensor | None = None
 
 
 @dataclass
@@ -132,11 +155,16 @@ class Step:
 
     #: the round (synchronous) or the model version being built (asynchronous: version + 1)
     number: int
-    #: the nodes selected for the step (empty for asynchronous steps: nodes come and go)
+    #: the nodes selected for the step (empty for asynchronous steps: nodes come and go); a layer
+    #: may narrow it before the algorithm configures (secure aggregation: those that dealt shares)
     nodes: list[int] = field(default_factory=list)
-    #: set by the engine under differential privacy: maps (mean of the used updates, how many) to the
-    #: noisy mean the algorithm applies instead (``server.engine.central_dp``)
-    finish: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    #: algorithms whose ``aggregate`` is ``mean`` or ``sum``: the step's accumulator of updates
+    #: (``add(vector, weight)``, ``count``, ``result()``/``sum()``), which layers may wrap
+    aggregate: Any = None
+    #: nodes connected when the step opened (set by the engine)
+    connected: int = 0
+    #: each layer's state for this step, by layer key (``Layer.scratch``)
+    layers: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -195,9 +223,18 @@ class Algorithm(ABC):
     asynchronous: ClassVar[bool] = False
     #: asynchronous algorithms: how many clients to keep training at once
     concurrency: int = 0
-    #: whether a step needs only the weighted mean of its updates (then secure aggregation can
-    #: hide each one: :meth:`absorb_secure`); gossip and robust rules need each update
-    secure_sum: ClassVar[bool] = False
+    #: what a step needs of its updates: ``each`` (gossip relays them; the default), ``mean``
+    #: (their weighted mean, from ``step.aggregate.result()``: FedAvg) or ``sum`` (their sum, from
+    #: ``step.aggregate.sum()``: EASGD). Layers that hide or perturb individual updates (secure
+    #: aggregation, differential privacy) run only where the mean or the sum is enough.
+    aggregate: ClassVar[str] = "each"
+    #: whether its device handler sends its update through the device's layers
+    #: (``fedge.edge_client.layers.upload``: clipping, masking, encoding). Fedge's handlers do; a
+    #: plugin's own handler does when it was declared so (``register_algorithm``).
+    device_layers: ClassVar[bool] = True
+    #: whether the algorithm runs over a fixed set of nodes (gossip's topology) instead of a
+    #: sample per step: the engine then waits for its members instead of sampling what is there
+    fixed_membership: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -254,11 +291,6 @@ class Algorithm(ABC):
     @abstractmethod
     def absorb(self, step: Step, update: Update) -> None:
         """Use one decoded update (raise :class:`Rejected` with the reason if it cannot be used)."""
-
-    def absorb_secure(self, step: Step, mean: torch.Tensor, nodes: list[int]) -> None:
-        """Secure aggregation: the weighted mean of ``nodes``' updates, the only thing the coordinator
-        learns of them (algorithms with ``secure_sum`` implement it)."""
-        raise NotImplementedError(f"{self.name} cannot run under secure aggregation")
 
     def missed(self, step: Step, node: int, reason: str) -> None:
         """``node`` gave no usable reply this step (timeout, client error, or rejected)."""

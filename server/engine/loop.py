@@ -1,66 +1,60 @@
 """The round engine: the lifecycle every algorithm shares, over Flower's ``Grid``.
 
-Per run: resume from the run directory's checkpoint (or start the algorithm fresh), wait for nodes,
-then per step: select nodes (a seeded sample by default), push the algorithm's messages, feed each
-reply to the algorithm the moment it is pulled (validation failures, client errors and timeouts
-become rejected entries with their reason), close the step, evaluate the step's model on held-out
-data, run the optional evaluation exchange, then write one metrics row and an atomic checkpoint,
-in that order (after a crash in between, the step runs again and its row is replaced).
+Per run: resume from the run directory's checkpoint (or start the algorithm and its layers fresh),
+wait for nodes, then run steps. Every step, synchronous or asynchronous, secure or clear, is one
+sequence:
 
-Every reply passes one door, :meth:`Engine.absorb_reply`, whatever the algorithm: screened
-(``reply_screen``), admitted by the algorithm, decoded with the codec of its round, bounded by the
-run's update guard (norm bound, example-count cap), and only then handed to the algorithm. The
-synchronous and the asynchronous loop share the reply accounting (:class:`_Tally`) and the metrics
-row built from it: ``uplink_bytes`` are the bytes of the ``update`` record of used replies (the real
-encoded payloads, headers included), ``measurement_bytes`` those of ``measure`` records,
-``downlink_bytes`` every array sent.
+1. **open**: select nodes (a seeded sample, or a layer's: Poisson under DP), let the algorithm open
+   the step, then the layers (secure aggregation's key agreement narrows the step's nodes);
+2. **send**: the algorithm's messages, passed through every layer (the downlink ships the model,
+   DP stamps the clipping bound, secure aggregation staples its plan);
+3. **receive**: each reply the moment it is pulled, through one door (:meth:`Engine.absorb_reply`):
+   screen → metrics → layers that take a reply whole (a masked upload) → the algorithm's admission
+   → decode with the codec of its round → layers (the guard's bound and weight, DP's clip) → the
+   algorithm. Timeouts, client errors, refusals and rejected replies become typed
+   :class:`~fedge.server.engine.layers.Failure` entries, counted by kind;
+4. **close** (:meth:`Engine.conclude`): layers settle (unmasking), the algorithm closes, layers
+   close (ledger, downlink tally, guard report, model average); then measure the step's model on
+   held-out data or on devices, write one metrics row, then an atomic checkpoint, in that order
+   (after a crash in between, the step runs again and its row is replaced).
+
+The synchronous loop runs 1-4 once per round; the asynchronous loop keeps nodes busy, receives
+replies as they land and concludes a step whenever the algorithm is ready. ``uplink_bytes`` are the
+bytes of the ``update`` record of used replies (the real encoded payloads, headers included) plus
+layers' own exchanges, ``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every
+array sent.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedge.aggregation.model_average import ModelAverage, parse_model_average
 from fedge.compression import PayloadError, derive_seed
-from fedge.deploy.atomic import atomic_write_text
-from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
-from fedge.server.engine.algorithm import (
-    Algorithm,
-    Outgoing,
-    Rejected,
-    Reply,
-    RunContext,
-    Step,
-    StepOutcome,
-    Update,
-    reply_metrics,
-)
-from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
+from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
+from fedge.protocol.config_keys import PLUGIN_HANDLER
+from fedge.protocol.refusals import read_refusal
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, Step, Update, reply_metrics
 from fedge.server.engine.dispatcher import Dispatcher, Missing
-from fedge.server.engine.central_dp import central_dp_of
-from fedge.server.engine.secure_round import SecureRound, refuse_reason, run_id_for
-from fedge.privacy.errors import SecAggError
-from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
-from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.server.run.metrics_row import RoundRow
-from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
-from fedge.server.engine.update_guard import UpdateGuard
+from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
+from fedge.server.engine.reply_screen import screen_reply
+from fedge.server.engine.tally import Tally, train_seconds
+from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
+from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings, SettingsError
-from fedge.tasks import Task, evaluate, numel_of, unflatten_state
+from fedge.tasks import Task, numel_of
 from fedge.tasks.data_files import load_npz
 
-__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "model_average_of", "sample_nodes"]
+__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -122,36 +116,6 @@ def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
 
 
-def secure_aggregation_of(algorithm: Algorithm) -> SecAggSpec | None:
-    """The run's secure-aggregation spec, or None; a combination that cannot work is refused here
-    (the CLI's preflight calls this before any process starts)."""
-    settings = algorithm.ctx.settings
-    try:
-        spec = parse_secure_aggregation(settings.secure_aggregation)
-    except ValueError as err:
-        raise SettingsError(f"secure-aggregation: {err}") from None
-    if spec is None:
-        return None
-    reason = refuse_reason(algorithm)
-    if reason is None and settings.aggregator != "mean":
-        reason = f"aggregator {settings.aggregator!r} works on individual updates; secure aggregation only reveals their sum"
-    if reason is None and settings.update_norm != "none":
-        reason = ("update-norm bounds each decoded update, which the coordinator never sees under secure "
-                  "aggregation; the shared grid's clip bounds every coordinate instead")
-    if reason is not None:
-        raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
-    return spec
-
-
-def model_average_of(algorithm: Algorithm) -> ModelAverage | None:
-    """The run's ``model-average`` (None for 'none'); a bad spec is refused here (the CLI's preflight
-    calls this before any process starts). Which algorithms may set it, the registry checks."""
-    try:
-        return parse_model_average(algorithm.ctx.settings.model_average)
-    except ValueError as err:
-        raise SettingsError(str(err)) from None
-
-
 class Engine:
     def __init__(
         self,
@@ -169,17 +133,12 @@ class Engine:
         self.on_row = on_row
         self.clock = clock
         self.sleep = sleep
-        self._model = self.ctx.task.build_model()
-        #: norm bound and weight cap of every decoded update, for every algorithm (checkpointed)
-        self.guard = UpdateGuard(self.settings)
-        #: secure aggregation (``secure-aggregation``): the spec, and each node's identity key,
-        #: pinned the first time it takes part
-        self.secure = secure_aggregation_of(algorithm)
-        self._pins: dict[int, bytes] = {}
-        #: client-level differential privacy (``differential-privacy``): sampling, clipping, noise, ledger
-        self.dp = central_dp_of(algorithm)
-        #: ``model-average``: the delivered (evaluated, saved, exported) model averages the published ones
-        self.average = model_average_of(algorithm)
+        #: the cross-cutting features around every step (``fedge.server.engine.layers``), in order
+        self.layers: list[Layer] = build_layers(algorithm, run_dir)
+
+    def layer(self, key: str) -> Layer | None:
+        """The run's layer named ``key`` (``dp``, ``downlink``, ...), or None when it is off."""
+        return next((layer for layer in self.layers if layer.key == key), None)
 
     # -- public ---------------------------------------------------------------------------------
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -188,8 +147,10 @@ class Engine:
         # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
         self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
         result = EngineResult(model=self._final_model(), rows=rows, resumed_from=start)
-        described = {**self.algorithm.describe(), "update_norm": self.guard.norm.spec, "weight_cap": self.guard.cap.spec}
-        atomic_write_text(self.run_dir.path / "algorithm.json", json.dumps(described, indent=2) + "\n")
+        described = self.algorithm.describe()
+        for layer in self.layers:
+            described.update(layer.describe())
+        self.run_dir.write_description(described)
         if start >= self.settings.rounds or self._reached_target(result):
             log.info("run already complete (%d rounds)", start)
             return result
@@ -205,44 +166,289 @@ class Engine:
             self._run_async(grid, start, result)
         else:
             for step in range(start + 1, self.settings.rounds + 1):
-                if self.dp is not None and self.dp.exhausted(len(grid.get_node_ids()), self.settings.clients_per_round):  # type: ignore[attr-defined]
-                    log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete "
-                             "after round %d", self.dp.spec.budget, self.dp.spec.delta, step - 1)
+                connected = len(grid.get_node_ids())  # type: ignore[attr-defined]
+                if any(layer.exhausted(connected) for layer in self.layers):
+                    log.info("run complete after round %d", step - 1)
                     result.budget_spent = True
                     break
-                self._publish(self.step(grid, step), result)
+                self.step(grid, step, result)
                 if self._reached_target(result) or self._stop_requested(result):
                     break
         result.model = self._final_model()
         return result
 
-    def _final_model(self) -> torch.Tensor:
-        """What the run delivers: the algorithm's final model, or its average (``model-average``)."""
-        averaged = self.average.value() if self.average is not None else None
-        return averaged if averaged is not None else self.algorithm.final_model()
+    def step(self, grid: object, number: int, result: EngineResult | None = None) -> RoundRow:
+        """One synchronous step: open, send, absorb every reply as it lands, conclude."""
+        tally = Tally(self.clock())
+        exchange = self._exchange(grid, number)
+        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+        if self.algorithm.fixed_membership and len(nodes) < self.algorithm.nodes_needed():
+            nodes = self._wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
+        selected = self.algorithm.select(number, nodes, self.sample)
+        state = self._open(number, selected, len(nodes), exchange, tally)
+        outgoing = self._configure(state, state.nodes, tally)
+        tally.sampled = len(selected)  # those a layer dropped before training were sampled too
+        for item in exchange(outgoing, self.settings.round_timeout, "train"):
+            self._receive(state, item, tally)
+        return self.conclude(grid, state, tally, selected, result, exchange)
 
-    def _close(self, step: Step) -> StepOutcome:
-        """Close a step; with ``model-average`` the outcome's model (what is measured) is the average
-        of the published models, and the algorithm's own model keeps training."""
+    def sample(self, nodes: list[int], step: int) -> list[int]:
+        """The nodes of a sampled step: a layer's sample (Poisson under DP) or the seeded one."""
+        for layer in self.layers:
+            chosen = layer.select(step, nodes)
+            if chosen is not None:
+                return chosen
+        return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
+
+    def conclude(self, grid: object, step: Step, tally: Tally, evaluators: list[int], result: EngineResult | None,
+                 exchange: Exchange) -> RoundRow:
+        """The one close sequence of every step: layers settle, the algorithm closes, layers close;
+        measure; one metrics row; then the checkpoint."""
+        for layer in self.layers:
+            for failure in layer.settle(step, exchange, tally):
+                self._failed(step, failure, tally)
         outcome = self.algorithm.close(step)
-        if self.average is not None and outcome.model is not None:
-            outcome.model = self.average.update(outcome.model)
-            outcome.extra["model_average"] = self.average.spec
-        return outcome
+        for layer in self.layers:
+            layer.close(step, outcome, tally)
+        metrics, extra = self.measure(grid, step.number, outcome.model, evaluators, tally)
+        if tally.train_seconds:
+            extra["client_train_seconds"] = max(tally.train_seconds)
+        if self.algorithm.asynchronous:
+            extra["client_idle_seconds"] = tally.idle
+        if tally.failures:
+            extra["failures"] = dict(sorted(tally.failures.items()))
+        row = RoundRow(
+            round=step.number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
+            evaluation="federated" if self.ctx.evaluation == "federated" else "central",
+            train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
+            downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
+            clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
+            codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra={**outcome.extra, **extra},
+        )
+        log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
+                 "version" if self.algorithm.asynchronous else "round", step.number, row.evaluation, row.metric,
+                 row.score, row.loss, tally.used, tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
+        self._publish(row, result)
+        return row
 
-    def _publish(self, row: RoundRow, result: EngineResult) -> None:
+    def absorb_reply(self, step: Step, reply: Reply) -> None:
+        """The one door of every update, secure or clear: screen the whole reply, check the metrics
+        every reply carries, let a layer take it whole (a masked upload), let the algorithm admit
+        it, decode it with the codec of its round (validated in full before anything moves), pass
+        it through the layers (bound, weight, clip) and hand it to the algorithm. Raises
+        :class:`Rejected`, ``PayloadError`` or ``ProtocolError``."""
+        alg = self.algorithm
+        screen_reply(reply.content, self.ctx.fp32_bytes)
+        for layer in self.layers:
+            layer.arrived(step, reply)
+        metrics = reply_metrics(reply.content)
+        payload = read_payload(reply.content, UPDATE_RECORD)
+        if any(layer.take(step, reply, payload, metrics) for layer in self.layers):
+            return
+        alg.admit(step, reply)
+        vector = alg.reply_codec(step, reply).decode(payload, self.ctx.numel)
+        update = Update(node=reply.node, vector=vector, weight=1.0, metrics=metrics, payload=bytes(payload),
+                        content=reply.content, started=reply.started)
+        for layer in self.layers:
+            update = layer.update(step, update)
+        alg.absorb(step, update)
+
+    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
+        """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty
+        when the run has none: it evaluates on the devices)."""
+        return self.ctx.evaluate(params)
+
+    def measure(self, grid: object, number: int, model: torch.Tensor | None, nodes: list[int],
+                tally: Tally) -> tuple[dict[str, float], dict[str, object]]:
+        """The step model's metrics for the row (central or federated, as the run says) and what
+        the row records beside them (with ``both``: the federated figures as ``federated_<name>``)."""
+        if model is None:
+            return {}, {}
+        mode = self.ctx.evaluation
+        central = self.evaluate(model) if mode in ("central", "both") else {}
+        due = number % self.settings.evaluate_every == 0 or number >= self.settings.rounds
+        if mode == "central" or not due or not nodes:
+            return central, {}
+        federated = FederatedEvaluation(self.ctx, number)
+        outgoing = federated.messages(model, nodes)
+        tally.downlink += sum(array_bytes(o.content) for o in outgoing)
+        for item in self._exchange(grid, number)(outgoing, self.settings.round_timeout, "eval"):
+            if isinstance(item, Missing):
+                federated.ignore(item.node, item.reason)
+            elif item.has_error():
+                federated.ignore(item.metadata.src_node_id, f"client error {item.error.code}: {item.error.reason}")
+            else:
+                try:
+                    federated.absorb(item.metadata.src_node_id, item.content)
+                except Rejected as err:
+                    federated.ignore(item.metadata.src_node_id, str(err))
+        if mode == "federated":
+            return federated.result(), federated.facts()
+        return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
+
+    # -- the asynchronous loop ------------------------------------------------------------------
+    def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
+        """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
+        the algorithm and send that node's slot to a free node; conclude a step (a new model
+        version) whenever the algorithm is ready. Messages still out when the last version is
+        published are abandoned: their updates would train a finished model."""
+        alg = self.algorithm
+        dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
+        busy: dict[int, int] = {}  # node -> the version its message started from
+        free_since: dict[int, float] = {}  # node -> when its last reply landed
+        version, dispatches = start, 0
+        tally = Tally(self.clock())
+        state = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1), tally)  # type: ignore[attr-defined]
+
+        def fill() -> None:
+            nonlocal dispatches
+            free = [n for n in sorted(grid.get_node_ids()) if n not in busy]  # type: ignore[attr-defined]
+            want = min(alg.concurrency - len(busy), len(free))
+            if want <= 0:
+                return
+            # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
+            # given order of replies (the order itself follows the devices' real speed).
+            picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
+            dispatches += 1
+            outgoing = self._configure(state, picked, tally)
+            dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
+                            self.settings.round_timeout)
+            for o in outgoing:
+                busy[o.node] = version
+                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
+
+        while version < self.settings.rounds:
+            fill()
+            if not busy:
+                self._wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
+                continue
+            for item in dispatcher.replies():
+                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
+                began = busy.pop(node, None)
+                free_since[node] = self.clock()
+                self._receive(state, item, tally, started=began)
+                if alg.ready(state):
+                    version += 1
+                    self.conclude(grid, state, tally, self._evaluators(grid, version), result,
+                                  self._exchange(grid, version))
+                    tally = Tally(self.clock())
+                    state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
+                                       self._exchange(grid, version + 1), tally)
+                    if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
+                        return
+                if not dispatcher.batch_left:
+                    fill()
+
+    def _evaluators(self, grid: object, version: int) -> list[int]:
+        """Asynchronous runs: the devices that evaluate a version (a seeded sample of the connected
+        ones; busy ones answer after their training message, as a SuperNode runs one at a time)."""
+        if self.ctx.evaluation == "central":
+            return []
+        return sample_nodes(sorted(grid.get_node_ids()), self.settings.clients_per_round,  # type: ignore[attr-defined]
+                            self.settings.seed, step=10**9 + version)
+
+    # -- the step's parts -----------------------------------------------------------------------
+    def _open(self, number: int, nodes: list[int], connected: int, exchange: Exchange, tally: Tally) -> Step:
+        """The algorithm opens the step, then each layer (which may run its own exchanges and
+        drop nodes, each recorded as a failure)."""
+        state = self.algorithm.open_step(number, nodes)
+        state.connected = connected
+        for layer in self.layers:
+            for failure in layer.open(state, exchange):
+                self._failed(state, failure, tally)
+        return state
+
+    def _configure(self, step: Step, nodes: list[int], tally: Tally) -> list[Outgoing]:
+        """The algorithm's messages for ``nodes``, through every layer; counted as sent."""
+        outgoing = self.algorithm.configure(step, nodes) if nodes else []
+        handler = self.algorithm.plugin_handler
+        for o in outgoing:  # a plugin algorithm's messages name their device handler
+            if handler and CONFIG_RECORD in o.content.config_records:
+                o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] = handler
+        for layer in self.layers:
+            layer.outgoing(step, outgoing)
+        tally.sent(outgoing)
+        return outgoing
+
+    def _exchange(self, grid: object, number: int) -> Exchange:
+        """Send ``outgoing`` and yield each reply (or :class:`Missing`) as it lands."""
+        def exchange(outgoing: list[Outgoing], timeout: float, group: str) -> Iterable[Message | Missing]:
+            if not outgoing:
+                return iter(())
+            return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
+                self._messages(outgoing, number, group), timeout)
+        return exchange
+
+    def _receive(self, step: Step, item: Message | Missing, tally: Tally, started: int | None = None) -> None:
+        """One reply (or a missing one) through the door, counted; a reply that cannot be used is
+        logged and recorded as a typed failure, which the algorithm and every layer hear."""
+        failure = self._absorb(step, item, started)
+        if failure is None:
+            assert isinstance(item, Message)
+            tally.used += 1
+            tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
+            tally.measurement += array_bytes(item.content, (MEASURE_RECORD,))
+            tally.train_seconds.append(train_seconds(item))
+        else:
+            self._failed(step, failure, tally)
+
+    def _failed(self, step: Step, failure: Failure, tally: Tally) -> None:
+        tally.failed(failure)
+        if failure.node is not None:
+            self.algorithm.missed(step, failure.node, failure.reason)
+        for layer in self.layers:
+            layer.missed(step, failure)
+
+    def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
+        """Hand one reply to the door; None if it was used, else why not."""
+        if isinstance(item, Missing):
+            return Failure(item.node, "timeout", item.reason)
+        node = item.metadata.src_node_id
+        if item.has_error():
+            return Failure(node, "client-error", f"client error {item.error.code}: {item.error.reason}")
+        try:
+            refusal = read_refusal(item.content)
+            if refusal is not None:
+                log.warning("round %d: node %d refused: %s (%s)", step.number, node, refusal[1], refusal[0])
+                return Failure(node, refusal[0], refusal[1])
+            self.absorb_reply(step, Reply(node, item.content, started=started))
+        except Rejected as err:
+            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
+            return Failure(node, err.kind, str(err))
+        except (PayloadError, ProtocolError) as err:
+            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
+            return Failure(node, "invalid", str(err))
+        return None
+
+    def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
+        return [
+            Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
+                    ttl=self.settings.round_timeout + 60.0)
+            for o in outgoing
+        ]
+
+    # -- the run's state ------------------------------------------------------------------------
+    def _final_model(self) -> torch.Tensor:
+        """What the run delivers: the algorithm's final model, through the layers (the model average)."""
+        model = self.algorithm.final_model()
+        for layer in self.layers:
+            model = layer.delivered(model)
+        return model
+
+    def _publish(self, row: RoundRow, result: EngineResult | None) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
         between, the step runs again and its row is replaced)."""
-        row.wall_seconds = self._wall + self.clock()
+        row.wall_seconds = getattr(self, "_wall", 0.0) + self.clock()
         self.run_dir.metrics.append(row.to_json())
-        state = {**self.algorithm.state_dict(), "guard": self.guard.state_dict()}
-        if self.dp is not None:
-            state["dp"] = self.dp.state_dict()
-        if self.average is not None:
-            state["model-average"] = self.average.state_dict()
+        state = dict(self.algorithm.state_dict())
+        for layer in self.layers:
+            saved = layer.state_dict()
+            if saved is not None:
+                state[layer.key] = saved
         self.run_dir.checkpoints.save(Checkpoint(round=row.round, algorithm=self.algorithm.spec,
                                                  task=self.ctx.task.spec, numel=self.ctx.numel, state=state))
-        result.rows.append(row)
+        if result is not None:
+            result.rows.append(row)
         if self.on_row:
             self.on_row(row)
 
@@ -269,270 +475,13 @@ class Engine:
             result.reached_target = True
         return result.reached_target
 
-    def evaluate(self, params: torch.Tensor) -> dict[str, float]:
-        """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty
-        when the run has none: it evaluates on the devices)."""
-        if self.ctx.central_data is None:
-            return {}
-        self._model.load_state_dict(unflatten_state(params, self.ctx.template))
-        return evaluate(self._model, self.ctx.central_data, self.ctx.task)
-
-    def measure(self, grid: object, number: int, model: torch.Tensor | None, nodes: list[int],
-                tally: _Tally) -> tuple[dict[str, float], dict[str, object]]:
-        """The step model's metrics for the row (central or federated, as the run says) and what
-        the row records beside them (with ``both``: the federated figures as ``federated_<name>``)."""
-        if model is None:
-            return {}, {}
-        mode = self.ctx.evaluation
-        central = self.evaluate(model) if mode in ("central", "both") else {}
-        due = number % self.settings.evaluate_every == 0 or number >= self.settings.rounds
-        if mode == "central" or not due or not nodes:
-            return central, {}
-        federated = FederatedEvaluation(self.ctx, number)
-        outgoing = federated.messages(model, nodes)
-        tally.downlink += sum(array_bytes(o.content) for o in outgoing)
-        for item in Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-                self._messages(outgoing, number, "eval"), self.settings.round_timeout):
-            if isinstance(item, Missing):
-                federated.ignore(item.node, item.reason)
-            elif item.has_error():
-                federated.ignore(item.metadata.src_node_id, f"client error {item.error.code}: {item.error.reason}")
-            else:
-                try:
-                    federated.absorb(item.metadata.src_node_id, item.content)
-                except Rejected as err:
-                    federated.ignore(item.metadata.src_node_id, str(err))
-        if mode == "federated":
-            return federated.result(), federated.facts()
-        return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
-
-    def sample(self, nodes: list[int], step: int) -> list[int]:
-        if self.dp is not None:  # Poisson sampling from the OS CSPRNG: what the accountant assumes
-            return self.dp.sample(nodes, self.settings.clients_per_round)
-        return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
-
-    def step(self, grid: object, step: int) -> RoundRow:
-        """One synchronous step: select, send, absorb every reply as it lands, close, evaluate."""
-        if self.secure is not None:
-            return self._secure_step(grid, step)
-        alg = self.algorithm
-        tally = _Tally(self.clock())
-        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
-        selected = alg.select(step, nodes, self.sample)
-        state = alg.open_step(step, selected)
-        outgoing = alg.configure(state, selected)
-        tally.sent(outgoing)
-        exchange = Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-            self._messages(outgoing, step, "train"), self.settings.round_timeout)
-        for item in exchange:
-            self._receive(state, item, tally)
-        if self.dp is not None:
-            dp, connected = self.dp, len(nodes)
-            state.finish = lambda mean, used: dp.noisy_mean(mean * used, connected)
-        outcome = self._close(state)
-        if self.dp is not None:
-            outcome.extra.update(self.dp.close_round())
-        metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
-        return self._row(step, tally, outcome, metrics, extra)
-
-    def _secure_step(self, grid: object, step: int) -> RoundRow:
-        """A synchronous step under secure aggregation (``secure_round``): advertise, share, train
-        (masked uploads), unmask; the algorithm gets only the weighted mean of the survivors."""
-        assert self.secure is not None
-        alg = self.algorithm
-        tally = _Tally(self.clock())
-        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
-        selected = alg.select(step, nodes, self.sample)
-        state = alg.open_step(step, selected)
-        secure = SecureRound(self.secure, run_id_for(self.settings.seed, self.run_dir.path.name), self.settings.seed,
-                             step, selected, self.ctx.numel, self._pins, weighted=alg.weighted)
-
-        def exchange(outgoing: list[Outgoing], timeout: float, group: str):  # type: ignore[no-untyped-def]
-            return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-                self._messages(outgoing, step, group), timeout)
-
-        notes: list[dict[str, object]] = []
-        try:
-            secure.advertise(exchange)
-            dealt = secure.share(exchange)
-            outgoing = alg.configure(state, dealt)
-            for o in outgoing:
-                o.content[SECAGG_RECORD] = secure.train_record(o.node)
-            tally.sent(outgoing)
-            tally.sampled = len(selected)  # those that missed a key stage were sampled too
-            replies: dict[int, object] = {}
-            for item in exchange(outgoing, self.settings.round_timeout, "train"):
-                if isinstance(item, Missing):
-                    secure.missing[item.node] = item.reason
-                elif item.has_error():
-                    secure.missing[item.metadata.src_node_id] = f"client error {item.error.code}: {item.error.reason}"
-                else:
-                    replies[item.metadata.src_node_id] = item.content
-                    tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
-                    tally.train_seconds.append(_train_seconds(item))
-            survivors = secure.masked_inputs(replies)  # type: ignore[arg-type]
-            mean, count, _ = secure.unmask(exchange, survivors)
-            alg.absorb_secure(state, mean, survivors)
-            tally.used = count
-        except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
-            log.error("round %d: secure aggregation failed: %s; global model unchanged", step, error)
-            notes.append({"node": None, "reason": f"secure aggregation failed: {error}"})
-        for node, reason in sorted(secure.missing.items()):
-            tally.rejected.append({"node": node, "reason": reason})
-            alg.missed(state, node, reason)
-        tally.uplink += secure.uplink
-        tally.downlink += secure.downlink
-        outcome = self._close(state)
-        outcome.notes.extend(notes)
-        outcome.extra.update({"secure_aggregation": self.secure.spec,
-                              "secagg_ring_bits": secure.plan.bits, "secagg_neighbours": secure.plan.degree})
-        metrics, extra = self.measure(grid, step, outcome.model, selected, tally)
-        return self._row(step, tally, outcome, metrics, extra)
-
-    def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
-        """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
-        the algorithm and send that node's slot to a free node; close a step (a new model version)
-        whenever the algorithm is ready. Messages still out when the last version is published are
-        abandoned: their updates would train a finished model."""
-        alg = self.algorithm
-        dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
-        busy: dict[int, int] = {}  # node -> the version its message started from
-        free_since: dict[int, float] = {}  # node -> when its last reply landed
-        version, dispatches = start, 0
-        state, tally = alg.open_step(version + 1, []), _Tally(self.clock())
-
-        def fill() -> None:
-            nonlocal dispatches
-            free = [n for n in sorted(grid.get_node_ids()) if n not in busy]  # type: ignore[attr-defined]
-            want = min(alg.concurrency - len(busy), len(free))
-            if want <= 0:
-                return
-            # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
-            # given order of replies (the order itself follows the devices' real speed).
-            picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
-            dispatches += 1
-            outgoing = alg.configure(state, picked)
-            tally.sent(outgoing)
-            dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
-                            self.settings.round_timeout)
-            for o in outgoing:
-                busy[o.node] = version
-                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
-
-        while version < self.settings.rounds:
-            fill()
-            if not busy:
-                self._wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
-                continue
-            for item in dispatcher.replies():
-                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
-                began = busy.pop(node, None)
-                free_since[node] = self.clock()
-                self._receive(state, item, tally, started=began)
-                if alg.ready(state):
-                    version += 1
-                    outcome = self._close(state)
-                    metrics, extra = self.measure(grid, version, outcome.model, self._evaluators(grid, version), tally)
-                    self._publish(self._row(version, tally, outcome, metrics, {"client_idle_seconds": tally.idle, **extra}),
-                                  result)
-                    state, tally = alg.open_step(version + 1, []), _Tally(self.clock())
-                    if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
-                        return
-                if not dispatcher.batch_left:
-                    fill()
-
-    def absorb_reply(self, step: Step, reply: Reply) -> None:
-        """The one door of every update: screen the reply, let the algorithm admit it, decode it with
-        the codec of its round (validated in full before anything moves), bound it, weight it, and
-        hand it to the algorithm. Raises :class:`Rejected`, ``PayloadError`` or ``ProtocolError``."""
-        alg = self.algorithm
-        screen_reply(reply.content, self.ctx.fp32_bytes)
-        alg.admit(step, reply)
-        payload = read_payload(reply.content, UPDATE_RECORD)
-        metrics = reply_metrics(reply.content)
-        vector = alg.reply_codec(step, reply).decode(payload, self.ctx.numel)
-        vector = self.guard.bound(step.number, reply.node, vector)
-        weight = self.guard.weight(step.number, reply.node, float(metrics["num-examples"])) if alg.weighted else 1.0
-        if self.dp is not None:  # the sensitivity bound holds whatever the device sent; every device counts once
-            vector, weight = self.dp.clip(vector, metrics.get("dp-fitted")), 1.0
-        alg.absorb(step, Update(node=reply.node, vector=vector, weight=weight, metrics=metrics, payload=bytes(payload),
-                                content=reply.content, started=reply.started))
-
-    def _evaluators(self, grid: object, version: int) -> list[int]:
-        """Asynchronous runs: the devices that evaluate a version (a seeded sample of the connected
-        ones; busy ones answer after their training message, as a SuperNode runs one at a time)."""
-        if self.ctx.evaluation == "central":
-            return []
-        return sample_nodes(sorted(grid.get_node_ids()), self.settings.clients_per_round,  # type: ignore[attr-defined]
-                            self.settings.seed, step=10**9 + version)
-
-    def _row(self, number: int, tally: _Tally, outcome: StepOutcome, metrics: dict[str, float],
-             extra: dict[str, object]) -> RoundRow:
-        """The metrics row of a step, synchronous or asynchronous alike."""
-        extra = {**outcome.extra, **self.guard.close_step(), **extra}
-        if tally.train_seconds:
-            extra["client_train_seconds"] = max(tally.train_seconds)
-        row = RoundRow(
-            round=number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
-            evaluation="federated" if self.ctx.evaluation == "federated" else "central",
-            train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
-            downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
-            clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
-            codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra=extra,
-        )
-        log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
-                 "version" if self.algorithm.asynchronous else "round", number, row.evaluation, row.metric,
-                 row.score, row.loss, tally.used,
-                 tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
-        return row
-
-    # -- internals ------------------------------------------------------------------------------
-    def _receive(self, step: Step, item: Message | Missing, tally: _Tally, started: int | None = None) -> None:
-        """Hand one reply (or a missing one) to the algorithm and count it; a reply that cannot be
-        used is logged and recorded with its reason, and the algorithm hears that the node missed."""
-        node, reason = self._absorb(step, item, started)
-        if reason is None:
-            assert isinstance(item, Message)
-            tally.used += 1
-            tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
-            tally.measurement += array_bytes(item.content, (MEASURE_RECORD,))
-            tally.train_seconds.append(_train_seconds(item))
-        else:
-            tally.rejected.append({"node": node, "reason": reason})
-            self.algorithm.missed(step, node, reason)
-
-    def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> tuple[int, str | None]:
-        """Hand one reply to the algorithm; (node, None) if used, else (node, reason)."""
-        if isinstance(item, Missing):
-            return item.node, item.reason
-        node = item.metadata.src_node_id
-        if item.has_error():
-            return node, f"client error {item.error.code}: {item.error.reason}"
-        try:
-            self.absorb_reply(step, Reply(node, item.content, started=started))
-        except (Rejected, PayloadError, ProtocolError) as err:
-            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
-            return node, str(err)
-        return node, None
-
-    def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
-        handler = self.algorithm.plugin_handler
-        for o in outgoing:  # a plugin algorithm's messages name their device handler
-            if handler and CONFIG_RECORD in o.content.config_records:
-                o.content.config_records[CONFIG_RECORD]["handler"] = handler
-            if self.dp is not None and CONFIG_RECORD in o.content.config_records:  # this round's clipping bound
-                o.content.config_records[CONFIG_RECORD]["dp-clip"] = self.dp.clip_bound
-        return [
-            Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
-                    ttl=self.settings.round_timeout + 60.0)
-            for o in outgoing
-        ]
-
     def _restore(self, initial_params: torch.Tensor) -> int:
         checkpoint = self.run_dir.checkpoints.load()
         if checkpoint is None:
             self.run_dir.metrics.truncate_after(0)
             self.algorithm.start(initial_params.clone())
+            for layer in self.layers:
+                layer.start(initial_params)
             return 0
         where = self.run_dir.path
         if checkpoint.task != self.ctx.task.spec or checkpoint.numel != self.ctx.numel:
@@ -546,15 +495,8 @@ class Engine:
                 f"{self.algorithm.spec!r}; use a new run directory"
             )
         try:
-            self.guard.load_state_dict(checkpoint.state.get("guard") or {})
-            if self.dp is not None:
-                if "dp" not in checkpoint.state:
-                    raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
-                self.dp.load_state_dict(checkpoint.state["dp"])
-            if self.average is not None:
-                if "model-average" not in checkpoint.state:
-                    raise ValueError("the checkpoint has no model average: the run did not set model-average")
-                self.average.load_state_dict(checkpoint.state["model-average"])
+            for layer in self.layers:
+                layer.load_state_dict(checkpoint.state.get(layer.key))
             self.algorithm.load_state_dict(checkpoint.state)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None
@@ -577,36 +519,12 @@ class Engine:
                 f"only {len(nodes)} node(s) connected after {self.settings.wait_for_nodes:.0f} s; "
                 f"min-replies is {self.settings.min_replies}"
             )
+        if self.algorithm.fixed_membership and len(nodes) < wanted:
+            raise NotEnoughNodesError(
+                f"only {len(nodes)} node(s) connected after {self.settings.wait_for_nodes:.0f} s; "
+                f"{self.algorithm.name} runs over a fixed set of {wanted} nodes"
+            )
         return nodes
-
 
 class _StopWhileWaiting(Exception):
     """The operator asked the run to stop before enough nodes had connected."""
-
-
-@dataclass
-class _Tally:
-    """The reply accounting of one step, for its metrics row: the same for a synchronous round and
-    an asynchronous version."""
-
-    began: float
-    sampled: int = 0  # messages sent (asynchronous: dispatched while this version was built)
-    used: int = 0
-    uplink: int = 0
-    measurement: int = 0
-    downlink: int = 0
-    idle: float = 0.0  # asynchronous: node-seconds between a node's reply and its next message
-    train_seconds: list[float] = field(default_factory=list)  # clients' own training time
-    rejected: list[dict[str, object]] = field(default_factory=list)
-
-    def sent(self, outgoing: list[Outgoing]) -> None:
-        self.sampled += len(outgoing)
-        self.downlink += sum(array_bytes(o.content) for o in outgoing)
-
-
-def _train_seconds(reply: Message) -> float:
-    """A reply's own ``train-seconds`` (a number >= 0), or 0 when it sent none or nonsense: it is
-    reported, never trusted for anything else."""
-    metrics = reply.content.metric_records.get(METRICS_RECORD)
-    value = metrics.get("train-seconds", 0.0) if metrics is not None else 0.0
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0

@@ -30,7 +30,6 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
-from fedge.protocol import UPDATE_RECORD, read_payload
 from fedge.protocol.secagg import (
     SECAGG_MESSAGE_TYPE,
     SECAGG_RECORD,
@@ -43,7 +42,7 @@ from fedge.protocol.secagg import (
 from fedge.server.engine.algorithm import Outgoing
 from fedge.server.engine.dispatcher import Missing
 
-__all__ = ["SecureRound", "refuse_reason", "run_id_for"]
+__all__ = ["SecureRound", "run_id_for"]
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +127,9 @@ class SecureRound:
         return record
 
     # -- stage 3 (the engine's train exchange) ----------------------------------------------------
-    def masked_inputs(self, replies: dict[int, RecordDict]) -> list[int]:
-        """The survivors: devices whose masked upload arrived and is well formed."""
+    def masked_inputs(self, uploads: dict[int, bytes]) -> list[int]:
+        """The survivors: devices whose masked upload (taken through the engine's door) is well formed."""
         assert self.server is not None
-        uploads = {}
-        for node, content in replies.items():
-            try:
-                uploads[node] = read_payload(content, UPDATE_RECORD)
-            except ValueError as error:
-                self._drop(node, f"no masked upload: {error}")
         survivors = self.server.receive_masked(uploads)
         self.missing.update(self.server.refused)
         return survivors
@@ -182,16 +175,3 @@ class SecureRound:
     def _drop(self, node: int, reason: str) -> None:
         self.missing[node] = reason
         log.warning("round %d: secure aggregation without node %d: %s", self.plan.context.round, node, reason)
-
-
-def refuse_reason(algorithm: object) -> str | None:
-    """Why an algorithm cannot run under secure aggregation (None: it can)."""
-    name = getattr(algorithm, "name", "")
-    if getattr(algorithm, "asynchronous", False):
-        return (f"{name} aggregates each update as it lands (asynchronously); secure aggregation only "
-                "reveals the sum of a whole round")
-    if not getattr(algorithm, "secure_sum", False):
-        return (f"{name} needs each device's update (gossip relays them, robust rules rank them); secure "
-                "aggregation only reveals their sum")
-    return None
-

@@ -3,6 +3,7 @@
 ::
 
     config.json      resolved settings, versions, seed (written when the run starts)
+    algorithm.json   the algorithm and its layers as built (spec, topology, codecs, bounds)
     metrics.jsonl    one JSON object per round
     checkpoint/      latest atomic coordinator state (state.pt, state.prev.pt)
     model.pt         final fp32 global model (deploy.model_file format)
@@ -91,6 +92,10 @@ class RunDirectory:
         self.clear_stop()
         checkpoint = self.checkpoints.load()
         self.metrics.truncate_after(checkpoint.round if checkpoint else 0)
+
+    def write_description(self, described: dict[str, Any]) -> None:
+        """``algorithm.json``: what the engine built for this run, written atomically."""
+        atomic_write_text(self.path / "algorithm.json", json.dumps(described, indent=2) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")

@@ -54,7 +54,7 @@ def test_the_run_stops_cleanly_at_its_budget_and_a_resume_does_not_double_count(
     # a restart reads the ledger from the checkpoint: it has nothing left to spend
     again = _engine(tmp_path, rounds=5, differential_privacy=f"{DP},budget={budget}")
     resumed = again.run(InProcessGrid(6), initial_params(TASK, 42))
-    assert resumed.resumed_from == 2 and len(again.dp.ledger.rounds) == 2 and resumed.budget_spent
+    assert resumed.resumed_from == 2 and len(again.layer("dp").dp.ledger.rounds) == 2 and resumed.budget_spent
     # a run resumed for more rounds continues from what was spent, not from zero
     short = _engine(tmp_path / "other", rounds=2)
     short.run(InProcessGrid(6), initial_params(TASK, 42))
@@ -75,13 +75,14 @@ def test_adaptive_clipping_moves_the_bound_toward_the_quantile(tmp_path) -> None
     assert bounds[0] == 0.01 and bounds[0] < bounds[1] < bounds[2]
     assert all(r.extra["dp_fraction_under_clip"] < 0.5 for r in result.rows)
     last = result.rows[-1].extra["dp_fraction_under_clip"]
-    assert engine.dp.state_dict()["clip"] == pytest.approx(bounds[2] * math.exp(-0.5 * (last - 0.5)))
+    assert engine.layer("dp").dp.state_dict()["clip"] == pytest.approx(bounds[2] * math.exp(-0.5 * (last - 0.5)))
     with pytest.raises(SettingsError, match="below 2 sigma_b"):
         _engine(tmp_path / "x", clients_per_round=3, differential_privacy="gaussian:noise=1,adaptive=true")
 
 
 @pytest.mark.parametrize("overrides, reason", [
-    ({"algorithm": "easgd"}, "implemented for fedavg"),
+    ({"algorithm": "easgd"}, "apply the mean of their devices' updates"),
+    ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "synchronous algorithms"),
     ({"aggregator": "median"}, "no bounded sensitivity"),
     ({"secure_aggregation": "secagg"}, "inside the ring"),
     ({"differential_privacy": "gaussian:noise=-1"}, "differential-privacy"),

@@ -12,7 +12,11 @@ from fedge.edge_client import local
 from fedge.edge_client.downlink import received_model
 from fedge.edge_client.public_copy import OutOfSyncError
 from fedge.protocol import CONFIG_RECORD, ProtocolError
+from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.round_config import RoundConfig
+from fedge.server.engine.algorithm import Step
+from fedge.server.engine.layers import Failure
+from fedge.server.engine.layers.downlink import Downlink, DownlinkLayer
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import TASK, _engine, _start
 
@@ -23,11 +27,16 @@ def _receive(grid: InProcessGrid, node: int, content) -> torch.Tensor:  # type: 
     return received_model(message, config, local.store(grid.contexts[node], "downlink"), TASK)
 
 
+def _send(layer: DownlinkLayer, algorithm, version: int, nodes: list[int]) -> dict[int, object]:  # type: ignore[no-untyped-def]
+    """What the algorithm's messages of ``version`` carry once the downlink layer has shipped the model."""
+    step = Step(version, nodes)
+    outgoing = algorithm.configure(step, nodes)
+    layer.outgoing(step, outgoing)
+    return {o.node: o.content for o in outgoing}
+
+
 def _send_current(engine, grid: InProcessGrid, version: int) -> dict[int, object]:  # type: ignore[no-untyped-def]
-    algorithm = engine.algorithm
-    algorithm.downlink.publish(algorithm.params, version)
-    config = algorithm.ctx.round_config(version, **algorithm.downlink.config_keys()).to_record()
-    return algorithm.downlink.contents(algorithm.params, grid.get_node_ids(), config)
+    return _send(engine.layer("downlink"), engine.algorithm, version, grid.get_node_ids())
 
 
 def test_devices_missing_versions_rejoin_bit_identical_and_past_the_cache_get_a_snapshot(tmp_path) -> None:
@@ -38,7 +47,7 @@ def test_devices_missing_versions_rejoin_bit_identical_and_past_the_cache_get_a_
     assert sum(row.extra["downlink_catch_up"] for row in rows) > 0  # some came back within the cache
     later_snapshots = sum(row.extra["downlink_snapshot"] for row in rows[3:])
     assert later_snapshots > 0  # some were away longer than 2 versions (or new)
-    broadcast = engine.algorithm.downlink.broadcast
+    broadcast = engine.layer("downlink").downlink.broadcast
     contents = _send_current(engine, grid, 7)
     for node in grid.get_node_ids():  # everyone rejoins at version 7, from wherever it was
         copy = _receive(grid, node, contents[node])
@@ -49,10 +58,11 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     engine = _engine(tmp_path, rounds=1, downlink_codec="lattice")
     grid = InProcessGrid(2)
     engine.algorithm.start(_start(engine))
+    downlink = engine.layer("downlink")
     node, other = grid.get_node_ids()
     contents = _send_current(engine, grid, 1)
     _receive(grid, node, contents[node])  # a snapshot: accepted
-    engine.algorithm.downlink.replied(node, 1)
+    downlink.downlink.replied(node, 1)
     engine.algorithm.params = engine.algorithm.params + 0.01
     contents = _send_current(engine, grid, 2)
     config = contents[node].config_records[CONFIG_RECORD]
@@ -63,14 +73,15 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     config["downlink-digest"] = good
     with pytest.raises(OutOfSyncError, match="no copy"):  # the other device never got version 1
         _receive(grid, other, contents[node])
-    config["downlink-base-digest"] ^= 1  # as if this device's torch drew another initial model
+    contents[other].config_records[CONFIG_RECORD]["downlink-base-digest"] ^= 1  # as if this device's torch drew another initial model
     with pytest.raises(OutOfSyncError, match="downlink base") as refused:
         _receive(grid, other, contents[other])
-    engine.algorithm.downlink.failed(other, str(refused.value))
-    config["downlink-base-digest"] ^= 1
-    shipped = engine.algorithm.downlink.contents(engine.algorithm.params, [other], config)[other]
+    # the device's refusal is typed: the coordinator ships the base because of its kind, not its words
+    assert refused.value.kind == NEEDS_BASE
+    downlink.missed(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
+    shipped = _send(downlink, engine.algorithm, 2, [other])[other]
     assert "base" in shipped.array_records["downlink"]
-    assert torch.equal(_receive(grid, other, shipped), engine.algorithm.downlink.broadcast.public)
+    assert torch.equal(_receive(grid, other, shipped), downlink.downlink.broadcast.public)
     payload = shipped.array_records["downlink"]
     payload["steps"] = payload["base"]  # a snapshot whose steps do not fit the model
     with pytest.raises(ProtocolError):
@@ -79,18 +90,15 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
 
 def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     """Devices cannot rebuild a model file's weights: the base travels with the first snapshot."""
-    from fedge.server.engine.downlink import Downlink
-
     template = TASK.build_model().state_dict()
     downlink = Downlink("lattice", TASK, template, seed=42, init="pretrained.pt")
-    start = _start(_engine(tmp_path)) + 0.05  # as if a model file had been loaded
+    engine = _engine(tmp_path / "b")
+    start = _start(engine) + 0.05  # as if a model file had been loaded
     downlink.start(start)
     assert torch.equal(downlink.broadcast.base, start) and not downlink.broadcast.seeded
     grid = InProcessGrid(1)
     (node,) = grid.get_node_ids()
-    downlink.publish(start, 1)
-    engine = _engine(tmp_path / "b")
-    config = engine.algorithm.ctx.round_config(1, **downlink.config_keys()).to_record()
-    content = downlink.contents(start, [node], config)[node]
+    engine.algorithm.start(start)
+    content = _send(DownlinkLayer(downlink), engine.algorithm, 1, [node])[node]
     assert "base" in content.array_records["downlink"]
     assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)

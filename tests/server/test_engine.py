@@ -193,10 +193,12 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     """The client validates the model it receives as strictly as the server validates an update."""
     from flwr.app import Array
 
+    from fedge.server.engine.tally import Tally
+
     engine = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(3)
     engine.algorithm.start(_start(engine))
-    outgoing = engine.algorithm.configure(engine.algorithm.open_step(1, grid.get_node_ids()), grid.get_node_ids())
+    outgoing = engine._configure(engine.algorithm.open_step(1, grid.get_node_ids()), grid.get_node_ids(), Tally(0.0))
     content = outgoing[0].content
     record = content.array_records["arrays"]
     first = next(iter(record.keys()))

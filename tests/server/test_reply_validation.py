@@ -65,9 +65,8 @@ def step(engine: Engine) -> FedAvgStep:
 
 def test_valid_reply_is_accumulated(engine: Engine, step: FedAvgStep) -> None:
     payload = engine.algorithm.codec.encode(torch.randn(N))
-    node, reason = engine._absorb(step, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7))
-    assert (node, reason) == (7, None)
-    assert step.aggregator.count == 1
+    assert engine._absorb(step, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7)) is None
+    assert step.aggregate.count == 1
 
 
 @pytest.mark.parametrize(
@@ -88,9 +87,10 @@ def test_bad_replies_are_rejected_with_a_reason(engine: Engine, step: FedAvgStep
     payload = {"good": good, "good-truncated": good[:100], "fp16": make_codec("fp16").encode(torch.randn(N))}.get(
         payload, payload
     )
-    node, why = engine._absorb(step, _Reply(_content(payload, metrics), 42))
-    assert node == 42 and why is not None and re.search(reason, why), why
-    assert step.aggregator.count == 0  # nothing reached the accumulator
+    failure = engine._absorb(step, _Reply(_content(payload, metrics), 42))
+    assert failure is not None and failure.node == 42 and failure.kind == "invalid", failure
+    assert re.search(reason, failure.reason), failure.reason
+    assert step.aggregate.count == 0  # nothing reached the accumulator
     assert "rejected update from node 42" in caplog.text
 
 
@@ -118,16 +118,17 @@ def test_malicious_input_at_the_door(engine: Engine, step: FedAvgStep, caplog) -
         "metric 'train-loss' is not a finite number": _content(good, {"num-examples": 3, "train-loss": float("nan")}),
     }
     for expected, content in cases.items():
-        node, why = engine._absorb(step, _Reply(content, 42))
-        assert node == 42 and why is not None and expected in why, (expected, why)
-    assert step.aggregator.count == 0
-    assert engine._absorb(step, _Reply(_content(good, ok), 7)) == (7, None)  # the round goes on
-    assert step.aggregator.count == 1
+        failure = engine._absorb(step, _Reply(content, 42))
+        assert failure is not None and failure.node == 42 and expected in failure.reason, (expected, failure)
+    assert step.aggregate.count == 0
+    assert engine._absorb(step, _Reply(_content(good, ok), 7)) is None  # the round goes on
+    assert step.aggregate.count == 1
     assert caplog.text.count("rejected update from node 42") == len(cases)
 
 
 def test_client_error_reply_is_recorded(engine: Engine, step: FedAvgStep) -> None:
-    assert engine._absorb(step, _Reply(RecordDict(), 7, _Error(3, "boom"))) == (7, "client error 3: boom")
+    failure = engine._absorb(step, _Reply(RecordDict(), 7, _Error(3, "boom")))
+    assert failure is not None and (failure.node, failure.kind, failure.reason) == (7, "client-error", "client error 3: boom")
 
 
 def test_reply_type_is_the_algorithms_own() -> None:

@@ -11,10 +11,17 @@ The coordinator sees each clipped update before it adds noise: this protects the
 (and everything derived from them) against whoever receives them, not the devices against the
 coordinator. Secure aggregation with noise added inside the ring (distributed DP) is what protects
 against the coordinator; it is not built yet, and the combination is refused.
+
+As a layer of the engine (``fedge.server.engine.layers``): it replaces the step's sample (Poisson),
+ends the run before a step would overspend the budget, stamps each message with the round's
+clipping bound (``dp-clip``: the device clips in its upload layer), clips every decoded update and
+weighs it 1, wraps the step's aggregate so that the algorithm's mean is the noisy one, and records
+the round in the ledger. The algorithm (FedAvg) knows none of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -24,35 +31,108 @@ import torch
 
 from fedge.privacy.accountant import PrivacyLedger
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
+from fedge.protocol import CONFIG_RECORD
+from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Step, StepOutcome, Update
+from fedge.server.engine.layers.base import Exchange, Failure, Layer
+from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
-__all__ = ["CentralDP", "central_dp_of"]
+__all__ = ["CentralDP", "DifferentialPrivacyLayer"]
 
 log = logging.getLogger(__name__)
 
 
-def central_dp_of(algorithm: Any) -> "CentralDP | None":
-    """The run's DP mechanism, or None; a combination it cannot account for is refused."""
+def refuse_reason(algorithm: Algorithm) -> str | None:
+    """Why client-level DP cannot account for this run (None: it can)."""
     settings = algorithm.ctx.settings
-    try:
-        spec = parse_differential_privacy(settings.differential_privacy)
-    except ValueError as err:
-        raise SettingsError(f"differential-privacy: {err}") from None
-    if spec is None:
-        return None
-    if algorithm.name != "fedavg":
-        raise SettingsError(f"differential-privacy is implemented for fedavg (a sum of clipped updates per round), "
-                            f"not {algorithm.name}")
+    if algorithm.aggregate != "mean" or algorithm.asynchronous:
+        return (f"it is implemented for synchronous algorithms that apply the mean of their devices' updates "
+                f"(a sum of clipped updates per round, as fedavg), not {algorithm.name}")
+    if not algorithm.device_layers:
+        return (f"the devices of {algorithm.name} run the plugin's own handler, which does not send its update "
+                "through Fedge's upload layers, so nothing clips it on the device")
     if settings.secure_aggregation != "none":
-        raise SettingsError("differential-privacy with secure-aggregation needs the noise added inside the ring "
-                            "(distributed DP), which is not built yet; use one of them")
+        return ("with secure-aggregation it needs the noise added inside the ring (distributed DP), which is not "
+                "built yet; use one of them")
     if settings.aggregator != "mean":
-        raise SettingsError(f"differential-privacy: aggregator {settings.aggregator!r} has no bounded sensitivity; "
-                            "use 'mean'")
-    dp = CentralDP(spec)
-    if spec.adaptive:
-        dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
-    return dp
+        return f"aggregator {settings.aggregator!r} has no bounded sensitivity; use 'mean'"
+    return None
+
+
+class DifferentialPrivacyLayer(Layer):
+    key = "dp"
+
+    def __init__(self, dp: CentralDP, clients_per_round: int) -> None:
+        self.dp = dp
+        self.clients_per_round = clients_per_round
+
+    @classmethod
+    def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | None:
+        """The run's DP mechanism, or None; a combination it cannot account for is refused here."""
+        settings = algorithm.ctx.settings
+        try:
+            spec = parse_differential_privacy(settings.differential_privacy)
+        except ValueError as err:
+            raise SettingsError(f"differential-privacy: {err}") from None
+        if spec is None:
+            return None
+        reason = refuse_reason(algorithm)
+        if reason is not None:
+            raise SettingsError(f"differential-privacy cannot run with algorithm {algorithm.spec!r}: {reason}")
+        dp = CentralDP(spec)
+        if spec.adaptive:
+            dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
+        return cls(dp, settings.clients_per_round)
+
+    def select(self, number: int, nodes: list[int]) -> list[int]:
+        """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
+        return self.dp.sample(nodes, self.clients_per_round)
+
+    def exhausted(self, connected: int) -> bool:
+        if self.dp.exhausted(connected, self.clients_per_round):
+            log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete",
+                     self.dp.spec.budget, self.dp.spec.delta)
+            return True
+        return False
+
+    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
+        step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
+        return []
+
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        for o in outgoing:  # this round's clipping bound, for the device's upload layer
+            if CONFIG_RECORD in o.content.config_records:
+                o.content.config_records[CONFIG_RECORD][DP_CLIP] = self.dp.clip_bound
+
+    def update(self, step: Step, update: Update) -> Update:
+        # the sensitivity bound holds whatever the device sent; every device counts once
+        vector = self.dp.clip(update.vector, update.metrics.get(DP_FITTED))
+        return dataclasses.replace(update, vector=vector, weight=1.0)
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        outcome.extra.update(self.dp.close_round())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dp.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
+        self.dp.load_state_dict(state)
+
+
+class _NoisyMean:
+    """A step's aggregate whose mean is DP-FedAvg's: (sum of clipped updates + noise) / (q N)."""
+
+    def __init__(self, inner: Any, dp: CentralDP, connected: int) -> None:
+        self.inner, self.dp, self.connected = inner, dp, connected
+
+    def __getattr__(self, name: str) -> Any:  # spec, count, add, streaming, chosen...
+        return getattr(self.inner, name)
+
+    def result(self) -> torch.Tensor:
+        return self.dp.noisy_mean(self.inner.result() * self.inner.count, self.connected)
 
 
 class CentralDP:

@@ -1,0 +1,92 @@
+"""A device's refusal, typed: what a device says when it will not (or cannot) do what a message asks.
+
+A handler that raises one of these does not fail with Flower's generic error text: the ClientApp's
+``refusal_mod`` (``fedge.edge_client.refusals``) turns it into a reply holding only a ``refusal``
+ConfigRecord, ``{kind, reason}``, and the coordinator counts it by ``kind`` and acts on the kind,
+never on the wording (the downlink forgets a device's copy on ``out-of-sync`` and ships the
+lattice base on ``needs-base``). Anything else a handler raises still travels as Flower's error.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from flwr.app import ConfigRecord, RecordDict
+
+from fedge.protocol.records import ProtocolError
+
+__all__ = [
+    "BAD_CONFIG",
+    "KINDS",
+    "NEEDS_BASE",
+    "OUT_OF_SYNC",
+    "REFUSAL_RECORD",
+    "BadConfigRefusal",
+    "DeviceRefusal",
+    "MissingBaseError",
+    "OutOfSyncError",
+    "read_refusal",
+    "refusal_content",
+]
+
+#: the record a refusal reply carries, alone
+REFUSAL_RECORD = "refusal"
+
+#: the device's copy of a model (lattice downlink, gossip's public copies) is not the version the
+#: message was built for: the coordinator sends it in full next time
+OUT_OF_SYNC = "out-of-sync"
+#: the device cannot rebuild the lattice downlink's base model: the coordinator ships it once
+NEEDS_BASE = "needs-base"
+#: the message's config asks for something this device cannot do (unknown codec, task, ...)
+BAD_CONFIG = "bad-config"
+#: every kind a coordinator accepts; a reply naming another is rejected as malformed
+KINDS = frozenset({OUT_OF_SYNC, NEEDS_BASE, BAD_CONFIG})
+
+_MAX_REASON = 500
+
+
+class DeviceRefusal(RuntimeError):
+    """Base of the refusals a device reports as a typed record; ``kind`` is one of :data:`KINDS`."""
+
+    kind: ClassVar[str] = BAD_CONFIG
+
+
+class OutOfSyncError(DeviceRefusal):
+    """The coordinator sent a change for a version of a copy that this node does not hold."""
+
+    kind = OUT_OF_SYNC
+
+
+class MissingBaseError(OutOfSyncError):
+    """This device's seeded initial model differs from the coordinator's lattice base."""
+
+    kind = NEEDS_BASE
+
+
+class BadConfigRefusal(DeviceRefusal):
+    """The message asks for something this device cannot do."""
+
+    kind = BAD_CONFIG
+
+
+def refusal_content(kind: str, reason: str) -> RecordDict:
+    """The content of a refusal reply."""
+    if kind not in KINDS:
+        raise ProtocolError(f"unknown refusal kind {kind!r}; known: {sorted(KINDS)}")
+    return RecordDict({REFUSAL_RECORD: ConfigRecord({"kind": kind, "reason": reason[:_MAX_REASON]})})
+
+
+def read_refusal(content: RecordDict) -> tuple[str, str] | None:
+    """``(kind, reason)`` if ``content`` is a refusal reply, else None; a malformed refusal (another
+    record beside it, an unknown kind, a reason that is not text) raises :class:`ProtocolError`."""
+    if REFUSAL_RECORD not in content:
+        return None
+    if len(content) != 1 or REFUSAL_RECORD not in content.config_records:
+        raise ProtocolError(f"a refusal reply carries only its {REFUSAL_RECORD!r} ConfigRecord")
+    record = content.config_records[REFUSAL_RECORD]
+    kind, reason = record.get("kind"), record.get("reason")
+    if kind not in KINDS or set(record) != {"kind", "reason"}:
+        raise ProtocolError(f"malformed refusal: kind {kind!r}, keys {sorted(record)[:5]}")
+    if not isinstance(reason, str):
+        raise ProtocolError("malformed refusal: its reason is not text")
+    return str(kind), reason[:_MAX_REASON]

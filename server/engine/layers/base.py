@@ -1,0 +1,139 @@
+"""The layer interface: a cross-cutting feature the engine holds around every algorithm.
+
+Differential privacy, secure aggregation, the downlink codec, the update guard and the model
+average each change what every algorithm's steps send, receive or deliver, yet none of them is any
+algorithm's business. Each is one :class:`Layer`, one file in this package, and the engine calls
+every layer at the same points of a step, in registration order, the way PyTorch's
+``fp16_compress_wrapper`` wraps any DDP comm hook and a Flower mod wraps any ClientApp:
+
+============  ============================================================================
+hook          when (and what it may do)
+============  ============================================================================
+``build``     before the run starts: the layer for this algorithm and settings, ``None``
+              when its setting is off; raises ``SettingsError`` with the reason when it
+              cannot work with this algorithm (the one place its refusals live)
+``start``     a fresh run, from the initial model (a resumed one loads ``state_dict``)
+``select``    choosing a step's nodes: may replace the engine's seeded sample (Poisson)
+``exhausted`` before a synchronous step: whether the run must end now (a spent budget)
+``open``      after the algorithm opened the step, before it configures messages: exchanges
+              of its own (key agreement), narrowing ``step.nodes``, wrapping
+              ``step.aggregate``; returns the nodes it dropped, as :class:`Failure`
+``outgoing``  every message the algorithm built, before it is sent
+``arrived``   every reply that passed the screen, before anything is decoded
+``take``      a reply the layer consumes whole (a masked upload): True stops the door there
+``update``    every decoded update, before the algorithm absorbs it: bound, clip, reweight
+``missed``    a node gave no usable reply (its :class:`Failure` says why, by kind)
+``settle``    after the replies, before the algorithm closes the step (unmasking)
+``close``     after the algorithm closed the step: rewrite the outcome, add the row's fields
+``delivered`` the model the run delivers (evaluated, saved, exported)
+============  ============================================================================
+
+What a layer keeps for one step lives in ``step.layers[layer.key]`` (dropped with the step);
+what persists lives on the layer and in its ``state_dict``, checkpointed under ``layer.key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from fedge.server.engine.algorithm import Outgoing, Reply, Step, StepOutcome, Update
+
+if TYPE_CHECKING:
+    from flwr.app import Message
+
+    from fedge.server.engine.algorithm import Algorithm
+    from fedge.server.engine.dispatcher import Missing
+    from fedge.server.engine.tally import Tally
+    from fedge.server.run.run_directory import RunDirectory
+
+__all__ = ["Exchange", "Failure", "Layer"]
+
+#: a layer's own message exchange: (messages, timeout seconds, group name) -> replies as they land
+Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a node gave no usable reply this step. ``kind`` is what code acts on and the row counts:
+    ``timeout``, ``client-error``, ``invalid`` (the reply was refused), ``stale`` (asynchronous:
+    older than the bound), ``secagg`` (a key-agreement stage), or a device's own typed refusal
+    (``fedge.protocol.refusals``: ``out-of-sync``, ``needs-base``, ``bad-config``)."""
+
+    node: int | None
+    kind: str
+    reason: str
+
+    def entry(self) -> dict[str, Any]:
+        """The metrics row's ``rejected`` entry."""
+        return {"node": self.node, "kind": self.kind, "reason": self.reason}
+
+
+class Layer:
+    """Base class of the engine's layers; every hook's default does nothing."""
+
+    #: the layer's name: its checkpoint key and its key in ``step.layers``
+    key: ClassVar[str]
+
+    @classmethod
+    def build(cls, algorithm: Algorithm, run_dir: RunDirectory | None = None) -> Layer | None:
+        raise NotImplementedError
+
+    def scratch(self, step: Step, factory: Callable[[], Any]) -> Any:
+        """This layer's per-step state, made by ``factory`` on first use."""
+        if self.key not in step.layers:
+            step.layers[self.key] = factory()
+        return step.layers[self.key]
+
+    def start(self, params: torch.Tensor) -> None:
+        """A fresh run (no checkpoint) from the initial model ``params``."""
+
+    # -- a step, in order ---------------------------------------------------------------------
+    def select(self, number: int, nodes: list[int]) -> list[int] | None:
+        return None
+
+    def exhausted(self, connected: int) -> bool:
+        return False
+
+    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
+        return []
+
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        pass
+
+    def arrived(self, step: Step, reply: Reply) -> None:
+        pass
+
+    def take(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+        return False
+
+    def update(self, step: Step, update: Update) -> Update:
+        return update
+
+    def missed(self, step: Step, failure: Failure) -> None:
+        pass
+
+    def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
+        return []
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        pass
+
+    def delivered(self, model: torch.Tensor) -> torch.Tensor:
+        return model
+
+    # -- the run ------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run directory's ``algorithm.json``."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a resumed run needs (``None``: nothing; the checkpoint then holds no entry)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state_dict`'s output (``None`` when the checkpoint has no entry for this
+        layer); raise ``ValueError`` when it does not fit this run."""

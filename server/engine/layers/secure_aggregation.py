@@ -1,0 +1,205 @@
+"""Secure aggregation as a layer (``secure-aggregation = "secagg:..."``): the coordinator learns only
+the sum of a round's updates (``fedge.server.engine.secure_round`` runs the protocol's stages).
+
+Around the algorithm's own step: before it configures, the layer runs the key agreement
+(advertise, share) and narrows the step to the devices that dealt their shares; it staples each
+train message with the plan and the shares for that device; each masked reply comes through the
+engine's one door like any other (screened, its metrics checked) and the layer takes it whole,
+after checking its size against the plan; after the replies it unmasks the survivors' sum and
+hands the algorithm, through ``step.aggregate``, their weighted mean and nothing else. The
+algorithm declares only that its step works from a mean or a sum (``Algorithm.aggregate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedge.privacy.errors import SecAggError
+from fedge.privacy.messages import decode_masked
+from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
+from fedge.server.engine.layers.base import Exchange, Failure, Layer
+from fedge.server.engine.secure_round import SecureRound, run_id_for
+from fedge.protocol.secagg import SECAGG_RECORD
+from fedge.server.engine.tally import Tally
+from fedge.server.settings import SettingsError
+
+__all__ = ["SecureAggregationLayer", "refuse_reason"]
+
+log = logging.getLogger(__name__)
+
+#: the kind of a failure in one of the protocol's own stages
+SECAGG = "secagg"
+
+
+def refuse_reason(algorithm: Algorithm) -> str | None:
+    """Why an algorithm cannot run under secure aggregation (None: it can)."""
+    name, settings = algorithm.name, algorithm.ctx.settings
+    if algorithm.asynchronous:
+        return (f"{name} aggregates each update as it lands (asynchronously); secure aggregation only "
+                "reveals the sum of a whole round")
+    if algorithm.aggregate not in ("mean", "sum"):
+        return (f"{name} needs each device's update (gossip relays them, robust rules rank them); secure "
+                "aggregation only reveals their sum")
+    if not algorithm.device_layers:
+        return (f"the devices of {name} run the plugin's own handler, which does not send its update through "
+                "Fedge's upload layers, so it would never be masked; register it with a handler built by "
+                "fedge.edge_client.layers (see docs/extending.md)")
+    if settings.aggregator != "mean":
+        return (f"aggregator {settings.aggregator!r} works on individual updates; secure aggregation only "
+                "reveals their sum")
+    if settings.update_norm != "none":
+        return ("update-norm bounds each decoded update, which the coordinator never sees under secure "
+                "aggregation; the shared grid's clip bounds every coordinate instead")
+    return None
+
+
+@dataclass
+class _Round:
+    """One round's protocol state: its stages, the masked uploads taken, what went wrong."""
+
+    secure: SecureRound | None = None
+    uploads: dict[int, bytes] = field(default_factory=dict)
+    notes: list[dict[str, Any]] = field(default_factory=list)
+    reported: set[int] = field(default_factory=set)
+
+
+class SecureAggregationLayer(Layer):
+    key = "secure-aggregation"
+
+    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes) -> None:
+        self.spec = spec
+        self.run_id = run_id
+        self.seed = algorithm.ctx.settings.seed
+        self.numel = algorithm.ctx.numel
+        self.weighted = algorithm.weighted
+        #: each node's identity key, pinned the first time it takes part
+        self.pins: dict[int, bytes] = {}
+
+    @classmethod
+    def build(cls, algorithm: Algorithm, run_dir: Any = None) -> SecureAggregationLayer | None:
+        """The run's secure aggregation, or None; a combination that cannot work is refused here
+        (the CLI's preflight builds every layer before any process starts)."""
+        try:
+            spec = parse_secure_aggregation(algorithm.ctx.settings.secure_aggregation)
+        except ValueError as err:
+            raise SettingsError(f"secure-aggregation: {err}") from None
+        if spec is None:
+            return None
+        reason = refuse_reason(algorithm)
+        if reason is not None:
+            raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
+        name = run_dir.path.name if run_dir is not None else ""
+        return cls(spec, algorithm, run_id_for(algorithm.ctx.settings.seed, name))
+
+    def _failures(self, state: _Round) -> list[Failure]:
+        """Nodes the protocol dropped since the last report, once each."""
+        assert state.secure is not None
+        fresh = {n: r for n, r in state.secure.missing.items() if n not in state.reported}
+        state.reported.update(fresh)
+        return [Failure(node, SECAGG, reason) for node, reason in sorted(fresh.items())]
+
+    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
+        """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
+        state: _Round = self.scratch(step, _Round)
+        step.aggregate = _RevealedMean(step.aggregate)
+        try:
+            state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
+                                       self.pins, weighted=self.weighted)
+            state.secure.advertise(exchange)
+            step.nodes = state.secure.share(exchange)
+        except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
+            self._abandon(step, state, error)
+            step.nodes = []
+        return self._failures(state) if state.secure is not None else []
+
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        state: _Round = self.scratch(step, _Round)
+        assert state.secure is not None
+        for o in outgoing:
+            o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
+
+    def take(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+        """A masked upload, already screened with its metrics checked: its size and header must be
+        exactly what the plan expects before it is held for unmasking."""
+        state: _Round = self.scratch(step, _Round)
+        assert state.secure is not None
+        plan = state.secure.plan
+        if metrics.get("num-examples") != 1 or "train-loss" in metrics:
+            raise Rejected("a masked reply reports nothing about its data in clear: num-examples 1, no train-loss")
+        try:
+            decode_masked(bytes(payload), reply.node, plan.length, plan.bits)
+        except SecAggError as error:
+            raise Rejected(f"malformed masked upload: {error}") from None
+        state.uploads[reply.node] = bytes(payload)
+        return True
+
+    def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
+        """Stage 4: unmask the survivors' sum; the algorithm's aggregate becomes their weighted mean."""
+        state: _Round = self.scratch(step, _Round)
+        if state.secure is None or not step.nodes:
+            return []
+        try:
+            survivors = state.secure.masked_inputs(state.uploads)
+            mean, count, _ = state.secure.unmask(exchange, survivors)
+            step.aggregate.reveal(mean, count)
+            tally.used = count
+        except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
+            self._abandon(step, state, error)
+            tally.used = 0
+        return self._failures(state)
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        state: _Round = self.scratch(step, _Round)
+        outcome.notes.extend(state.notes)
+        if state.secure is None:
+            return
+        tally.uplink += state.secure.uplink
+        tally.downlink += state.secure.downlink
+        outcome.extra.update({"secure_aggregation": self.spec.spec, "secagg_ring_bits": state.secure.plan.bits,
+                              "secagg_neighbours": state.secure.plan.degree})
+
+    def _abandon(self, step: Step, state: _Round, error: SecAggError) -> None:
+        log.error("round %d: secure aggregation failed: %s; global model unchanged", step.number, error)
+        state.notes.append({"node": None, "reason": f"secure aggregation failed: {error}"})
+
+    def describe(self) -> dict[str, Any]:
+        return {"secure_aggregation": self.spec.spec}
+
+
+class _RevealedMean:
+    """A secure step's aggregate: no update is ever added in clear; the unmasked weighted mean of
+    the survivors is revealed once, after the replies."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.mean: torch.Tensor | None = None
+        self._count = 0
+
+    def __getattr__(self, name: str) -> Any:  # spec, streaming, capacity...
+        return getattr(self.inner, name)
+
+    def add(self, vector: torch.Tensor, weight: float) -> None:
+        raise Rejected("under secure aggregation no update is added in clear")
+
+    def reveal(self, mean: torch.Tensor, count: int) -> None:
+        self.mean, self._count = mean, count
+
+    @property
+    def count(self) -> int:
+        return self._count if self.mean is not None else 0
+
+    def result(self) -> torch.Tensor:
+        if self.mean is None:
+            raise ValueError("no sum was unmasked")
+        return self.mean
+
+    def sum(self) -> torch.Tensor:
+        return self.result() * self._count
+
+    def chosen(self) -> None:
+        return None
