@@ -1,9 +1,12 @@
-"""Docs and CLI cannot drift: every ``fedge …`` / ``fedge-edge …`` command in the README and in
-``docs/`` (fenced shell blocks and inline code) names subcommands and flags the real parsers have.
-
-Values are not checked (docs use placeholders such as ``DIR``), only the command path and each
-``--flag``; everything after a bare ``--`` belongs to another program (``fedge cloud-train -- ...``).
-The run-settings table in docs/operations.md is compared with the settings themselves.
+"""Docs and CLI cannot drift: every ``fedge …`` / ``fedge-edge …`` command in the README, ``docs/``,
+SECURITY.md, CHANGELOG.md, the examples' and the templates' READMEs, the systemd units and the CLI's
+own epilog (fenced shell blocks, inline code, unit files) names subcommands and flags the real
+parsers have, and every spec-string value it passes to a run setting parses (``--codec``,
+``--algorithm``, ...; placeholders in capitals are skipped). Everything after a bare ``--`` belongs
+to another program (``fedge cloud-train -- ...``). Setting names written in prose (``the `x`
+setting``), in TOML examples and in the daemon's example configuration must be settings; links
+resolve, anchors included. The run-settings table in docs/operations.md is compared with the
+settings themselves.
 """
 
 from __future__ import annotations
@@ -20,18 +23,41 @@ from fedge.server.cli.main import build_parser as fedge_parser
 from fedge.server.settings import OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "SECURITY.md", ROOT / "CHANGELOG.md",
+        *sorted((ROOT / "examples").rglob("README.md")),
+        *sorted((ROOT / "server" / "cli" / "templates").glob("*/README.md"))]
+#: files that are not Markdown but show commands: systemd units (comments and ExecStart lines)
+UNITS = sorted((ROOT / "ops").glob("*.service"))
 _SHELL = re.compile(r"```(?:bash|sh|shell|console)\n(.*?)```", re.S)
 _INLINE = re.compile(r"(?<!`)`((?:\S*/)?fedge(?:-edge)? [^`]+)`(?!`)")
 
 
 def _commands(text: str) -> list[str]:
+    """The fedge / fedge-edge invocations a document shows."""
     found = []
     for block in _SHELL.findall(text):
         for line in block.replace("\\\n", " ").splitlines():
             found += _segments(line.split(" #")[0].strip().removeprefix("$ "))
     for span in _INLINE.findall(re.sub(r"```.*?```", "", text, flags=re.S)):
         found += _segments(span)
+    return found
+
+
+def _unit_commands(text: str) -> list[str]:
+    """The fedge / fedge-edge invocations of a systemd unit: its commented install lines and its
+    ``Exec*`` lines (continuation lines joined)."""
+    found = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.lstrip("# ").split("=", 1)[1] if re.match(r"Exec\w*=", line) else line.lstrip("#").strip()
+        found += _segments(line)
+    return found
+
+
+def _epilog_commands() -> list[str]:
+    found = []
+    for parser in (fedge_parser(), edge_parser()):
+        for line in (parser.epilog or "").splitlines():
+            found += _segments(line.split(" #")[0].strip())
     return found
 
 
@@ -44,6 +70,8 @@ def _segments(line: str) -> list[str]:
             if word.split("/")[-1] in ("fedge", "fedge-edge"):
                 out.append(" ".join([word.split("/")[-1], *words[i + 1:]]))
                 break
+            if word not in ("sudo", "time", "exec", "$") and not re.fullmatch(r"[A-Z_]+=\S*", word):
+                break  # the program is another one (``useradd ... fedge`` names a user)
     return out
 
 
@@ -86,14 +114,163 @@ def check(command: str) -> list[str]:
     return problems
 
 
+def _spec_checkers() -> dict[str, object]:
+    """Run-setting flag -> a function that raises on a value that does not parse (the parsers the
+    CLI's preflight uses)."""
+    from fedge.aggregation import make_server_optimizer
+    from fedge.aggregation.broadcast import parse_downlink
+    from fedge.aggregation.model_average import parse_model_average
+    from fedge.aggregation.robust import make_aggregator
+    from fedge.aggregation.update_bounds import make_norm_bound, make_weight_cap
+    from fedge.compression import make_codec
+    from fedge.privacy.dp_spec import parse_differential_privacy
+    from fedge.privacy.spec import parse_secure_aggregation
+    from fedge.protocol.faulty_clients import parse_faulty_clients
+    from fedge.protocol.stragglers import parse_stragglers
+    from fedge.server.algorithms.registry import algorithm_class
+    from fedge.tasks.partition import validate_partitioning
+
+    return {
+        "--codec": make_codec, "--downlink-codec": parse_downlink, "--server-opt": make_server_optimizer,
+        "--aggregator": lambda v: make_aggregator(v, 10, 4), "--update-norm": make_norm_bound,
+        "--weight-cap": make_weight_cap, "--secure-aggregation": parse_secure_aggregation,
+        "--differential-privacy": parse_differential_privacy, "--model-average": parse_model_average,
+        "--partitioning": validate_partitioning, "--faulty-clients": parse_faulty_clients,
+        "--stragglers": parse_stragglers, "--algorithm": algorithm_class,
+    }
+
+
+def check_values(command: str) -> list[str]:
+    """Spec strings passed to run settings in one documented command, each parsed for real."""
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return []
+    checkers = _spec_checkers()
+    if "--plugins" in tokens:  # a plugin's codecs, aggregators and algorithms exist once it is loaded
+        import sys
+
+        from fedge.protocol.plugins import PluginError, load_plugins
+
+        sys.path.insert(0, str(ROOT / "examples" / "plugins"))
+        try:
+            load_plugins(tokens[tokens.index("--plugins") + 1])
+        except PluginError:  # a user's own module, named for illustration (my_codecs): not ours to check
+            return []
+        finally:
+            sys.path.remove(str(ROOT / "examples" / "plugins"))
+    problems = []
+    for flag, value in zip(tokens, tokens[1:]):
+        flag, _, inline = flag.partition("=")
+        value = inline or value
+        if flag not in checkers or value.startswith("-") or re.search(r"[A-Z]{2}|<|\.\.\.|…", value):
+            continue  # a placeholder (SPEC, <codec>, ...) is not a value
+        try:
+            checkers[flag](value)  # type: ignore[operator]
+        except Exception as err:  # noqa: BLE001 - any refusal is a wrong document
+            problems.append(f"`{command}`: {flag} {value!r} does not parse: {err}")
+    return problems
+
+
+def _all_commands() -> dict[str, list[str]]:
+    found = {doc.relative_to(ROOT).as_posix(): _commands(doc.read_text(encoding="utf-8")) for doc in DOCS}
+    found.update({unit.relative_to(ROOT).as_posix(): _unit_commands(unit.read_text(encoding="utf-8")) for unit in UNITS})
+    found["fedge --help (epilog)"] = _epilog_commands()
+    return found
+
+
 def test_docs_mention_commands_at_all() -> None:
+    commands = _all_commands()
     assert len([c for doc in DOCS for c in _commands(doc.read_text(encoding="utf-8"))]) > 30
+    assert all(commands[unit.relative_to(ROOT).as_posix()] for unit in UNITS)
+    assert len(commands["fedge --help (epilog)"]) >= 8
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
-def test_every_documented_command_exists(doc: Path) -> None:
-    problems = [p for command in _commands(doc.read_text(encoding="utf-8")) for p in check(command)]
+@pytest.mark.parametrize("where", sorted(_all_commands()))
+def test_every_documented_command_exists_and_its_specs_parse(where: str) -> None:
+    problems = [p for command in _all_commands()[where] for p in check(command) + check_values(command)]
     assert not problems, "\n".join(problems)
+
+
+def test_the_value_checker_catches_a_wrong_spec() -> None:
+    assert check_values("fedge demo --codec qsgd:bitz=4")
+    assert check_values("fedge demo --algorithm gosip")
+    assert not check_values("fedge demo --codec SPEC --algorithm gossip:topology=exponential,gamma=0.5")
+
+
+_SETTING_PROSE = re.compile(r"`([a-z][a-z0-9]*(?:-[a-z0-9]+)+)` (?:run )?settings?\b|\bsettings? `([a-z][a-z0-9]*(?:-[a-z0-9]+)+)`")
+
+
+def test_setting_names_in_prose_and_examples_are_settings() -> None:
+    """``the `client-eval-every` setting`` when no such setting exists (any more) fails here, as do
+    keys of a TOML example's ``[run]`` table and of the daemon's example configuration."""
+    keys = {opt.key for opt in OPTIONS}
+    problems = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for match in _SETTING_PROSE.finditer(text):
+            name = match.group(1) or match.group(2)
+            if name not in keys:
+                problems.append(f"{doc.name}: `{name}` is not a setting")
+        for block in re.findall(r"```toml\n(.*?)```", text, flags=re.S):
+            problems += [f"{doc.name}: {p}" for p in _run_table_problems(block, keys)]
+    example = ROOT / "server" / "daemon" / "fedge.example.toml"
+    problems += [f"{example.name}: {p}" for p in _run_table_problems(example.read_text(encoding="utf-8"), keys)]
+    assert not problems, "\n".join(problems)
+
+
+#: hyphenated words the docs may show in backticks that are not run settings: programs, packages,
+#: the daemon's [service] keys (added below), spec parameters and values, metric and message names
+_OTHER_WORDS = {
+    "fedge-edge", "flower-superlink", "flower-supernode", "flwr-clientapp", "flwr-serverapp", "local-cluster",
+    "flwr-datasets", "dataset-fashion-mnist", "dp-accounting",
+    "clip-lr", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
+    "bidirectional-full", "num-examples", "train-loss", "pull-messages", "out-of-sync", "needs-base", "bad-config",
+    "client-error", "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
+}
+
+
+def test_hyphenated_names_in_the_docs_are_settings_or_known_words() -> None:
+    """A renamed setting leaves its old name in prose (``client-eval-every``): every hyphenated word
+    in backticks is a run setting, a daemon key, or a word of another vocabulary listed above.
+    CHANGELOG.md is history and may name what was removed."""
+    from fedge.server.daemon.service_config import _SERVICE_KEYS
+
+    known = {opt.key for opt in OPTIONS} | set(_SERVICE_KEYS) | _OTHER_WORDS
+    problems = [f"{doc.name}: `{word}`" for doc in DOCS if doc.name != "CHANGELOG.md"
+                for word in re.findall(r"`([a-z][a-z0-9]*(?:-[a-z0-9]+)+)`", doc.read_text(encoding="utf-8"))
+                if word not in known]
+    assert not problems, "not a setting (nor a known word):\n" + "\n".join(sorted(set(problems)))
+
+
+def _run_table_problems(toml: str, keys: set[str]) -> list[str]:
+    problems, table = [], ""
+    for line in toml.splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("["):
+            table = line.strip("[] ")
+        elif "=" in line and table in ("run", "tool.flwr.app.config"):
+            key = line.split("=")[0].strip()
+            if key not in keys:
+                problems.append(f"[{table}] {key} is not a setting")
+    return problems
+
+
+def test_the_docs_way_to_make_a_data_file_runs_as_written(tmp_path) -> None:
+    """The one-liner that makes ``own.npz`` and ``x.npy`` (edge.md, extending.md, operations.md),
+    and the device's data check that uses it, exactly as the docs show them."""
+    import subprocess
+    import sys
+
+    lines = {line.split("   #")[0].strip() for doc in DOCS for block in _SHELL.findall(doc.read_text(encoding="utf-8"))
+             for line in block.splitlines() if line.startswith('python -c "from sklearn.datasets import load_digits')}
+    (line,) = lines  # one way, shown the same everywhere
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert (tmp_path / "own.npz").is_file() and (tmp_path / "x.npy").is_file()
+    done = subprocess.run(["bash", "-c", "fedge-edge join --superlink 127.0.0.1:9093 --insecure --data own.npz --check"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_checker_catches_what_drifted_before() -> None:
@@ -147,13 +324,27 @@ def test_every_flag_is_documented() -> None:
     assert not missing, "undocumented flags:\n" + "\n".join(missing)
 
 
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def test_readme_is_short_and_links_resolve() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
+    problems = []
     for doc in DOCS:
-        for target in re.findall(r"\]\(([^)#]+)\)", doc.read_text(encoding="utf-8")):
-            if not target.startswith("http"):
-                assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", doc.read_text(encoding="utf-8")):
+            if target.startswith("http"):
+                continue
+            path = (doc.parent / target) if target else doc
+            if not path.exists():
+                problems.append(f"{doc.name} links to missing {target}")
+            elif anchor and path.suffix == ".md":
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), flags=re.M)}
+                if anchor not in headings:
+                    problems.append(f"{doc.name} links to {target}#{anchor}, which has no such heading")
+    assert not problems, "\n".join(problems)
 
 
 def settings_table() -> str:

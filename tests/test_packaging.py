@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -103,6 +104,17 @@ def _fedge(venv: Path, user: Path, env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+def readme_commands(readme: str) -> list[str]:
+    """The commands of a README's ``bash`` blocks, one per line, without their comments."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.DOTALL):
+        for line in block.splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
 def _trains(venv: Path, user: Path, env: dict[str, str], *args: str) -> None:
     out = _fedge(venv, user, env, *args, "--run-dir", str(user / args[0]))
     assert "held-out accuracy" in out
@@ -130,24 +142,37 @@ def test_the_installed_wheel_runs_anywhere(installed: Path, tmp_path: Path) -> N
         return _fedge(venv, user, env, *args)
 
     _trains(venv, user, env, "demo", "--rounds", "3")
-    # a new user's project, run with Flower's own command on its default local federation
+    # a new user's project: `fedge new myapp && cd myapp`, then each command of its README exactly
+    # as written (Flower's own `flwr run .` on its default local federation, Fedge's demo, a cluster)
     fedge("new", "myapp")
+    app = user / "myapp"
     home = tmp_path / "flwr-home"
     from fedge.launcher.environment import flower_environment
     from fedge.launcher.processes import processes_with_env
 
+    commands = readme_commands((app / "README.md").read_text())
+    assert [c.split()[:2] for c in commands] == [["flwr", "run"], ["fedge", "demo"], ["fedge", "local-cluster"]]
+    app_env = {**flower_environment(home, env), "PATH": env["PATH"]}  # the wheel's flwr and fedge
     try:
-        done = subprocess.run([str(venv / "bin" / "flwr"), "run", ".", "--stream", "--run-config", "rounds=3"],
-                              cwd=user / "myapp", env={**flower_environment(home, env), "PATH": env["PATH"]},  # the wheel's flwr
-                              capture_output=True, text=True,
-                              timeout=600)
+        for command in commands + ["flwr list"]:  # and the README's way to find the run
+            done = subprocess.run(["bash", "-c", command], cwd=app, env=app_env, capture_output=True, text=True,
+                                  timeout=900)
+            assert done.returncode == 0, f"{command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     finally:
-        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):
+        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
             os.kill(pid, 9)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (summary_path,) = (user / "myapp").glob("runs/run-*/summary.json")
+    (summary_path,) = app.glob("runs/run-*/summary.json")  # where the README says `flwr run .` writes
     trained = json.loads(summary_path.read_text())
-    assert trained["rounds"] == 3 and trained["final_accuracy"] > 0.6, trained  # wine, 3 classes, 2 devices
+    assert trained["final_accuracy"] > 0.6, trained  # wine, 3 classes, 2 devices
+    (demo,) = app.glob("runs/demo-*")
+    assert json.loads((demo / "summary.json").read_text())["final_accuracy"] > 0.6
+    # `fedge demo --app .` exported a signed bundle that a device verifies with the key beside it
+    verified = subprocess.run([str(venv / "bin" / "fedge-edge"), "verify", str(demo / "bundle"), "--trusted-key",
+                               str(demo / "keys" / "signing-key.pub.pem")], cwd=app, env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
+    (cluster,) = app.glob("runs/cluster-*")
+    assert json.loads((cluster / "summary.json").read_text())["rounds"] == 3
     # no user file was imported (each would have aborted its process), and the fedge that ran is the wheel's
     logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
     assert "was imported" not in logs

@@ -58,7 +58,7 @@ class EASGDStep(Step):
     """One round: the sum of elastic differences and what the metrics row reports of the clients."""
 
     loss: float = 0.0
-    absorbed: int = 0  # updates absorbed in clear (none under secure aggregation: only their sum)
+    absorbed: int = 0  # updates absorbed one by one (none when a layer supplies only their sum)
     distance: float = 0.0
     score_sum: float = 0.0  # the clients' own models, on the task's primary metric
     scored: int = 0
@@ -121,14 +121,14 @@ class EASGD(Algorithm):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep)
-        used = step.aggregate.count  # under secure aggregation: the survivors whose sum was unmasked
+        used = step.aggregate.count  # the updates in the sum (a layer may supply the sum without them)
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
         if used >= self.ctx.settings.min_replies:
             scale = self.beta / (self.alpha * used)
             total = step.aggregate.sum()
             self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)
-            if step.absorbed:  # the distances came with the updates (never under secure aggregation)
+            if step.absorbed:  # the distances came with the updates (none when only their sum came)
                 extra["center_distance"] = step.distance / step.absorbed
             if step.scored:
                 # e.g. client_model_accuracy: the clients' own models, measured on the clients

@@ -47,7 +47,6 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation.topology import Topology, make_topology
-from fedge.aggregation.update_bounds import make_norm_bound
 from fedge.compression import relative_error
 from fedge.protocol.config_keys import (
     GOSSIP_GAMMA,
@@ -94,6 +93,7 @@ class Gossip(Algorithm):
     name = "gossip"
     weighted = False  # mixing weights come from the topology, not from example counts
     fixed_membership = True  # the topology's nodes take part in every step: nothing is sampled
+    relays_updates = True  # each accepted payload goes to the node's peers exactly as it was sent
 
     def __init__(self, ctx: RunContext, topology: str = "ring", gamma: float = 1.0, degree: int = 4,
                  measure: int = 1) -> None:
@@ -115,10 +115,6 @@ class Gossip(Algorithm):
         self.topology: Topology = make_topology(topo_spec, self.n, seed=ctx.settings.seed)
         self.topology_name, self.gamma, self.degree, self.measure = topology, float(gamma), int(degree), int(measure)
         self.holders = {i: self.topology.peers(i) + [i] for i in range(self.n)}  # copies node i keeps
-        if make_norm_bound(ctx.settings.update_norm).mode == "clip":
-            raise ValueError("update-norm clip cannot apply to gossip: the coordinator relays each encoded "
-                             "message as sent, so a clipped copy would desynchronise the public copies; use "
-                             "reject:max=M")
         self.public: list[torch.Tensor] = []
         self.pending: list[bytes | None] = [None] * self.n
         self.synced: dict[int, int] = {}  # position -> version of the copies it holds
@@ -193,7 +189,7 @@ class Gossip(Algorithm):
             raise Rejected("a measuring step's reply has no measure record")
 
     def absorb(self, step: Step, update: Update) -> None:
-        # The update guard only rejects here (clip is refused for gossip): the bytes are relayed as sent.
+        # The bytes are relayed as sent (``relays_updates``): the update guard may only refuse them.
         assert isinstance(step, GossipStep) and step.measured_sum is not None
         i = self._position[update.node]
         measured = None

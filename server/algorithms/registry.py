@@ -39,9 +39,9 @@ def register_algorithm(cls: type[Algorithm], train: Callable[..., Any] | None = 
     by the coordinator and every device (the ``plugins`` setting, or an installed entry point).
 
     A handler built on the device's layers (``fedge.edge_client.algorithms.fedavg.make_train``, or
-    any function marked with ``fedge.edge_client.layers.uses_device_layers``) gets clipping and
-    masking from them, so the algorithm may run with differential privacy and secure aggregation;
-    any other handler sends what it likes, and those runs are refused before they start."""
+    any function marked with ``fedge.edge_client.layers.uses_device_layers``) sends its update
+    through them, so every engine layer applies to the algorithm; any other handler sends what it
+    likes, and the layers that need the device's part refuse the run before it starts."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name.isidentifier():
         raise SettingsError(f"{cls!r} needs a class attribute name (an identifier), got {name!r}")

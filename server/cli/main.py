@@ -32,7 +32,7 @@ examples:
   fedge demo --codec none --rounds 10          # the fp32 baseline
   fedge demo --partitioning iid --server-opt fedadam
   fedge demo --algorithm easgd                 # elastic averaging: clients keep their own models
-  fedge demo --algorithm gossip:topology=exponential --clients 16   # decentralized, CHOCO relays
+  fedge demo --algorithm gossip:topology=exponential --clients 16 --clients-per-round 16   # decentralized
   fedge local-cluster --supernodes 3 --rounds 3   # real SuperLink + 3 SuperNodes on 127.0.0.1
   fedge local-cluster --tls                    # the same with TLS and SuperNode authentication
   fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
@@ -41,7 +41,8 @@ examples:
   fedge new myapp && cd myapp && flwr run .    # your own model and data: edit myapp/task.py
   fedge demo --app myapp --clients 10          # the same app on Fedge's launcher
 
-every --option below is also a key of [tool.flwr.app.config] and of `flwr run --run-config`.
+every run setting (`fedge settings`; the --options of `fedge demo --help`) is also a key of
+[tool.flwr.app.config] and of `flwr run --run-config`.
 """
 
 
@@ -180,7 +181,11 @@ def _settings_from_args(args: argparse.Namespace) -> RunSettings:
         app = app_config(Path(args.app))
         given = getattr(args, "given", set())
         from_app = RunSettings.from_run_config(app)
-        values = {field: values[field] if field in given else getattr(from_app, field) for field in values}
+        # the command line first, then what the app's config sets, then the command's own default
+        # (``fedge demo`` exports a bundle even though an app's config leaves export-bundle unset)
+        in_app = {opt.field for opt in OPTIONS if opt.key in app}
+        values = {field: getattr(from_app, field) if field in in_app and field not in given else values[field]
+                  for field in values}
     return RunSettings(**values)
 
 

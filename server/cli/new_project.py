@@ -18,7 +18,7 @@ __all__ = ["TEMPLATES", "ScaffoldError", "new_project"]
 
 #: template -> (task class, partitioning, learning rate)
 TEMPLATES = {
-    "classification": ("WineTask", "dirichlet:alpha=1.0", 0.05),
+    "classification": ("WineTask", "dirichlet:alpha=1.0,min_size=5", 0.05),  # 133 samples: 10 devices of 5+
     "regression": ("DiabetesTask", "iid", 0.02),
 }
 _FILES = ("pyproject.toml", "task.py", "README.md")

@@ -235,6 +235,9 @@ class Algorithm(ABC):
     #: whether the algorithm runs over a fixed set of nodes (gossip's topology) instead of a
     #: sample per step: the engine then waits for its members instead of sampling what is there
     fixed_membership: ClassVar[bool] = False
+    #: whether the algorithm forwards each accepted update's bytes as sent (gossip relays them to
+    #: the node's peers): a layer that changes a decoded update (a clipping norm bound) cannot apply
+    relays_updates: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx

@@ -5,9 +5,13 @@ device that drops after dealing its shares costs nothing, and what cannot work i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+
+from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
 
 from fedge.server.engine.loop import Engine
 from fedge.server.run.initial_model import initial_params
@@ -130,3 +134,91 @@ def test_what_needs_individual_updates_is_refused_before_the_run(tmp_path, overr
 def test_a_malformed_spec_is_refused(tmp_path) -> None:
     with pytest.raises(SettingsError, match="secure-aggregation"):
         _engine(tmp_path, secure_aggregation="secagg:bits=40")
+
+
+def _tampering(node_of_partition: int, change: Callable[[RecordDict], None]) -> Callable[[Message, Context], Message]:
+    """The real ClientApp, with one device's train replies changed after it built them."""
+    from fedge.edge_client.app import app as fedge_app
+
+    def app(msg: Message, context: Context) -> Message:
+        reply = fedge_app(msg, context)
+        if context.node_config["partition-id"] == node_of_partition and msg.metadata.message_type == "train":
+            change(reply.content)
+        return reply
+    return app
+
+
+def _bad_metrics(content: RecordDict) -> None:
+    content[METRICS_RECORD]["num-examples"] = -3
+
+
+def _short_body(content: RecordDict) -> None:
+    payload = read_payload(content, UPDATE_RECORD)
+    content[UPDATE_RECORD] = payload_record(payload[:-5])
+
+
+def _smuggled_record(content: RecordDict) -> None:
+    content["state"] = MetricRecord({"x": 1.0})
+
+
+@pytest.mark.parametrize("change, reason", [
+    (_bad_metrics, "num-examples must be a positive integer"),
+    (_short_body, "malformed masked upload"),
+    (_smuggled_record, "unknown record names"),
+])
+def test_a_bad_masked_reply_is_rejected_at_the_door_with_its_reason(tmp_path, change, reason) -> None:
+    """A secure round's reply passes the same door as a clear one: screened, its metrics checked,
+    its size checked against the plan, and refused with the reason before anything is unmasked.
+    The device dealt its shares, so the others' sum is still recovered without it."""
+    engine = _engine(tmp_path, rounds=1)
+    grid = InProcessGrid(5, app=_tampering(3, change))
+    start = initial_params(TASK, 42)
+    (row,) = engine.run(grid, start).rows
+    (refused,) = row.rejected
+    assert refused["node"] == grid.node_id(3) and refused["kind"] == "invalid" and reason in refused["reason"], refused
+    assert row.clients_used == 4 and row.extra["failures"] == {"invalid": 1}
+    assert row.accuracy > engine.evaluate(start)["accuracy"]
+
+
+def test_a_plugin_algorithm_masks_through_the_device_layers_exactly_as_fedavg(tmp_path, monkeypatch) -> None:
+    """``fedavg_decay`` (examples/plugins) builds its device handler on the device's layers: under
+    secure aggregation its devices mask, and with decay 1 its unmasked sum, hence its model, is
+    bit-identical to FedAvg's."""
+    from pathlib import Path
+
+    from fedge.protocol.plugins import load_plugins
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
+    load_plugins("decaying_fedavg")
+    plugin = dict(plugins="decaying_fedavg", algorithm="fedavg_decay:decay=1.0", rounds=2)
+    decaying = _engine(tmp_path / "plugin", **plugin)
+    fedavg = _engine(tmp_path / "fedavg", rounds=2)
+    start = initial_params(TASK, 42)
+    grid = InProcessGrid(5)
+    got = decaying.run(grid, start)
+    kinds = [m.metadata.message_type for m in grid.pushed]
+    assert kinds.count("train.plugin") == 2 * 5 and kinds.count("query.secagg") == 2 * 3 * 5
+    assert all(r.clients_used == 5 and not r.rejected for r in got.rows)
+    expected = fedavg.run(InProcessGrid(5), start)
+    assert torch.equal(got.model, expected.model)
+
+
+def test_a_plugin_whose_handler_bypasses_the_device_layers_is_refused_before_the_run(tmp_path) -> None:
+    from fedge.server.algorithms.fedavg import FedAvg
+    from fedge.server.algorithms.registry import _PLUGINS, register_algorithm
+
+    class OwnHandler(FedAvg):
+        name = "fedavg_own_handler"
+
+    def train(msg: Message, context: Context) -> Message:  # encodes its update itself
+        raise NotImplementedError
+
+    register_algorithm(OwnHandler, train)
+    try:
+        with pytest.raises(SettingsError, match="does not send its update through Fedge's upload layers"):
+            _engine(tmp_path, algorithm="fedavg_own_handler")
+        with pytest.raises(SettingsError, match="nothing clips it on the device"):
+            _engine(tmp_path / "dp", algorithm="fedavg_own_handler", secure_aggregation="none",
+                    differential_privacy="gaussian:noise=1.0,clip=1.0")
+    finally:
+        del _PLUGINS["fedavg_own_handler"]

@@ -15,6 +15,7 @@ from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome, Update
 from fedge.server.engine.layers.base import Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.engine.update_guard import UpdateGuard
+from fedge.server.settings import SettingsError
 
 __all__ = ["UpdateGuardLayer"]
 
@@ -28,7 +29,13 @@ class UpdateGuardLayer(Layer):
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> UpdateGuardLayer:
-        return cls(UpdateGuard(algorithm.ctx.settings), algorithm.weighted)
+        """Every run has one; a bound that would change what an algorithm relays as sent is refused."""
+        guard = UpdateGuard(algorithm.ctx.settings)
+        if algorithm.relays_updates and guard.norm.mode == "clip":
+            raise SettingsError(f"update-norm clip cannot apply to {algorithm.name}: the coordinator relays each "
+                                "encoded message as sent, so a clipped copy would desynchronise the public copies; "
+                                "use reject:max=M")
+        return cls(guard, algorithm.weighted)
 
     def update(self, step: Step, update: Update) -> Update:
         vector = self.guard.bound(step.number, update.node, update.vector)
