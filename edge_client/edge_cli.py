@@ -35,7 +35,7 @@ EXIT_REJECTED = 3
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedge-edge", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (default: info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     join = sub.add_parser("join", help="join a federation with this device's own data (runs Flower's SuperNode)",
                           description="Validates --data against the task, then runs flower-supernode with the "
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "infer":
             command.add_argument("--input", required=True, help=".npy file, float32, shape as the manifest says")
             command.add_argument("--output", default=None, help="write the outputs here as .npy")
-            command.add_argument("--runs", type=int, default=20, help="timed runs for the latency report")
+            command.add_argument("--runs", type=int, default=20, help="timed runs for the latency report (default: 20)")
     return parser
 
 

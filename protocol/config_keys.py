@@ -21,7 +21,6 @@ __all__ = [
     "GOSSIP_MIX_WEIGHTS",
     "GOSSIP_PEERS",
     "GOSSIP_POSITION",
-    "GOSSIP_RELAY_CODEC",
     "GOSSIP_VERSION",
     "MEMORY_STORAGE",
     "PLUGIN_HANDLER",
@@ -54,8 +53,6 @@ GOSSIP_MEASURE = "measure"
 GOSSIP_PEERS = "peers"
 GOSSIP_MIX_PEERS = "mix-peers"
 GOSSIP_MIX_WEIGHTS = "mix-weights"
-#: gossip: the codec (with its round's shared seeds) the relayed payloads were encoded with
-GOSSIP_RELAY_CODEC = "relay-codec"
 
 # -- the run ------------------------------------------------------------------------------------
 #: the run's plugin modules, imported by the device before its handler runs

@@ -102,7 +102,7 @@ class RunSettings:
     )
     secure_aggregation: str = _opt(
         "none",
-        "'none', or 'secagg[:bits=8,clip=0.1,weight-cap=512,neighbours=0,threshold=0,timeout=60]': the "
+        "'none', or 'secagg[:bits=8,clip=0.1,weight-cap=512,neighbours=0,threshold=0,timeout=60,ratio=1]': the "
         "coordinator learns only the sum of each round's updates (SecAgg+ on a shared quantization grid; "
         "FedAvg and EASGD; replaces codec for the uplink; docs/privacy.md)",
     )

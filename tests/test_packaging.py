@@ -134,6 +134,7 @@ def test_the_installed_wheel_runs_a_local_cluster(installed: Path, tmp_path: Pat
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)
 def test_the_installed_wheel_runs_anywhere(installed: Path, tmp_path: Path) -> None:
     venv = installed
     user, env = _user_directory(tmp_path, venv)
@@ -141,11 +142,15 @@ def test_the_installed_wheel_runs_anywhere(installed: Path, tmp_path: Path) -> N
     def fedge(*args: str) -> str:
         return _fedge(venv, user, env, *args)
 
-    _trains(venv, user, env, "demo", "--rounds", "3")
     # a new user's project: `fedge new myapp && cd myapp`, then each command of its README exactly
-    # as written (Flower's own `flwr run .` on its default local federation, Fedge's demo, a cluster)
+    # as written (Flower's own `flwr run .` on its default local federation, Fedge's demo, a cluster),
+    # beside user files with generic names that abort if anything of Fedge's imports them (the app
+    # directory is first on every process's path; its own task.py is the one module that is its)
     fedge("new", "myapp")
     app = user / "myapp"
+    for name in USER_FILES:
+        if not (app / f"{name}.py").exists():
+            (app / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py was imported")\n')
     home = tmp_path / "flwr-home"
     from fedge.launcher.environment import flower_environment
     from fedge.launcher.processes import processes_with_env
@@ -168,11 +173,13 @@ def test_the_installed_wheel_runs_anywhere(installed: Path, tmp_path: Path) -> N
     assert json.loads((demo / "summary.json").read_text())["final_accuracy"] > 0.6
     # `fedge demo --app .` exported a signed bundle that a device verifies with the key beside it
     verified = subprocess.run([str(venv / "bin" / "fedge-edge"), "verify", str(demo / "bundle"), "--trusted-key",
-                               str(demo / "keys" / "signing-key.pub.pem")], cwd=app, env=env, capture_output=True,
-                              text=True, timeout=120)
+                               str(demo / "keys" / "signing-key.pub.pem"),
+                               "--state", str(tmp_path / "device-state.json")],  # this device's own anti-rollback record
+                              cwd=app, env=env, capture_output=True, text=True, timeout=120)
     assert verified.returncode == 0, verified.stdout[-2000:] + verified.stderr[-2000:]
     (cluster,) = app.glob("runs/cluster-*")
     assert json.loads((cluster / "summary.json").read_text())["rounds"] == 3
+    assert "was imported" not in "".join(p.read_text(errors="replace") for p in app.rglob("*.log"))
     # no user file was imported (each would have aborted its process), and the fedge that ran is the wheel's
     logs = "".join(p.read_text(errors="replace") for p in user.rglob("*.log"))
     assert "was imported" not in logs

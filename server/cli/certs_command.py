@@ -28,10 +28,10 @@ def add_certs_parser(sub: argparse._SubParsersAction) -> None:
         parser.add_argument("--dir", required=True, help="the certificate directory")
         parser.add_argument("--force", action="store_true", help="replace existing files")
     init.add_argument("--name", default="Fedge federation CA", help="the CA's common name")
-    init.add_argument("--days", type=int, default=3650)
+    init.add_argument("--days", type=int, default=3650, help="the CA certificate's validity (default: 3650)")
     server.add_argument("--host", action="append", required=True,
                         help="a DNS name or IP address devices dial (repeatable)")
-    server.add_argument("--days", type=int, default=397)
+    server.add_argument("--days", type=int, default=397, help="the server certificate's validity (default: 397)")
     node.add_argument("--name", required=True, help="the node's name (the file name of its key)")
     register = actions.add_parser("register", help="register a node's public key with a running SuperLink")
     register.add_argument("public_key", help="<name>.pub from `fedge certs node`")

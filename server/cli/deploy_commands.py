@@ -30,13 +30,15 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("checkpoint", help="model.pt, or a directory containing one")
     export.add_argument("--prune", default="", help="'unstructured:sparsity=0.8', 'channels:fraction=0.5', or both "
                         "joined with '+' (default: none)")
-    export.add_argument("--quantize", default="int8", choices=["int8", "dynamic-int8", "none"])
+    export.add_argument("--quantize", default="int8", choices=["int8", "dynamic-int8", "none"],
+                        help="int8: static QDQ, calibrated; dynamic-int8: weights only; none: fp32 (default: int8)")
     export.add_argument("--sign-key", required=True, help="private key from `fedge keys generate`")
     export.add_argument("--out", required=True, help="bundle directory to write")
     export.add_argument("--max-accuracy-drop", type=float, default=1.0,
                         help="accuracy points, or percent of the fp32 value for another metric such as MSE (default: 1.0)")
     export.add_argument("--fine-tune-epochs", type=int, default=3, help="after each pruning step (default: 3)")
-    export.add_argument("--calibration-samples", type=int, default=256)
+    export.add_argument("--calibration-samples", type=int, default=256,
+                        help="training samples that calibrate static int8 activations (default: 256)")
     export.add_argument("--valid-days", type=float, default=30.0, help="expiry, days from now (default: 30)")
     export.add_argument("--name", default="", help="model name devices track rollback under (default: task)")
     export.add_argument("--round", type=int, default=None, help="training round (default: from the model file)")

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (default: info)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     demo = sub.add_parser(
@@ -121,17 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     cloud = sub.add_parser(
         "cloud-train",
         help="cloud tier: data-parallel training with torchrun (DDP; gloo on CPU, NCCL on GPU)",
-        description="Runs `torchrun ... -m deploy.train ...`, or prints it with --print. The final "
+        description="Runs `torchrun ... -m fedge.deploy.train ...`, or prints it with --print. The final "
         "model.pt in --out is accepted by `fedge demo --init`. Multi-node: give the same "
         "--nnodes/--rdzv-endpoint on every node and a distinct --node-rank.",
     )
-    cloud.add_argument("--nproc-per-node", type=int, default=2)
-    cloud.add_argument("--nnodes", type=int, default=1)
-    cloud.add_argument("--node-rank", type=int, default=0)
-    cloud.add_argument("--rdzv-endpoint", default="127.0.0.1:29500", help="host:port of node 0")
+    cloud.add_argument("--nproc-per-node", type=int, default=2,
+                       help="worker processes on this node: GPUs, or CPU processes for gloo (default: 2)")
+    cloud.add_argument("--nnodes", type=int, default=1, help="machines taking part (default: 1)")
+    cloud.add_argument("--node-rank", type=int, default=0, help="this machine's rank, 0 to nnodes-1 (default: 0)")
+    cloud.add_argument("--rdzv-endpoint", default="127.0.0.1:29500", help="host:port of node 0 (default: 127.0.0.1:29500)")
     cloud.add_argument("--print", action="store_true", dest="print_only", help="print the command only")
     cloud.add_argument("train_args", nargs=argparse.REMAINDER,
-                       help="arguments for deploy.train, e.g. --out runs/cloud --epochs 5 --hook qsgd:bits=4")
+                       help="arguments for fedge.deploy.train after a bare --, e.g. -- --out runs/cloud --epochs 5 --hook qsgd:bits=4")
 
     serve = sub.add_parser(
         "serve",
@@ -318,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         if args.command == "settings":
-            for option in OPTIONS:
-                print(f"{option.key:<20} {option.default!r:<36} {option.help}")
+            from fedge.launcher.environment import toml_value
+
+            for option in OPTIONS:  # defaults as they are written in TOML and in --run-config
+                default = toml_value(option.default) if isinstance(option.default, (bool, str)) else repr(option.default)
+                print(f"{option.key:<20} {default:<36} {option.help}")
             return 0
         if args.command == "demo":
             return _run(args, "simulation", args.clients)

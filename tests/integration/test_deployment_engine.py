@@ -12,6 +12,10 @@ from fedge.server.settings import RunSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
+# In `make test-slow` (time budget): the default suite runs the deployment engine through the
+# template's `fedge local-cluster --app .` from the wheel (tests/test_packaging.py) and `fedge serve`
+# with joined devices, a corrupting one and a power cut (tests/integration/test_serve.py).
+@pytest.mark.slow
 def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle(tmp_path, assert_no_leftovers) -> None:
     """The deployment engine end to end, asynchronously and secured: FedBuff (2 versions) on a real
     SuperLink and two SuperNodes over TLS with SuperNode authentication (registered keys), one node
@@ -47,6 +51,7 @@ def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle
     assert abs(device.metadata["quality"]["fp32"] - summary["final_accuracy"]) < 0.01
 
 
+@pytest.mark.slow  # the default suite: test_serve.py (a truncating device, a device killed mid-run)
 def test_coordinator_survives_a_corrupt_and_a_silent_client(tmp_path, assert_no_leftovers) -> None:
     """Node 1 corrupts its update, node 2 never answers: the round closes at the timeout with node 0."""
     settings = RunSettings(rounds=1, clients_per_round=3, min_replies=1, local_epochs=1, run_dir=str(tmp_path / "run"),

@@ -46,12 +46,13 @@ def test_a_plugin_algorithm_runs_with_secure_aggregation_on_the_simulation_engin
     done = subprocess.run(
         [str(Path(sys.executable).parent / "fedge"), "demo", "--plugins", "decaying_fedavg",
          "--algorithm", "fedavg_decay:decay=0.9", "--secure-aggregation", "secagg:bits=8,clip=0.2,weight-cap=256",
-         "--clients", "4", "--rounds", "3", "--run-dir", str(run)],
+         "--clients", "4", "--rounds", "2", "--run-dir", str(run)],
         cwd=PLUGINS, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_no_leftovers(run / "flwr-home")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     numel = 38_282  # the digits CNN
+    assert len(rows) == 2
     for r in rows:
         assert r["clients_used"] == 4 and not r["rejected"] and r["secure_aggregation"].startswith("secagg"), r
         masked = 4 * (((numel + 1) * r["secagg_ring_bits"] + 7) // 8 + 17)  # + 1 weight digit, 17-byte header

@@ -52,6 +52,10 @@ def test_fedge_new_then_flwr_run_trains_on_flowers_default_federation(tmp_path, 
     assert summary["final_accuracy"] > 0.6, summary  # wine, 3 classes, 2 devices
 
 
+# In `make test-slow` (time budget): the default suite runs the classification template's README
+# commands from the wheel (tests/test_packaging.py); a task's own metric through the engine, the stop
+# rule and federated evaluation are in tests/server/test_federated_evaluation.py.
+@pytest.mark.slow
 def test_regression_template_end_to_end_with_its_own_metric(tmp_path, assert_no_leftovers) -> None:
     _run([str(BIN / "fedge"), "new", "reg", "--template", "regression"], cwd=tmp_path)
     app, run = tmp_path / "reg", tmp_path / "run"

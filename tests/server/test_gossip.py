@@ -69,3 +69,23 @@ def test_gossip_refuses_fedavg_only_settings_and_bad_topologies(tmp_path) -> Non
         _engine(tmp_path / "a", algorithm="gossip:topology=torus", clients_per_round=8)
     with pytest.raises(ValueError, match="power of two"):
         _engine(tmp_path / "b", algorithm="gossip:topology=onepeer", clients_per_round=6)
+
+
+def test_a_member_that_leaves_is_waited_for_then_the_run_stops_with_a_named_error(tmp_path) -> None:
+    """Gossip runs over a fixed set of nodes (``fixed_membership``): the engine never samples it,
+    and when a member disconnects it waits ``wait-for-nodes`` for one, then stops with
+    :class:`NotEnoughNodesError` (before: a bare ValueError from inside the algorithm)."""
+    from fedge.server.engine.loop import NotEnoughNodesError
+
+    engine = _engine(tmp_path, rounds=3, clients_per_round=4, algorithm="gossip:topology=ring", wait_for_nodes=5.0)
+    grid = InProcessGrid(4)
+    gone = grid.node_id(3)
+
+    def leave(row) -> None:  # type: ignore[no-untyped-def]
+        grid.contexts.pop(gone, None)
+
+    engine.on_row = leave
+    with pytest.raises(NotEnoughNodesError, match="fixed set of 4 nodes"):
+        engine.run(grid, _start(engine))
+    assert engine.clock() >= 5.0  # it waited (simulated time) before giving up
+    assert len(engine.run_dir.metrics.read()) == 1  # round 1 was published and checkpointed
