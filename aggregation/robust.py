@@ -90,6 +90,10 @@ class Aggregator(ABC):
         rule selects some (Krum); ``None`` when every update contributes."""
         return None
 
+    def ready(self, minimum: int) -> bool:
+        """Whether the step has enough updates to release a result (``min-replies``)."""
+        return self.count >= minimum
+
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
         """Bytes the rule holds for ``capacity`` updates of ``numel`` float32 values."""

@@ -50,6 +50,10 @@ class StreamingMean:
             raise ValueError(f"vector has {flat.numel()} elements, expected {self.numel}")
         self._accumulate(flat, weight)
 
+    def ready(self, minimum: int) -> bool:
+        """Whether enough vectors were accumulated to release a result (``min-replies``)."""
+        return self.count >= minimum
+
     def mean(self) -> torch.Tensor:
         """The weighted mean as float32; raises if nothing was accumulated."""
         if self.count == 0:

@@ -46,7 +46,7 @@ class SecAggPlan:
             raise ProtocolError("secure aggregation needs at least two devices")
         if self.dimension < 1:
             raise ProtocolError(f"the update dimension must be positive, got {self.dimension}")
-        degree = self.degree
+        degree = self.degree  # the graph's real largest degree
         if not 1 <= self.reconstruction_threshold <= degree:
             raise ProtocolError(f"threshold {self.reconstruction_threshold} must be in [1, {degree}]")
         if 2 * self.reconstruction_threshold <= degree:
@@ -57,8 +57,18 @@ class SecAggPlan:
         self.bits  # sizes the ring now: a plan that cannot hold its sum is refused here
 
     @property
-    def degree(self) -> int:
+    def configured_degree(self) -> int:
+        """The neighbour count asked for (``neighbours``, or the automatic one), capped at n - 1."""
         return min(self.neighbours or auto_neighbours(len(self.participants)), len(self.participants) - 1)
+
+    @cached_property
+    def degree(self) -> int:
+        """The largest number of neighbours any device has in the round's graph: what the threshold
+        must be a strict majority of. With an odd configured degree and an odd number of devices no
+        regular graph exists and H(k, n) links devices to two "opposite" ones (degree k + 1): a
+        threshold taken from k would then be exactly half of a device's neighbours, and a
+        coordinator could collect its seed shares from one half and its key shares from the other."""
+        return max(len(peers) for peers in self.graph.values())
 
     @property
     def reconstruction_threshold(self) -> int:
@@ -88,7 +98,7 @@ class SecAggPlan:
 
     @cached_property
     def graph(self) -> dict[int, tuple[int, ...]]:
-        return harary_neighbours(self.participants, self.degree, self.graph_seed)
+        return harary_neighbours(self.participants, self.configured_degree, self.graph_seed)
 
     def neighbours_of(self, node: int) -> tuple[int, ...]:
         try:

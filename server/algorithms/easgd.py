@@ -124,7 +124,7 @@ class EASGD(Algorithm):
         used = step.aggregate.count  # the updates in the sum (a layer may supply the sum without them)
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
-        if used >= self.ctx.settings.min_replies:
+        if step.aggregate.ready(self.ctx.settings.min_replies):
             scale = self.beta / (self.alpha * used)
             total = step.aggregate.sum()
             self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)

@@ -94,7 +94,7 @@ class FedAvg(Algorithm):
         extra: dict[str, Any] = {"aggregator": aggregator.spec}
         if not aggregator.streaming:
             extra["aggregator_bytes"] = aggregator_memory_bytes(aggregator.spec, self.ctx.numel, aggregator.capacity)
-        if used >= self.ctx.settings.min_replies:
+        if aggregator.ready(self.ctx.settings.min_replies):
             mean = aggregator.result()
             proposed = self.server_opt.step(self.params, mean)
             self.params, notes = finite_or_previous(proposed, self.params, step.number)

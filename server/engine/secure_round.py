@@ -13,7 +13,6 @@ another identity is refused (logged). See SECURITY.md for what that does and doe
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -42,16 +41,11 @@ from fedge.protocol.secagg import (
 from fedge.server.engine.algorithm import Outgoing
 from fedge.server.engine.dispatcher import Missing
 
-__all__ = ["SecureRound", "run_id_for"]
+__all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
 
 Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
-
-
-def run_id_for(seed: int, run_dir: str) -> bytes:
-    """Binds every key of the run to it: a signature from another run does not verify here."""
-    return hashlib.sha256(f"fedge-run|{seed}|{run_dir}".encode()).digest()[:16]
 
 
 class SecureRound:
@@ -81,6 +75,7 @@ class SecureRound:
     def advertise(self, exchange: Exchange) -> None:
         ads: dict[int, bytes] = {}
         identities: dict[int, Ed25519PublicKey] = {}
+        raw_keys: dict[int, bytes] = {}
         for reply in self._ask(exchange, {n: {} for n in self.plan.participants}, "advertise"):
             node, record = reply
             raw = bytes(record.get("identity", b""))
@@ -93,12 +88,17 @@ class SecureRound:
             except ValueError:
                 self._drop(node, "sent a malformed identity key")
                 continue
-            self.pins.setdefault(node, raw)
+            raw_keys[node] = raw
             ads[node] = bytes(record.get("ad", b""))
         self.server = SecAggServer(self.plan, identities)
         self._routed_ads = self.server.receive_advertisements(ads)
-        self._identities = {n: self.pins[n] for n in self._routed_ads}
         self.missing.update(self.server.refused)
+        # Pinned only once its advertisement verified under it: a malformed first reply (or one
+        # forged in transit) must not lock the node out of the run with a key it never held.
+        for node, raw in raw_keys.items():
+            if node not in self.server.refused:
+                self.pins.setdefault(node, raw)
+        self._identities = {n: raw_keys[n] for n in self._routed_ads}
 
     # -- stage 2 ----------------------------------------------------------------------------------
     def share(self, exchange: Exchange) -> list[int]:

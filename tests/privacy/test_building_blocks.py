@@ -117,3 +117,21 @@ def test_a_shared_support_is_the_same_for_everyone_and_changes_with_its_seed() -
     assert SecAggPlan(RoundContext(b"r", 1), (1, 2), SharedGrid(4, 1.0), 10, graph_seed=1).support is None
     with pytest.raises(ProtocolError, match="impossible"):
         SecAggPlan(RoundContext(b"r", 1), (1, 2), SharedGrid(4, 1.0), 10, graph_seed=1, model_size=5)
+
+
+@pytest.mark.parametrize("devices, neighbours", [(5, 3), (21, 7), (41, 13), (40, 13), (10, 4)])
+def test_the_threshold_is_a_strict_majority_of_every_devices_real_neighbours(devices: int, neighbours: int) -> None:
+    """Privacy II, M2. With an odd neighbour count and an odd number of devices each device has k + 1
+    neighbours; a threshold taken from k was exactly half of them, so a coordinator could collect a
+    device's seed shares from one half and its key shares from the other. The threshold, default
+    or checked, is a strict majority of every device's real neighbourhood."""
+    from fedge.privacy.keys import RoundContext
+    from fedge.privacy.plan import SecAggPlan
+
+    plan = SecAggPlan(RoundContext(b"r", 1), tuple(range(1, devices + 1)), SharedGrid(4, 1.0), 10, graph_seed=3,
+                      neighbours=neighbours)
+    for node in plan.participants:
+        assert 2 * plan.reconstruction_threshold > len(plan.neighbours_of(node)), node
+    with pytest.raises(ProtocolError, match="not a majority"):  # an explicit threshold of half is refused
+        SecAggPlan(RoundContext(b"r", 1), tuple(range(1, devices + 1)), SharedGrid(4, 1.0), 10, graph_seed=3,
+                   neighbours=neighbours, threshold=plan.degree // 2)

@@ -8,6 +8,10 @@ change of behaviour, and say so in the commit:
 
     .venv/bin/python -m tests.server.behaviour --write
 
+Recorded anew since, each for a deliberate change: ``dp-adaptive`` (2026-11-25, Privacy II H1: the
+adaptive clipping count sums centred bits; noise 0.4 instead of 0.1, whose PLD accounting alone
+took 25 s).
+
 Training is bit-reproducible for one torch build and CPU kind; the fingerprints name the torch
 version they were recorded with, and the test skips on another. Secure aggregation's masks come
 from fresh X25519 keys, so its uploads differ every run; its fingerprint is the unmasked model and
@@ -53,7 +57,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
     "fedasync": ({"algorithm": "fedasync:concurrency=3", "rounds": 4}, {"num_nodes": 4, "lag": {1: 2}}, True),
     "federated-eval": ({"evaluate": "federated", "holdout": 0.2}, {"num_nodes": 5}, True),
     "dp": ({"differential_privacy": "gaussian:noise=1.0,clip=1.0,delta=1e-5"}, {"num_nodes": 6}, True),
-    "dp-adaptive": ({"differential_privacy": "gaussian:noise=0.1,clip=1.0,delta=1e-5,adaptive=true,quantile=0.5",
+    "dp-adaptive": ({"differential_privacy": "gaussian:noise=0.4,clip=1.0,delta=1e-5,adaptive=true,quantile=0.5",
                      "clients_per_round": 6}, {"num_nodes": 8}, True),
     "secure": ({"secure_aggregation": "secagg:bits=8,clip=0.2,weight-cap=256", "clients_per_round": 5},
                {"num_nodes": 5}, False),

@@ -222,3 +222,60 @@ def test_a_plugin_whose_handler_bypasses_the_device_layers_is_refused_before_the
                     differential_privacy="gaussian:noise=1.0,clip=1.0")
     finally:
         del _PLUGINS["fedavg_own_handler"]
+
+
+def test_the_run_id_is_random_and_a_resumed_run_keeps_it(tmp_path) -> None:
+    """Privacy II, L1. Every signature and share is bound to the run id; it was sha256(seed, run
+    directory's name), so a rerun with the same seed and name reused every label. Now it is random
+    and checkpointed."""
+    first = _engine(tmp_path / "a", rounds=1)
+    other = _engine(tmp_path / "b", rounds=1)  # same seed, same directory name ("run")
+    ids = [engine.layer("secure-aggregation").run_id for engine in (first, other)]
+    assert ids[0] != ids[1] and all(len(i) == 16 for i in ids)
+    first.run(InProcessGrid(5), initial_params(TASK, 42))
+    resumed = _engine(tmp_path / "a", rounds=2)
+    resumed.run(InProcessGrid(5), initial_params(TASK, 42))
+    assert resumed.layer("secure-aggregation").run_id == ids[0]
+
+
+def test_a_malformed_first_advertisement_does_not_pin_a_key(tmp_path) -> None:
+    """Privacy II, L2. The coordinator pinned a node's identity key before checking its
+    advertisement, so one malformed (or forged) first reply locked the node out of the run. Now
+    only a key whose advertisement verified is pinned: the node takes part in the next round."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedge.edge_client.app import app as fedge_app
+    from fedge.protocol.secagg import SECAGG_RECORD
+
+    forged = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    target, first_round = 3, {"done": False}
+
+    def app(msg: Message, context: Context) -> Message:
+        reply = fedge_app(msg, context)
+        record = reply.content.config_records.get(SECAGG_RECORD) if reply.has_content() else None
+        if (context.node_config["partition-id"] == target and record is not None and "ad" in record
+                and not first_round["done"]):
+            first_round["done"] = True
+            record["identity"], record["ad"] = forged, b"not an advertisement"
+        return reply
+
+    engine = _engine(tmp_path, rounds=2)
+    grid = InProcessGrid(5, app=app)
+    first, second = engine.run(grid, initial_params(TASK, 42)).rows
+    assert first.clients_used == 4 and [r["node"] for r in first.rejected] == [grid.node_id(target)]
+    assert second.clients_used == 5 and not second.rejected, second.rejected
+
+
+def test_a_secure_round_that_cannot_be_planned_is_skipped_not_a_crash(tmp_path) -> None:
+    """Privacy II, L7. A round with fewer than two devices (here the only one connected) cannot be
+    masked; it used to crash the run (the plan was built outside the round's error handling). Now
+    the round is recorded as failed, the model is unchanged and the run goes on; one device per
+    round is refused before the run starts."""
+    engine = _engine(tmp_path, rounds=2, clients_per_round=2, min_replies=1, wait_for_nodes=1.0)
+    start = initial_params(TASK, 42)
+    result = engine.run(InProcessGrid(1), start)
+    assert [r.round for r in result.rows] == [1, 2] and all(r.clients_used == 0 for r in result.rows)
+    assert all("at least two devices" in r.rejected[-1]["reason"] for r in result.rows)
+    assert torch.equal(result.model, start)
+    with pytest.raises(SettingsError, match="clients-per-round >= 2"):
+        _engine(tmp_path / "one", clients_per_round=1, min_replies=1)

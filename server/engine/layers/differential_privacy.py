@@ -123,7 +123,12 @@ class DifferentialPrivacyLayer(Layer):
 
 
 class _NoisyMean:
-    """A step's aggregate whose mean is DP-FedAvg's: (sum of clipped updates + noise) / (q N)."""
+    """A step's aggregate whose mean is DP-FedAvg's: (sum of clipped updates + noise) / (q N).
+
+    It is always released, whatever the number of updates (``ready``): a step with fewer than
+    ``min-replies`` updates, or none, still publishes a noised model. Releasing the previous model
+    unnoised instead would let who took part decide whether noise is added, which the accountant
+    (which records every round as a noised one) does not count."""
 
     def __init__(self, inner: Any, dp: CentralDP, connected: int) -> None:
         self.inner, self.dp, self.connected = inner, dp, connected
@@ -131,8 +136,13 @@ class _NoisyMean:
     def __getattr__(self, name: str) -> Any:  # spec, count, add, streaming, chosen...
         return getattr(self.inner, name)
 
+    def ready(self, minimum: int) -> bool:
+        return True
+
     def result(self) -> torch.Tensor:
-        return self.dp.noisy_mean(self.inner.result() * self.inner.count, self.connected)
+        count = self.inner.count
+        total = self.inner.result() * count if count else torch.zeros(self.inner.numel)
+        return self.dp.noisy_mean(total, self.connected)
 
 
 class CentralDP:
@@ -142,8 +152,8 @@ class CentralDP:
         self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
         self.rate = 0.0
         self.clipped = 0
-        #: the current clipping bound (moves each round when adaptive) and this round's
-        #: "my update fitted under the bound" bits from the devices
+        #: the current clipping bound (moves each round when adaptive) and this round's sum of the
+        #: devices' centred bits, +1/2 when a device's update fitted under the bound, -1/2 when not
         self.clip_bound = spec.clip
         self.fitted = 0.0
         self._expected = 1.0
@@ -178,9 +188,12 @@ class CentralDP:
         return self.ledger.would_exceed(self.spec.budget, q, self.spec.noise)
 
     def clip(self, vector: torch.Tensor, fitted: object = None) -> torch.Tensor:
-        """Bound one decoded update; count the device's bit (1 if its own update fitted under the bound)."""
+        """Bound one decoded update; count the device's bit, centred: +1/2 if its own update fitted
+        under the bound, -1/2 if not. Centred, adding or removing one device moves the count by at
+        most 1/2, the sensitivity Andrew et al.'s split of the noise, z^-2 = z_update^-2 + (2 sigma_b)^-2,
+        assumes (summing {0, 1} bits, as before 2026-11-25, moved it by 1 and under-reported epsilon)."""
         if self.spec.adaptive:
-            self.fitted += 1.0 if fitted in (1, 1.0, True) else 0.0
+            self.fitted += 0.5 if fitted in (1, 1.0, True) else -0.5
         norm = float(vector.norm())
         if norm > self.clip_bound:
             self.clipped += 1
@@ -202,7 +215,7 @@ class CentralDP:
                   "dp_clip": self.clip_bound, "dp_clipped": self.clipped}
         if self.spec.adaptive:  # the noisy fraction of devices under the bound, released and used
             sigma_b = self._count_noise_std(self._expected)
-            fraction = (self.fitted + self._rng.normal(0.0, sigma_b)) / self._expected
+            fraction = (self.fitted + self._rng.normal(0.0, sigma_b)) / self._expected + 0.5
             self.clip_bound *= float(np.exp(-self.spec.clip_lr * (fraction - self.spec.quantile)))
             fields["dp_fraction_under_clip"] = fraction
         self.clipped, self.fitted = 0, 0.0

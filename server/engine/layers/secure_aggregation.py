@@ -13,6 +13,7 @@ algorithm declares only that its step works from a mean or a sum (``Algorithm.ag
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from fedge.privacy.messages import decode_masked
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
 from fedge.server.engine.layers.base import Exchange, Failure, Layer
-from fedge.server.engine.secure_round import SecureRound, run_id_for
+from fedge.server.engine.secure_round import SecureRound
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
@@ -93,8 +94,11 @@ class SecureAggregationLayer(Layer):
         reason = refuse_reason(algorithm)
         if reason is not None:
             raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
-        name = run_dir.path.name if run_dir is not None else ""
-        return cls(spec, algorithm, run_id_for(algorithm.ctx.settings.seed, name))
+        if algorithm.ctx.settings.clients_per_round < 2:
+            raise SettingsError("secure-aggregation needs clients-per-round >= 2: one device's sum is its update")
+        # Random, and kept in the checkpoint: every signature and share of this run is bound to it,
+        # and no other run (a rerun with the same seed and directory name included) shares it.
+        return cls(spec, algorithm, os.urandom(16))
 
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
@@ -119,7 +123,8 @@ class SecureAggregationLayer(Layer):
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         state: _Round = self.scratch(step, _Round)
-        assert state.secure is not None
+        if state.secure is None:  # the round could not be planned: nothing is sent
+            return
         for o in outgoing:
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
 
@@ -170,6 +175,18 @@ class SecureAggregationLayer(Layer):
     def describe(self) -> dict[str, Any]:
         return {"secure_aggregation": self.spec.spec}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"run-id": self.run_id.hex()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """A resumed run keeps its run id (a checkpoint from before it was kept gets a fresh one)."""
+        if state is None:
+            return
+        raw = bytes.fromhex(str(state.get("run-id", "")))
+        if len(raw) != 16:
+            raise ValueError("the checkpoint's secure-aggregation run id is not 16 bytes")
+        self.run_id = raw
+
 
 class _RevealedMean:
     """A secure step's aggregate: no update is ever added in clear; the unmasked weighted mean of
@@ -192,6 +209,9 @@ class _RevealedMean:
     @property
     def count(self) -> int:
         return self._count if self.mean is not None else 0
+
+    def ready(self, minimum: int) -> bool:
+        return self.count >= minimum
 
     def result(self) -> torch.Tensor:
         if self.mean is None:
