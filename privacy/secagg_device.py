@@ -138,9 +138,13 @@ class SecAggDevice:
         alive = set(survivors)
         if self.node not in alive:
             raise UnmaskError(f"device {self.node} is asked to unmask a round its own upload is not part of")
-        if len(alive) < self.plan.reconstruction_threshold:
-            raise UnmaskError(f"{len(alive)} survivors: fewer than the threshold "
-                              f"{self.plan.reconstruction_threshold}, the sum would reveal too little")
+        # Per neighbourhood (SecAgg+, Bell et al. 2020): the masks this device's upload hides behind
+        # are its neighbours'; with fewer than t of them surviving, a sparse graph's global count
+        # could pass while the sum around this device reveals too little.
+        neighbours_alive = len(alive.intersection(self._peers))
+        if neighbours_alive < self.plan.reconstruction_threshold:
+            raise UnmaskError(f"{neighbours_alive} of device {self.node}'s neighbours survived: fewer than the "
+                              f"threshold {self.plan.reconstruction_threshold}, the sum would reveal too little")
         reveals = [Reveal(dealer, SEED, seed_share) if dealer in alive else Reveal(dealer, KEY, key_share)
                    for dealer, (seed_share, key_share) in sorted(self._held.items())]
         return encode_reveals(reveals)

@@ -198,3 +198,20 @@ def test_a_reveal_of_the_wrong_kind_is_set_aside_and_the_round_goes_on() -> None
     total, _ = server.unmask(reveals)
     assert "wrong kind" in server.refused[liar]
     assert np.array_equal(total.astype(np.int64), _plain_sum(levels, survivors))
+
+
+def test_a_device_refuses_to_unmask_when_too_few_of_its_own_neighbours_survived() -> None:
+    """Privacy II, L5. The device's check counted every survivor of the round against its
+    neighbourhood's threshold; on a sparse graph enough devices can survive overall while fewer
+    than t of this device's neighbours do. It counts its own neighbours now (|N(u) ∩ U3| ≥ t)."""
+    plan = make_plan(20, 8, neighbours=4)  # H(4, 20): each device has 4 neighbours, t = 3
+    devices, server, inbox = deal_shares(plan)
+    node = plan.participants[0]
+    mine = set(plan.neighbours_of(node))
+    survivors = [n for n in plan.participants if n not in mine or n == node]  # 16 survive, none of its neighbours
+    survivors += sorted(mine)[:2]  # two of its four neighbours: fewer than t = 3
+    assert len(survivors) >= plan.reconstruction_threshold
+    device = devices[node]
+    device.masked_input(inbox[node], _levels(plan)[node])
+    with pytest.raises(UnmaskError, match="neighbours survived"):
+        device.unmask(sorted(set(survivors)))

@@ -10,12 +10,14 @@ change of behaviour, and say so in the commit:
 
 Recorded anew since, each for a deliberate change: ``dp-adaptive`` (2026-11-25, Privacy II H1: the
 adaptive clipping count sums centred bits; noise 0.4 instead of 0.1, whose PLD accounting alone
-took 25 s).
+took 25 s); ``dp`` and ``dp-adaptive`` (2026-11-25, Privacy II L6: the Poisson sample comes from
+the OS CSPRNG directly, and rows under DP carry no training loss).
 
 Training is bit-reproducible for one torch build and CPU kind; the fingerprints name the torch
 version they were recorded with, and the test skips on another. Secure aggregation's masks come
 from fresh X25519 keys, so its uploads differ every run; its fingerprint is the unmasked model and
-the upload sizes. Central DP draws its noise from the OS; the fingerprint run fixes that source.
+the upload sizes. Central DP draws its noise and its sample from the OS; the fingerprint run
+stands a fixed source in for both.
 """
 
 from __future__ import annotations
@@ -70,8 +72,15 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def _fixed_urandom(size: int) -> bytes:
-    return hashlib.shake_256(b"fedge-behaviour").digest(size)
+class _FixedEntropy:
+    """A stand-in for the OS's randomness: a deterministic stream, a new value each call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, size: int) -> bytes:
+        self.calls += 1
+        return hashlib.shake_256(b"fedge-behaviour/%d" % self.calls).digest(size)
 
 
 def fingerprint(name: str, run_dir: Path) -> dict[str, Any]:
@@ -80,7 +89,13 @@ def fingerprint(name: str, run_dir: Path) -> dict[str, Any]:
     values, grid_args, exact = CASES[name]
     settings = {**_BASE, **values, "run_dir": str(run_dir)}
     uploads: list[list[str]] = []
-    fixed = mock.patch("os.urandom", _fixed_urandom) if "differential_privacy" in values else contextlib.nullcontext()
+    fixed = contextlib.ExitStack()
+    if "differential_privacy" in values:  # the noise's seed and the Poisson sample, from a fixed "OS"
+        import random
+
+        dp = "fedge.server.engine.layers.differential_privacy"
+        fixed.enter_context(mock.patch(f"{dp}._os_entropy", _FixedEntropy()))
+        fixed.enter_context(mock.patch(f"{dp}._system_random", lambda: random.Random(20261125)))
     with fixed:
         engine = build_engine(settings)
         grid = InProcessGrid(**grid_args)

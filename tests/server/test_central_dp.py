@@ -131,3 +131,25 @@ def test_a_step_below_min_replies_still_releases_a_noised_model(tmp_path) -> Non
     assert len(rows) == 3 and len(engine.layer("dp").dp.ledger.rounds) == 3
     for before, after in zip([start, *models], models):
         assert not torch.equal(before, after)  # noise every round, whoever took part
+
+
+def test_rows_under_dp_carry_no_training_loss_and_the_sample_is_the_os_csprngs(tmp_path, monkeypatch) -> None:
+    """Privacy II, L6. The devices' mean training loss is a noiseless aggregate of their data: rows
+    under DP leave it out. The Poisson sample is drawn from the OS CSPRNG itself (a numpy
+    generator, even one seeded from it, is not used for it)."""
+    import random
+
+    engine = _engine(tmp_path, rounds=2)
+    dp = engine.layer("dp").dp
+
+    class NoDraws:  # the numpy generator: it may draw noise, never the sample
+        def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+            self.inner = inner
+
+        def normal(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return self.inner.normal(*args, **kwargs)
+
+    dp._rng = NoDraws(dp._rng)
+    rows = engine.run(InProcessGrid(6), initial_params(TASK, 42)).rows
+    assert all(r.train_loss is None for r in rows)
+    assert isinstance(dp._sampler, random.SystemRandom)

@@ -3,9 +3,10 @@
 DP-FedAvg with central noise: Poisson sampling at rate q, every decoded update clipped to L2 norm C
 (the devices clip too; this makes the bound hold whatever a device sends), uniform weights, Gaussian
 noise N(0, (zC)^2) added to the sum, and the sum divided by the expected number of devices qN (a
-fixed denominator: the realized count would leak membership). The sampling and the noise come from
-the operating system's CSPRNG, never from the run seed: anyone who knows the seed could otherwise
-remove the noise or learn who was sampled. The accountant's ledger is checkpointed.
+fixed denominator: the realized count would leak membership). The sample comes from the operating
+system's CSPRNG and the noise from numpy's PCG64 seeded by it, never from the run seed: anyone who
+knows the seed could otherwise remove the noise or learn who was sampled. The accountant's ledger
+is checkpointed. Rows under DP carry no training loss (a noiseless aggregate of the devices' data).
 
 The coordinator sees each clipped update before it adds noise: this protects the released models
 (and everything derived from them) against whoever receives them, not the devices against the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,11 @@ from fedge.server.settings import SettingsError
 __all__ = ["CentralDP", "DifferentialPrivacyLayer"]
 
 log = logging.getLogger(__name__)
+
+#: where the noise's seed and the sample come from: the OS CSPRNG (names, so that a reproducibility
+#: test can stand a deterministic source in for them; nothing in the product replaces them)
+_os_entropy = os.urandom
+_system_random = secrets.SystemRandom
 
 
 def refuse_reason(algorithm: Algorithm) -> str | None:
@@ -112,6 +119,10 @@ class DifferentialPrivacyLayer(Layer):
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         outcome.extra.update(self.dp.close_round())
+        # The devices' mean training loss is a noiseless aggregate of their private data: not in
+        # the row. (Who took part, clients_used and the rejected nodes, stay: the coordinator's
+        # operator sees them anyway; they are not released with the model. docs/privacy.md)
+        outcome.train_loss = None
 
     def state_dict(self) -> dict[str, Any]:
         return self.dp.state_dict()
@@ -149,7 +160,11 @@ class CentralDP:
     def __init__(self, spec: DPSpec) -> None:
         self.spec = spec
         self.ledger = PrivacyLedger(spec.delta)
-        self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        # The noise: numpy's PCG64 seeded with 128 bits from the OS CSPRNG (never the run seed):
+        # unpredictable to whoever knows the run's settings, and fast enough for model-sized draws.
+        self._rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
+        #: the sample: straight from the OS CSPRNG (one draw per connected device)
+        self._sampler = _system_random()
         self.rate = 0.0
         self.clipped = 0
         #: the current clipping bound (moves each round when adaptive) and this round's sum of the
@@ -179,7 +194,7 @@ class CentralDP:
     def sample(self, nodes: list[int], clients_per_round: int) -> list[int]:
         """Poisson sampling: each connected node independently with probability q."""
         self.rate = self.sampling_rate(len(nodes), clients_per_round)
-        chosen = self._rng.random(len(nodes)) < self.rate
+        chosen = [self._sampler.random() < self.rate for _ in nodes]
         return [node for node, keep in zip(sorted(nodes), chosen) if keep]
 
     def exhausted(self, connected: int, clients_per_round: int) -> bool:
