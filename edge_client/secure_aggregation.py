@@ -1,9 +1,11 @@
 """Secure aggregation on the device: the ``query.secagg`` stages and the masked train reply.
 
-The device keeps a long-lived Ed25519 identity key in ``context.state`` (saved with the rest of its
-state on a real device), pins the identity keys it has seen for its peers (trust on first use: a
-coordinator that later swaps a peer's identity is refused), and keeps one round's secrets (its
-X25519 keys, self-mask seed, the shares it holds) between the stages' messages. The round's
+The device keeps a long-lived Ed25519 identity key and pins the identity keys it has seen for its
+peers (trust on first use: a coordinator that later swaps a peer's identity is refused). Both live
+in ``context.state`` and, on a real device (node config ``state-dir``, which ``fedge-edge join``
+sets), in ``secagg-identity.key`` and ``secagg-pins.json`` there, written atomically with mode
+0600: a restarted device is the same device to its peers and keeps its pins. It keeps one round's
+secrets (its X25519 keys, self-mask seed, the shares it holds) between the stages' messages. The round's
 secrets are dropped when it unmasks, and overwritten by the next round's advertisement.
 
 What the device reveals about itself: its masked upload (uniform in the ring), its signed public
@@ -13,7 +15,9 @@ about its data): ``num-examples`` is 1, the weight travels inside the masked sum
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.edge_client.node_store import NodeStore
 from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
@@ -33,17 +38,33 @@ log = logging.getLogger(__name__)
 
 _IDENTITY = "fedge-identity"
 _PINS = "fedge-secagg-pins"
+_IDENTITY_FILE = "secagg-identity.key"
+_PINS_FILE = "secagg-pins.json"
 _ROUND = "fedge-secagg-round"
 _RAW = serialization.Encoding.Raw
 
 
+def _saved(context: Context, name: str) -> Path | None:
+    """``name`` in the device's state directory, when it has one."""
+    directory = context.node_config.get("state-dir")
+    return Path(str(directory)) / name if directory else None
+
+
 def identity_of(context: Context) -> Ed25519PrivateKey:
-    """This device's identity key, made on first use and kept in its state."""
+    """This device's identity key: from its state, else from its state directory, else made now
+    (and saved there, 0600)."""
     record = context.state.config_records.get(_IDENTITY)
     if record is not None and "key" in record:
         return Ed25519PrivateKey.from_private_bytes(bytes(record["key"]))
-    key = Ed25519PrivateKey.generate()
-    raw = key.private_bytes(_RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    path = _saved(context, _IDENTITY_FILE)
+    if path is not None and path.exists():
+        raw = path.read_bytes()
+        key = Ed25519PrivateKey.from_private_bytes(raw)  # ValueError on a damaged file: never replaced silently
+    else:
+        key = Ed25519PrivateKey.generate()
+        raw = key.private_bytes(_RAW, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+        if path is not None:
+            atomic_write_bytes(path, raw, mode=0o600)
     context.state[_IDENTITY] = ConfigRecord({"key": raw})
     return key
 
@@ -58,7 +79,11 @@ def _node_id(msg: Message, context: Context) -> int:
 
 def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[int, Ed25519PublicKey]:
     """Peers' identity keys as delivered, checked against (and added to) this device's pins."""
-    pins = context.state.config_records.get(_PINS) or ConfigRecord()
+    pins = context.state.config_records.get(_PINS)
+    path = _saved(context, _PINS_FILE)
+    if pins is None and path is not None and path.exists():
+        pins = ConfigRecord({node: bytes.fromhex(raw) for node, raw in json.loads(path.read_text()).items()})
+    pins = pins if pins is not None else ConfigRecord()
     out = {}
     for node, raw in delivered.items():
         pinned = pins.get(str(node))
@@ -71,6 +96,8 @@ def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[i
             raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
         pins[str(node)] = raw
     context.state[_PINS] = pins
+    if path is not None:
+        atomic_write_text(path, json.dumps({node: bytes(raw).hex() for node, raw in pins.items()}), mode=0o600)
     return out
 
 

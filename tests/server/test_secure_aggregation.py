@@ -279,3 +279,30 @@ def test_a_secure_round_that_cannot_be_planned_is_skipped_not_a_crash(tmp_path) 
     assert torch.equal(result.model, start)
     with pytest.raises(SettingsError, match="clients-per-round >= 2"):
         _engine(tmp_path / "one", clients_per_round=1, min_replies=1)
+
+
+def test_a_restarted_device_keeps_its_identity_and_its_pins(tmp_path) -> None:
+    """Privacy II, L3. The identity key and the peer pins lived only in ``context.state``, which the
+    node's state file does not hold: a restarted device came back with a new identity (and was
+    dropped for the rest of the run) and trusted any peer key again. With a state directory both
+    are saved there, 0600, and a fresh process (a new Context) finds them."""
+    import stat
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedge.edge_client.secure_aggregation import _checked_identities, identity_of
+    from fedge.privacy.errors import AdvertisementError
+
+    def fresh() -> Context:  # what a restarted SuperNode's ClientApp gets
+        return Context(run_id=1, node_id=7, node_config={"state-dir": str(tmp_path)}, state=RecordDict(), run_config={})
+
+    peer = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    first = fresh()
+    key = identity_of(first).public_key().public_bytes_raw()
+    _checked_identities(first, {9: peer})
+    again = fresh()
+    assert identity_of(again).public_key().public_bytes_raw() == key
+    with pytest.raises(AdvertisementError, match="pinned"):
+        _checked_identities(again, {9: Ed25519PrivateKey.generate().public_key().public_bytes_raw()})
+    for name in ("secagg-identity.key", "secagg-pins.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
