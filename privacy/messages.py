@@ -66,6 +66,11 @@ def encode_masked(node: int, values: np.ndarray, bits: int) -> bytes:
     return _MASKED.pack(_MASKED_MAGIC, node, values.size, bits) + pack_ring(values, bits)
 
 
+def masked_size(count: int, bits: int) -> int:
+    """The exact byte length of a masked upload of ``count`` ring elements of ``bits`` bits."""
+    return _MASKED.size + packed_ring_size(count, bits)
+
+
 def decode_masked(data: bytes, node: int, count: int, bits: int) -> np.ndarray:
     """The ring elements of ``node``'s masked upload; :class:`MaskedInputError` if anything disagrees."""
     data = bytes(data)

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
 
 from fedge.aggregation import StreamingMean
 from fedge.server.engine.algorithm import (
@@ -45,7 +44,6 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
     warn_if_not_contractive,
 )
-from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import EASGD_ALPHA
 
 __all__ = ["EASGD"]
@@ -94,9 +92,7 @@ class EASGD(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """The center (the downlink layer ships it, full or as what brings each copy up to date)."""
-        config = self.ctx.round_config(step.number, **{EASGD_ALPHA: self.alpha}).to_record()
-        return [Outgoing(n, RecordDict({CONFIG_RECORD: ConfigRecord(dict(config))}), self.message_type, model=self.center)
-                for n in nodes]
+        return self.model_messages(nodes, self.ctx.round_config(step.number, **{EASGD_ALPHA: self.alpha}), self.center)
 
     def admit(self, step: Step, reply: Reply) -> None:
         """The metrics EASGD reports are checked before the update is decoded."""

@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
 
 from fedge.aggregation import make_server_optimizer
 from fedge.aggregation.robust import Aggregator, aggregator_memory_bytes, make_aggregator, validate_aggregator
-from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import PROX_MU
 from fedge.server.engine.algorithm import (
     Algorithm,
@@ -75,9 +73,8 @@ class FedAvg(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """The global model (the downlink layer ships it) and the round's config, to each node."""
-        config = self.ctx.round_config(step.number, **{PROX_MU: self.ctx.settings.prox_mu}).to_record()
-        return [Outgoing(n, RecordDict({CONFIG_RECORD: ConfigRecord(dict(config))}), self.message_type, model=self.params)
-                for n in nodes]
+        return self.model_messages(nodes, self.ctx.round_config(step.number, **{PROX_MU: self.ctx.settings.prox_mu}),
+                                   self.params)
 
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedAvgStep)

@@ -41,11 +41,11 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
-from fedge.protocol import METRICS_RECORD, message_type_for
+from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.settings import RunSettings
 from fedge.tasks import Task, tensor_sizes
@@ -274,6 +274,13 @@ class Algorithm(ABC):
     @abstractmethod
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """Messages for ``nodes`` (synchronous: the step's nodes, once; asynchronous: free nodes)."""
+
+    def model_messages(self, nodes: list[int], config: RoundConfig, model: torch.Tensor) -> list[Outgoing]:
+        """One train message per node carrying ``config`` (its own record: layers add keys to it)
+        and ``model``, which the engine's downlink layer ships (in full, or as a lattice change)."""
+        record = config.to_record()
+        return [Outgoing(n, RecordDict({CONFIG_RECORD: ConfigRecord(dict(record))}), self.message_type, model=model)
+                for n in nodes]
 
     def admit(self, step: Step, reply: Reply) -> None:
         """Refuse a reply before it is decoded (raise :class:`Rejected`); by default every reply passes."""

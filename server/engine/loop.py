@@ -135,6 +135,8 @@ class Engine:
         self.sleep = sleep
         #: the cross-cutting features around every step (``fedge.server.engine.layers``), in order
         self.layers: list[Layer] = build_layers(algorithm, run_dir)
+        #: added to the clock for a row's wall_seconds: this run's time across restarts (set by run)
+        self._wall = 0.0
 
     def layer(self, key: str) -> Layer | None:
         """The run's layer named ``key`` (``dp``, ``downlink``, ...), or None when it is off."""
@@ -438,7 +440,7 @@ class Engine:
     def _publish(self, row: RoundRow, result: EngineResult | None) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
         between, the step runs again and its row is replaced)."""
-        row.wall_seconds = getattr(self, "_wall", 0.0) + self.clock()
+        row.wall_seconds = self._wall + self.clock()
         self.run_dir.metrics.append(row.to_json())
         state = dict(self.algorithm.state_dict())
         for layer in self.layers:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fedge.privacy.errors import SecAggError
-from fedge.privacy.messages import decode_masked
+from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
 from fedge.server.engine.layers.base import Exchange, Failure, Layer
@@ -129,17 +129,17 @@ class SecureAggregationLayer(Layer):
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
 
     def take(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
-        """A masked upload, already screened with its metrics checked: its size and header must be
-        exactly what the plan expects before it is held for unmasking."""
+        """A masked upload, already screened with its metrics checked: its size must be exactly what
+        the plan expects before it is held (its header and ring elements are decoded once, when the
+        round unmasks; a bad one drops its device there)."""
         state: _Round = self.scratch(step, _Round)
         assert state.secure is not None
         plan = state.secure.plan
         if metrics.get("num-examples") != 1 or "train-loss" in metrics:
             raise Rejected("a masked reply reports nothing about its data in clear: num-examples 1, no train-loss")
-        try:
-            decode_masked(bytes(payload), reply.node, plan.length, plan.bits)
-        except SecAggError as error:
-            raise Rejected(f"malformed masked upload: {error}") from None
+        expected = masked_size(plan.length, plan.bits)
+        if len(payload) != expected:
+            raise Rejected(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
         state.uploads[reply.node] = bytes(payload)
         return True
 
