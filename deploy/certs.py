@@ -15,6 +15,11 @@ file                   what it is                                  who gets it
                        ``flower-supernode --auth-supernode-        SuperLink with ``flwr
                        private-key`` and ``flwr supernode          supernode register``
                        register`` read
+``<node>.endorsement`` the CA's signature over the node's name     that device (next to its key)
+                       and public key (made when ``ca.key`` is
+                       in the directory): the device's secure-
+                       aggregation identity is bound to it, so
+                       peers need not trust it on first use
 =====================  ==========================================  ============================
 
 TLS in Flower 1.41 authenticates the server (devices check ``server.crt`` against ``ca.crt``);
@@ -69,6 +74,7 @@ class NodeKey:
     private_key: Path
     public_key: Path
     fingerprint: str  # SHA-256 of the OpenSSH public key line, as ``ssh-keygen -lf`` prints it
+    endorsement: Path | None = None  # the CA's endorsement, when the CA key was at hand
 
 
 def _now() -> dt.datetime:
@@ -173,17 +179,25 @@ def issue_server_certificate(directory: str | os.PathLike[str], hosts: list[str]
 
 
 def make_node_key(directory: str | os.PathLike[str], name: str, *, force: bool = False) -> NodeKey:
-    """``<name>`` (OpenSSH private key, 0600) and ``<name>.pub`` for one SuperNode."""
+    """``<name>`` (OpenSSH private key, 0600) and ``<name>.pub`` for one SuperNode, and, when the
+    CA's key is in ``directory``, ``<name>.endorsement`` (the CA's signature over both)."""
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
         raise CertificateError(f"node name must be letters, digits, '-', '_' or '.', got {name!r}")
     out = Path(directory)
     private, public = out / name, out / f"{name}.pub"
-    _refuse_overwrite([private, public], force)
+    _refuse_overwrite([private, public, out / f"{name}.endorsement"], force)
     key = ec.generate_private_key(_CURVE)
     line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write_key(private, key, serialization.PrivateFormat.OpenSSH)
     atomic_write_bytes(public, line + f" fedge-{name}\n".encode(), mode=0o644)
-    return NodeKey(private, public, fingerprint(line))
+    endorsement = None
+    if (out / CA_KEY).exists() and (out / CA_CERT).exists():
+        from fedge.privacy.credentials import ENDORSEMENT_SUFFIX, endorse
+
+        _, ca_key = _load_ca(out)
+        endorsement = out / f"{name}{ENDORSEMENT_SUFFIX}"
+        atomic_write_bytes(endorsement, endorse(ca_key, name, key.public_key()), mode=0o644)
+    return NodeKey(private, public, fingerprint(line), endorsement)
 
 
 def fingerprint(openssh_line: bytes) -> str:

@@ -84,6 +84,7 @@ def check_join(options: JoinOptions) -> str:
             raise JoinError(f"--auth-key {options.auth_key}: not a readable OpenSSH private key ({err})") from None
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise JoinError(f"--auth-key {options.auth_key}: SuperNode keys are EC (`fedge certs node`)")
+        _check_endorsement(options, key)
     try:
         task = make_task(options.task)
         data = load_npz(options.data, task)
@@ -95,9 +96,33 @@ def check_join(options: JoinOptions) -> str:
     return f"{len(data)} samples of task {task.spec}, labels {classes}"
 
 
+def _check_endorsement(options: JoinOptions, key) -> None:  # type: ignore[no-untyped-def]
+    """An endorsement next to the key must be the federation CA's, for this key: found now, not
+    when the first secure round refuses the device."""
+    from fedge.privacy.credentials import CredentialError, bind_identity, load_issuer, verify_credential
+
+    endorsement = Path(f"{options.auth_key}.endorsement")
+    if not endorsement.exists() or options.root_cert is None:
+        return
+    probe = bytes(32)  # any identity: the check is of the endorsement's chain, not of the identity
+    try:
+        verify_credential(bind_identity(key, endorsement.read_bytes(), probe), probe, load_issuer(options.root_cert))
+    except CredentialError as err:
+        raise JoinError(f"{endorsement}: {err}") from None
+
+
 def _node_config(options: JoinOptions) -> dict[str, str | int]:
-    return {"data": str(Path(options.data).resolve()), "threads": options.threads,
-            "state-dir": str(Path(options.state_dir).resolve())}
+    config: dict[str, str | int] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
+                                    "state-dir": str(Path(options.state_dir).resolve())}
+    if options.auth_key is not None and options.root_cert is not None:
+        # an endorsement next to the key (`fedge certs node` with the CA at hand): this device's
+        # secure-aggregation identity is issued by the operator, and it trusts none on first use
+        endorsement = Path(f"{options.auth_key}.endorsement")
+        if endorsement.exists():
+            config.update({"secagg-auth-key": str(Path(options.auth_key).resolve()),
+                           "secagg-endorsement": str(endorsement.resolve()),
+                           "secagg-issuer": str(Path(options.root_cert).resolve())})
+    return config
 
 
 def join(options: JoinOptions, stop: threading.Event | None = None) -> int:

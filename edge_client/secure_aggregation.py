@@ -1,7 +1,12 @@
 """Secure aggregation on the device: the ``query.secagg`` stages and the masked train reply.
 
-The device keeps a long-lived Ed25519 identity key and pins the identity keys it has seen for its
-peers (trust on first use: a coordinator that later swaps a peer's identity is refused). Both live
+The device keeps a long-lived Ed25519 identity key. Given an identity issued by the operator (node
+config ``secagg-auth-key``, ``secagg-endorsement`` and ``secagg-issuer``, which ``fedge-edge join``
+sets from ``--auth-key``, its ``.endorsement`` and ``--root-cert``), it binds that identity to its
+node-authentication key, checks every peer's credential against the operator's CA, runs the
+consistency round, and refuses any round that would trust identities on first use. Without one,
+it pins the identity keys it has seen for its peers (trust on first use: a coordinator that later
+swaps a peer's identity is refused). Both live
 in ``context.state`` and, on a real device (node config ``state-dir``, which ``fedge-edge join``
 sets), in ``secagg-identity.key`` and ``secagg-pins.json`` there, written atomically with mode
 0600: a restarted device is the same device to its peers and keeps its pins. It keeps one round's
@@ -27,8 +32,10 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.edge_client.node_store import NodeStore
+from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
 from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
+from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state
 from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, unpack_blobs, unpack_ids
 
@@ -101,6 +108,45 @@ def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[i
     return out
 
 
+def _issued(context: Context) -> tuple[bytes, object] | None:
+    """(this device's credential, the operator's CA key) when the operator issued it an identity."""
+    key, endorsement, issuer = (context.node_config.get(k) for k in
+                                ("secagg-auth-key", "secagg-endorsement", "secagg-issuer"))
+    if not (key and endorsement and issuer):
+        return None
+    try:
+        raw = Path(str(endorsement)).read_bytes()
+    except OSError as error:
+        raise AdvertisementError(f"the identity endorsement {endorsement}: {error}") from None
+    credential = bind_identity(load_node_key(str(key)), raw, _public(identity_of(context)))
+    return credential, load_issuer(str(issuer))
+
+
+def _check_mode(plan: SecAggPlan, issued: tuple[bytes, object] | None) -> None:
+    """A device issued an identity never trusts on first use; one without cannot check issued peers."""
+    if plan.consistency and issued is None:
+        raise ProtocolError("this round trusts only identities issued by the operator, and this device has "
+                            "none (start it with --auth-key, its .endorsement next to it, and --root-cert)")
+    if not plan.consistency and issued is not None:
+        raise ProtocolError("this device's identity is issued by the operator; it does not take part in a "
+                            "secure round that trusts identities on first use (the coordinator's "
+                            "secure-aggregation needs issuer=<ca.crt>)")
+
+
+def _credentialed(delivered: dict[int, bytes], credentials: dict[int, bytes], issuer) -> dict[int, Ed25519PublicKey]:  # type: ignore[no-untyped-def]
+    """Peers' identity keys, each checked against its credential from the operator's CA."""
+    out = {}
+    for node, raw in delivered.items():
+        if node not in credentials:
+            raise AdvertisementError(f"device {node}'s identity comes without a credential")
+        verify_credential(credentials[node], raw, issuer)
+        try:
+            out[node] = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError as error:
+            raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
+    return out
+
+
 def _save(context: Context, device: SecAggDevice) -> None:
     context.state[_ROUND] = ConfigRecord(export_state(device))  # type: ignore[arg-type]
 
@@ -121,23 +167,41 @@ def query(msg: Message, context: Context) -> Message:
     plan, stage = plan_from_record(record)
     node = _node_id(msg, context)
     identity = identity_of(context)
+    issued = _issued(context)
+    _check_mode(plan, issued)
     if stage == "advertise":
         device = SecAggDevice(plan, node, identity)
         ad = device.advertise()
         _save(context, device)
-        reply = ConfigRecord({"ad": ad.to_bytes(), "identity": _public(identity)})
+        reply = ConfigRecord({"ad": ad.to_bytes(), "identity": _public(identity),
+                              **({"credential": issued[0]} if issued else {})})
     elif stage == "share":
         device = _load(context, record, node)
         ads = {n: KeyAdvertisement.from_bytes(b) for n, b in unpack_blobs(record["ad-from"], record["ads"]).items()}
-        identities = _checked_identities(context, unpack_blobs(record["ad-from"], record["identities"]))
+        delivered = unpack_blobs(record["ad-from"], record["identities"])
+        if issued:
+            identities = _credentialed(delivered, unpack_blobs(record["ad-from"], record["credentials"]), issued[1])
+        else:
+            identities = _checked_identities(context, delivered)
         sealed = device.share_keys(ads, identities)
         _save(context, device)
         ids, blobs = pack_blobs(sealed)
         reply = ConfigRecord({"sealed-to": ids, "sealed": blobs})
+    elif stage == "consistency":
+        device = _load(context, record, node)
+        signature = device.consistency(unpack_ids(record["survivors"]))
+        _save(context, device)
+        reply = ConfigRecord({"signature": signature})
     elif stage == "unmask":
         device = _load(context, record, node)
-        reveals = device.unmask(unpack_ids(record["survivors"]))
-        del context.state[_ROUND]  # this round's secrets are not needed any more
+        signatures, identities = None, None
+        if plan.consistency:
+            assert issued is not None
+            signatures = unpack_blobs(record["signers"], record["signatures"])
+            identities = _credentialed(unpack_blobs(record["signers"], record["identities"]),
+                                       unpack_blobs(record["signers"], record["credentials"]), issued[1])
+        del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
+        reveals = device.unmask(unpack_ids(record["survivors"]), signatures, identities)
         reply = ConfigRecord({"reveals": reveals})
     else:
         raise ProtocolError(f"unknown secure-aggregation stage {stage!r}")

@@ -88,6 +88,23 @@ class LoopbackSecurity:
     def node_key(self, index: int) -> Path:
         return self.directory / f"node-{index}"
 
+    def node_identity(self, index: int) -> dict[str, str]:
+        """Node config for SuperNode ``index``'s secure-aggregation identity, issued by this CA
+        (its key's endorsement, written with the key), when there is one."""
+        key = self.node_key(index)
+        endorsement = key.with_name(key.name + ".endorsement")
+        if not endorsement.exists():
+            return {}
+        return {"secagg-auth-key": str(key), "secagg-endorsement": str(endorsement),
+                "secagg-issuer": str(self.directory / CA_CERT)}
+
+    def issue_secure_aggregation(self, spec: str) -> str:
+        """``spec`` with this CA as its identity issuer: a TLS federation trusts no identity on
+        first use (its devices are issued theirs and refuse rounds that would)."""
+        if not spec or spec.strip().lower() == "none" or "issuer=" in spec:
+            return spec
+        return f"{spec}{',' if ':' in spec else ':'}issuer={self.directory / CA_CERT}"
+
 
 def superlink_argv(host: str, port: int, tls: ServerTLS | None, *, database: Path | None = None,
                    simulation: bool = False) -> list[str]:

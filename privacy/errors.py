@@ -14,6 +14,7 @@ __all__ = [
     "MaskedInputError",
     "UnmaskError",
     "ProtocolError",
+    "ConsistencyError",
 ]
 
 
@@ -43,3 +44,7 @@ class UnmaskError(SecAggError):
 
 class ProtocolError(SecAggError):
     """A stage was called out of order, or a message names a device outside the round."""
+
+
+class ConsistencyError(UnmaskError):
+    """The survivor set a device was shown is not the one a quorum of the round signed: it reveals nothing."""

@@ -94,28 +94,31 @@ class KeyAdvertisement:
     signature: bytes
 
     @staticmethod
-    def _message(context: RoundContext, node: int, c_public: bytes, s_public: bytes, commitment: bytes) -> bytes:
-        return context.label(b"advertise", node) + c_public + s_public + commitment
+    def _message(context: RoundContext, plan_digest: bytes, node: int, c_public: bytes, s_public: bytes,
+                 commitment: bytes) -> bytes:
+        return context.label(b"advertise", node) + plan_digest + c_public + s_public + commitment
 
     @classmethod
     def create(cls, context: RoundContext, node: int, identity: Ed25519PrivateKey, c_public: bytes,
-               s_public: bytes, commitment: bytes) -> "KeyAdvertisement":
-        signature = identity.sign(cls._message(context, node, c_public, s_public, commitment))
+               s_public: bytes, commitment: bytes, *, plan_digest: bytes) -> "KeyAdvertisement":
+        """Signed over the round and the plan's digest: the keys are good for this plan only."""
+        signature = identity.sign(cls._message(context, plan_digest, node, c_public, s_public, commitment))
         return cls(node, c_public, s_public, commitment, signature)
 
-    def verify(self, context: RoundContext, identity_public: Ed25519PublicKey | None) -> None:
-        """Raise :class:`AdvertisementError` unless this advertisement is signed by ``identity_public``."""
+    def verify(self, context: RoundContext, identity_public: Ed25519PublicKey | None, *, plan_digest: bytes) -> None:
+        """Raise :class:`AdvertisementError` unless this advertisement is signed by ``identity_public``
+        for this round's plan."""
         if identity_public is None:
             raise AdvertisementError(f"device {self.node} has no registered identity key: its advertisement "
                                      "cannot be checked and is refused")
         if not self.signature:
             raise AdvertisementError(f"device {self.node}'s key advertisement is unsigned")
         try:
-            identity_public.verify(self.signature, self._message(context, self.node, self.c_public,
+            identity_public.verify(self.signature, self._message(context, plan_digest, self.node, self.c_public,
                                                                  self.s_public, self.commitment))
         except InvalidSignature as error:
             raise AdvertisementError(f"device {self.node}'s key advertisement has an invalid signature "
-                                     "(another round, another identity, or altered keys)") from error
+                                     "(another round or plan, another identity, or altered keys)") from error
 
     def to_bytes(self) -> bytes:
         return (_AD_HEADER.pack(_AD_MAGIC, self.node) + self.c_public + self.s_public + self.commitment

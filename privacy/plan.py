@@ -8,6 +8,8 @@ spends any work on it.
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -38,6 +40,9 @@ class SecAggPlan:
     #: summed) and the public seed every device draws the same ``dimension`` coordinates from
     model_size: int = 0
     support_seed: int = 0
+    #: a coordinator that may lie (``secagg:issuer=...``): identities must be issued by the
+    #: operator, and devices sign the survivor set and check a quorum of signatures before unmasking
+    consistency: bool = False
 
     def __post_init__(self) -> None:
         if len(set(self.participants)) != len(self.participants):
@@ -55,6 +60,24 @@ class SecAggPlan:
         if self.model_size and self.model_size < self.dimension:
             raise ProtocolError(f"a support of {self.dimension} coordinates out of {self.model_size} is impossible")
         self.bits  # sizes the ring now: a plan that cannot hold its sum is refused here
+
+    @cached_property
+    def digest(self) -> bytes:
+        """SHA-256 of every public parameter: signed into each advertisement and kept with a device's
+        round state, so no stage can run under another plan than the one the device advertised for
+        (another threshold, participant list or ring width mid-round is refused)."""
+        words = [self.context.round, len(self.participants), *self.participants, self.grid.bits,
+                 self.grid.weight_cap, self.dimension, self.graph_seed, self.neighbours, self.threshold,
+                 self.headroom_bits, self.model_size, self.support_seed, int(self.consistency)]
+        packed = struct.pack(f"<{len(words)}Q", *words) + struct.pack("<d", self.grid.clip)
+        return hashlib.sha256(b"fedge-secagg-plan|" + self.context.run_id + b"|" + packed).digest()
+
+    @property
+    def consistency_quorum(self) -> int:
+        """Signatures over one survivor set a device needs before it unmasks: a strict majority of the
+        round's participants. Two sets cannot both gather one without a device signing both, and an
+        honest device signs one set per round."""
+        return len(self.participants) // 2 + 1
 
     @property
     def configured_degree(self) -> int:

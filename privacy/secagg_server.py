@@ -17,7 +17,8 @@ from collections.abc import Mapping
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from fedge.privacy.errors import ProtocolError, SecAggError, ShareError, UnmaskError
+from fedge.privacy.consistency import check_signature
+from fedge.privacy.errors import ConsistencyError, ProtocolError, SecAggError, ShareError, UnmaskError
 from fedge.privacy.keys import KeyAdvertisement, public_bytes, seed_commitment, x25519_from_private_bytes
 from fedge.privacy.messages import KEY, SEED, decode_masked, decode_reveals
 from fedge.privacy.plan import SecAggPlan
@@ -43,6 +44,7 @@ class SecAggServer:
         self._routed: dict[int, set[int]] = {}  # holder -> dealers whose shares reached it
         self._masked: dict[int, np.ndarray] = {}
         self._dealers: set[int] = set()
+        self.signatures: dict[int, bytes] = {}
 
     def _refuse(self, node: int, error: Exception) -> None:
         self.refused[node] = str(error)
@@ -56,7 +58,7 @@ class SecAggServer:
                 ad = KeyAdvertisement.from_bytes(blob)
                 if ad.node != node:
                     raise ProtocolError(f"device {node} sent device {ad.node}'s advertisement")
-                ad.verify(self.plan.context, self._identities.get(node))
+                ad.verify(self.plan.context, self._identities.get(node), plan_digest=self.plan.digest)
             except SecAggError as error:
                 self._refuse(node, error)
                 continue
@@ -97,6 +99,24 @@ class SecAggServer:
             raise UnmaskError(f"{len(survivors)} masked uploads arrived, fewer than the threshold "
                               f"{self.plan.reconstruction_threshold}: the round cannot be unmasked")
         return survivors
+
+    def receive_consistency(self, signatures: Mapping[int, bytes]) -> dict[int, bytes]:
+        """Under the consistency check: the survivors' valid signatures over the survivor set (a bad
+        one drops its device). Fewer than the quorum and no device would unmask: the round aborts."""
+        survivors = sorted(self._masked)
+        for node, signature in signatures.items():
+            if node not in self._masked:
+                continue
+            try:
+                check_signature(self.plan, survivors, node, signature, self._identities.get(node))
+            except SecAggError as error:
+                self._refuse(node, error)
+                continue
+            self.signatures[node] = bytes(signature)
+        if len(self.signatures) < self.plan.consistency_quorum:
+            raise ConsistencyError(f"{len(self.signatures)} devices signed the survivor set, fewer than the "
+                                   f"quorum {self.plan.consistency_quorum}: no device will unmask")
+        return dict(self.signatures)
 
     def unmask(self, reveals: Mapping[int, bytes]) -> tuple[np.ndarray, int]:
         """(the exact sum of the survivors' levels mod 2^r, the number of survivors)."""

@@ -7,7 +7,11 @@
 - ``neighbours``, ``threshold``: the SecAgg+ graph degree and the Shamir threshold (0: defaults);
 - ``timeout``: seconds each key-exchange stage waits for replies (dropouts are then recovered);
 - ``ratio``: random-k with a support shared by every device of the round: each sends only that
-  fraction of the coordinates (masked); the rest waits in its error-feedback residual (1: dense).
+  fraction of the coordinates (masked); the rest waits in its error-feedback residual (1: dense);
+- ``issuer``: the operator's CA certificate (``ca.crt`` of ``fedge certs init``). With it the
+  coordinator is not trusted: every device's identity must be issued by that CA (bound to its
+  node-authentication key, see ``fedge.privacy.credentials``) and devices run the consistency
+  round before they unmask. Without it, identities are trusted on first use.
 """
 
 from __future__ import annotations
@@ -30,15 +34,18 @@ class SecAggSpec:
     threshold: int = 0
     timeout: float = 60.0
     ratio: float = 1.0
+    issuer: str = ""
 
     @property
     def spec(self) -> str:
+        issuer = f",issuer={self.issuer}" if self.issuer else ""
         return (f"secagg:bits={self.bits},clip={self.clip:g},weight-cap={self.weight_cap},"
-                f"neighbours={self.neighbours},threshold={self.threshold},timeout={self.timeout:g},ratio={self.ratio:g}")
+                f"neighbours={self.neighbours},threshold={self.threshold},timeout={self.timeout:g},ratio={self.ratio:g}"
+                f"{issuer}")
 
 
 _TYPES = {"bits": int, "clip": float, "weight-cap": int, "neighbours": int, "threshold": int, "timeout": float,
-          "ratio": float}
+          "ratio": float, "issuer": str}
 
 
 def parse_secure_aggregation(spec: str) -> SecAggSpec | None:

@@ -76,7 +76,7 @@ def plan_record(plan: SecAggPlan, stage: str, **extra: object) -> ConfigRecord:
         "participants": pack_ids(plan.participants), "bits": plan.grid.bits, "clip": float(plan.grid.clip),
         "weight-cap": plan.grid.weight_cap, "dimension": plan.dimension, "graph-seed": plan.graph_seed,
         "neighbours": plan.neighbours, "threshold": plan.threshold, "headroom-bits": plan.headroom_bits,
-        "model-size": plan.model_size, "support-seed": plan.support_seed,
+        "model-size": plan.model_size, "support-seed": plan.support_seed, "consistency": plan.consistency,
         **extra,  # type: ignore[dict-item]
     })
 
@@ -91,6 +91,7 @@ def plan_from_record(record: ConfigRecord) -> tuple[SecAggPlan, str]:
             int(record["dimension"]), graph_seed=int(record["graph-seed"]), neighbours=int(record["neighbours"]),
             threshold=int(record["threshold"]), headroom_bits=int(record["headroom-bits"]),
             model_size=int(record["model-size"]), support_seed=int(record["support-seed"]),
+            consistency=bool(record["consistency"]),
         )
         stage = str(record["stage"])
     except SecAggError:

@@ -77,7 +77,8 @@ def launch(
     every other client is queued behind.
     ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,
     server certificate and node keys are made in ``<run dir>/tls`` (``fedge.deploy.certs``), every
-    node key is registered with ``flwr supernode register`` before its SuperNode starts.
+    node key is registered with ``flwr supernode register`` before its SuperNode starts; under
+    secure aggregation every device's identity is issued by that CA (``issuer=`` is added).
     ``ray_address`` (simulation only): run the ClientApps on an existing Ray cluster (``ray start
     --head`` plus ``ray start --address=...`` on every other machine) instead of a local Ray
     instance; Flower's Ray backend connects through ``RAY_ADDRESS`` and schedules one ClientApp per
@@ -101,6 +102,8 @@ def launch(
     env["RAY_ADDRESS"] = ray_address or "local"
     started = time.monotonic()
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
+    if security is not None:
+        settings = settings.replace(secure_aggregation=security.issue_secure_aggregation(settings.secure_aggregation))
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
@@ -117,6 +120,7 @@ def launch(
                           "cache-dir": str(run_dir / "node-cache"), **((node_config or {}).get(i) or {})}
                 auth_key = None
                 if security:
+                    config = {**security.node_identity(i), **config}
                     auth_key = security.node_key(i)
                     flower.register(auth_key.with_suffix(".pub"), name=f"node-{i}")
                 flower.start_supernode(i, config, auth_key=auth_key, cwd=run_dir)

@@ -56,6 +56,9 @@ def run_certs(args: argparse.Namespace) -> int:
         print(f"node key: {key.private_key} (copy to the device only)\npublic key: {key.public_key} "
               f"({key.fingerprint}); register it: fedge certs register {key.public_key} --superlink HOST:PORT "
               f"--root-cert {Path(args.dir) / 'ca.crt'}")
+        if key.endorsement is not None:
+            print(f"endorsement: {key.endorsement} (copy to the device next to its key: its secure-aggregation "
+                  "identity is then issued by this CA)")
     else:
         from fedge.launcher.environment import flower_environment
         from fedge.launcher.federation import register_node, write_connection

@@ -8,7 +8,10 @@ the coordinator ends with is the exact sum of the survivors' quantized, weighted
 of their weights, hence the weighted mean, and nothing about any one of them.
 
 Identity keys are pinned on first use, per node, for the whole run: a device that later presents
-another identity is refused (logged). See SECURITY.md for what that does and does not protect.
+another identity is refused (logged). With an issuer (``secagg:issuer=ca.crt``) nothing is trusted
+on first use: each identity must come with a credential from the operator's CA, the devices check
+their peers' credentials themselves, and a consistency round (every survivor signs the survivor
+set; each device checks a quorum of signatures) runs before anyone unmasks. See SECURITY.md.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from flwr.app import Message, RecordDict
 
 from fedge.compression import derive_seed
+from fedge.privacy.credentials import verify_credential
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
@@ -52,7 +57,7 @@ class SecureRound:
     """Stages 1, 2 and 4 around the algorithm's train messages (stage 3)."""
 
     def __init__(self, spec: SecAggSpec, run_id: bytes, seed: int, number: int, nodes: list[int], dimension: int,
-                 pins: dict[int, bytes], *, weighted: bool = True) -> None:
+                 pins: dict[int, bytes], *, weighted: bool = True, issuer: Any = None) -> None:
         self.spec = spec
         # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1
         sent = max(1, math.ceil(spec.ratio * dimension)) if spec.ratio < 1 else dimension
@@ -61,7 +66,9 @@ class SecureRound:
                                graph_seed=derive_seed(seed, number, purpose="secagg-graph"),
                                neighbours=spec.neighbours, threshold=spec.threshold,
                                model_size=dimension if sent < dimension else 0,
-                               support_seed=derive_seed(seed, number, purpose="secagg-support"))
+                               support_seed=derive_seed(seed, number, purpose="secagg-support"),
+                               consistency=issuer is not None)
+        self.issuer = issuer
         self.pins = pins
         self.server: SecAggServer | None = None
         self.uplink = 0
@@ -69,6 +76,7 @@ class SecureRound:
         self.missing: dict[int, str] = {}
         self._routed_ads: dict[int, dict] = {}  # device -> its neighbours' accepted advertisements
         self._identities: dict[int, bytes] = {}  # device -> its pinned identity key
+        self._credentials: dict[int, bytes] = {}  # device -> its credential from the operator's CA
         self._inbox: dict[int, dict[int, bytes]] = {}
 
     # -- stage 1 ----------------------------------------------------------------------------------
@@ -79,6 +87,15 @@ class SecureRound:
         for reply in self._ask(exchange, {n: {} for n in self.plan.participants}, "advertise"):
             node, record = reply
             raw = bytes(record.get("identity", b""))
+            if self.issuer is not None:
+                try:
+                    credential = bytes(record.get("credential", b""))
+                    self._credentials[node] = credential
+                    name = verify_credential(credential, raw, self.issuer).name
+                    log.debug("round %d: node %d is %r, issued by the operator", self.plan.context.round, node, name)
+                except SecAggError as error:
+                    self._drop(node, f"identity not issued by the operator: {error}")
+                    continue
             pinned = self.pins.get(node)
             if pinned is not None and pinned != raw:
                 self._drop(node, "presented another identity key than the one pinned at its first round")
@@ -109,6 +126,8 @@ class SecureRound:
             ids, ads = pack_blobs({p: ad.to_bytes() for p, ad in peers.items()})
             _, identities = pack_blobs({p: self._identities[p] for p in peers})
             asks[node] = {"ad-from": ids, "ads": ads, "identities": identities}
+            if self.issuer is not None:
+                asks[node]["credentials"] = pack_blobs({p: self._credentials[p] for p in peers})[1]
         sealed = {}
         for node, record in self._ask(exchange, asks, "share"):
             try:
@@ -134,11 +153,34 @@ class SecureRound:
         self.missing.update(self.server.refused)
         return survivors
 
-    # -- stage 4 ----------------------------------------------------------------------------------
-    def unmask(self, exchange: Exchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
-        """(the weighted mean of the survivors' updates, the number of survivors, their total weight)."""
+    # -- the consistency round (with an issuer) ---------------------------------------------------
+    def consistency(self, exchange: Exchange, survivors: list[int]) -> list[int]:
+        """Every survivor signs the survivor set; the ones whose signature verified (a quorum, else
+        the round aborts) are the ones asked to unmask."""
         assert self.server is not None
         asks = {n: {"survivors": pack_ids(survivors)} for n in survivors}
+        signatures = {node: bytes(record.get("signature", b"")) for node, record in
+                      self._ask(exchange, asks, "consistency")}
+        try:
+            return sorted(self.server.receive_consistency(signatures))
+        finally:
+            self.missing.update(self.server.refused)
+
+    # -- stage 4 ----------------------------------------------------------------------------------
+    def unmask(self, exchange: Exchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
+        """(the weighted mean of the survivors' updates, the number of survivors, their total weight).
+        With the consistency round, only the devices that signed are asked, and each gets every
+        signature with the signers' identities and credentials to check before it reveals."""
+        assert self.server is not None
+        asked = survivors
+        extra: dict[str, Any] = {}
+        if self.plan.consistency:
+            asked = self.consistency(exchange, survivors)
+            signers, signatures = pack_blobs(self.server.signatures)
+            extra = {"signers": signers, "signatures": signatures,
+                     "identities": pack_blobs({n: self._identities[n] for n in self.server.signatures})[1],
+                     "credentials": pack_blobs({n: self._credentials[n] for n in self.server.signatures})[1]}
+        asks = {n: {"survivors": pack_ids(survivors), **extra} for n in asked}
         reveals = {node: bytes(record.get("reveals", b"")) for node, record in self._ask(exchange, asks, "unmask")}
         level_sum, count = self.server.unmask(reveals)
         total, weight = self.plan.grid.decode_sum(level_sum, count)

@@ -67,3 +67,23 @@ def test_a_superlink_without_a_port_is_refused(device, capsys) -> None:
     args = ["join", "--check", "--superlink", "coordinator", "--data", str(device["data"]), "--insecure"]
     assert main(args) == 2
     assert "HOST:PORT" in capsys.readouterr().err
+
+
+def test_an_endorsement_from_another_ca_is_refused_at_the_check(tmp_path, capsys) -> None:
+    """The key's endorsement (its secure-aggregation identity's issuer) must be the federation's
+    CA: an endorsement from another one is found by --check, not by the first secure round."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ca = init_ca(ours)
+    init_ca(theirs)
+    key = make_node_key(theirs, "device-1")  # endorsed by the other CA
+    rng = np.random.default_rng(0)
+    data = tmp_path / "own.npz"
+    np.savez(data, x=rng.random((10, 1, 8, 8), dtype=np.float32), y=np.arange(10) % 10)
+    args = ["join", "--check", "--superlink", "h:1", "--data", str(data), "--state-dir", str(tmp_path / "s"),
+            "--root-cert", str(ca), "--auth-key", str(key.private_key)]
+    assert main(args) == 2
+    assert "not endorsed by the operator's CA" in capsys.readouterr().err
+    good = make_node_key(ours, "device-2")
+    assert good.endorsement is not None and good.endorsement.exists()
+    args[-1] = str(good.private_key)
+    assert main(args) == 0, capsys.readouterr().err

@@ -38,3 +38,34 @@ def test_secure_aggregation_on_the_deployment_engine(tmp_path, assert_no_leftove
     assert [row["round"] for row in result.rows] == [1, 2]
     assert all(row["clients_used"] == 3 and not row["rejected"] for row in result.rows)
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"]
+
+
+def test_over_tls_identities_are_issued_and_a_device_the_operator_did_not_issue_is_refused(
+        tmp_path, assert_no_leftovers) -> None:
+    """Real SuperLink and SuperNodes over TLS with node authentication: every device's
+    secure-aggregation identity is bound to its node key and endorsed by the federation's CA
+    (``issuer=`` is set by the launcher), and the consistency round runs. SuperNode 3 presents an
+    endorsement from another CA (its node key is registered, so Flower lets it in): the coordinator
+    refuses its identity and the other three devices' sum is unmasked."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from fedge.deploy.certs import init_ca
+    from fedge.launcher.federation import LoopbackSecurity
+    from fedge.privacy.credentials import endorse, load_node_key
+
+    run = tmp_path / "run"
+    security = LoopbackSecurity.create(run / "tls", 4)
+    init_ca(tmp_path / "rogue-ca")
+    rogue_ca = load_pem_private_key((tmp_path / "rogue-ca" / "ca.key").read_bytes(), None)
+    rogue = tmp_path / "node-3.endorsement"  # node 3's own key, endorsed by another CA
+    rogue.write_bytes(endorse(rogue_ca, "node-3", load_node_key(security.node_key(3)).public_key()))
+    settings = RunSettings(rounds=1, clients_per_round=4, min_replies=3, local_epochs=1, run_dir=str(run),
+                           secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", round_timeout=240,
+                           wait_for_nodes=120)
+    result = launch(settings, engine="deployment", num_supernodes=4, tls=True, timeout=400,
+                    node_config={3: {"secagg-endorsement": str(rogue)}})
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    (row,) = result.rows
+    assert row["secagg_consistency"] is True and "issuer=" in row["secure_aggregation"]
+    assert row["clients_used"] == 3, row["rejected"]
+    assert len(row["rejected"]) == 1 and "not endorsed by the operator's CA" in row["rejected"][0]["reason"]

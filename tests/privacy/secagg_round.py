@@ -15,9 +15,10 @@ from fedge.privacy.shared_grid import SharedGrid
 
 
 def make_plan(devices: int, dimension: int, *, bits: int = 4, neighbours: int = 0, weight_cap: int = 1,
-              clip: float = 1.0, round_: int = 1) -> SecAggPlan:
+              clip: float = 1.0, round_: int = 1, threshold: int = 0, consistency: bool = False) -> SecAggPlan:
     return SecAggPlan(RoundContext(b"test-run", round_), tuple(range(100, 100 + devices)),
-                      SharedGrid(bits, clip, weight_cap), dimension, graph_seed=7, neighbours=neighbours)
+                      SharedGrid(bits, clip, weight_cap), dimension, graph_seed=7, neighbours=neighbours,
+                      threshold=threshold, consistency=consistency)
 
 
 def identities(plan: SecAggPlan) -> dict[int, Ed25519PrivateKey]:
@@ -49,6 +50,11 @@ def run_round(plan: SecAggPlan, levels: dict[int, np.ndarray], *, drop_after_sha
     uploads = {node: devices[node].masked_input(inbox.get(node, {}), levels[node])
                for node in sealed if node not in drop_after_sharing}
     survivors = server.receive_masked(uploads)
-    reveals = {node: devices[node].unmask(survivors) for node in survivors if node not in drop_before_unmask}
+    if plan.consistency:
+        signatures = server.receive_consistency({node: devices[node].consistency(survivors) for node in survivors})
+        reveals = {node: devices[node].unmask(survivors, signatures, server._identities)
+                   for node in signatures if node not in drop_before_unmask}
+    else:
+        reveals = {node: devices[node].unmask(survivors) for node in survivors if node not in drop_before_unmask}
     total, count = server.unmask(reveals)
     return total, survivors, server

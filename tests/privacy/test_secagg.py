@@ -124,18 +124,18 @@ def test_unsigned_or_foreign_advertisements_are_refused() -> None:
     with pytest.raises(AdvertisementError, match="unsigned|bytes"):
         KeyAdvertisement.from_bytes(unsigned.to_bytes())
     with pytest.raises(AdvertisementError, match="unsigned"):
-        unsigned.verify(plan.context, keys[ad.node].public_key())
+        unsigned.verify(plan.context, keys[ad.node].public_key(), plan_digest=plan.digest)
     with pytest.raises(AdvertisementError, match="invalid signature"):
-        ad.verify(plan.context, Ed25519PrivateKey.generate().public_key())  # someone else's identity
+        ad.verify(plan.context, Ed25519PrivateKey.generate().public_key(), plan_digest=plan.digest)  # someone else's identity
     other_round = make_plan(4, 16, round_=2)
     with pytest.raises(AdvertisementError, match="invalid signature"):
-        ad.verify(other_round.context, keys[ad.node].public_key())  # replayed into another round
+        ad.verify(other_round.context, keys[ad.node].public_key(), plan_digest=other_round.digest)  # replayed into another round
     with pytest.raises(AdvertisementError, match="no registered identity"):
-        ad.verify(plan.context, None)
+        ad.verify(plan.context, None, plan_digest=plan.digest)
     # the coordinator drops the device and the round goes on without it
     server = SecAggServer(plan, {n: k.public_key() for n, k in keys.items()})
     forged = KeyAdvertisement.create(plan.context, ad.node, Ed25519PrivateKey.generate(), ad.c_public,
-                                     ad.s_public, ad.commitment)
+                                     ad.s_public, ad.commitment, plan_digest=plan.digest)
     routed = server.receive_advertisements({ad.node: forged.to_bytes()})
     assert routed == {} and "invalid signature" in server.refused[ad.node]
     # and a device refuses a neighbour's forged advertisement that a coordinator passes on

@@ -306,3 +306,67 @@ def test_a_restarted_device_keeps_its_identity_and_its_pins(tmp_path) -> None:
         _checked_identities(again, {9: Ed25519PrivateKey.generate().public_key().public_bytes_raw()})
     for name in ("secagg-identity.key", "secagg-pins.json"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+
+
+def _issued_federation(tmp_path, nodes: int, rogue: tuple[int, ...] = ()):  # type: ignore[no-untyped-def]
+    """A CA, one node key per device with its endorsement; devices in ``rogue`` hold an endorsement
+    from another CA (an identity the operator did not issue)."""
+    from fedge.deploy.certs import init_ca, make_node_key
+
+    certs, other = tmp_path / "certs", tmp_path / "rogue-ca"
+    init_ca(certs)
+    init_ca(other)
+    config = {}
+    for i in range(nodes):
+        key = make_node_key(other if i in rogue else certs, f"device-{i}")
+        config[i] = {"secagg-auth-key": str(key.private_key), "secagg-endorsement": str(key.endorsement),
+                     "secagg-issuer": str(certs / "ca.crt")}
+    return certs / "ca.crt", config
+
+
+def test_with_an_issuer_identities_are_checked_and_the_consistency_round_runs(tmp_path) -> None:
+    """``issuer=ca.crt``: every device presents a credential from the operator's CA, checks its
+    peers' credentials, signs the survivor set and checks a quorum of signatures before it reveals.
+    A device whose endorsement comes from another CA is refused, the others' sum is still exact."""
+    ca, config = _issued_federation(tmp_path, 5, rogue=(2,))
+    engine = _engine(tmp_path, rounds=2, secure_aggregation=f"{SECAGG},issuer={ca}")
+    grid = InProcessGrid(5, node_config=config)
+    start = initial_params(TASK, 42)
+    result = engine.run(grid, start)
+    for row in result.rows:
+        assert row.clients_used == 4 and row.extra["secagg_consistency"] is True
+        assert [r["node"] for r in row.rejected] == [grid.node_id(2)]
+        assert "not endorsed by the operator's CA" in row.rejected[0]["reason"]
+    kinds = [m.metadata.message_type for m in grid.pushed]
+    # advertise (5), share, consistency and unmask (4 each), per round
+    assert kinds.count("query.secagg") == 2 * (5 + 3 * 4)
+    assert result.rows[-1].accuracy > engine.evaluate(start)["accuracy"] + 0.2
+
+
+def test_a_device_with_an_issued_identity_refuses_a_round_that_trusts_on_first_use(tmp_path) -> None:
+    """No downgrade: a coordinator without ``issuer=`` gets no advertisement from a device the
+    operator issued an identity to; and a device with no identity cannot join an issued round."""
+    _, config = _issued_federation(tmp_path, 5)
+    engine = _engine(tmp_path, rounds=1)
+    row = engine.run(InProcessGrid(5, node_config={0: config[0]}), initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 4
+    assert "trusts identities on first use" in row.rejected[0]["reason"]
+    ca, _ = _issued_federation(tmp_path / "second", 1)
+    engine = _engine(tmp_path / "third", rounds=1, secure_aggregation=f"{SECAGG},issuer={ca}")
+    row = engine.run(InProcessGrid(5), initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 0 and all("has none" in r["reason"] for r in row.rejected[:5])
+
+
+def test_the_coordinator_keeps_its_identity_pins_across_a_restart(tmp_path) -> None:
+    """Privacy II: pins were in memory only, so a restarted coordinator trusted any key again. They
+    are checkpointed with the run id; a device presenting another key after the resume is refused."""
+    first = _engine(tmp_path, rounds=1)
+    grid = InProcessGrid(5)
+    first.run(grid, initial_params(TASK, 42))
+    pins = dict(first.layer("secure-aggregation").pins)
+    assert len(pins) == 5
+    resumed = _engine(tmp_path, rounds=2)
+    row = resumed.run(InProcessGrid(5), initial_params(TASK, 42)).rows[-1]  # fresh devices: new keys
+    assert resumed.layer("secure-aggregation").pins == pins
+    assert row.round == 2 and row.clients_used == 0
+    assert len(row.rejected) >= 5 and all("another identity key" in r["reason"] for r in row.rejected[:5])

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fedge.privacy.credentials import CredentialError, load_issuer
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
@@ -72,8 +73,10 @@ class _Round:
 class SecureAggregationLayer(Layer):
     key = "secure-aggregation"
 
-    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes) -> None:
+    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None) -> None:
         self.spec = spec
+        #: the operator CA's key when identities must be issued (``issuer=``); None: trust on first use
+        self.issuer = issuer
         self.run_id = run_id
         self.seed = algorithm.ctx.settings.seed
         self.numel = algorithm.ctx.numel
@@ -96,9 +99,15 @@ class SecureAggregationLayer(Layer):
             raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
         if algorithm.ctx.settings.clients_per_round < 2:
             raise SettingsError("secure-aggregation needs clients-per-round >= 2: one device's sum is its update")
+        issuer = None
+        if spec.issuer:
+            try:
+                issuer = load_issuer(spec.issuer)
+            except CredentialError as err:
+                raise SettingsError(f"secure-aggregation: {err}") from None
         # Random, and kept in the checkpoint: every signature and share of this run is bound to it,
         # and no other run (a rerun with the same seed and directory name included) shares it.
-        return cls(spec, algorithm, os.urandom(16))
+        return cls(spec, algorithm, os.urandom(16), issuer)
 
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
@@ -113,7 +122,7 @@ class SecureAggregationLayer(Layer):
         step.aggregate = _RevealedMean(step.aggregate)
         try:
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
-                                       self.pins, weighted=self.weighted)
+                                       self.pins, weighted=self.weighted, issuer=self.issuer)
             state.secure.advertise(exchange)
             step.nodes = state.secure.share(exchange)
         except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
@@ -166,7 +175,8 @@ class SecureAggregationLayer(Layer):
         tally.uplink += state.secure.uplink
         tally.downlink += state.secure.downlink
         outcome.extra.update({"secure_aggregation": self.spec.spec, "secagg_ring_bits": state.secure.plan.bits,
-                              "secagg_neighbours": state.secure.plan.degree})
+                              "secagg_neighbours": state.secure.plan.degree,
+                              "secagg_consistency": state.secure.plan.consistency})
 
     def _abandon(self, step: Step, state: _Round, error: SecAggError) -> None:
         log.error("round %d: secure aggregation failed: %s; global model unchanged", step.number, error)
@@ -176,16 +186,25 @@ class SecureAggregationLayer(Layer):
         return {"secure_aggregation": self.spec.spec}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run-id": self.run_id.hex()}
+        return {"run-id": self.run_id.hex(), "pins": {str(node): raw.hex() for node, raw in sorted(self.pins.items())}}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """A resumed run keeps its run id (a checkpoint from before it was kept gets a fresh one)."""
+        """A resumed run keeps its run id and its identity pins (a checkpoint from before they were
+        kept gets a fresh id and no pins)."""
         if state is None:
             return
         raw = bytes.fromhex(str(state.get("run-id", "")))
         if len(raw) != 16:
             raise ValueError("the checkpoint's secure-aggregation run id is not 16 bytes")
+        pins = {}
+        for node, key in dict(state.get("pins", {})).items():
+            pin = bytes.fromhex(str(key))
+            if len(pin) != 32:
+                raise ValueError(f"the checkpoint's identity pin of node {node} is not 32 bytes")
+            pins[int(node)] = pin
         self.run_id = raw
+        self.pins.clear()
+        self.pins.update(pins)
 
 
 class _RevealedMean:
