@@ -4,7 +4,6 @@ combined figure is the example-weighted mean of theirs (the figure on the union 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fedge.compression import derive_seed
 from fedge.edge_client.node_data import holdout_split, node_data
