@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-__all__ = ["PrivacyLedger"]
+__all__ = ["PrivacyLedger", "SkellamLedger"]
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's RDP warns per excluded order
 
@@ -79,3 +79,56 @@ class PrivacyLedger:
             return cls(float(state["delta"]), [(float(q), float(z)) for q, z in state["rounds"]])
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"the checkpoint's privacy ledger is malformed: {error}") from None
+
+
+class SkellamLedger:
+    """The rounds of a run with distributed noise (the Skellam mechanism inside the secure-aggregation
+    ring) and their epsilon at ``delta``, by RDP at integer orders: Agarwal, Kairouz and Liu 2021's
+    bound, amplified by Poisson sampling (Zhu and Wang 2019), composed over rounds and converted
+    as dp-accounting does. A round is (q, credited central variance, L1 and L2 sensitivity), all in
+    the ring's integer units; that list is the whole state, kept in the checkpoint."""
+
+    def __init__(self, delta: float, rounds: Iterable[tuple[float, float, float, float]] = ()) -> None:
+        self.delta = delta
+        self.rounds: list[tuple[float, float, float, float]] = []
+        self._cache: dict[tuple[float, float, float, float], list[float]] = {}
+        for r in rounds:
+            self.record(*r)
+
+    def record(self, q: float, variance: float, l1: float, l2: float) -> None:
+        if not 0 < q <= 1 or not variance >= 0 or not (l1 > 0 and l2 > 0):
+            raise ValueError(f"a Skellam round needs q in (0, 1], a variance >= 0 and positive sensitivities, "
+                             f"got {q}, {variance}, {l1}, {l2}")
+        self.rounds.append((float(q), float(variance), float(l1), float(l2)))
+
+    def _rdp(self, round_: tuple[float, float, float, float]) -> list[float]:
+        from fedge.privacy.distributed_dp import ORDERS, skellam_rdp, subsampled_rdp
+
+        if round_ not in self._cache:
+            q, variance, l1, l2 = round_
+            self._cache[round_] = [subsampled_rdp(a, q, lambda j: skellam_rdp(j, l1, l2, variance)) for a in ORDERS]
+        return self._cache[round_]
+
+    def epsilon(self, extra: tuple[float, float, float, float] | None = None) -> float:
+        from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp
+
+        rounds = self.rounds + ([extra] if extra else [])
+        if not rounds:
+            return 0.0
+        total = [0.0] * len(ORDERS)
+        for r in rounds:
+            total = [t + v for t, v in zip(total, self._rdp(r))]
+        return epsilon_from_rdp(total, self.delta)
+
+    def would_exceed(self, budget: float, round_: tuple[float, float, float, float]) -> bool:
+        return budget > 0 and self.epsilon(round_) > budget
+
+    def state_dict(self) -> dict:
+        return {"delta": self.delta, "skellam-rounds": [list(r) for r in self.rounds]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SkellamLedger":
+        try:
+            return cls(float(state["delta"]), [tuple(float(v) for v in r) for r in state["skellam-rounds"]])  # type: ignore[misc]
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"the checkpoint's distributed-DP ledger is malformed: {error}") from None

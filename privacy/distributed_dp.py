@@ -1,0 +1,184 @@
+"""Distributed DP inside the secure-aggregation ring: the Skellam mechanism (Agarwal, Kairouz and
+Liu, NeurIPS 2021), so that the coordinator never sees a noiseless sum.
+
+Each sampled device clips its update to L2 norm C, scales it by s, rounds it to integers with
+*conditional* randomized rounding (Kairouz, Liu and Steinke 2021: redrawn until the rounded
+vector's norm is within a bound, so the sensitivity holds for every upload), adds Skellam noise
+Sk(mu_local) = Poisson(mu_local / 2) - Poisson(mu_local / 2) to every coordinate, and masks the
+result as a ring element. Skellam is closed under addition: the unmasked sum carries
+Sk(k mu_local) for k surviving devices, integer noise that modular arithmetic never rounds.
+
+The ring is sized before the round for the worst case: every device at its coordinate bound, plus
+a tail bound on the summed noise (Bernstein's inequality for a sum of centred Poisson variables:
+P(|Sk(mu)| >= t) <= 2 exp(-t^2 / (2 (mu + t/3)))), at a failure probability of 2^-40 over all
+coordinates, so the sum cannot wrap.
+
+Accounting (RDP, integer orders): one round is the Skellam mechanism with L2 and L1 sensitivities
+of one device's rounded vector and the central variance the accountant credits, amplified by
+Poisson sampling at rate q (Zhu and Wang 2019, Theorem 6: valid for any mechanism given its RDP at
+integer orders). Dropouts are treated pessimistically: a round credits only the noise of the other
+survivors, (k - 1) mu_local for k survivors (never the device's own, never a dropped one's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedge.privacy.errors import RingError
+
+__all__ = [
+    "SkellamParams",
+    "encode",
+    "decode_sum",
+    "skellam_tail",
+    "skellam_rdp",
+    "subsampled_rdp",
+    "epsilon_from_rdp",
+    "ORDERS",
+]
+
+#: integer Renyi orders the accountant minimises over
+ORDERS: tuple[int, ...] = tuple(range(2, 65)) + tuple(range(72, 129, 8))
+#: the probability, per round, that the summed noise leaves the ring's headroom anywhere
+TAIL_LOG2 = -40
+#: conditional rounding: the norm bound holds with probability 1 - beta per draw (e^-1/2, TFF's)
+BETA = math.exp(-0.5)
+_MAX_REDRAWS = 1000
+
+
+@dataclass(frozen=True)
+class SkellamParams:
+    """The public parameters of one round's distributed noise (they travel in the secagg plan)."""
+
+    #: L2 clipping bound of a device's update, in model units
+    clip: float
+    #: integers per model unit: the update is multiplied by this before rounding
+    scale: float
+    #: Skellam variance each device adds to every coordinate, in integer units
+    local_variance: float
+    #: coordinates of a device's vector
+    dimension: int
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.clip) and self.clip > 0 and math.isfinite(self.scale) and self.scale > 0):
+            raise RingError(f"distributed DP needs a positive clip and scale, got {self.clip}, {self.scale}")
+        if not (math.isfinite(self.local_variance) and self.local_variance > 0) or self.dimension < 1:
+            raise RingError("distributed DP needs a positive noise variance and dimension")
+
+    @property
+    def l2_bound(self) -> float:
+        """The L2 norm every rounded vector is held to (Kairouz et al. 2021, conditional rounding):
+        sqrt(s^2 C^2 + d/4 + sqrt(2 ln(1/beta)) (s C + sqrt(d)/2)), never above s C + sqrt(d)."""
+        sc, d = self.scale * self.clip, self.dimension
+        conditional = math.sqrt(sc * sc + d / 4 + math.sqrt(2 * math.log(1 / BETA)) * (sc + math.sqrt(d) / 2))
+        return min(conditional, sc + math.sqrt(d))
+
+    @property
+    def l1_bound(self) -> float:
+        """For integers, |x|_1 <= |x|_2^2, and always |x|_1 <= sqrt(d) |x|_2."""
+        l2 = self.l2_bound
+        return min(l2 * l2, math.sqrt(self.dimension) * l2)
+
+    @property
+    def coordinate_bound(self) -> int:
+        """No coordinate of a rounded vector exceeds its L2 norm."""
+        return int(math.floor(self.l2_bound))
+
+    def ring_bits(self, devices: int) -> int:
+        """The ring that holds the sum of ``devices`` noisy vectors without wrapping (signed)."""
+        magnitude = devices * self.coordinate_bound + skellam_tail(devices * self.local_variance, self.dimension)
+        bits = math.ceil(math.log2(2 * magnitude + 1))
+        if bits > 32:
+            raise RingError(f"distributed DP for {devices} devices needs a {bits}-bit ring; at most 32 are "
+                            "supported (lower the scale, or sample fewer devices)")
+        return bits
+
+
+def skellam_tail(variance: float, coordinates: int, log2_failure: float = TAIL_LOG2) -> int:
+    """t such that P(some of ``coordinates`` Sk(variance) values has |x| >= t) <= 2^log2_failure,
+    from 2 d exp(-t^2 / (2 (mu + t/3))) <= 2^log2_failure, solved for t."""
+    if variance <= 0:
+        return 0
+    log_budget = log2_failure * math.log(2) - math.log(2 * coordinates)  # ln of the per-coordinate bound
+    a = -log_budget  # t^2 = 2 a (mu + t/3)  ->  t = a/3 + sqrt(a^2/9 + 2 a mu)
+    return int(math.ceil(a / 3 + math.sqrt(a * a / 9 + 2 * a * variance)))
+
+
+def _round_conditionally(scaled: np.ndarray, bound: float, rng: np.random.Generator) -> np.ndarray:
+    floor = np.floor(scaled)
+    frac = scaled - floor
+    for _ in range(_MAX_REDRAWS):
+        rounded = floor + (rng.random(scaled.shape) < frac)
+        if float(np.linalg.norm(rounded)) <= bound:
+            return rounded.astype(np.int64)
+    raise RingError(f"conditional rounding found no vector within norm {bound} in {_MAX_REDRAWS} draws")
+
+
+def encode(update: np.ndarray, params: SkellamParams, bits: int, rng: np.random.Generator) -> np.ndarray:
+    """A device's ring elements: clip to C, scale, round conditionally, add Sk(mu_local), mod 2^bits.
+    ``rng`` must be unpredictable to the coordinator (seeded from the OS CSPRNG)."""
+    x = np.asarray(update, dtype=np.float64)
+    if x.shape != (params.dimension,) or not np.all(np.isfinite(x)):
+        raise RingError(f"an update of shape {x.shape} (finite: {bool(np.all(np.isfinite(x)))}) for a round "
+                        f"of dimension {params.dimension}")
+    norm = float(np.linalg.norm(x))
+    if norm > params.clip:
+        x = x * (params.clip / norm)
+    rounded = _round_conditionally(x * params.scale, params.l2_bound, rng)
+    half = params.local_variance / 2
+    noisy = rounded + rng.poisson(half, params.dimension) - rng.poisson(half, params.dimension)
+    return (noisy & ((1 << bits) - 1)).astype(np.uint32)
+
+
+def decode_sum(ring_sum: np.ndarray, params: SkellamParams, bits: int) -> np.ndarray:
+    """The unmasked ring sum as the (noisy) sum of the clipped updates, in model units."""
+    values = np.asarray(ring_sum, dtype=np.int64)
+    values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+    return values.astype(np.float64) / params.scale
+
+
+def skellam_rdp(alpha: int, l1: float, l2: float, variance: float) -> float:
+    """RDP of order ``alpha`` (integer > 1) of the Skellam mechanism with central ``variance`` and
+    sensitivities ``l1``, ``l2`` (integer units): Agarwal, Kairouz and Liu 2021, Theorem 3.5,
+    alpha l2^2 / (2 mu) + min(((2 alpha - 1) l2^2 + 6 l1) / (4 mu^2), 3 l1 / (2 mu))."""
+    if variance <= 0:
+        return math.inf
+    mu = variance
+    return alpha * l2 * l2 / (2 * mu) + min(((2 * alpha - 1) * l2 * l2 + 6 * l1) / (4 * mu * mu), 3 * l1 / (2 * mu))
+
+
+def _log_binom(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def subsampled_rdp(alpha: int, q: float, rdp_at) -> float:  # type: ignore[no-untyped-def]
+    """RDP of order ``alpha`` of a mechanism (RDP ``rdp_at(j)`` at integer orders j) under Poisson
+    sampling at rate q: Zhu and Wang 2019, Theorem 6 (the upper bound),
+    1/(alpha-1) log[(1-q)^(alpha-1) (alpha q - q + 1) + C(alpha,2) q^2 (1-q)^(alpha-2) e^{rdp(2)}
+                    + 3 sum_{l=3..alpha} C(alpha,l) q^l (1-q)^(alpha-l) e^{(l-1) rdp(l)}],
+    never more than the unsampled mechanism's."""
+    plain = rdp_at(alpha)
+    if q >= 1.0:
+        return plain
+    terms = [(alpha - 1) * math.log1p(-q) + math.log(alpha * q - q + 1),
+             _log_binom(alpha, 2) + 2 * math.log(q) + (alpha - 2) * math.log1p(-q) + rdp_at(2)]
+    for ell in range(3, alpha + 1):
+        terms.append(math.log(3) + _log_binom(alpha, ell) + ell * math.log(q) + (alpha - ell) * math.log1p(-q)
+                     + (ell - 1) * rdp_at(ell))
+    top = max(terms)
+    amplified = (top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1)
+    return min(amplified, plain)
+
+
+def epsilon_from_rdp(rdp: Sequence[float], delta: float, orders: Sequence[int] = ORDERS) -> float:
+    """(epsilon, delta) from RDP at integer orders (Canonne, Kamath and Steinke 2020's conversion,
+    as dp-accounting's RDP accountant uses)."""
+    best = math.inf
+    for value, alpha in zip(rdp, orders):
+        if math.isfinite(value):
+            best = min(best, value + math.log1p(-1 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1))
+    return max(best, 0.0) if math.isfinite(best) else math.inf
