@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.edge_client.node_store import NodeStore
 from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
+from fedge.privacy.distributed_dp import encode
 from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
 from fedge.privacy.plan import SecAggPlan
@@ -222,6 +224,15 @@ def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples:
     plan = device.plan
     if (plan.model_size or plan.dimension) != delta.numel():
         raise ProtocolError(f"the plan's model size {plan.model_size or plan.dimension} is not the model's {delta.numel()}")
+    if plan.noise is not None:  # distributed DP: clip, scale, round, add Skellam noise; no residual
+        # the noise must be unpredictable to the coordinator: a generator seeded from the OS CSPRNG,
+        # never from the run's seed
+        rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        values = encode(delta.double().numpy(), plan.noise, plan.bits, rng)
+        sealed = unpack_blobs(record["shares-from"], record["shares"])
+        payload = device.masked_input(sealed, values)
+        _save(context, device)
+        return payload, 0.0
     residual = memory.get_tensor("secagg-residual") if error_feedback else None
     corrected = delta + residual if residual is not None and residual.shape == delta.shape else delta.clone()
     support = plan.support  # random-k with a shared support: only these coordinates are sent

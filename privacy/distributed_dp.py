@@ -39,6 +39,7 @@ __all__ = [
     "subsampled_rdp",
     "epsilon_from_rdp",
     "ORDERS",
+    "skellam_params",
 ]
 
 #: integer Renyi orders the accountant minimises over
@@ -182,3 +183,17 @@ def epsilon_from_rdp(rdp: Sequence[float], delta: float, orders: Sequence[int] =
         if math.isfinite(value):
             best = min(best, value + math.log1p(-1 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1))
     return max(best, 0.0) if math.isfinite(best) else math.inf
+
+
+def skellam_params(clip: float, noise_multiplier: float, dimension: int, expected_devices: float) -> SkellamParams:
+    """The round's public noise parameters for client-level DP-FedAvg with noise ``noise_multiplier``
+    (z) added inside the ring, the same for the coordinator and every device.
+
+    The scale keeps the rounding's norm inflation small: s >= sqrt(5 d) / C makes d/4 at most 5% of
+    (s C)^2. The central variance in integer units is (z D2)^2 for D2 the rounded vectors' L2 bound,
+    split so that the accountant's credit at the expected number of devices, (k - 1) mu_local,
+    reaches it: mu_local = (z D2)^2 / (k - 1), k = max(expected devices, 2)."""
+    scale = max(math.sqrt(5 * dimension), 16.0) / clip
+    provisional = SkellamParams(clip, scale, 1.0, dimension)
+    others = max(expected_devices, 2.0) - 1.0
+    return SkellamParams(clip, scale, (noise_multiplier * provisional.l2_bound) ** 2 / others, dimension)

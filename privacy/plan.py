@@ -15,6 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
+from fedge.privacy.distributed_dp import SkellamParams
 from fedge.privacy.errors import ProtocolError, RingError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.neighbourhood import auto_neighbours, default_threshold, harary_neighbours
@@ -43,6 +44,9 @@ class SecAggPlan:
     #: a coordinator that may lie (``secagg:issuer=...``): identities must be issued by the
     #: operator, and devices sign the survivor set and check a quorum of signatures before unmasking
     consistency: bool = False
+    #: distributed DP: each device adds Skellam noise to its clipped, scaled, rounded update before
+    #: masking (``fedge.privacy.distributed_dp``); the ring then holds signed values plus the noise
+    noise: SkellamParams | None = None
 
     def __post_init__(self) -> None:
         if len(set(self.participants)) != len(self.participants):
@@ -59,6 +63,9 @@ class SecAggPlan:
                                 "majority: a coordinator could collect both a device's seed and key shares")
         if self.model_size and self.model_size < self.dimension:
             raise ProtocolError(f"a support of {self.dimension} coordinates out of {self.model_size} is impossible")
+        if self.noise is not None and (self.noise.dimension != self.dimension or self.model_size):
+            raise ProtocolError("distributed noise covers the whole update: its dimension must be the plan's, "
+                                "without random-k")
         self.bits  # sizes the ring now: a plan that cannot hold its sum is refused here
 
     @cached_property
@@ -70,6 +77,9 @@ class SecAggPlan:
                  self.grid.weight_cap, self.dimension, self.graph_seed, self.neighbours, self.threshold,
                  self.headroom_bits, self.model_size, self.support_seed, int(self.consistency)]
         packed = struct.pack(f"<{len(words)}Q", *words) + struct.pack("<d", self.grid.clip)
+        if self.noise is not None:
+            packed += struct.pack("<3dQ", self.noise.clip, self.noise.scale, self.noise.local_variance,
+                                  self.noise.dimension)
         return hashlib.sha256(b"fedge-secagg-plan|" + self.context.run_id + b"|" + packed).digest()
 
     @property
@@ -99,12 +109,18 @@ class SecAggPlan:
 
     @property
     def bits(self) -> int:
-        """Ring width: the grid's levels summed over every participant, plus the headroom."""
+        """Ring width: the grid's levels summed over every participant, plus the headroom; with
+        distributed noise, every participant's signed bound plus the summed noise's tail bound."""
+        if self.noise is not None:
+            return self.noise.ring_bits(len(self.participants))
         return ring_bits(self.grid.bits, len(self.participants), self.headroom_bits)
 
     @property
     def length(self) -> int:
-        """Coordinates of a masked upload: the update plus the weight's digits."""
+        """Coordinates of a masked upload: the update plus the weight's digits (none under
+        distributed DP: every device weighs 1)."""
+        if self.noise is not None:
+            return self.dimension
         return self.dimension + self.grid.weight_digits
 
     @cached_property

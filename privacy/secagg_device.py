@@ -123,8 +123,9 @@ class SecAggDevice:
         levels = np.asarray(levels)
         if levels.shape != (self.plan.length,):
             raise ProtocolError(f"device {self.node}: {levels.shape} levels, the round expects ({self.plan.length},)")
-        if levels.size and (levels.min() < 0 or levels.max() > self.plan.grid.top):
-            raise ProtocolError(f"device {self.node}: levels outside [0, {self.plan.grid.top}]")
+        top = (1 << self.plan.bits) - 1 if self.plan.noise is not None else self.plan.grid.top
+        if levels.size and (levels.min() < 0 or levels.max() > top):
+            raise ProtocolError(f"device {self.node}: levels outside [0, {top}]")
         for dealer, blob in sealed.items():
             if dealer not in self._ads:
                 raise ProtocolError(f"device {self.node} got shares from device {dealer}, which it has no keys of")

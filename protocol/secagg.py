@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import ConfigRecord, MessageType
 
 from fedge.privacy.errors import ProtocolError as SecAggProtocolError
+from fedge.privacy.distributed_dp import SkellamParams
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
@@ -77,6 +78,8 @@ def plan_record(plan: SecAggPlan, stage: str, **extra: object) -> ConfigRecord:
         "weight-cap": plan.grid.weight_cap, "dimension": plan.dimension, "graph-seed": plan.graph_seed,
         "neighbours": plan.neighbours, "threshold": plan.threshold, "headroom-bits": plan.headroom_bits,
         "model-size": plan.model_size, "support-seed": plan.support_seed, "consistency": plan.consistency,
+        "dp-clip": plan.noise.clip if plan.noise else 0.0, "dp-scale": plan.noise.scale if plan.noise else 0.0,
+        "dp-variance": plan.noise.local_variance if plan.noise else 0.0,
         **extra,  # type: ignore[dict-item]
     })
 
@@ -84,6 +87,9 @@ def plan_record(plan: SecAggPlan, stage: str, **extra: object) -> ConfigRecord:
 def plan_from_record(record: ConfigRecord) -> tuple[SecAggPlan, str]:
     """(the plan, the stage); every field checked (a bad plan raises a ``SecAggError``)."""
     try:
+        variance = float(record["dp-variance"])
+        noise = SkellamParams(float(record["dp-clip"]), float(record["dp-scale"]), variance,
+                              int(record["dimension"])) if variance > 0 else None
         plan = SecAggPlan(
             RoundContext(bytes(record["run-id"]), int(record["round"])),
             tuple(unpack_ids(record["participants"])),
@@ -91,7 +97,7 @@ def plan_from_record(record: ConfigRecord) -> tuple[SecAggPlan, str]:
             int(record["dimension"]), graph_seed=int(record["graph-seed"]), neighbours=int(record["neighbours"]),
             threshold=int(record["threshold"]), headroom_bits=int(record["headroom-bits"]),
             model_size=int(record["model-size"]), support_seed=int(record["support-seed"]),
-            consistency=bool(record["consistency"]),
+            consistency=bool(record["consistency"]), noise=noise,
         )
         stage = str(record["stage"])
     except SecAggError:

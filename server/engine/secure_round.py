@@ -28,6 +28,7 @@ from flwr.app import Message, RecordDict
 
 from fedge.compression import derive_seed
 from fedge.privacy.credentials import verify_credential
+from fedge.privacy.distributed_dp import SkellamParams, decode_sum
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
@@ -57,7 +58,8 @@ class SecureRound:
     """Stages 1, 2 and 4 around the algorithm's train messages (stage 3)."""
 
     def __init__(self, spec: SecAggSpec, run_id: bytes, seed: int, number: int, nodes: list[int], dimension: int,
-                 pins: dict[int, bytes], *, weighted: bool = True, issuer: Any = None) -> None:
+                 pins: dict[int, bytes], *, weighted: bool = True, issuer: Any = None,
+                 noise: SkellamParams | None = None) -> None:
         self.spec = spec
         # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1
         sent = max(1, math.ceil(spec.ratio * dimension)) if spec.ratio < 1 else dimension
@@ -67,7 +69,7 @@ class SecureRound:
                                neighbours=spec.neighbours, threshold=spec.threshold,
                                model_size=dimension if sent < dimension else 0,
                                support_seed=derive_seed(seed, number, purpose="secagg-support"),
-                               consistency=issuer is not None)
+                               consistency=issuer is not None, noise=noise)
         self.issuer = issuer
         self.pins = pins
         self.server: SecAggServer | None = None
@@ -183,6 +185,10 @@ class SecureRound:
         asks = {n: {"survivors": pack_ids(survivors), **extra} for n in asked}
         reveals = {node: bytes(record.get("reveals", b"")) for node, record in self._ask(exchange, asks, "unmask")}
         level_sum, count = self.server.unmask(reveals)
+        if self.plan.noise is not None:  # distributed DP: the noisy sum of clipped updates, each weighing 1
+            total, weight = decode_sum(level_sum, self.plan.noise, self.plan.bits), count
+            mean = total / count
+            return torch.from_numpy(mean.astype(np.float32)), count, weight
         total, weight = self.plan.grid.decode_sum(level_sum, count)
         mean = total * (self.plan.grid.weight_cap / weight) if weight > 0 else np.zeros_like(total)
         support = self.plan.support

@@ -84,7 +84,8 @@ def test_adaptive_clipping_moves_the_bound_toward_the_quantile(tmp_path) -> None
     ({"algorithm": "easgd"}, "apply the mean of their devices' updates"),
     ({"algorithm": "fedbuff:concurrency=3,buffer=2"}, "synchronous algorithms"),
     ({"aggregator": "median"}, "no bounded sensitivity"),
-    ({"secure_aggregation": "secagg"}, "inside the ring"),
+    ({"secure_aggregation": "secagg", "clients_per_round": 30,
+      "differential_privacy": "gaussian:noise=0.5,adaptive=true"}, "fitted bit in clear"),
     ({"differential_privacy": "gaussian:noise=-1"}, "differential-privacy"),
 ])
 def test_what_it_cannot_account_for_is_refused(tmp_path, overrides, reason) -> None:

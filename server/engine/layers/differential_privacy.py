@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import secrets
 from typing import Any
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.privacy.accountant import PrivacyLedger
+from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
+from fedge.privacy.distributed_dp import SkellamParams, skellam_params
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -40,7 +42,7 @@ from fedge.server.engine.layers.base import Exchange, Failure, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
-__all__ = ["CentralDP", "DifferentialPrivacyLayer"]
+__all__ = ["CentralDP", "DifferentialPrivacyLayer", "distributed_noise"]
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,9 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
     if not algorithm.device_layers:
         return (f"the devices of {algorithm.name} run the plugin's own handler, which does not send its update "
                 "through Fedge's upload layers, so nothing clips it on the device")
-    if settings.secure_aggregation != "none":
-        return ("with secure-aggregation it needs the noise added inside the ring (distributed DP), which is not "
-                "built yet; use one of them")
+    if settings.secure_aggregation != "none" and parse_differential_privacy(settings.differential_privacy).adaptive:
+        return ("adaptive clipping needs each device's fitted bit in clear, which secure aggregation hides; "
+                "use a fixed clip with secure-aggregation (distributed DP)")
     if settings.aggregator != "mean":
         return f"aggregator {settings.aggregator!r} has no bounded sensitivity; use 'mean'"
     return None
@@ -70,9 +72,14 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
 class DifferentialPrivacyLayer(Layer):
     key = "dp"
 
-    def __init__(self, dp: CentralDP, clients_per_round: int) -> None:
+    def __init__(self, dp: CentralDP, clients_per_round: int, numel: int = 0, distributed: bool = False) -> None:
         self.dp = dp
         self.clients_per_round = clients_per_round
+        self.numel = numel
+        #: with secure aggregation: the devices add the noise inside the ring (Skellam), the
+        #: coordinator only samples, divides and accounts (``fedge.privacy.distributed_dp``)
+        self.distributed = distributed
+        self.skellam = SkellamLedger(dp.spec.delta) if distributed else None
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | None:
@@ -90,21 +97,41 @@ class DifferentialPrivacyLayer(Layer):
         dp = CentralDP(spec)
         if spec.adaptive:
             dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
-        return cls(dp, settings.clients_per_round)
+        distributed = settings.secure_aggregation != "none"
+        return cls(dp, settings.clients_per_round, algorithm.ctx.numel, distributed)
+
+    def noise(self, connected: int) -> SkellamParams:
+        """The round's distributed-noise parameters (the secure layer puts the same ones in its plan)."""
+        return distributed_noise(self.dp.spec, self.numel, self.clients_per_round, connected)
+
+    def _skellam_round(self, connected: int, survivors: int) -> tuple[float, float, float, float]:
+        """What one round spends: the noise of every survivor but one is credited (pessimistic:
+        neither a dropped device's noise nor the protected device's own)."""
+        params = self.noise(connected)
+        q = self.dp.sampling_rate(connected, self.clients_per_round)
+        return q, max(survivors - 1, 0) * params.local_variance, params.l1_bound, params.l2_bound
 
     def select(self, number: int, nodes: list[int]) -> list[int]:
         """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
         return self.dp.sample(nodes, self.clients_per_round)
 
     def exhausted(self, connected: int) -> bool:
-        if self.dp.exhausted(connected, self.clients_per_round):
+        if self.skellam is not None:
+            expected = self.dp.sampling_rate(connected, self.clients_per_round) * connected
+            spent = self.skellam.would_exceed(self.dp.spec.budget, self._skellam_round(connected, round(expected)))
+        else:
+            spent = self.dp.exhausted(connected, self.clients_per_round)
+        if spent:
             log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete",
                      self.dp.spec.budget, self.dp.spec.delta)
             return True
         return False
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
-        step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
+        if self.distributed:
+            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected, self.noise(step.connected))
+        else:
+            step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
         return []
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
@@ -118,18 +145,42 @@ class DifferentialPrivacyLayer(Layer):
         return dataclasses.replace(update, vector=vector, weight=1.0)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
-        outcome.extra.update(self.dp.close_round())
+        if self.skellam is not None:
+            outcome.extra.update(self._close_distributed(step))
+        else:
+            outcome.extra.update(self.dp.close_round())
         # The devices' mean training loss is a noiseless aggregate of their private data: not in
         # the row. (Who took part, clients_used and the rejected nodes, stay: the coordinator's
         # operator sees them anyway; they are not released with the model. docs/privacy.md)
         outcome.train_loss = None
 
+    def _close_distributed(self, step: Step) -> dict[str, Any]:
+        """Record the round (a round whose sum could not be unmasked released no device's data and
+        spends nothing); the row's DP fields. Rows report RDP's epsilon only (no PLD for Skellam)."""
+        assert self.skellam is not None
+        survivors = int(step.aggregate.count)
+        q = self.dp.sampling_rate(step.connected, self.clients_per_round)
+        if survivors >= 1:
+            self.skellam.record(*self._skellam_round(step.connected, survivors))
+        epsilon = self.skellam.epsilon()
+        return {"dp_epsilon": epsilon, "dp_epsilon_rdp": epsilon, "dp_delta": self.dp.spec.delta,
+                "dp_sampling_rate": q, "dp_noise_multiplier": self.dp.spec.noise, "dp_clip": self.dp.spec.clip,
+                "dp_mechanism": "skellam", "dp_credited_devices": max(survivors - 1, 0)}
+
     def state_dict(self) -> dict[str, Any]:
+        if self.skellam is not None:
+            return self.skellam.state_dict()
         return self.dp.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
+        if self.skellam is not None:
+            ledger = SkellamLedger.from_state(state)
+            if ledger.delta != self.dp.spec.delta:
+                raise ValueError(f"the checkpoint accounted at delta={ledger.delta}, this run at {self.dp.spec.delta}")
+            self.skellam = ledger
+            return
         self.dp.load_state_dict(state)
 
 
@@ -154,6 +205,34 @@ class _NoisyMean:
         count = self.inner.count
         total = self.inner.result() * count if count else torch.zeros(self.inner.numel)
         return self.dp.noisy_mean(total, self.connected)
+
+
+class _DistributedMean:
+    """A step's aggregate under distributed DP: the unmasked sum already carries the devices' noise;
+    the coordinator divides it by the expected number of devices q N and adds nothing. A round
+    whose sum could not be unmasked releases the previous model plus noise of the same scale drawn
+    here (no device's data is in it), so that whether noise appears never depends on who answered."""
+
+    def __init__(self, inner: Any, dp: CentralDP, connected: int, noise: SkellamParams) -> None:
+        self.inner, self.dp, self.connected, self.noise = inner, dp, connected, noise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def ready(self, minimum: int) -> bool:
+        return True
+
+    def result(self) -> torch.Tensor:
+        expected = max(self.dp.rate * self.connected, 1.0)
+        if self.inner.count:
+            return self.inner.sum() / expected
+        std = math.sqrt(max(expected - 1.0, 1.0) * self.noise.local_variance) / self.noise.scale
+        return torch.from_numpy(self.dp._rng.normal(0.0, std, size=self.inner.numel).astype(np.float32)) / expected
+
+
+def distributed_noise(spec: DPSpec, numel: int, clients_per_round: int, connected: int) -> SkellamParams:
+    """One round's Skellam parameters, for an expected min(clients-per-round, connected) devices."""
+    return skellam_params(spec.clip, spec.noise, numel, float(min(clients_per_round, max(connected, 1))))
 
 
 class CentralDP:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from fedge.privacy.credentials import CredentialError, load_issuer
+from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
@@ -73,8 +74,12 @@ class _Round:
 class SecureAggregationLayer(Layer):
     key = "secure-aggregation"
 
-    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None) -> None:
+    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None,
+                 dp: Any = None) -> None:
         self.spec = spec
+        #: with differential privacy: the devices add Skellam noise inside the ring (distributed DP)
+        self.dp = dp
+        self.clients_per_round = algorithm.ctx.settings.clients_per_round
         #: the operator CA's key when identities must be issued (``issuer=``); None: trust on first use
         self.issuer = issuer
         self.run_id = run_id
@@ -99,6 +104,10 @@ class SecureAggregationLayer(Layer):
             raise SettingsError(f"secure-aggregation cannot run with algorithm {algorithm.spec!r}: {reason}")
         if algorithm.ctx.settings.clients_per_round < 2:
             raise SettingsError("secure-aggregation needs clients-per-round >= 2: one device's sum is its update")
+        dp = parse_differential_privacy(algorithm.ctx.settings.differential_privacy)
+        if dp is not None and spec.ratio < 1:
+            raise SettingsError("secure-aggregation ratio < 1 (random-k) cannot carry distributed DP: the noise "
+                                "and the sensitivity cover the whole update; use ratio=1")
         issuer = None
         if spec.issuer:
             try:
@@ -107,7 +116,14 @@ class SecureAggregationLayer(Layer):
                 raise SettingsError(f"secure-aggregation: {err}") from None
         # Random, and kept in the checkpoint: every signature and share of this run is bound to it,
         # and no other run (a rerun with the same seed and directory name included) shares it.
-        return cls(spec, algorithm, os.urandom(16), issuer)
+        return cls(spec, algorithm, os.urandom(16), issuer, dp)
+
+    def _noise(self, connected: int):  # type: ignore[no-untyped-def]
+        if self.dp is None:
+            return None
+        from fedge.server.engine.layers.differential_privacy import distributed_noise
+
+        return distributed_noise(self.dp, self.numel, self.clients_per_round, connected)
 
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
@@ -122,7 +138,8 @@ class SecureAggregationLayer(Layer):
         step.aggregate = _RevealedMean(step.aggregate)
         try:
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
-                                       self.pins, weighted=self.weighted, issuer=self.issuer)
+                                       self.pins, weighted=self.weighted, issuer=self.issuer,
+                                       noise=self._noise(step.connected))
             state.secure.advertise(exchange)
             step.nodes = state.secure.share(exchange)
         except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
