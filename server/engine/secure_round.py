@@ -29,7 +29,7 @@ from flwr.app import Message, RecordDict
 from fedge.compression import derive_seed
 from fedge.privacy.credentials import verify_credential
 from fedge.privacy.distributed_dp import SkellamParams, decode_sum
-from fedge.privacy.errors import SecAggError
+from fedge.privacy.errors import SecAggError, UnmaskError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
@@ -52,6 +52,25 @@ __all__ = ["SecureRound"]
 log = logging.getLogger(__name__)
 
 Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+
+
+def check_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
+    """What the coordinator can check of an unmasked sum (audit M3): every coordinate of ``count``
+    honest uploads lies in [0, count (2^b - 1)], and their weights sum to at least ``count`` (every
+    device counts at least one example) and at most ``count`` times the cap. A device that put other
+    ring values into its upload is caught when it leaves these bounds; one that stays inside them
+    (say, subtracting from the others' weights down to ``count``) is not: SECURITY.md, "Not
+    protected". Raises :class:`SecAggError`: the round changes nothing."""
+    grid = plan.grid
+    values, digits = level_sum[: -grid.weight_digits], level_sum[-grid.weight_digits:]
+    top = count * grid.top
+    if values.size and int(values.max()) > top:
+        raise UnmaskError(f"the unmasked sum has a coordinate above {count} devices' highest level ({top}): "
+                          "a device sent values outside the grid; the round is discarded")
+    weight = sum(int(d) << (i * grid.bits) for i, d in enumerate(digits))
+    if int(digits.max(initial=0)) > top or not count <= weight <= count * grid.weight_cap:
+        raise UnmaskError(f"the unmasked weights sum to {weight}, outside [{count}, {count * grid.weight_cap}] for "
+                          f"{count} devices: a device sent values outside the grid; the round is discarded")
 
 
 class SecureRound:
@@ -189,6 +208,7 @@ class SecureRound:
             total, weight = decode_sum(level_sum, self.plan.noise, self.plan.bits), count
             mean = total / count
             return torch.from_numpy(mean.astype(np.float32)), count, weight
+        check_range(self.plan, level_sum, count)
         total, weight = self.plan.grid.decode_sum(level_sum, count)
         mean = total * (self.plan.grid.weight_cap / weight) if weight > 0 else np.zeros_like(total)
         support = self.plan.support

@@ -412,3 +412,46 @@ def test_distributed_dp_refuses_what_it_cannot_account_for(tmp_path) -> None:
     with pytest.raises(SettingsError, match="adaptive clipping"):
         _engine(tmp_path / "adaptive", clients_per_round=30,
                 differential_privacy="gaussian:noise=0.5,adaptive=true")
+
+
+def test_an_unmasked_sum_outside_the_grid_is_discarded_not_applied() -> None:
+    """Audit M3, what can be checked. A hostile device adds arbitrary ring values to its masked
+    upload (here after masking, which changes nothing: the masks cancel either way). Pushed past
+    what ``count`` honest devices can sum to in a coordinate, or pulling the weights below one
+    example per device (the attack that scales the mean up to the weight cap), the sum is refused
+    and the round changes nothing. A shift that stays inside the bounds is not caught (SECURITY.md)."""
+    import numpy as np
+
+    from fedge.privacy.errors import UnmaskError
+    from fedge.privacy.messages import decode_masked, encode_masked
+    from fedge.server.engine.secure_round import check_range
+    from tests.privacy.secagg_round import deal_shares, make_plan
+
+    plan = make_plan(5, 16, bits=4, weight_cap=8)
+    rng = np.random.default_rng(0)
+
+    def round_with(offset: np.ndarray) -> tuple[np.ndarray, int]:
+        devices, server, inbox = deal_shares(plan)
+        uploads = {}
+        for node, device in devices.items():
+            levels = plan.grid.quantize(rng.uniform(-0.5, 0.5, 16), 4, rng)
+            uploads[node] = device.masked_input(inbox[node], levels)
+        hostile = plan.participants[0]
+        raw = decode_masked(uploads[hostile], hostile, plan.length, plan.bits).astype(np.int64)
+        uploads[hostile] = encode_masked(hostile, ((raw + offset) % (1 << plan.bits)).astype(np.uint32), plan.bits)
+        survivors = server.receive_masked(uploads)
+        return server.unmask({n: devices[n].unmask(survivors) for n in survivors})
+
+    honest, count = round_with(np.zeros(plan.length, np.int64))
+    check_range(plan, honest, count)  # weights 5 x 4 = 20, levels within bounds
+    huge = np.zeros(plan.length, np.int64)
+    huge[3] = (1 << plan.bits) - 1 - 5 * plan.grid.top  # lands above count * top
+    with pytest.raises(UnmaskError, match="outside the grid"):
+        check_range(plan, *round_with(huge))
+    drain = np.zeros(plan.length, np.int64)
+    drain[-1] = -(5 * 4 - 2)  # the weights' sum pulled down to 2 < 5 devices
+    with pytest.raises(UnmaskError, match="weights sum to"):
+        check_range(plan, *round_with(drain))
+    subtle = np.zeros(plan.length, np.int64)
+    subtle[-1] = -(5 * 4 - 5)  # down to exactly one example per device: inside the bounds
+    check_range(plan, *round_with(subtle))
