@@ -13,6 +13,7 @@ from fedge.server.settings import RunSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
+@pytest.mark.slow  # the default suite: the same recovery in-process, and secure rounds on real processes over TLS below
 def test_secure_aggregation_survives_a_fifth_of_the_devices_dropping(tmp_path, assert_no_leftovers) -> None:
     settings = RunSettings(rounds=2, clients_per_round=5, local_epochs=3, run_dir=str(tmp_path / "run"),
                            secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256",
