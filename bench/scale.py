@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitioning", default="iid")
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--secure-aggregation", default="none",
+                        help="e.g. 'secagg:bits=8,clip=0.2': the coordinator's secure-aggregation cost at this scale")
     parser.add_argument("--out", default="bench/results/scale")
     args = parser.parse_args(argv)
     numel = numel_of(make_task(args.task).build_model().state_dict())
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = RunSettings(task=args.task, codec=args.codec, downlink_codec=args.downlink, rounds=args.rounds,
                                clients_per_round=args.per_round, memory_storage=args.memory_storage,
                                partitioning=args.partitioning, local_epochs=args.local_epochs, seed=args.seed,
-                               run_dir=str(Path(tmp) / "run"), round_timeout=3600)
+                               run_dir=str(Path(tmp) / "run"), round_timeout=3600,
+                               secure_aggregation=args.secure_aggregation)
         started = time.perf_counter()
         result = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=4 * 3600)
         wall = time.perf_counter() - started
@@ -120,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": command, "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
         "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds, "task": args.task,
         "numel": numel, "codec": args.codec, "memory_storage": args.memory_storage,
+        "secure_aggregation": args.secure_aggregation,
+        "clients_used_per_round": [r["clients_used"] for r in rows],
+        "seconds_per_round": per_round,
         "final_accuracy": result.summary["final_accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
         "seconds_per_round_median": sorted(per_round)[len(per_round) // 2], "wall_seconds": wall,
         "peak_rss_total_mib": sampler.peak_total / 1024,
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = json.dumps(summary, indent=1)
     print(text)
-    out = Path(args.out + f"-{args.memory_storage}")
+    out = Path(args.out + f"-{args.memory_storage}" + ("-secagg" if args.secure_aggregation != "none" else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(text + "\n", encoding="utf-8")
     return 0

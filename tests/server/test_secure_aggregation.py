@@ -32,8 +32,18 @@ def _engine(tmp_path, **overrides) -> Engine:
 
 
 def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
+    from fedge.edge_client.app import app as fedge_app
+
+    sent: list[Message] = []
+
+    def recording(msg: Message, context: Context) -> Message:
+        reply = fedge_app(msg, context)
+        if msg.metadata.message_type == "train":
+            sent.append(reply)
+        return reply
+
     engine = _engine(tmp_path)
-    grid = InProcessGrid(5)
+    grid = InProcessGrid(5, app=recording)
     start = initial_params(TASK, 42)
     before = engine.evaluate(start)["accuracy"]
     result = engine.run(grid, start)
@@ -47,8 +57,20 @@ def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
     assert ring == 11
     masked = 5 * (((engine.ctx.numel + 1) * ring + 7) // 8 + 17)  # + 1 weight digit, 17-byte header
     assert masked < row.uplink_bytes < masked + 5 * 10_000  # + keys, sealed shares and reveals
-    # no device reported its example count or loss in clear
-    assert row.train_loss is None
+    # no device reported its example count or loss in clear: each train reply's metrics are exactly
+    # num-examples 1, its training and reply times and the upload's (public, fixed) size, and its
+    # array is the masked upload
+    assert row.train_loss is None and len(sent) == 10
+    from fedge.privacy.messages import masked_size
+    from fedge.privacy.shared_grid import SharedGrid
+
+    size = masked_size(engine.ctx.numel + SharedGrid(8, 0.2, 256).weight_digits, ring)  # 2 weight digits
+    for reply in sent:
+        metrics = dict(reply.content.metric_records[METRICS_RECORD])
+        assert set(metrics) == {"num-examples", "train-seconds", "seconds", "payload-bytes"}, metrics
+        assert metrics["num-examples"] == 1 and metrics["payload-bytes"] == size
+        payload = read_payload(reply.content, UPDATE_RECORD)
+        assert len(payload) == size and payload[:4] == b"FSM1"
 
 
 def test_a_device_dropping_after_sharing_is_recovered(tmp_path) -> None:
