@@ -14,6 +14,7 @@ crashing in training (under secure aggregation: after dealing their shares), and
 final held-out accuracy and total uplink.
 
     .venv/bin/python bench/secure_aggregation.py --part cost --devices 100 --dimension 1000000
+    .venv/bin/python bench/secure_aggregation.py --part cost --devices 100 --dimension 100000 --no-flower --issued
     .venv/bin/python bench/secure_aggregation.py --part accuracy --clients 10 --rounds 20
 """
 
@@ -38,10 +39,29 @@ from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 
 
-def cost(devices: int, dimension: int, bits: int, drop: int, neighbours: int) -> dict:
+def cost(devices: int, dimension: int, bits: int, drop: int, neighbours: int, issued: bool = False) -> dict:
+    """One round's cost. ``issued``: a coordinator that may lie (``issuer=``): every identity comes
+    with a credential from an operator CA that each device checks for its neighbours and for every
+    signer, and the consistency round runs before the unmask (the devices' extra bytes and seconds
+    are counted; building the CA and node keys is not)."""
     plan = SecAggPlan(RoundContext(b"bench", 1), tuple(range(1, devices + 1)), SharedGrid(bits, 1.0, 1), dimension,
-                      graph_seed=3, neighbours=neighbours)
+                      graph_seed=3, neighbours=neighbours, consistency=issued)
     keys = {n: Ed25519PrivateKey.generate() for n in plan.participants}
+    credentials: dict[int, bytes] = {}
+    if issued:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        from fedge.privacy.credentials import bind_identity, endorse, verify_credential
+
+        ca = ec.generate_private_key(ec.SECP384R1())
+        for n, key in keys.items():
+            node_key = ec.generate_private_key(ec.SECP384R1())
+            credentials[n] = bind_identity(node_key, endorse(ca, f"node-{n}", node_key.public_key()),
+                                           key.public_key().public_bytes_raw())
+
+        def check(holder: int, peers) -> None:  # type: ignore[no-untyped-def]
+            for peer in peers:
+                verify_credential(credentials[peer], keys[peer].public_key().public_bytes_raw(), ca.public_key())
     rng = np.random.default_rng(0)
     levels = {n: rng.integers(0, plan.grid.top + 1, plan.length).astype(np.uint32) for n in plan.participants}
     device_s = {n: 0.0 for n in plan.participants}
@@ -67,6 +87,10 @@ def cost(devices: int, dimension: int, bits: int, drop: int, neighbours: int) ->
     for n, blob in ads.items():
         sent[n] += len(blob)
     routed = on_server(lambda: server.receive_advertisements(ads))
+    if issued:  # each device checks its neighbours' credentials before dealing shares
+        for n in plan.participants:
+            on_device(n, lambda n=n: check(n, routed[n]))
+            sent[n] += len(credentials[n])
     sealed = {n: on_device(n, lambda n=n: dev[n].share_keys(routed[n], server._identities)) for n in plan.participants}
     for n, blobs in sealed.items():
         sent[n] += sum(len(b) for b in blobs.values())
@@ -78,7 +102,19 @@ def cost(devices: int, dimension: int, bits: int, drop: int, neighbours: int) ->
         sent[n] += len(blob)
     masked_bytes = statistics.median(len(b) for b in uploads.values())
     survivors = on_server(lambda: server.receive_masked(uploads))
-    reveals = {n: on_device(n, lambda n=n: dev[n].unmask(survivors)) for n in survivors}
+    if issued:
+        signatures = {n: on_device(n, lambda n=n: dev[n].consistency(survivors)) for n in survivors}
+        for n, blob in signatures.items():
+            sent[n] += len(blob)
+        signed = on_server(lambda: server.receive_consistency(signatures))
+        public = {n: keys[n].public_key() for n in signed}
+
+        def unmask(n: int) -> bytes:
+            check(n, signed)  # every signer's credential, then the quorum of signatures
+            return dev[n].unmask(survivors, signed, public)
+        reveals = {n: on_device(n, lambda n=n: unmask(n)) for n in survivors}
+    else:
+        reveals = {n: on_device(n, lambda n=n: dev[n].unmask(survivors)) for n in survivors}
     for n, blob in reveals.items():
         sent[n] += len(blob)
     total, count = on_server(lambda: server.unmask(reveals))
@@ -87,7 +123,7 @@ def cost(devices: int, dimension: int, bits: int, drop: int, neighbours: int) ->
     alive = [n for n in plan.participants if n not in dropped]
     return {
         "devices": devices, "dimension": dimension, "bits": bits, "ring_bits": plan.bits, "neighbours": plan.degree,
-        "threshold": plan.reconstruction_threshold, "dropped_after_sharing": drop,
+        "threshold": plan.reconstruction_threshold, "dropped_after_sharing": drop, "issued": issued,
         "masked_upload_bytes_per_coordinate": masked_bytes / dimension,
         "all_sent_bytes_per_coordinate": statistics.median(sent[n] for n in alive) / dimension,
         "device_seconds_median": statistics.median(device_s[n] for n in alive),
@@ -134,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drop", type=int, default=-1, help="devices that vanish after sharing (default: 20%%)")
     parser.add_argument("--neighbours", type=int, default=0, help="graph degree (0: the default for the size)")
     parser.add_argument("--no-flower", action="store_true", help="skip Flower's SecAgg+ side by side")
+    parser.add_argument("--issued", action="store_true",
+                        help="also the same round with issued identities and the consistency round, side by side")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--clip", type=float, default=0.2)
@@ -157,6 +195,15 @@ def main(argv: list[str] | None = None) -> None:
               f"{c['all_sent_bytes_per_coordinate']:.3f} B/coordinate (Flower SecAgg+: 8 B int64)")
         print(f"  device {c['device_seconds_median']:.2f} s per round (max {c['device_seconds_max']:.2f}); "
               f"coordinator {c['coordinator_seconds']:.2f} s; unmasked sum exact")
+        if args.issued:  # the same round, the coordinator untrusted: credentials and the consistency round
+            report["issued"] = i = cost(args.devices, args.dimension, args.bits, drop, args.neighbours, issued=True)
+            print("| | trust on first use | issued identities + consistency round |")
+            print("|---|---|---|")
+            print(f"| everything a device sends, bytes | {c['all_sent_bytes_per_coordinate'] * c['dimension']:,.0f} | "
+                  f"{i['all_sent_bytes_per_coordinate'] * i['dimension']:,.0f} |")
+            print(f"| device seconds per round (median / max) | {c['device_seconds_median']:.3f} / "
+                  f"{c['device_seconds_max']:.3f} | {i['device_seconds_median']:.3f} / {i['device_seconds_max']:.3f} |")
+            print(f"| coordinator seconds per round | {c['coordinator_seconds']:.3f} | {i['coordinator_seconds']:.3f} |")
         if "flower" in report:
             f = report["flower"]
             print("| | Fedge | Flower SecAgg+ (legacy workflow) |")
