@@ -59,13 +59,31 @@ def _rss_kib(pid: int) -> tuple[str, int]:
         return "?", 0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/<pid>/stat, clock ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class MemorySampler(threading.Thread):
-    """Peak summed RSS of this process's descendants, and each process name's peak."""
+    """Peak summed RSS of this process's descendants, each process name's peak, and the CPU seconds
+    of each process name (the last reading of each process, summed by name)."""
 
     def __init__(self, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.interval, self.peak_total, self.peaks = interval, 0, {}
+        self.cpu: dict[int, tuple[str, float]] = {}
         self.done = threading.Event()
+
+    def cpu_by_name(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, seconds in self.cpu.values():
+            out[name] = out.get(name, 0.0) + seconds
+        return out
 
     def run(self) -> None:
         root = os.getpid()
@@ -76,6 +94,7 @@ class MemorySampler(threading.Thread):
                 pid = stack.pop()
                 stack.extend(tree.get(pid, []))
                 name, kib = _rss_kib(pid)
+                self.cpu[pid] = (name, _cpu_seconds(pid))
                 total += kib
                 self.peaks[name] = max(self.peaks.get(name, 0), kib)
             self.peak_total = max(self.peak_total, total)
@@ -130,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_per_round_median": sorted(per_round)[len(per_round) // 2], "wall_seconds": wall,
         "peak_rss_total_mib": sampler.peak_total / 1024,
         "peak_rss_by_process_mib": {k: v / 1024 for k, v in sorted(sampler.peaks.items(), key=lambda kv: -kv[1])[:8]},
+        # flwr-simulation runs the ServerApp (the coordinator) and the simulation engine's driver;
+        # the ClientApps run in Ray's actors
+        "cpu_seconds_by_process": {k: round(v, 1) for k, v in
+                                   sorted(sampler.cpu_by_name().items(), key=lambda kv: -kv[1])[:8]},
         "state_bytes_per_client": state_per_client, "clients_with_state_at_most": clients_with_state,
         "projected_state_gib": {str(n): n * state_per_client / 2**30 for n in (1_000, 10_000, 100_000)},
     }
