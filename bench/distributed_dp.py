@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
                     "target_epsilon": target, "mode": mode, "seed": seed, "noise_multiplier": z,
                     "epsilon": rows[-1].get("dp_epsilon"), "final_accuracy": rows[-1]["accuracy"],
                     "best_accuracy": max(r["accuracy"] for r in rows), "rounds": len(rows),
-                    "ring_bits": max((r.get("secagg_ring_bits") or 0) for r in rows) or None,
+                    "ring_bits": (f"{min(r['secagg_ring_bits'] for r in rows)}-{max(r['secagg_ring_bits'] for r in rows)}"
+                                  if mode != "central" else None),
                     "bytes_per_coordinate": statistics.mean(masked) if masked else None,
                     "wall_seconds": time.perf_counter() - started,
                 })
