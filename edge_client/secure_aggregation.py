@@ -196,13 +196,13 @@ def query(msg: Message, context: Context) -> Message:
         reply = ConfigRecord({"signature": signature})
     elif stage == "unmask":
         device = _load(context, record, node)
+        del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
         signatures, identities = None, None
         if plan.consistency:
             assert issued is not None
             signatures = unpack_blobs(record["signers"], record["signatures"])
             identities = _credentialed(unpack_blobs(record["signers"], record["identities"]),
                                        unpack_blobs(record["signers"], record["credentials"]), issued[1])
-        del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
         reveals = device.unmask(unpack_ids(record["survivors"]), signatures, identities)
         reply = ConfigRecord({"reveals": reveals})
     else:
