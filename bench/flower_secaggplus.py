@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.client import ClientApp, NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.supercore.run import Run

@@ -28,7 +28,7 @@ from flwr.app import Message, RecordDict
 
 from fedge.compression import derive_seed
 from fedge.privacy.credentials import verify_credential
-from fedge.privacy.distributed_dp import SkellamParams, decode_sum
+from fedge.privacy.distributed_dp import SkellamParams, decode_sum, skellam_tail
 from fedge.privacy.errors import SecAggError, UnmaskError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
@@ -71,6 +71,20 @@ def check_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
     if int(digits.max(initial=0)) > top or not count <= weight <= count * grid.weight_cap:
         raise UnmaskError(f"the unmasked weights sum to {weight}, outside [{count}, {count * grid.weight_cap}] for "
                           f"{count} devices: a device sent values outside the grid; the round is discarded")
+
+
+def check_noisy_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
+    """Under distributed DP: no coordinate of ``count`` honest noisy vectors exceeds, in magnitude,
+    count x the rounded norm bound plus the noise's tail bound (the bounds the ring was sized by);
+    a larger one means a device sent values outside them, and the round is discarded."""
+    noise = plan.noise
+    assert noise is not None
+    bound = count * noise.coordinate_bound + skellam_tail(count * noise.local_variance, noise.dimension)
+    values = np.asarray(level_sum, dtype=np.int64)
+    signed = np.where(values >= 1 << (plan.bits - 1), values - (1 << plan.bits), values)
+    if signed.size and int(np.abs(signed).max()) > bound:
+        raise UnmaskError(f"the unmasked noisy sum has a coordinate beyond {bound} for {count} devices: a device "
+                          "sent values outside the bounds; the round is discarded")
 
 
 class SecureRound:
@@ -205,6 +219,7 @@ class SecureRound:
         reveals = {node: bytes(record.get("reveals", b"")) for node, record in self._ask(exchange, asks, "unmask")}
         level_sum, count = self.server.unmask(reveals)
         if self.plan.noise is not None:  # distributed DP: the noisy sum of clipped updates, each weighing 1
+            check_noisy_range(self.plan, level_sum, count)
             total, weight = decode_sum(level_sum, self.plan.noise, self.plan.bits), count
             mean = total / count
             return torch.from_numpy(mean.astype(np.float32)), count, weight

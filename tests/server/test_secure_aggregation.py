@@ -477,3 +477,30 @@ def test_an_unmasked_sum_outside_the_grid_is_discarded_not_applied() -> None:
     subtle = np.zeros(plan.length, np.int64)
     subtle[-1] = -(5 * 4 - 5)  # down to exactly one example per device: inside the bounds
     check_range(plan, *round_with(subtle))
+
+
+def test_under_distributed_dp_a_noisy_sum_beyond_its_bounds_is_discarded() -> None:
+    """The same check with distributed noise: the ring was sized for n devices at their norm bound
+    plus the noise's tail; a sum beyond that in any coordinate is refused."""
+    import numpy as np
+
+    from fedge.privacy.distributed_dp import SkellamParams, encode
+    from fedge.privacy.errors import UnmaskError
+    from fedge.privacy.keys import RoundContext
+    from fedge.privacy.plan import SecAggPlan
+    from fedge.privacy.shared_grid import SharedGrid
+    from fedge.server.engine.secure_round import check_noisy_range
+
+    noise = SkellamParams(clip=1.0, scale=32.0, local_variance=100.0, dimension=64)
+    plan = SecAggPlan(RoundContext(b"r", 1), (1, 2, 3, 4), SharedGrid(8, 0.2, 1), 64, graph_seed=1, noise=noise)
+    rng = np.random.default_rng(0)
+    total = np.zeros(64, dtype=np.int64)
+    for _ in range(4):
+        total = (total + encode(rng.normal(size=64), noise, plan.bits, rng)) % (1 << plan.bits)
+    check_noisy_range(plan, total.astype(np.uint32), 4)
+    from fedge.privacy.distributed_dp import skellam_tail
+
+    bound = 4 * noise.coordinate_bound + skellam_tail(4 * noise.local_variance, 64)
+    total[5] = bound + 1  # within the ring (2^bits >= 2 bound + 1), beyond what 4 devices can send
+    with pytest.raises(UnmaskError, match="beyond"):
+        check_noisy_range(plan, total.astype(np.uint32), 4)
