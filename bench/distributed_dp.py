@@ -29,7 +29,7 @@ from scipy import stats
 
 from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
 from fedge.privacy.dp_spec import parse_differential_privacy
-from fedge.server.engine.layers.differential_privacy import distributed_noise
+from fedge.privacy.distributed_dp import round_noise
 from fedge.server.local import launch
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings
@@ -60,7 +60,7 @@ def distributed_noise_multiplier(target: float, q: float, rounds: int, delta: fl
     sizes = [max(int(stats.binom.ppf((i + 0.5) / rounds, clients, q)), 1) for i in range(rounds)]
 
     def epsilon(z: float) -> float:
-        params = distributed_noise(parse_differential_privacy(f"gaussian:noise={z},clip={clip}"), numel,
+        params = round_noise(parse_differential_privacy(f"gaussian:noise={z},clip={clip}"), numel,
                                    per_round, clients)
         steps = [(q, (k - 1) * params.local_variance, params.l1_bound, params.l2_bound) for k in sizes]
         return SkellamLedger(delta, steps).epsilon()

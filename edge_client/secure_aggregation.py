@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
@@ -99,10 +100,7 @@ def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[i
         if pinned is not None and bytes(pinned) != raw:
             raise AdvertisementError(f"device {node}'s identity key differs from the one pinned when it was "
                                      "first seen: refused (a coordinator substituting keys, or a re-installed device)")
-        try:
-            out[node] = Ed25519PublicKey.from_public_bytes(raw)
-        except ValueError as error:
-            raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
+        out[node] = _identity_key(node, raw)
         pins[str(node)] = raw
     context.state[_PINS] = pins
     if path is not None:
@@ -110,26 +108,41 @@ def _checked_identities(context: Context, delivered: dict[int, bytes]) -> dict[i
     return out
 
 
-def _issued(context: Context) -> tuple[bytes, object] | None:
-    """(this device's credential, the operator's CA key) when the operator issued it an identity."""
-    key, endorsement, issuer = (context.node_config.get(k) for k in
-                                ("secagg-auth-key", "secagg-endorsement", "secagg-issuer"))
-    if not (key and endorsement and issuer):
-        return None
+def _identity_key(node: int, raw: bytes) -> Ed25519PublicKey:
     try:
-        raw = Path(str(endorsement)).read_bytes()
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as error:
+        raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
+
+
+_ISSUED = ("secagg-auth-key", "secagg-endorsement", "secagg-issuer")
+
+
+def _issuer(context: Context) -> EllipticCurvePublicKey | None:
+    """The operator's CA key when the operator issued this device its identity (node config
+    ``secagg-auth-key``, ``secagg-endorsement``, ``secagg-issuer``); None: trust on first use."""
+    if not all(context.node_config.get(k) for k in _ISSUED):
+        return None
+    return load_issuer(str(context.node_config["secagg-issuer"]))
+
+
+def _credential(context: Context, identity: Ed25519PrivateKey) -> bytes:
+    """This device's credential: its identity bound to its node key, with the CA's endorsement
+    (made once per round, at the advertisement: the node key signs)."""
+    endorsement = str(context.node_config["secagg-endorsement"])
+    try:
+        raw = Path(endorsement).read_bytes()
     except OSError as error:
         raise AdvertisementError(f"the identity endorsement {endorsement}: {error}") from None
-    credential = bind_identity(load_node_key(str(key)), raw, _public(identity_of(context)))
-    return credential, load_issuer(str(issuer))
+    return bind_identity(load_node_key(str(context.node_config["secagg-auth-key"])), raw, _public(identity))
 
 
-def _check_mode(plan: SecAggPlan, issued: tuple[bytes, object] | None) -> None:
+def _check_mode(plan: SecAggPlan, issuer: EllipticCurvePublicKey | None) -> None:
     """A device issued an identity never trusts on first use; one without cannot check issued peers."""
-    if plan.consistency and issued is None:
+    if plan.consistency and issuer is None:
         raise ProtocolError("this round trusts only identities issued by the operator, and this device has "
                             "none (start it with --auth-key, its .endorsement next to it, and --root-cert)")
-    if not plan.consistency and issued is not None:
+    if not plan.consistency and issuer is not None:
         raise ProtocolError("this device's identity is issued by the operator; it does not take part in a "
                             "secure round that trusts identities on first use (the coordinator's "
                             "secure-aggregation needs issuer=<ca.crt>)")
@@ -142,10 +155,7 @@ def _credentialed(delivered: dict[int, bytes], credentials: dict[int, bytes], is
         if node not in credentials:
             raise AdvertisementError(f"device {node}'s identity comes without a credential")
         verify_credential(credentials[node], raw, issuer)
-        try:
-            out[node] = Ed25519PublicKey.from_public_bytes(raw)
-        except ValueError as error:
-            raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
+        out[node] = _identity_key(node, raw)
     return out
 
 
@@ -153,8 +163,7 @@ def _save(context: Context, device: SecAggDevice) -> None:
     context.state[_ROUND] = ConfigRecord(export_state(device))  # type: ignore[arg-type]
 
 
-def _load(context: Context, record: ConfigRecord, node: int) -> SecAggDevice:
-    plan, _ = plan_from_record(record)
+def _load(context: Context, plan: SecAggPlan, node: int) -> SecAggDevice:
     state = context.state.config_records.get(_ROUND)
     if state is None:
         raise ProtocolError(f"device {node} has no secure-aggregation state for round {plan.context.round}")
@@ -169,20 +178,20 @@ def query(msg: Message, context: Context) -> Message:
     plan, stage = plan_from_record(record)
     node = _node_id(msg, context)
     identity = identity_of(context)
-    issued = _issued(context)
-    _check_mode(plan, issued)
+    issuer = _issuer(context)
+    _check_mode(plan, issuer)
     if stage == "advertise":
         device = SecAggDevice(plan, node, identity)
         ad = device.advertise()
         _save(context, device)
         reply = ConfigRecord({"ad": ad.to_bytes(), "identity": _public(identity),
-                              **({"credential": issued[0]} if issued else {})})
+                              **({"credential": _credential(context, identity)} if issuer else {})})
     elif stage == "share":
-        device = _load(context, record, node)
+        device = _load(context, plan, node)
         ads = {n: KeyAdvertisement.from_bytes(b) for n, b in unpack_blobs(record["ad-from"], record["ads"]).items()}
         delivered = unpack_blobs(record["ad-from"], record["identities"])
-        if issued:
-            identities = _credentialed(delivered, unpack_blobs(record["ad-from"], record["credentials"]), issued[1])
+        if issuer:
+            identities = _credentialed(delivered, unpack_blobs(record["ad-from"], record["credentials"]), issuer)
         else:
             identities = _checked_identities(context, delivered)
         sealed = device.share_keys(ads, identities)
@@ -190,19 +199,19 @@ def query(msg: Message, context: Context) -> Message:
         ids, blobs = pack_blobs(sealed)
         reply = ConfigRecord({"sealed-to": ids, "sealed": blobs})
     elif stage == "consistency":
-        device = _load(context, record, node)
+        device = _load(context, plan, node)
         signature = device.consistency(unpack_ids(record["survivors"]))
         _save(context, device)
         reply = ConfigRecord({"signature": signature})
     elif stage == "unmask":
-        device = _load(context, record, node)
+        device = _load(context, plan, node)
         del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
         signatures, identities = None, None
         if plan.consistency:
-            assert issued is not None
+            assert issuer is not None
             signatures = unpack_blobs(record["signers"], record["signatures"])
             identities = _credentialed(unpack_blobs(record["signers"], record["identities"]),
-                                       unpack_blobs(record["signers"], record["credentials"]), issued[1])
+                                       unpack_blobs(record["signers"], record["credentials"]), issuer)
         reveals = device.unmask(unpack_ids(record["survivors"]), signatures, identities)
         reply = ConfigRecord({"reveals": reveals})
     else:
@@ -220,8 +229,8 @@ def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples:
     """
     record = msg.content.config_records[SECAGG_RECORD]
     node = _node_id(msg, context)
-    device = _load(context, record, node)
-    plan = device.plan
+    plan, _ = plan_from_record(record)
+    device = _load(context, plan, node)
     if (plan.model_size or plan.dimension) != delta.numel():
         raise ProtocolError(f"the plan's model size {plan.model_size or plan.dimension} is not the model's {delta.numel()}")
     if plan.noise is not None:  # distributed DP: clip, scale, round, add Skellam noise; no residual

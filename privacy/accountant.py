@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp, skellam_rdp, subsampled_rdp
+
 __all__ = ["PrivacyLedger", "SkellamLedger"]
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's RDP warns per excluded order
@@ -102,16 +104,12 @@ class SkellamLedger:
         self.rounds.append((float(q), float(variance), float(l1), float(l2)))
 
     def _rdp(self, round_: tuple[float, float, float, float]) -> list[float]:
-        from fedge.privacy.distributed_dp import ORDERS, skellam_rdp, subsampled_rdp
-
         if round_ not in self._cache:
             q, variance, l1, l2 = round_
             self._cache[round_] = [subsampled_rdp(a, q, lambda j: skellam_rdp(j, l1, l2, variance)) for a in ORDERS]
         return self._cache[round_]
 
     def epsilon(self, extra: tuple[float, float, float, float] | None = None) -> float:
-        from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp
-
         rounds = self.rounds + ([extra] if extra else [])
         if not rounds:
             return 0.0

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import RingError
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "epsilon_from_rdp",
     "ORDERS",
     "skellam_params",
+    "round_noise",
+    "centred",
 ]
 
 #: integer Renyi orders the accountant minimises over
@@ -89,10 +92,14 @@ class SkellamParams:
         """No coordinate of a rounded vector exceeds its L2 norm."""
         return int(math.floor(self.l2_bound))
 
+    def magnitude(self, devices: int) -> int:
+        """No coordinate of the sum of ``devices`` honest noisy vectors exceeds this (but with
+        probability 2^-40): each at its coordinate bound, plus the summed noise's tail bound."""
+        return devices * self.coordinate_bound + skellam_tail(devices * self.local_variance, self.dimension)
+
     def ring_bits(self, devices: int) -> int:
         """The ring that holds the sum of ``devices`` noisy vectors without wrapping (signed)."""
-        magnitude = devices * self.coordinate_bound + skellam_tail(devices * self.local_variance, self.dimension)
-        bits = math.ceil(math.log2(2 * magnitude + 1))
+        bits = math.ceil(math.log2(2 * self.magnitude(devices) + 1))
         if bits > 32:
             raise RingError(f"distributed DP for {devices} devices needs a {bits}-bit ring; at most 32 are "
                             "supported (lower the scale, or sample fewer devices)")
@@ -135,11 +142,15 @@ def encode(update: np.ndarray, params: SkellamParams, bits: int, rng: np.random.
     return (noisy & ((1 << bits) - 1)).astype(np.uint32)
 
 
+def centred(ring_sum: np.ndarray, bits: int) -> np.ndarray:
+    """Ring elements mod 2^bits read as signed integers in [-2^(bits-1), 2^(bits-1))."""
+    values = np.asarray(ring_sum, dtype=np.int64)
+    return np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
+
+
 def decode_sum(ring_sum: np.ndarray, params: SkellamParams, bits: int) -> np.ndarray:
     """The unmasked ring sum as the (noisy) sum of the clipped updates, in model units."""
-    values = np.asarray(ring_sum, dtype=np.int64)
-    values = np.where(values >= 1 << (bits - 1), values - (1 << bits), values)
-    return values.astype(np.float64) / params.scale
+    return centred(ring_sum, bits).astype(np.float64) / params.scale
 
 
 def skellam_rdp(alpha: int, l1: float, l2: float, variance: float) -> float:
@@ -197,3 +208,10 @@ def skellam_params(clip: float, noise_multiplier: float, dimension: int, expecte
     provisional = SkellamParams(clip, scale, 1.0, dimension)
     others = max(expected_devices, 2.0) - 1.0
     return SkellamParams(clip, scale, (noise_multiplier * provisional.l2_bound) ** 2 / others, dimension)
+
+
+def round_noise(spec: DPSpec, numel: int, clients_per_round: int, connected: int) -> SkellamParams:
+    """One round's Skellam parameters for DP setting ``spec``, for an expected
+    min(clients-per-round, connected) devices: what the secure-aggregation layer puts in its plan
+    and the DP layer accounts for."""
+    return skellam_params(spec.clip, spec.noise, numel, float(min(clients_per_round, max(connected, 1))))

@@ -75,8 +75,11 @@ class SharedGrid:
         level_sum = np.asarray(level_sum, dtype=np.float64)
         values, digits = level_sum[: -self.weight_digits], level_sum[-self.weight_digits:]
         total = values * (2 * self.clip / self.top) - summands * self.clip
-        weight_sum = sum(int(d) << (i * self.bits) for i, d in enumerate(digits))
-        return total, weight_sum
+        return total, self.weight_sum(digits)
+
+    def weight_sum(self, digit_sums: np.ndarray) -> int:
+        """The summed weights from the summed weight digits (base 2^b)."""
+        return sum(int(d) << (i * self.bits) for i, d in enumerate(digit_sums))
 
     def weighted_mean(self, level_sum: np.ndarray, summands: int) -> np.ndarray:
         """The example-weighted mean of the devices' (clipped) updates; zeros when no weight arrived."""

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from flwr.app import ConfigRecord, MessageType
 
-from fedge.privacy.errors import ProtocolError as SecAggProtocolError
 from fedge.privacy.distributed_dp import SkellamParams
+from fedge.privacy.errors import ProtocolError as SecAggProtocolError
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan

@@ -28,7 +28,7 @@ from flwr.app import Message, RecordDict
 
 from fedge.compression import derive_seed
 from fedge.privacy.credentials import verify_credential
-from fedge.privacy.distributed_dp import SkellamParams, decode_sum, skellam_tail
+from fedge.privacy.distributed_dp import SkellamParams, centred, decode_sum
 from fedge.privacy.errors import SecAggError, UnmaskError
 from fedge.privacy.keys import RoundContext
 from fedge.privacy.plan import SecAggPlan
@@ -67,7 +67,7 @@ def check_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
     if values.size and int(values.max()) > top:
         raise UnmaskError(f"the unmasked sum has a coordinate above {count} devices' highest level ({top}): "
                           "a device sent values outside the grid; the round is discarded")
-    weight = sum(int(d) << (i * grid.bits) for i, d in enumerate(digits))
+    weight = grid.weight_sum(digits)
     if int(digits.max(initial=0)) > top or not count <= weight <= count * grid.weight_cap:
         raise UnmaskError(f"the unmasked weights sum to {weight}, outside [{count}, {count * grid.weight_cap}] for "
                           f"{count} devices: a device sent values outside the grid; the round is discarded")
@@ -77,11 +77,9 @@ def check_noisy_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> No
     """Under distributed DP: no coordinate of ``count`` honest noisy vectors exceeds, in magnitude,
     count x the rounded norm bound plus the noise's tail bound (the bounds the ring was sized by);
     a larger one means a device sent values outside them, and the round is discarded."""
-    noise = plan.noise
-    assert noise is not None
-    bound = count * noise.coordinate_bound + skellam_tail(count * noise.local_variance, noise.dimension)
-    values = np.asarray(level_sum, dtype=np.int64)
-    signed = np.where(values >= 1 << (plan.bits - 1), values - (1 << plan.bits), values)
+    assert plan.noise is not None
+    bound = plan.noise.magnitude(count)
+    signed = centred(level_sum, plan.bits)
     if signed.size and int(np.abs(signed).max()) > bound:
         raise UnmaskError(f"the unmasked noisy sum has a coordinate beyond {bound} for {count} devices: a device "
                           "sent values outside the bounds; the round is discarded")

@@ -403,7 +403,7 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     C^2 / d to the variance, under 1% here). Rows report a finite, growing epsilon, and the masked
     uploads are exactly the packed ring the plan sized for the noise (no weight digits)."""
     from fedge.privacy.dp_spec import parse_differential_privacy
-    from fedge.server.engine.layers.differential_privacy import distributed_noise
+    from fedge.privacy.distributed_dp import round_noise
 
     dp = "gaussian:noise=0.5,clip=1.0,delta=1e-5"
     engine = _engine(tmp_path, rounds=2, clients_per_round=5, local_epochs=1, differential_privacy=dp)
@@ -411,7 +411,7 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     engine.on_row = lambda row: models.append(engine.algorithm.params.clone())
     start = initial_params(TASK, 42)
     rows = engine.run(InProcessGrid(5), start).rows
-    params = distributed_noise(parse_differential_privacy(dp), engine.ctx.numel, 5, 5)
+    params = round_noise(parse_differential_privacy(dp), engine.ctx.numel, 5, 5)
     assert rows[0].clients_used == 5
     predicted = math.sqrt(5 * params.local_variance) / params.scale / 5
     measured = float((models[0] - start).std())

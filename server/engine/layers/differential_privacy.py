@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, skellam_params
+from fedge.privacy.distributed_dp import SkellamParams, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -42,7 +42,7 @@ from fedge.server.engine.layers.base import Exchange, Failure, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
-__all__ = ["CentralDP", "DifferentialPrivacyLayer", "distributed_noise"]
+__all__ = ["CentralDP", "DifferentialPrivacyLayer"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +76,8 @@ class DifferentialPrivacyLayer(Layer):
         self.dp = dp
         self.clients_per_round = clients_per_round
         self.numel = numel
-        #: with secure aggregation: the devices add the noise inside the ring (Skellam), the
-        #: coordinator only samples, divides and accounts (``fedge.privacy.distributed_dp``)
-        self.distributed = distributed
+        #: with secure aggregation (distributed DP): the devices add the noise inside the ring
+        #: (Skellam), the coordinator only samples, divides and accounts in this ledger
         self.skellam = SkellamLedger(dp.spec.delta) if distributed else None
 
     @classmethod
@@ -102,7 +101,7 @@ class DifferentialPrivacyLayer(Layer):
 
     def noise(self, connected: int) -> SkellamParams:
         """The round's distributed-noise parameters (the secure layer puts the same ones in its plan)."""
-        return distributed_noise(self.dp.spec, self.numel, self.clients_per_round, connected)
+        return round_noise(self.dp.spec, self.numel, self.clients_per_round, connected)
 
     def _skellam_round(self, connected: int, survivors: int) -> tuple[float, float, float, float]:
         """What one round spends: the noise of every survivor but one is credited (pessimistic:
@@ -128,7 +127,7 @@ class DifferentialPrivacyLayer(Layer):
         return False
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
-        if self.distributed:
+        if self.skellam is not None:
             step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected, self.noise(step.connected))
         else:
             step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
@@ -228,11 +227,6 @@ class _DistributedMean:
             return self.inner.sum() / expected
         std = math.sqrt(max(expected - 1.0, 1.0) * self.noise.local_variance) / self.noise.scale
         return torch.from_numpy(self.dp._rng.normal(0.0, std, size=self.inner.numel).astype(np.float32)) / expected
-
-
-def distributed_noise(spec: DPSpec, numel: int, clients_per_round: int, connected: int) -> SkellamParams:
-    """One round's Skellam parameters, for an expected min(clients-per-round, connected) devices."""
-    return skellam_params(spec.clip, spec.noise, numel, float(min(clients_per_round, max(connected, 1))))
 
 
 class CentralDP:

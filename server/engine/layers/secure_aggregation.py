@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from fedge.privacy.credentials import CredentialError, load_issuer
-from fedge.privacy.dp_spec import parse_differential_privacy
+from fedge.privacy.distributed_dp import SkellamParams, round_noise
+from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
@@ -75,10 +76,10 @@ class SecureAggregationLayer(Layer):
     key = "secure-aggregation"
 
     def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None,
-                 dp: Any = None) -> None:
+                 dp_spec: DPSpec | None = None) -> None:
         self.spec = spec
         #: with differential privacy: the devices add Skellam noise inside the ring (distributed DP)
-        self.dp = dp
+        self.dp_spec = dp_spec
         self.clients_per_round = algorithm.ctx.settings.clients_per_round
         #: the operator CA's key when identities must be issued (``issuer=``); None: trust on first use
         self.issuer = issuer
@@ -118,12 +119,10 @@ class SecureAggregationLayer(Layer):
         # and no other run (a rerun with the same seed and directory name included) shares it.
         return cls(spec, algorithm, os.urandom(16), issuer, dp)
 
-    def _noise(self, connected: int):  # type: ignore[no-untyped-def]
-        if self.dp is None:
+    def _noise(self, connected: int) -> SkellamParams | None:
+        if self.dp_spec is None:
             return None
-        from fedge.server.engine.layers.differential_privacy import distributed_noise
-
-        return distributed_noise(self.dp, self.numel, self.clients_per_round, connected)
+        return round_noise(self.dp_spec, self.numel, self.clients_per_round, connected)
 
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
