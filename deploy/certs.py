@@ -50,9 +50,14 @@ __all__ = [
     "init_ca",
     "issue_server_certificate",
     "make_node_key",
+    "endorsement_path",
+    "identity_node_config",
+    "IDENTITY_NODE_CONFIG",
 ]
 
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
+#: the node-config keys of an issued secure-aggregation identity: node key, endorsement, CA certificate
+IDENTITY_NODE_CONFIG = ("secagg-auth-key", "secagg-endorsement", "secagg-issuer")
 SERVER_CERT, SERVER_KEY = "server.crt", "server.key"
 _CURVE = ec.SECP384R1()
 
@@ -185,19 +190,34 @@ def make_node_key(directory: str | os.PathLike[str], name: str, *, force: bool =
         raise CertificateError(f"node name must be letters, digits, '-', '_' or '.', got {name!r}")
     out = Path(directory)
     private, public = out / name, out / f"{name}.pub"
-    _refuse_overwrite([private, public, out / f"{name}.endorsement"], force)
+    _refuse_overwrite([private, public, endorsement_path(private)], force)
     key = ec.generate_private_key(_CURVE)
     line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write_key(private, key, serialization.PrivateFormat.OpenSSH)
     atomic_write_bytes(public, line + f" fedge-{name}\n".encode(), mode=0o644)
     endorsement = None
     if (out / CA_KEY).exists() and (out / CA_CERT).exists():
-        from fedge.privacy.credentials import ENDORSEMENT_SUFFIX, endorse
+        from fedge.privacy.credentials import endorse
 
         _, ca_key = _load_ca(out)
-        endorsement = out / f"{name}{ENDORSEMENT_SUFFIX}"
+        endorsement = endorsement_path(private)
         atomic_write_bytes(endorsement, endorse(ca_key, name, key.public_key()), mode=0o644)
     return NodeKey(private, public, fingerprint(line), endorsement)
+
+
+def endorsement_path(node_key: Path) -> Path:
+    """Where a node key's endorsement lives: next to it, ``<key>.endorsement``."""
+    return node_key.with_name(node_key.name + ".endorsement")
+
+
+def identity_node_config(node_key: Path, ca_cert: Path) -> dict[str, str]:
+    """The node config that hands a device its issued secure-aggregation identity (its key, the
+    key's endorsement, the CA that checks every peer's), or nothing when the key has no endorsement."""
+    endorsement = endorsement_path(node_key)
+    if not endorsement.exists():
+        return {}
+    paths = (node_key, endorsement, ca_cert)
+    return {name: str(Path(path).resolve()) for name, path in zip(IDENTITY_NODE_CONFIG, paths)}
 
 
 def fingerprint(openssh_line: bytes) -> str:

@@ -101,7 +101,9 @@ def _check_endorsement(options: JoinOptions, key) -> None:  # type: ignore[no-un
     when the first secure round refuses the device."""
     from fedge.privacy.credentials import CredentialError, bind_identity, load_issuer, verify_credential
 
-    endorsement = Path(f"{options.auth_key}.endorsement")
+    from fedge.deploy.certs import endorsement_path
+
+    endorsement = endorsement_path(Path(options.auth_key))
     if not endorsement.exists() or options.root_cert is None:
         return
     probe = bytes(32)  # any identity: the check is of the endorsement's chain, not of the identity
@@ -115,13 +117,11 @@ def _node_config(options: JoinOptions) -> dict[str, str | int]:
     config: dict[str, str | int] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
                                     "state-dir": str(Path(options.state_dir).resolve())}
     if options.auth_key is not None and options.root_cert is not None:
+        from fedge.deploy.certs import identity_node_config
+
         # an endorsement next to the key (`fedge certs node` with the CA at hand): this device's
         # secure-aggregation identity is issued by the operator, and it trusts none on first use
-        endorsement = Path(f"{options.auth_key}.endorsement")
-        if endorsement.exists():
-            config.update({"secagg-auth-key": str(Path(options.auth_key).resolve()),
-                           "secagg-endorsement": str(endorsement.resolve()),
-                           "secagg-issuer": str(Path(options.root_cert).resolve())})
+        config.update(identity_node_config(Path(options.auth_key), Path(options.root_cert)))
     return config
 
 

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
+from fedge.deploy.certs import IDENTITY_NODE_CONFIG
 from fedge.edge_client.node_store import NodeStore
 from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
 from fedge.privacy.distributed_dp import encode
@@ -52,6 +53,7 @@ _IDENTITY_FILE = "secagg-identity.key"
 _PINS_FILE = "secagg-pins.json"
 _ROUND = "fedge-secagg-round"
 _RAW = serialization.Encoding.Raw
+_NODE_KEY, _ENDORSEMENT, _ISSUER = IDENTITY_NODE_CONFIG
 
 
 def _saved(context: Context, name: str) -> Path | None:
@@ -115,26 +117,23 @@ def _identity_key(node: int, raw: bytes) -> Ed25519PublicKey:
         raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
 
 
-_ISSUED = ("secagg-auth-key", "secagg-endorsement", "secagg-issuer")
-
-
 def _issuer(context: Context) -> EllipticCurvePublicKey | None:
     """The operator's CA key when the operator issued this device its identity (node config
     ``secagg-auth-key``, ``secagg-endorsement``, ``secagg-issuer``); None: trust on first use."""
-    if not all(context.node_config.get(k) for k in _ISSUED):
+    if not all(context.node_config.get(k) for k in IDENTITY_NODE_CONFIG):
         return None
-    return load_issuer(str(context.node_config["secagg-issuer"]))
+    return load_issuer(str(context.node_config[_ISSUER]))
 
 
 def _credential(context: Context, identity: Ed25519PrivateKey) -> bytes:
     """This device's credential: its identity bound to its node key, with the CA's endorsement
     (made once per round, at the advertisement: the node key signs)."""
-    endorsement = str(context.node_config["secagg-endorsement"])
+    endorsement = str(context.node_config[_ENDORSEMENT])
     try:
         raw = Path(endorsement).read_bytes()
     except OSError as error:
         raise AdvertisementError(f"the identity endorsement {endorsement}: {error}") from None
-    return bind_identity(load_node_key(str(context.node_config["secagg-auth-key"])), raw, _public(identity))
+    return bind_identity(load_node_key(str(context.node_config[_NODE_KEY])), raw, _public(identity))
 
 
 def _check_mode(plan: SecAggPlan, issuer: EllipticCurvePublicKey | None) -> None:

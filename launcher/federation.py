@@ -20,7 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.deploy.certs import CA_CERT, SERVER_CERT, SERVER_KEY, init_ca, issue_server_certificate, make_node_key
+from fedge.deploy.certs import (
+    CA_CERT,
+    SERVER_CERT,
+    SERVER_KEY,
+    identity_node_config,
+    init_ca,
+    issue_server_certificate,
+    make_node_key,
+)
 
 __all__ = [
     "LoopbackSecurity",
@@ -91,12 +99,7 @@ class LoopbackSecurity:
     def node_identity(self, index: int) -> dict[str, str]:
         """Node config for SuperNode ``index``'s secure-aggregation identity, issued by this CA
         (its key's endorsement, written with the key), when there is one."""
-        key = self.node_key(index)
-        endorsement = key.with_name(key.name + ".endorsement")
-        if not endorsement.exists():
-            return {}
-        return {"secagg-auth-key": str(key), "secagg-endorsement": str(endorsement),
-                "secagg-issuer": str(self.directory / CA_CERT)}
+        return identity_node_config(self.node_key(index), self.directory / CA_CERT)
 
     def issue_secure_aggregation(self, spec: str) -> str:
         """``spec`` with this CA as its identity issuer: a TLS federation trusts no identity on

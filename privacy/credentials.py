@@ -30,10 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fedge.privacy.errors import AdvertisementError
 
 __all__ = ["CredentialError", "Credential", "endorse", "bind_identity", "verify_credential", "load_issuer",
-           "load_node_key", "ENDORSEMENT_SUFFIX"]
-
-#: ``fedge certs node --name N`` writes ``N``, ``N.pub`` and ``N.endorsement``
-ENDORSEMENT_SUFFIX = ".endorsement"
+           "load_node_key"]
 
 _ENDORSE_LABEL = b"fedge-node-endorsement-v1|"
 _BIND_LABEL = b"fedge-secagg-identity-v1|"
