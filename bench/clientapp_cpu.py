@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shlex
@@ -73,6 +72,53 @@ def _clientapp(pid: str, home: bytes) -> tuple[float, int, int] | None:
     return (int(stat[11]) + int(stat[12])) / _TICK, int(node) if node.isdigit() else -1, int(stat[19])
 
 
+def _memory(pid: str) -> tuple[float, float]:
+    """(RSS, PSS) in MiB of a process (PSS: its shared pages divided among their sharers, so a warm
+    parent's pages its forked children share are counted once overall)."""
+    rss = pss = 0.0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1]) / 1024
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return rss, pss
+
+
+def tree_cpu(home: Path) -> float:
+    """CPU-seconds of the whole run so far: every process carrying the run's FLWR_HOME, its own
+    user + system time plus that of its children it has reaped (``cutime``/``cstime``), so the
+    ClientApp processes that have exited count too (as a cgroup's accounting would)."""
+    marker = b"FLWR_HOME=" + str(home).encode()
+    total = 0.0
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if not any(e.startswith(marker) for e in environ):
+                continue
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(v) for v in stat[11:15]) / _TICK  # utime stime cutime cstime
+    return total
+
+
+def _role(pid: str, home: bytes) -> str | None:
+    """'supernode' or 'warm' for this run's SuperNode and warm processes, else None."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"flower-supernode" not in cmdline and b"warm_executor" not in cmdline:
+            return None
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if not any(e.startswith(b"FLWR_HOME=" + home) for e in environ):
+        return None
+    return "warm" if b"warm_executor" in cmdline else "supernode"
+
+
 class Sampler(threading.Thread):
     """Polls /proc for the run's ClientApp processes until stopped."""
 
@@ -83,10 +129,18 @@ class Sampler(threading.Thread):
         self.seen: dict[tuple[int, int], dict[str, Any]] = {}
         self.halt = threading.Event()
         self.t0 = _uptime()  # the clock /proc/<pid>/stat starttime counts on
+        # peak (RSS, PSS) MiB per SuperNode / warm process seen
+        self.memory: dict[str, dict[str, tuple[float, float]]] = {"supernode": {}, "warm": {}}
 
     def run(self) -> None:
         while not self.halt.is_set():
             for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                role = _role(pid, self.home)
+                if role is not None:
+                    rss, pss = _memory(pid)
+                    old = self.memory[role].get(pid, (0.0, 0.0))
+                    self.memory[role][pid] = (max(old[0], rss), max(old[1], pss))
+                    continue
                 found = _clientapp(pid, self.home)
                 if found is not None:
                     cpu, node, start = found
@@ -122,72 +176,169 @@ def summarize(seen: dict[tuple[int, int], dict[str, Any]], slow_nodes: int) -> d
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--supernodes", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--local-epochs", type=int, default=5)
-    parser.add_argument("--algorithm", default="fedavg")
-    parser.add_argument("--stragglers", default="none", help="run setting: 'fraction=F,slowdown=S' slows the first "
-                        "ceil(F x supernodes) nodes")
-    parser.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
-    parser.add_argument("--out", help="output path without suffix (default: bench/results/clientapp-cpu)")
-    args = parser.parse_args()
-    if args.supernodes < 1 or args.rounds < 1 or args.interval <= 0:
-        parser.error("--supernodes and --rounds must be >= 1, --interval > 0")
-    try:
-        fraction, factor = parse_stragglers(args.stragglers)
-    except ValueError as err:
-        parser.error(str(err))
-    slow_nodes = math.ceil(fraction * args.supernodes) if factor != 1.0 else 0
-    command = shlex.join([".venv/bin/python", "bench/clientapp_cpu.py", *sys.argv[1:]])
-    load_start = os.getloadavg()[0]
+def _warm_figures(ledger: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-message CPU of a warm run from the warm process's ledger: each forked child's exact
+    user + system CPU (``wait4``), its peak RSS, and the parent's own CPU beyond its warm-up (the
+    polling) shared over the messages."""
+    entries = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    messages = sorted((e for e in entries if e.get("event") == "message"), key=lambda e: e["start"])
+    ready = next((e for e in entries if e.get("event") == "ready"), None)
+    stopped = next((e for e in entries if e.get("event") == "stopped"), None)
+    firsts, later, seen = [], [], set()
+    for e in messages:
+        (later if e["node"] in seen else firsts).append(e)
+        seen.add(e["node"])
+    cpu = lambda e: e["cpu_user"] + e["cpu_system"]  # noqa: E731
+    polling = (stopped["cpu"] - ready["cpu"]) / len(messages) if ready and stopped and messages else None
+    return {
+        "messages": len(messages), "nodes": len(seen), "ended_badly": sum(e["ended"] != "exit status 0" for e in messages),
+        "first_cpu_median": statistics.median(cpu(e) for e in firsts) if firsts else None,
+        "later_cpu_median": statistics.median(cpu(e) for e in later) if later else None,
+        "later_cpu_min": min((cpu(e) for e in later), default=None),
+        "later_cpu_max": max((cpu(e) for e in later), default=None),
+        "later_life_median": statistics.median(e["end"] - e["start"] for e in later) if later else None,
+        "child_peak_rss_mib_median": statistics.median(e["max_rss_kib"] / 1024 for e in later) if later else None,
+        "parent_warmup_cpu": ready["cpu"] if ready else None,
+        "parent_rss_mib": ready["max_rss_kib"] / 1024 if ready else None,
+        "parent_cpu_per_message": polling,
+    }
+
+
+def _reported(rows: list[dict[str, Any]], field: str, skip_first: bool = True) -> float | None:
+    """Median over rounds (after the first, whose messages also build each node's data cache) of
+    the rows' median device report of ``field`` (``fedge.protocol.resources``)."""
+    values = []
+    for row in rows[1 if skip_first else 0:]:
+        summary = (row.get("extra") or {}).get("device_resources") or row.get("device_resources")
+        if summary and field in summary:
+            values.append(summary[field]["median"])
+    return statistics.median(values) if values else None
+
+
+def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fedge-bench-clientapp-") as tmp:
         run_dir = Path(tmp) / "run"
         settings = RunSettings(algorithm=args.algorithm, rounds=args.rounds, clients_per_round=args.supernodes,
                                local_epochs=args.local_epochs, stragglers=args.stragglers, run_dir=str(run_dir))
         sampler = Sampler((run_dir / "flwr-home").resolve(), args.interval)
         sampler.start()
+        started = time.monotonic()
+        home = (run_dir / "flwr-home").resolve()
+        marks: list[tuple[int, float, int]] = []  # (round, whole-tree CPU when its row landed, messages)
         try:
-            result = launch(settings, engine="deployment", num_supernodes=args.supernodes, timeout=3600)
+            result = launch(settings, engine="deployment", num_supernodes=args.supernodes, timeout=3600,
+                            isolation=isolation, on_row=lambda row: marks.append(
+                                (int(row["round"]), tree_cpu(home), int(row.get("clients_sampled", 0)))))
         finally:
             sampler.halt.set()
             sampler.join()
-    if not result.summary:
-        print("the run did not finish; see its logs", file=sys.stderr)
-        return 1
-    summary = summarize(sampler.seen, slow_nodes)
-    if not summary["processes"]:
-        print("no flwr-clientapp process of this run was seen: nothing measured", file=sys.stderr)
-        return 1
-    trained = [r["client_train_seconds"] for r in result.rows if r.get("client_train_seconds")]
-    summary["train_seconds_median"] = statistics.median(trained) if trained else None
+        if not result.summary:
+            raise SystemExit(f"the {isolation} run did not finish; see its logs")
+        out: dict[str, Any] = {"isolation": isolation, "seconds": time.monotonic() - started,
+                               "round_seconds": [r.get("seconds") for r in result.rows],
+                               "rounds_completed": len(result.rows)}
+        # whole tree, rounds 3.. minus round 2 (round 1 also starts every process and builds caches)
+        after = [m for m in marks if m[0] >= 3]
+        base = next((m for m in marks if m[0] == 2), None)
+        if base and after:
+            messages = sum(m[2] for m in after)
+            out["tree_cpu_per_message"] = (after[-1][1] - base[1]) / messages if messages else None
+            out["tree_rounds"] = f"{base[0] + 1}-{after[-1][0]}"
+        for role, seen in sampler.memory.items():
+            if seen:
+                out[f"{role}_peak_rss_mib_median"] = statistics.median(v[0] for v in seen.values())
+                out[f"{role}_peak_pss_mib_median"] = statistics.median(v[1] for v in seen.values())
+        ledger = run_dir / "logs" / "warm-messages.jsonl"
+        if isolation == "warm":
+            if not ledger.exists():
+                raise SystemExit("warm run without a warm ledger: warm execution fell back (see the log)")
+            out["measured"] = _warm_figures(ledger, result.rows)
+        else:
+            out["measured"] = summarize(sampler.seen, 0)
+            if not out["measured"]["processes"]:
+                raise SystemExit("no flwr-clientapp process of this run was seen: nothing measured")
+        for field in ("cpu_seconds", "train_cpu_seconds", "encode_cpu_seconds", "overhead_cpu_seconds",
+                      "startup_cpu_seconds", "peak_rss_mib"):
+            out[f"reported_{field}"] = _reported(result.rows, field)
+        trained = [r["client_train_seconds"] for r in result.rows if r.get("client_train_seconds")]
+        out["train_seconds_median"] = statistics.median(trained) if trained else None
+        return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--supernodes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--algorithm", default="fedavg")
+    parser.add_argument("--isolation", default="subprocess,warm",
+                        help="comma-separated, run one after the other in this invocation: subprocess, warm")
+    parser.add_argument("--stragglers", default="none", help="run setting: 'fraction=F,slowdown=S' slows the first "
+                        "ceil(F x supernodes) nodes")
+    parser.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
+    parser.add_argument("--out", help="output path without suffix (default: bench/results/clientapp-cpu)")
+    args = parser.parse_args()
+    isolations = [i.strip() for i in args.isolation.split(",") if i.strip()]
+    if args.supernodes < 1 or args.rounds < 2 or args.interval <= 0:
+        parser.error("--supernodes must be >= 1, --rounds >= 2 (later messages are measured), --interval > 0")
+    if not isolations or any(i not in ("subprocess", "warm") for i in isolations):
+        parser.error("--isolation: subprocess and/or warm")
+    try:
+        parse_stragglers(args.stragglers)
+    except ValueError as err:
+        parser.error(str(err))
+    command = shlex.join([".venv/bin/python", "bench/clientapp_cpu.py", *sys.argv[1:]])
+    load_start = os.getloadavg()[0]
+    runs = [run_one(args, isolation) for isolation in isolations]
     cores = os.cpu_count() or 1
     header = (f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, {cores} logical CPUs "
               f"(load average {load_start:.2f} at start): {args.supernodes} SuperNodes on 127.0.0.1, "
-              f"{args.algorithm}, {args.rounds} rounds/versions of {args.local_epochs} local epochs, digits, "
-              f"stragglers {args.stragglers}; "
-              f"`{command}`")
+              f"{args.algorithm}, {args.rounds} rounds of {args.local_epochs} local epochs, digits, "
+              f"stragglers {args.stragglers}; `{command}`")
     fmt = lambda v, unit="s": "-" if v is None else f"{v:.2f} {unit}".strip()  # noqa: E731
-    table = "\n".join([
-        "| ClientApp processes | a node's first message: CPU / lifetime | later messages: CPU (min-max) / lifetime | "
-        "later lifetime: slowed / other nodes | clients' training | busy cores (ClientApps) |",
-        "|---|---|---|---|---|---|",
-        f"| {summary['processes']} on {summary['nodes']} nodes | {fmt(summary['first_cpu_median'])} / "
-        f"{fmt(summary['first_life_median'])} | {fmt(summary['later_cpu_median'])} "
-        f"({fmt(summary['later_cpu_min'])}-{fmt(summary['later_cpu_max'])}) / {fmt(summary['later_life_median'])} | "
-        f"{fmt(summary['slow_later_life_median'])} / {fmt(summary['other_later_life_median'])} | "
-        f"{fmt(summary['train_seconds_median'])} | {fmt(summary['busy_cores'], '')} of {cores} |",
-    ])
-    print(header + "\n\n" + table + "\n\nmedians; CPU = user + system of each flwr-clientapp process")
+    lines = ["| isolation | later message CPU, measured outside (min-max) | + warm parent's polling | "
+             "reported by the device: CPU = train + encode + overhead | first message CPU | peak RSS per message "
+             "process | whole run's CPU per device message | run wall time |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        m = run["measured"]
+        lines.append(
+            f"| {run['isolation']} | {fmt(m['later_cpu_median'])} ({fmt(m['later_cpu_min'])}-{fmt(m['later_cpu_max'])}) | "
+            f"{fmt(m.get('parent_cpu_per_message'))} | {fmt(run['reported_cpu_seconds'])} = "
+            f"{fmt(run['reported_train_cpu_seconds'])} + {fmt(run['reported_encode_cpu_seconds'])} + "
+            f"{fmt(run['reported_overhead_cpu_seconds'])} | {fmt(m['first_cpu_median'])} | "
+            f"{fmt(run['reported_peak_rss_mib'], 'MiB')} | {fmt(run.get('tree_cpu_per_message'))} "
+            f"(rounds {run.get('tree_rounds', '-')}) | {fmt(run['seconds'])} |")
+    table = "\n".join(lines)
+    verdict = ""
+    by = {run["isolation"]: run for run in runs}
+    if "warm" in by and "subprocess" in by:
+        warm, sub = by["warm"], by["subprocess"]
+        warm_cpu = warm["measured"]["later_cpu_median"] + (warm["measured"]["parent_cpu_per_message"] or 0.0)
+        sub_cpu = sub["measured"]["later_cpu_median"]
+        budget = (warm["reported_train_cpu_seconds"] or 0.0) + (warm["reported_encode_cpu_seconds"] or 0.0) + 0.4
+        verdict = (f"\n\nwarm: {warm_cpu:.2f} CPU-s per later message (child + parent's polling share) against "
+                   f"subprocess {sub_cpu:.2f} (a lower bound: /proc sampled every {args.interval} s): "
+                   f"{sub_cpu / warm_cpu:.1f}x less; budget training + encoding + 0.4 = {budget:.2f} CPU-s "
+                   f"({'met' if warm_cpu <= budget else 'NOT met'}). Warm parent: {fmt(warm['measured']['parent_rss_mib'], 'MiB')} "
+                   f"resident after its warm-up of {fmt(warm['measured']['parent_warmup_cpu'])} CPU.")
+    for run in runs:
+        if run.get("tree_cpu_per_message") is not None:
+            verdict += (f"\n\n{run['isolation']}: the whole run (SuperLink, ServerApp, SuperNodes, ClientApps, "
+                        f"`flwr run`) spent {run['tree_cpu_per_message']:.2f} CPU-s per device message over "
+                        f"rounds {run['tree_rounds']}.")
+        if run.get("supernode_peak_rss_mib_median") is not None:
+            verdict += (f" SuperNode process: {run['supernode_peak_rss_mib_median']:.0f} MiB RSS "
+                        f"({run['supernode_peak_pss_mib_median']:.0f} MiB PSS) median peak.")
+        if run.get("warm_peak_rss_mib_median") is not None:
+            verdict += (f" Warm process: {run['warm_peak_rss_mib_median']:.0f} MiB RSS, "
+                        f"{run['warm_peak_pss_mib_median']:.0f} MiB PSS (shared with the children it forks).")
+    print(header + "\n\n" + table + verdict)
     out = Path(args.out or ROOT / "bench" / "results" / "clientapp-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(header + "\n\n" + table + "\n")
+    out.with_suffix(".md").write_text(header + "\n\n" + table + verdict + "\n")
     out.with_suffix(".json").write_text(json.dumps(
         {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": cores,
-         "load_average_at_start": load_start, "args": vars(args), "summary": summary,
-         "round_seconds": [r.get("seconds") for r in result.rows],
-         "processes": sorted(sampler.seen.values(), key=lambda p: p["first"])}, indent=2) + "\n")
+         "load_average_at_start": load_start, "args": vars(args), "runs": runs}, indent=2) + "\n")
     print(f"reproduce: {command}\nwrote {out}.md and .json")
     return 0
 

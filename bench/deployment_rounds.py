@@ -94,6 +94,7 @@ def run_fedge(codec: str, args: argparse.Namespace, run_dir: Path) -> dict[str, 
 
     started = time.monotonic()
     result = launch(settings, engine="deployment", num_supernodes=args.supernodes, on_row=show,
+                    isolation=args.fedge_isolation,
                     timeout=args.timeout)
     wall = time.monotonic() - started
     rounds, previous = [], 0.0
@@ -154,7 +155,8 @@ def run_flower(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         return False
 
     try:
-        flower = FlowerLaunch(group, flwr_home, _CONNECTION)
+        # the Flower app as its users run it: Flower's default (a new ClientApp process per message)
+        flower = FlowerLaunch(group, flwr_home, _CONNECTION, isolation=args.flower_isolation)
         flower.start_superlink(cwd=run_dir)
         for i in range(args.supernodes):
             flower.start_supernode(i, {"partition-id": i, "num-partitions": args.supernodes}, cwd=run_dir)
@@ -305,6 +307,10 @@ def main() -> int:
     parser.add_argument("--partitioning", default="iid",
                         help="Fedge's partitioning (the Flower app always shards IID)")
     parser.add_argument("--no-flower", action="store_true", help="run only Fedge")
+    parser.add_argument("--fedge-isolation", default="warm", choices=("warm", "subprocess"),
+                        help="Fedge's SuperNodes (default: warm, the product default)")
+    parser.add_argument("--flower-isolation", default="subprocess", choices=("warm", "subprocess"),
+                        help="the Flower app's SuperNodes (default: subprocess, Flower's own default)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is abandoned")
     parser.add_argument("--keep", metavar="DIR", help="keep run directories (logs, metrics) under DIR")
     parser.add_argument("--out", help="output path without suffix (default: bench/results/deployment-rounds)")

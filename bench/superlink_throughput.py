@@ -62,7 +62,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def measure(supernodes: int, rounds: int, payload: int, timeout: float) -> dict[str, Any]:
+def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolation: str = "warm") -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="superlink-"))
     flwr_home = run_dir / "flwr-home"
     env = flower_environment(flwr_home)
@@ -72,7 +72,7 @@ def measure(supernodes: int, rounds: int, payload: int, timeout: float) -> dict[
     rss = {"superlink": 0.0, "supernode": 0.0}
     started = time.monotonic()
     try:
-        flower = FlowerLaunch(group, flwr_home)
+        flower = FlowerLaunch(group, flwr_home, isolation=isolation)
         link = flower.start_superlink(cwd=run_dir)
         nodes = [flower.start_supernode(i, {"partition-id": i, "num-partitions": supernodes}, cwd=run_dir)
                  for i in range(supernodes)]
@@ -102,7 +102,7 @@ def measure(supernodes: int, rounds: int, payload: int, timeout: float) -> dict[
     last = next((c for n, c in reversed(cpu) if n >= rounds + 1), cpu[-1][1] if cpu else None)
     link_cpu = None if first is None or last is None else last - first
     return {
-        "supernodes": supernodes, "rounds_measured": len(measured), "payload_bytes": payload,
+        "supernodes": supernodes, "isolation": flower.isolation, "rounds_measured": len(measured), "payload_bytes": payload,
         "first_round_seconds": lines[0]["seconds"], "messages": messages, "seconds": seconds,
         "messages_per_second": messages / seconds if seconds else None,
         "superlink_cpu_seconds": link_cpu,
@@ -118,11 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (one more runs first, as warm-up)")
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--isolation", default="warm", choices=("warm", "subprocess"))
     parser.add_argument("--out", default="bench/results/superlink_throughput")
     args = parser.parse_args(argv)
     results = []
     for n in args.supernodes:
-        result = measure(n, args.rounds, args.payload_bytes, args.timeout)
+        result = measure(n, args.rounds, args.payload_bytes, args.timeout, args.isolation)
         results.append(result)
         print(json.dumps(result), flush=True)
     command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)

@@ -10,7 +10,10 @@ here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send Fed
 ``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
 the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
-Mods around every handler: ``refusal_mod`` (a handler's typed refusal, such as a copy out of sync,
+Mods around every handler: ``resource_mod`` (what the message cost the device, reported in the reply
+and kept in its ledger; ``edge_client.resources``), ``eligibility_mod`` (the owner's conditions and
+daily budgets: a typed ``not-eligible`` / ``over-budget`` refusal; ``edge_client.eligibility``),
+``refusal_mod`` (a handler's typed refusal, such as a copy out of sync,
 leaves as a ``refusal`` record the coordinator counts by kind; ``edge_client.layers``), ``plugins_mod`` (the run's plugins imported first: codecs, algorithms
 from outside Fedge), ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
 per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
@@ -31,11 +34,13 @@ from flwr.clientapp import ClientApp
 
 import fedge.edge_client.algorithms as _handlers
 from fedge.edge_client import secure_aggregation
+from fedge.edge_client.eligibility import eligibility_mod
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.layers import refusal_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
 from fedge.edge_client.plugins import train as plugin_train
+from fedge.edge_client.resources import resource_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
@@ -44,7 +49,7 @@ from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE
 
 __all__ = ["app", "handled_algorithms"]
 
-app = ClientApp(mods=[refusal_mod, plugins_mod, threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
+app = ClientApp(mods=[resource_mod, refusal_mod, eligibility_mod, plugins_mod, threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:

@@ -3,9 +3,10 @@
     fedge-edge join   --superlink HOST:PORT --root-cert ca.crt --auth-key device-1 --data own.npz
     fedge-edge verify bundle/ --trusted-key signing-key.pub.pem
     fedge-edge infer  bundle/ --trusted-key signing-key.pub.pem --input x.npy [--output y.npy]
+    fedge-edge status [--state-dir DIR] [--day YYYY-MM-DD]
 
 ``verify`` and ``infer`` import no torch (onnxruntime and cryptography only); ``join`` trains, so it
-needs ``fedge[device]``. ``join`` exits 2 on a bad data file, key or certificate (before it
+needs ``fedge[device]``; ``status`` sums the device's resource ledger for a day. ``join`` exits 2 on a bad data file, key or certificate (before it
 connects); a key the SuperLink refuses (not registered yet) is logged and retried.
 
 A rejected bundle exits with status 3 and names the failed check (SignatureError, IntegrityError,
@@ -52,7 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: $XDG_STATE_HOME/fedge-edge)")
     join.add_argument("--port", type=int, default=0, help="local port of the SuperNode's ClientApp API (default: any free)")
     join.add_argument("--max-restarts", type=int, default=-1, help="give up after this many SuperNode restarts (default: never)")
+    join.add_argument("--isolation", choices=("warm", "subprocess"), default="warm",
+                      help="run each message in a child forked from one warm process with torch, Flower and "
+                      "Fedge imported (default), or in a new flwr-clientapp process (Flower's subprocess isolation)")
+    join.add_argument("--when", default="", help="train only when all hold: charging, unmetered, idle "
+                      "(comma-separated; what each means on Linux: docs/edge.md)")
+    join.add_argument("--max-rounds-per-day", type=int, default=0, help="refuse training beyond this many rounds a day")
+    join.add_argument("--max-mb-per-day", type=float, default=0.0, help="refuse messages beyond this many MB a day (down + up)")
     join.add_argument("--check", action="store_true", help="validate everything, print the data summary, do not connect")
+    status = sub.add_parser("status", help="what this device spent today: rounds, CPU-seconds, megabytes",
+                            description="Sums the device's resource ledger (<state-dir>/resources.jsonl, one line "
+                            "per message) for one day.")
+    status.add_argument("--state-dir", default=None, help="the state directory `join` used (default: "
+                        "$XDG_STATE_HOME/fedge-edge)")
+    status.add_argument("--day", default=None, help="YYYY-MM-DD (default: today, local time)")
     for name, text in (("verify", "verify a bundle and accept its round (anti-rollback)"),
                        ("infer", "verify a bundle, then run it on an input .npy file")):
         command = sub.add_parser(name, help=text, description=text)
@@ -89,7 +103,8 @@ def _join(args: argparse.Namespace) -> int:
         root_cert=Path(args.root_cert) if args.root_cert else None,
         auth_key=Path(args.auth_key) if args.auth_key else None, insecure=args.insecure,
         threads=args.threads, state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
-        port=args.port, max_restarts=args.max_restarts,
+        port=args.port, max_restarts=args.max_restarts, isolation=args.isolation, when=args.when,
+        max_rounds_per_day=args.max_rounds_per_day, max_mb_per_day=args.max_mb_per_day,
     )
     try:
         summary = check_join(options)
@@ -104,6 +119,22 @@ def _join(args: argparse.Namespace) -> int:
     return join(options, stop)
 
 
+def _status(args: argparse.Namespace) -> int:
+    import datetime
+
+    from fedge.edge_client.join import default_state_dir
+    from fedge.edge_client.resources import day_totals
+
+    try:
+        day = datetime.date.fromisoformat(args.day) if args.day else None
+    except ValueError:
+        print(f"fedge-edge: --day must be YYYY-MM-DD, got {args.day!r}", file=sys.stderr)
+        return 2
+    totals = day_totals(Path(args.state_dir) if args.state_dir else default_state_dir(), day)
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.command == "join" else logging.WARNING,
@@ -112,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.getcwd() not in sys.path:  # a task given by import path imports from here, as in `fedge`
             sys.path.append(os.getcwd())
         return _join(args)
+    if args.command == "status":
+        return _status(args)
     try:
         model = EdgeModel.load(args.bundle, args.trusted_key, state=args.state, threads=args.threads)
     except KeyFileError as err:

@@ -5,7 +5,10 @@ certificate), then runs Flower's own ``flower-supernode`` with the Fedge ClientA
 
     data="<own.npz>" threads=N state-dir="<dir>"
 
-and supervises it: when the SuperNode exits (the network or the SuperLink went away for longer than
+and supervises it. By default the SuperNode runs with Flower's ``--isolation process`` next to one warm
+process (``fedge.edge_client.warm_executor``) that runs each message in a child forked from its
+pre-imported parent, instead of a new ``flwr-clientapp`` process per message (``--isolation
+subprocess``, Flower's default, opts out). When the SuperNode exits (the network or the SuperLink went away for longer than
 Flower's own retries) it is started again with a growing pause (2 s doubling to 60 s); when the
 SuperLink refuses the node's key (Flower code 305: not registered yet) it says so in the log and keeps
 trying with the same pauses, since the operator may register it at any moment.
@@ -53,6 +56,10 @@ class JoinOptions:
     state_dir: Path = Path("fedge-edge-state")
     port: int = 0
     max_restarts: int = -1  # -1: keep trying
+    isolation: str = "warm"  # fedge.launcher.isolation: warm (default) or Flower's subprocess
+    when: str = ""  # participation conditions, e.g. "charging,unmetered,idle" (edge_client.eligibility)
+    max_rounds_per_day: int = 0  # 0: no budget
+    max_mb_per_day: float = 0.0
 
 
 def check_join(options: JoinOptions) -> str:
@@ -68,6 +75,15 @@ def check_join(options: JoinOptions) -> str:
         raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
     if options.threads < 1:
         raise JoinError(f"--threads must be >= 1, got {options.threads}")
+    if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
+        raise JoinError("--max-rounds-per-day and --max-mb-per-day must be >= 0 (0: no budget)")
+    from fedge.edge_client.eligibility import Policy
+    from fedge.protocol.refusals import BadConfigRefusal
+
+    try:
+        Policy.from_node_config(dict(_node_config(options)))
+    except BadConfigRefusal as err:
+        raise JoinError(f"--when / budgets: {err}") from None
     if options.insecure and (options.root_cert or options.auth_key):
         raise JoinError("--insecure contradicts --root-cert/--auth-key: choose one")
     if not options.insecure and options.root_cert is None:
@@ -113,9 +129,15 @@ def _check_endorsement(options: JoinOptions, key) -> None:  # type: ignore[no-un
         raise JoinError(f"{endorsement}: {err}") from None
 
 
-def _node_config(options: JoinOptions) -> dict[str, str | int]:
-    config: dict[str, str | int] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
-                                    "state-dir": str(Path(options.state_dir).resolve())}
+def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
+    config: dict[str, str | int | float] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
+                                            "state-dir": str(Path(options.state_dir).resolve())}
+    if options.when:
+        config["when"] = options.when
+    if options.max_rounds_per_day:
+        config["max-rounds-per-day"] = options.max_rounds_per_day
+    if options.max_mb_per_day:
+        config["max-mb-per-day"] = float(options.max_mb_per_day)
     if options.auth_key is not None and options.root_cert is not None:
         from fedge.deploy.certs import identity_node_config
 
@@ -129,6 +151,7 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     """Run (and re-run) the SuperNode until stopped (0), or until ``max_restarts`` is used up (1)."""
     from fedge.launcher.environment import flower_environment, node_config_arg
     from fedge.launcher.federation import supernode_argv
+    from fedge.launcher.isolation import choose_isolation, supernode_isolation_argv, warm_executor_argv, write_secret
     from fedge.launcher.processes import ProcessGroup, free_port
 
     stop = stop or threading.Event()
@@ -136,13 +159,22 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     env = flower_environment(state_dir / "flwr-home")
     env.update({"OMP_NUM_THREADS": str(options.threads), "MKL_NUM_THREADS": str(options.threads)})
+    isolation = choose_isolation(options.isolation)
+    secret = write_secret(state_dir / "superexec.secret") if isolation == "warm" else None
+    port = options.port or free_port()
     argv = supernode_argv(
-        options.superlink, options.port or free_port(), node_config_arg(_node_config(options)),
+        options.superlink, port, node_config_arg(_node_config(options)),
         root_cert=None if options.insecure else Path(options.root_cert).resolve(),  # type: ignore[arg-type]
         auth_key=Path(options.auth_key).resolve() if options.auth_key else None,
+        extra=supernode_isolation_argv(isolation, secret),
     )
+    # warm: one process with torch, Flower and Fedge imported, a child forked from it per message;
+    # it outlives SuperNode restarts (it asks the Runtime API again until the node is back)
+    warm_argv = (warm_executor_argv([(f"127.0.0.1:{port}", None)], secret, ledger=state_dir / "logs" / "warm-messages.jsonl")
+                 if secret is not None else None)
     pause, restarts = 2.0, 0
     with ProcessGroup(state_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]}) as group:
+        warm = group.start("warm-executor", warm_argv, cwd=state_dir) if warm_argv else None
         while not stop.is_set():
             log_path = state_dir / "logs" / "supernode.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
@@ -150,7 +182,11 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
             started = time.monotonic()
             log.info("SuperNode started (pid %d), dialing %s; log %s", node.pid, options.superlink, node.log_path)
             while node.alive() and not stop.wait(0.5):
-                pass
+                if warm is not None and not warm.alive():
+                    log.error("the warm process exited (code %s); starting it again; log %s",
+                              warm.popen.returncode, warm.log_path)
+                    group.processes.remove(warm)
+                    warm = group.start("warm-executor", warm_argv, cwd=state_dir)  # type: ignore[arg-type]
             if stop.is_set():
                 break
             with open(node.log_path, "rb") as handle:  # this start's output only (the log is appended)

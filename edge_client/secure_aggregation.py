@@ -35,6 +35,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.deploy.certs import IDENTITY_NODE_CONFIG
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.resources import timed
 from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
 from fedge.privacy.distributed_dp import encode
 from fedge.privacy.errors import AdvertisementError, ProtocolError
@@ -218,6 +219,7 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({SECAGG_RECORD: reply}), reply_to=msg)
 
 
+@timed("encode")
 def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples: int, memory: NodeStore,
                   generator: torch.Generator, *, error_feedback: bool = True) -> tuple[bytes, float]:
     """The masked upload of ``delta`` (weighted by ``examples``) and the error-feedback residual's norm.

@@ -17,6 +17,7 @@ from torch.optim.sgd import sgd as functional_sgd
 
 from torch.utils.data import Dataset
 
+from fedge.edge_client.resources import timed
 from fedge.tasks import Task, batches
 
 __all__ = ["LocalTrainResult", "train_local"]
@@ -49,6 +50,7 @@ def _sgd_step(params: list[torch.Tensor], momentum_buffers: list[torch.Tensor | 
         momentum_buffers[i] = buf
 
 
+@timed("train")
 def train_local(
     model: nn.Module,
     data: Dataset,

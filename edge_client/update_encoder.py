@@ -16,6 +16,7 @@ import torch
 
 from fedge.compression import Codec
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.resources import timed
 
 __all__ = ["encode_update", "load_memory_state"]
 
@@ -34,6 +35,7 @@ def load_memory_state(store: NodeStore, codec: Codec, numel: int) -> dict[str, t
     return tensors
 
 
+@timed("encode")
 def encode_update(
     delta: torch.Tensor,
     codec: Codec,

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedge.launcher.environment import config_args, node_config_arg, supernode_home
 from fedge.launcher.federation import ServerTLS, register_node, superlink_argv, supernode_argv, write_connection
+from fedge.launcher.isolation import choose_isolation, supernode_isolation_argv, warm_executor_argv, write_secret
 from fedge.launcher.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 
 __all__ = ["FlowerLaunch", "LaunchError"]
@@ -39,12 +40,18 @@ class LaunchError(RuntimeError):
 class FlowerLaunch:
     """The steps of starting a federation, in a process group, against one ``flwr`` connection."""
 
-    def __init__(self, group: ProcessGroup, flwr_home: Path, connection: str = "fedge") -> None:
+    def __init__(self, group: ProcessGroup, flwr_home: Path, connection: str = "fedge",
+                 isolation: str = "warm") -> None:
+        """``isolation``: how SuperNodes run messages (``fedge.launcher.isolation``); ``warm`` falls
+        back to ``subprocess`` with a logged reason where it cannot run."""
         self.group = group
         self.flwr_home = Path(flwr_home)
         self.connection = connection
         self.address = ""
         self.root_cert: Path | None = None
+        self.isolation = choose_isolation(isolation)
+        self.warm_nodes: list[tuple[str, Path | None]] = []
+        self.warm_executor: ManagedProcess | None = None
 
     def start_superlink(
         self,
@@ -84,13 +91,35 @@ class FlowerLaunch:
         cwd: Path | None = None,
     ) -> ManagedProcess:
         """A SuperNode dialing the SuperLink, with its own FLWR_HOME (ten nodes installing the app
-        into one shared home raced: one saw a half-written app directory)."""
-        return self.group.start(
+        into one shared home raced: one saw a half-written app directory). Under warm isolation its
+        messages run in the one warm process :meth:`start_warm_executor` starts for all nodes."""
+        home = supernode_home(self.flwr_home, index)
+        port = free_port()
+        secret = write_secret(self.flwr_home / "superexec.secret") if self.isolation == "warm" else None
+        node = self.group.start(
             f"supernode-{index}",
-            supernode_argv(self.address, free_port(), node_config_arg(node_config), root_cert=self.root_cert,
-                           auth_key=auth_key),
-            cwd=cwd, env={"FLWR_HOME": str(supernode_home(self.flwr_home, index))},
+            supernode_argv(self.address, port, node_config_arg(node_config), root_cert=self.root_cert,
+                           auth_key=auth_key, extra=supernode_isolation_argv(self.isolation, secret)),
+            cwd=cwd, env={"FLWR_HOME": str(home)},
         )
+        if self.isolation == "warm":
+            self.warm_nodes.append((f"127.0.0.1:{port}", home))
+        return node
+
+    @property
+    def warm_ledger(self) -> Path:
+        """The warm process's record of every message it ran (``fedge.edge_client.warm_executor``)."""
+        return self.group.log_dir / "warm-messages.jsonl"
+
+    def start_warm_executor(self, cwd: Path | None = None, *, partitions: bool = True) -> ManagedProcess | None:
+        """The one warm process for every SuperNode started so far (none under subprocess
+        isolation); ``partitions``: the nodes build their share of a shared data set."""
+        if self.isolation != "warm" or not self.warm_nodes:
+            return None
+        self.warm_executor = self.group.start(
+            "warm-executor", warm_executor_argv(self.warm_nodes, self.flwr_home / "superexec.secret",
+                                                ledger=self.warm_ledger, partitions=partitions), cwd=cwd)
+        return self.warm_executor
 
     def submit(
         self,
@@ -100,7 +129,11 @@ class FlowerLaunch:
         federation_config: Mapping[str, Any] | None = None,
         cwd: Path | None = None,
     ) -> ManagedProcess:
-        """``flwr run <app_dir> <connection> --stream`` with the run config, one flag per key."""
+        """``flwr run <app_dir> <connection> --stream`` with the run config, one flag per key. Under
+        warm isolation the warm process is started first if the caller has not (a SuperNode in
+        process isolation runs nothing by itself)."""
+        if self.isolation == "warm" and self.warm_nodes and self.warm_executor is None:
+            self.start_warm_executor(cwd=cwd)
         argv = ["flwr", "run", str(app_dir), self.connection, "--stream", *config_args("--run-config", run_config)]
         if federation_config:
             argv += config_args("--federation-config", federation_config)

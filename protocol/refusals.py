@@ -14,17 +14,23 @@ from typing import ClassVar
 from flwr.app import ConfigRecord, RecordDict
 
 from fedge.protocol.records import ProtocolError
+from fedge.protocol.resources import RESOURCES_RECORD
 
 __all__ = [
     "BAD_CONFIG",
+    "DECLINED",
     "KINDS",
     "NEEDS_BASE",
+    "NOT_ELIGIBLE",
     "OUT_OF_SYNC",
+    "OVER_BUDGET",
     "REFUSAL_RECORD",
     "BadConfigRefusal",
     "DeviceRefusal",
     "MissingBaseError",
+    "NotEligibleRefusal",
     "OutOfSyncError",
+    "OverBudgetRefusal",
     "read_refusal",
     "refusal_content",
 ]
@@ -39,8 +45,15 @@ OUT_OF_SYNC = "out-of-sync"
 NEEDS_BASE = "needs-base"
 #: the message's config asks for something this device cannot do (unknown codec, task, ...)
 BAD_CONFIG = "bad-config"
+#: the device's owner does not let it train now (not charging, on a metered network, busy:
+#: ``fedge-edge join --when``); it may later
+NOT_ELIGIBLE = "not-eligible"
+#: the device has used its daily budget (``--max-rounds-per-day``, ``--max-mb-per-day``)
+OVER_BUDGET = "over-budget"
+#: refusals by the device's own policy: declined, not failed (the coordinator counts them apart)
+DECLINED = frozenset({NOT_ELIGIBLE, OVER_BUDGET})
 #: every kind a coordinator accepts; a reply naming another is rejected as malformed
-KINDS = frozenset({OUT_OF_SYNC, NEEDS_BASE, BAD_CONFIG})
+KINDS = frozenset({OUT_OF_SYNC, NEEDS_BASE, BAD_CONFIG}) | DECLINED
 
 _MAX_REASON = 500
 
@@ -63,6 +76,18 @@ class MissingBaseError(OutOfSyncError):
     kind = NEEDS_BASE
 
 
+class NotEligibleRefusal(DeviceRefusal):
+    """The device's owner does not let it train under the present conditions."""
+
+    kind = NOT_ELIGIBLE
+
+
+class OverBudgetRefusal(DeviceRefusal):
+    """The device has spent today's budget of rounds or megabytes."""
+
+    kind = OVER_BUDGET
+
+
 class BadConfigRefusal(DeviceRefusal):
     """The message asks for something this device cannot do."""
 
@@ -78,11 +103,12 @@ def refusal_content(kind: str, reason: str) -> RecordDict:
 
 def read_refusal(content: RecordDict) -> tuple[str, str] | None:
     """``(kind, reason)`` if ``content`` is a refusal reply, else None; a malformed refusal (another
-    record beside it, an unknown kind, a reason that is not text) raises :class:`ProtocolError`."""
+    record beside it than the resource report, an unknown kind, a reason that is not text) raises :class:`ProtocolError`."""
     if REFUSAL_RECORD not in content:
         return None
-    if len(content) != 1 or REFUSAL_RECORD not in content.config_records:
-        raise ProtocolError(f"a refusal reply carries only its {REFUSAL_RECORD!r} ConfigRecord")
+    if set(content) - {REFUSAL_RECORD, RESOURCES_RECORD} or REFUSAL_RECORD not in content.config_records:
+        raise ProtocolError(f"a refusal reply carries only its {REFUSAL_RECORD!r} ConfigRecord "
+                            f"(and the device's {RESOURCES_RECORD!r} report)")
     record = content.config_records[REFUSAL_RECORD]
     kind, reason = record.get("kind"), record.get("reason")
     if kind not in KINDS or set(record) != {"kind", "reason"}:

@@ -63,6 +63,7 @@ def launch(
     tls: bool = False,
     app_dir: Path | None = None,
     ray_address: str | None = None,
+    isolation: str = "warm",
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -83,6 +84,9 @@ def launch(
     --head`` plus ``ray start --address=...`` on every other machine) instead of a local Ray
     instance; Flower's Ray backend connects through ``RAY_ADDRESS`` and schedules one ClientApp per
     CPU across every node of the cluster (docs/operations.md, "Beyond one machine").
+    ``isolation`` (deployment only): ``warm`` runs every SuperNode's messages in children forked
+    from one pre-imported process; ``subprocess`` is Flower's own (a new ``flwr-clientapp`` process
+    per message); see ``fedge.launcher.isolation``.
     """
     if engine not in ("simulation", "deployment"):
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
@@ -108,7 +112,7 @@ def launch(
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
     try:
-        flower = FlowerLaunch(group, flwr_home)
+        flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
                                cwd=run_dir)
         federation_config: dict[str, Any] = {}
@@ -124,6 +128,7 @@ def launch(
                     auth_key = security.node_key(i)
                     flower.register(auth_key.with_suffix(".pub"), name=f"node-{i}")
                 flower.start_supernode(i, config, auth_key=auth_key, cwd=run_dir)
+            flower.start_warm_executor(cwd=run_dir)
         else:
             federation_config = {"num-supernodes": num_supernodes, "client-resources-num-cpus": 1}
             if not ray_address:  # an existing cluster's nodes declared their CPUs when they started

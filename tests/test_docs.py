@@ -228,6 +228,7 @@ _OTHER_WORDS = {
     "clip-lr", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
     "bidirectional-full", "num-examples", "train-loss", "pull-messages", "out-of-sync", "needs-base", "bad-config",
     "client-error", "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
+    "not-eligible", "over-budget", "train-seconds",  # a device's refusals, a reply's metric
 }
 
 

@@ -40,13 +40,13 @@ from flwr.app import ArrayRecord, Message
 from fedge.compression import PayloadError, derive_seed
 from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
 from fedge.protocol.config_keys import PLUGIN_HANDLER
-from fedge.protocol.refusals import read_refusal
+from fedge.protocol.refusals import DECLINED, read_refusal
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, Step, Update, reply_metrics
 from fedge.server.engine.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.reply_screen import screen_reply
-from fedge.server.engine.tally import Tally, train_seconds
+from fedge.server.engine.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory
@@ -215,16 +215,21 @@ class Engine:
         metrics, extra = self.measure(grid, step.number, outcome.model, evaluators, tally)
         if tally.train_seconds:
             extra["client_train_seconds"] = max(tally.train_seconds)
+        if tally.resources:
+            extra["device_resources"] = resource_summary(tally.resources)
         if self.algorithm.asynchronous:
             extra["client_idle_seconds"] = tally.idle
         if tally.failures:
             extra["failures"] = dict(sorted(tally.failures.items()))
+        if tally.declined:
+            extra["declined"] = dict(sorted(tally.declined.items()))
         row = RoundRow(
             round=step.number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
             evaluation="federated" if self.ctx.evaluation == "federated" else "central",
             train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
             downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
             clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
+            clients_declined=sum(tally.declined.values()),
             codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra={**outcome.extra, **extra},
         )
         log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
@@ -385,6 +390,8 @@ class Engine:
         """One reply (or a missing one) through the door, counted; a reply that cannot be used is
         logged and recorded as a typed failure, which the algorithm and every layer hear."""
         failure = self._absorb(step, item, started)
+        if isinstance(item, Message):
+            tally.replied(item)
         if failure is None:
             assert isinstance(item, Message)
             tally.used += 1
@@ -411,7 +418,8 @@ class Engine:
         try:
             refusal = read_refusal(item.content)
             if refusal is not None:
-                log.warning("round %d: node %d refused: %s (%s)", step.number, node, refusal[1], refusal[0])
+                log.log(logging.INFO if refusal[0] in DECLINED else logging.WARNING, "round %d: node %d refused: %s (%s)",
+                        step.number, node, refusal[1], refusal[0])
                 return Failure(node, refusal[0], refusal[1])
             self.absorb_reply(step, Reply(node, item.content, started=started))
         except Rejected as err:

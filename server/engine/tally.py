@@ -9,16 +9,22 @@ included) plus what layers exchanged on their own (secure aggregation's key agre
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
 from fedge.protocol import METRICS_RECORD, array_bytes
-from fedge.server.engine.algorithm import Outgoing
-from fedge.server.engine.layers.base import Failure
+from fedge.protocol.refusals import DECLINED
+from fedge.protocol.resources import ResourceReport, report_of
 
-__all__ = ["Tally", "train_seconds"]
+if TYPE_CHECKING:  # the layers import the tally: annotations only
+    from fedge.server.engine.algorithm import Outgoing
+    from fedge.server.engine.layers.base import Failure
+
+__all__ = ["Tally", "resource_summary", "train_seconds"]
 
 
 @dataclass
@@ -31,9 +37,13 @@ class Tally:
     downlink: int = 0
     idle: float = 0.0  # asynchronous: node-seconds between a node's reply and its next message
     train_seconds: list[float] = field(default_factory=list)  # clients' own training time
+    #: devices' resource reports (every reply that carried a valid one, used or not)
+    resources: list[ResourceReport] = field(default_factory=list)
     rejected: list[dict[str, object]] = field(default_factory=list)
     #: failures by kind (``Failure.kind``): timeouts, client errors, refused replies, device refusals
     failures: Counter[str] = field(default_factory=Counter)
+    #: devices that declined by their owner's policy (not eligible now, over budget), by kind: not failures
+    declined: Counter[str] = field(default_factory=Counter)
     #: step-level problems (a secure round that could not be unmasked, a non-finite aggregate)
     notes: list[dict[str, object]] = field(default_factory=list)
 
@@ -41,7 +51,15 @@ class Tally:
         self.sampled += len(outgoing)
         self.downlink += sum(array_bytes(o.content) for o in outgoing)
 
+    def replied(self, reply: Message) -> None:
+        report = report_of(reply)
+        if report is not None:
+            self.resources.append(report)
+
     def failed(self, failure: Failure) -> None:
+        if failure.kind in DECLINED:
+            self.declined[failure.kind] += 1
+            return
         self.rejected.append(failure.entry())
         self.failures[failure.kind] += 1
 
@@ -52,3 +70,19 @@ def train_seconds(reply: Message) -> float:
     metrics = reply.content.metric_records.get(METRICS_RECORD)
     value = metrics.get("train-seconds", 0.0) if metrics is not None else 0.0
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0 else 0.0
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def resource_summary(reports: list[ResourceReport]) -> dict[str, object]:
+    """Median and 95th percentile (nearest rank) of each field over the step's devices' reports."""
+    if not reports:
+        return {}
+    summary: dict[str, object] = {"devices": len(reports)}
+    for name in ResourceReport.__dataclass_fields__:
+        values = [getattr(r, name) for r in reports]
+        summary[name] = {"median": statistics.median(values), "p95": _nearest_rank(values, 0.95)}
+    return summary

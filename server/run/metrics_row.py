@@ -40,6 +40,9 @@ class RoundRow:
     #: ``federated`` (the devices' local held-out splits, example-weighted)
     evaluation: str = "central"
     measurement_bytes: int = 0  # uploads for measurement only (gossip's exact node models)
+    #: devices that declined the step by their owner's policy (``not-eligible``, ``over-budget``):
+    #: not failures, not in ``clients_failed``
+    clients_declined: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
     #: since the run's first message, across restarts (downtime not counted); set when published.
     #: Synchronous and asynchronous runs compare on this axis (time to a target accuracy).
