@@ -1,26 +1,29 @@
-"""What one deployment message costs a device: CPU-seconds and lifetime of every ClientApp process.
+"""What one deployment message costs a device, under Flower's subprocess isolation and Fedge's warm
+execution, side by side in one invocation.
 
-Flower 1.41's deployment engine starts a fresh ``flwr-clientapp`` process for every message (its
-SuperExec launches one per task; ``supernode/runtime/run_clientapp.py`` runs one and exits), so a
-device pays Python, Flower and torch imports on every round besides its training. On one host
-running many SuperNodes (benchmarks, tests) those processes share the CPUs, and whether a run is
-bound by the CPUs or by the waiting decides what a faster algorithm can gain. This benchmark runs the
-product's own deployment path (``server.engines.launch``: a real SuperLink and N SuperNodes on
-127.0.0.1) and samples ``/proc`` every ``--interval`` seconds for the run's ClientApp processes
-(found by the run's own ``FLWR_HOME`` in their environment): CPU time (user + system) at the last
-sample, the process's exact start (``/proc/<pid>/stat`` starttime) and the last time it was seen,
-the node it belongs to. A process's CPU and life after its last sample are missed (at most one
-interval, a little more for a sweep of ``/proc`` on a busy machine), so figures are lower bounds.
+Flower 1.41's default (``--isolation subprocess``) starts a fresh ``flwr-clientapp`` process for
+every message, so a device pays Python, Flower and torch imports on every round besides its
+training. Fedge's default (``warm``, ``fedge.edge_client.warm_executor``) forks each message's
+process from one pre-imported parent. This benchmark runs the product's own deployment path
+(``fedge.server.local.launch``: a real SuperLink and N SuperNodes on 127.0.0.1) once per isolation
+of ``--isolation`` and measures each message three ways:
 
-Reported: per node, the first message (it also loads and caches the node's partition) apart from
-the later ones; medians of CPU-seconds and lifetime; with ``--stragglers``, the later messages'
-lifetimes of slowed and of other nodes (how much slower a slow device really is per message);
-the clients' own training time (``train-seconds`` of their replies, the median of each round's
-mean); the ClientApps' mean busy cores over the run (their CPU-seconds over the wall time from the
-first process's start to the last one seen) against the machine's cores: near the core count,
-the run is CPU-bound.
+* from outside. Subprocess: ``/proc`` sampled every ``--interval`` seconds for the run's
+  ``flwr-clientapp`` processes (found by the run's ``FLWR_HOME``), CPU at the last sample, so a
+  lower bound. Warm: the warm process's ledger, each child's exact CPU from ``wait4``, plus the
+  parent's own CPU after its warm-up (its polling) shared over the messages.
+* from inside: the device's resource report in every reply (``fedge.protocol.resources``):
+  training, encoding and overhead apart; the rows' medians over rounds 2.. are shown.
+* the whole run: the CPU of every process carrying the run's ``FLWR_HOME`` (SuperLink, ServerApp,
+  SuperNodes, ClientApps, warm process, ``flwr run``), children it reaped included, when each
+  metrics row lands; rounds 3.. minus round 2, per device message.
 
-    .venv/bin/python bench/clientapp_cpu.py                          # 4 SuperNodes, 3 rounds (~1 min)
+Memory: the SuperNode processes' and the warm process's peak RSS and PSS (``smaps_rollup``: shared
+pages divided among the processes sharing them). A node's first message (it also loads and caches
+its partition) is reported apart from the later ones.
+
+    .venv/bin/python bench/clientapp_cpu.py                          # 4 SuperNodes, 3 rounds, subprocess then warm
+    .venv/bin/python bench/clientapp_cpu.py --rounds 5 --local-epochs 1 --partitioning iid   # the whole-tree measure
     .venv/bin/python bench/clientapp_cpu.py --supernodes 16 --rounds 6 --algorithm fedbuff:concurrency=16,buffer=8 \
         --stragglers fraction=0.25,slowdown=5
 """
@@ -219,7 +222,8 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fedge-bench-clientapp-") as tmp:
         run_dir = Path(tmp) / "run"
         settings = RunSettings(algorithm=args.algorithm, rounds=args.rounds, clients_per_round=args.supernodes,
-                               local_epochs=args.local_epochs, stragglers=args.stragglers, run_dir=str(run_dir))
+                               local_epochs=args.local_epochs, stragglers=args.stragglers, run_dir=str(run_dir),
+                               **({"partitioning": args.partitioning} if args.partitioning else {}))
         sampler = Sampler((run_dir / "flwr-home").resolve(), args.interval)
         sampler.start()
         started = time.monotonic()
@@ -271,6 +275,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--algorithm", default="fedavg")
+    parser.add_argument("--partitioning", default=None, help="run setting (default: the product's)")
     parser.add_argument("--isolation", default="subprocess,warm",
                         help="comma-separated, run one after the other in this invocation: subprocess, warm")
     parser.add_argument("--stragglers", default="none", help="run setting: 'fraction=F,slowdown=S' slows the first "
@@ -293,7 +298,8 @@ def main() -> int:
     cores = os.cpu_count() or 1
     header = (f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, {cores} logical CPUs "
               f"(load average {load_start:.2f} at start): {args.supernodes} SuperNodes on 127.0.0.1, "
-              f"{args.algorithm}, {args.rounds} rounds of {args.local_epochs} local epochs, digits, "
+              f"{args.algorithm}, {args.rounds} rounds of {args.local_epochs} local epochs, digits "
+              f"({args.partitioning or 'default partitioning'}), "
               f"stragglers {args.stragglers}; `{command}`")
     fmt = lambda v, unit="s": "-" if v is None else f"{v:.2f} {unit}".strip()  # noqa: E731
     lines = ["| isolation | later message CPU, measured outside (min-max) | + warm parent's polling | "

@@ -129,6 +129,13 @@ class RunSettings:
         "time-to-accuracy benchmarks; the short form of stop-at='accuracy>=X'"
     )
     clients_per_round: int = _opt(10, "clients sampled per round (all connected ones if fewer)")
+    selection: str = _opt(
+        "uniform",
+        "which clients a round (or FedBuff/FedAsync dispatch) asks: 'uniform' (seeded random) or "
+        "'oort[:alpha=2,explore=0.2,min-share=0.25,max-share=2]' (useful and fast devices first, after Oort, "
+        "every device's share of selections kept between min-share and max-share of its fair share; "
+        "not with differential privacy)",
+    )
     min_replies: int = _opt(1, "fewest valid replies that still update the model in a round")
     round_timeout: float = _opt(300.0, "seconds to wait for replies before closing a round")
     wait_for_nodes: float = _opt(120.0, "seconds to wait at start until clients-per-round nodes are up")

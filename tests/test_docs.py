@@ -229,6 +229,7 @@ _OTHER_WORDS = {
     "bidirectional-full", "num-examples", "train-loss", "pull-messages", "out-of-sync", "needs-base", "bad-config",
     "client-error", "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
     "not-eligible", "over-budget", "train-seconds",  # a device's refusals, a reply's metric
+    "min-share", "max-share",  # parameters of selection=oort
 }
 
 

@@ -315,7 +315,9 @@ class Engine:
                 return
             # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
             # given order of replies (the order itself follows the devices' real speed).
-            picked = sample_nodes(free, want, self.settings.seed, step=10**6 * (version + 1) + dispatches)
+            key = 10**6 * (version + 1) + dispatches
+            picked = next((c for c in (layer.choose(free, want, key) for layer in self.layers) if c is not None),
+                          None) or sample_nodes(free, want, self.settings.seed, step=key)
             dispatches += 1
             outgoing = self._configure(state, picked, tally)
             dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),

@@ -1,5 +1,6 @@
 """The engine's layers: cross-cutting features held around every algorithm, one file each.
 
+``selection`` (which devices a step asks: uniform or Oort's system-aware rule),
 ``update_guard`` (norm bound, weight cap), ``downlink`` (full or lattice model to devices),
 ``secure_aggregation`` (only the sum is revealed), ``differential_privacy`` (client-level DP:
 Poisson sampling, clipping, noise, ledger) and ``model_average`` (what the run delivers). The
@@ -16,6 +17,7 @@ from fedge.server.engine.layers.differential_privacy import DifferentialPrivacyL
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.layers.model_average import ModelAverageLayer
 from fedge.server.engine.layers.secure_aggregation import SecureAggregationLayer
+from fedge.server.engine.layers.selection import SelectionLayer
 from fedge.server.engine.layers.update_guard import UpdateGuardLayer
 
 if TYPE_CHECKING:
@@ -27,8 +29,8 @@ __all__ = ["LAYERS", "Exchange", "Failure", "Layer", "build_layers", "register_l
 #: every layer class, in the order the engine calls them at each hook: the guard bounds an update
 #: before differential privacy clips it; the downlink ships a model before secure aggregation
 #: staples its record; the model average sees the model every other layer agreed on
-LAYERS: list[type[Layer]] = [UpdateGuardLayer, DownlinkLayer, SecureAggregationLayer, DifferentialPrivacyLayer,
-                             ModelAverageLayer]
+LAYERS: list[type[Layer]] = [SelectionLayer, UpdateGuardLayer, DownlinkLayer, SecureAggregationLayer,
+                             DifferentialPrivacyLayer, ModelAverageLayer]
 
 
 def register_layer(cls: type[Layer], *, before: type[Layer] | None = None) -> type[Layer]:

@@ -14,6 +14,7 @@ hook          when (and what it may do)
               cannot work with this algorithm (the one place its refusals live)
 ``start``     a fresh run, from the initial model (a resumed one loads ``state_dict``)
 ``select``    choosing a step's nodes: may replace the engine's seeded sample (Poisson)
+``choose``    choosing ``count`` of the free nodes for an asynchronous dispatch (same idea)
 ``exhausted`` before a synchronous step: whether the run must end now (a spent budget)
 ``open``      after the algorithm opened the step, before it configures messages: exchanges
               of its own (key agreement), narrowing ``step.nodes``, wrapping
@@ -93,6 +94,9 @@ class Layer:
 
     # -- a step, in order ---------------------------------------------------------------------
     def select(self, number: int, nodes: list[int]) -> list[int] | None:
+        return None
+
+    def choose(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         return None
 
     def exhausted(self, connected: int) -> bool:

@@ -1,0 +1,239 @@
+"""``selection``: which devices a step asks, as a layer. ``uniform`` (the default) is the engine's
+seeded sample; ``oort`` prefers devices that are useful and fast, after Oort (Lai et al., OSDI
+2021), with participation kept within bounds.
+
+Per device the layer keeps what the coordinator has seen: how long its last replies took (from
+sending its message to its reply landing, an exponential average; a device that timed out counts
+the whole wait), its statistical utility (examples × training loss of its replies, Oort's
+``|B|·sqrt(mean loss²)`` with the mean loss standing in for the root mean square; 1 where replies
+carry no loss, as under secure aggregation) and how often and when it was chosen.
+
+A step of ``k`` devices is filled in this order:
+
+1. **Owed devices**: every device whose share of selections has fallen below ``min-share`` × its
+   fair share (``k / connected`` per step) is chosen first, most owed first, so no device is
+   starved however slow it is.
+2. **Exploration**: up to ``explore`` × k slots go to devices never tried yet (seeded random).
+3. **Exploitation**: the rest by Oort's score, utility (normalised) × ``(T / duration)^alpha`` for a
+   device slower than ``T`` (the duration of the k-th fastest known device: the round time a
+   step of the k fastest would take), plus Oort's staleness bonus ``sqrt(0.1 ln(t) / last)``.
+   Devices at ``max-share`` × their fair share are skipped while others remain.
+
+A device that declined (``not-eligible``, ``over-budget``) is not asked again in the next step.
+The row gets ``participation``: Jain's fairness index over every connected device's selection
+count (1 = perfectly even), with the minimum and maximum count.
+
+Refused with differential privacy (the accountant assumes Poisson sampling with a fixed rate;
+choosing by speed and loss would break it) and with gossip (a fixed topology).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedge.compression import derive_seed
+from fedge.compression.errors import SpecError
+from fedge.compression.spec import parse_spec
+from fedge.protocol import METRICS_RECORD
+from fedge.protocol.refusals import DECLINED
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
+from fedge.server.engine.layers.base import Failure, Layer
+from fedge.server.engine.tally import Tally
+from fedge.server.settings import SettingsError
+
+__all__ = ["Oort", "SelectionLayer", "jain_index"]
+
+
+def jain_index(counts: list[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all equal, 1/n when one takes all."""
+    total, squares = sum(counts), sum(c * c for c in counts)
+    return 1.0 if squares == 0 else total * total / (len(counts) * squares)
+
+
+@dataclass
+class _Device:
+    chosen: int = 0
+    duration: float | None = None  # seconds, exponential average
+    utility: float | None = None
+    last: int = 0  # the step it was last chosen in
+    rest_until: int = 0  # declined: not asked before this step
+
+
+@dataclass(frozen=True)
+class Oort:
+    """Oort's rule with participation bounds; parameters as in the module docstring."""
+
+    alpha: float = 2.0
+    explore: float = 0.2
+    min_share: float = 0.25
+    max_share: float = 2.0
+    smoothing: float = 0.5  # weight of the newest observation in the averages
+
+    @classmethod
+    def parse(cls, spec: str) -> Oort | None:
+        try:
+            name, params = parse_spec(spec)
+        except SpecError as err:
+            raise SettingsError(f"selection: {err}") from None
+        if name == "uniform" and not params:
+            return None
+        if name != "oort":
+            raise SettingsError(f"selection must be 'uniform' or 'oort[:alpha=A,explore=E,min-share=M,max-share=X]', "
+                                f"got {spec!r}")
+        values: dict[str, float] = {}
+        for key, raw in params.items():
+            field = key.replace("-", "_")
+            if field not in ("alpha", "explore", "min_share", "max_share", "smoothing"):
+                raise SettingsError(f"selection: unknown parameter {key!r} of oort")
+            try:
+                values[field] = float(raw)
+            except ValueError:
+                raise SettingsError(f"selection: {key} must be a number, got {raw!r}") from None
+        rule = cls(**values)
+        if not (rule.alpha >= 0 and 0 <= rule.explore <= 1 and 0 <= rule.min_share <= 1 <= rule.max_share
+                and 0 < rule.smoothing <= 1):
+            raise SettingsError("selection: oort needs alpha >= 0, 0 <= explore <= 1, 0 <= min-share <= 1 <= "
+                                "max-share, 0 < smoothing <= 1")
+        return rule
+
+
+class SelectionLayer(Layer):
+    key = "selection"
+
+    def __init__(self, rule: Oort, seed: int, per_step: int, clock: Any = time.monotonic) -> None:
+        self.rule, self.seed, self.per_step, self.clock = rule, seed, per_step, clock
+        self.devices: dict[int, _Device] = {}
+        self.steps = 0  # selections made (steps, or asynchronous dispatches)
+        self.fair = 0.0  # the sum over selections of k / connected: each device's fair count so far
+        self.sent: dict[int, float] = {}  # node -> when its message left
+
+    @classmethod
+    def build(cls, algorithm: Algorithm, run_dir: object = None) -> SelectionLayer | None:
+        settings = algorithm.ctx.settings
+        rule = Oort.parse(settings.selection)
+        if rule is None:
+            return None
+        if settings.differential_privacy.strip().lower() not in ("", "none"):
+            raise SettingsError("selection=oort with differential privacy: the accountant assumes Poisson "
+                                "sampling at a fixed rate, which choosing by speed and loss breaks; use "
+                                "selection=uniform")
+        if algorithm.fixed_membership:
+            raise SettingsError(f"selection=oort with {algorithm.name}: it runs over a fixed set of nodes")
+        return cls(rule, settings.seed, settings.clients_per_round)
+
+    # -- choosing -----------------------------------------------------------------------------
+    def select(self, number: int, nodes: list[int]) -> list[int]:
+        return self.choose(nodes, self.per_step, number)
+
+    def choose(self, nodes: list[int], count: int, key: int) -> list[int]:
+        nodes = sorted(nodes)
+        count = min(count, len(nodes))
+        for node in nodes:
+            self.devices.setdefault(node, _Device())
+        self.steps += 1
+        self.fair += count / max(1, len(nodes))
+        if count == 0:
+            return []
+        rng = np.random.default_rng(derive_seed(self.seed, key, purpose="selection"))
+        resting = {n for n in nodes if self.devices[n].rest_until > self.steps}
+        available = [n for n in nodes if n not in resting] or nodes
+        picked: list[int] = []
+
+        owed = sorted((n for n in available if self.devices[n].chosen < self.rule.min_share * self.fair - 1e-9),
+                      key=lambda n: (self.devices[n].chosen - self.rule.min_share * self.fair, n))
+        picked += owed[:count]
+
+        fresh = [n for n in available if self.devices[n].duration is None and n not in picked]
+        explore = min(len(fresh), count - len(picked), math.ceil(self.rule.explore * count))
+        if explore > 0:
+            picked += [fresh[int(i)] for i in rng.choice(len(fresh), size=explore, replace=False)]
+
+        rest = [n for n in available if n not in picked]
+        capped = [n for n in rest if self.devices[n].chosen < self.rule.max_share * self.fair]
+        pool = capped if len(capped) >= count - len(picked) else rest
+        scores = self._scores(pool, count, rng)
+        picked += sorted(pool, key=lambda n: -scores[n])[: count - len(picked)]
+        for node in picked:
+            self.devices[node].chosen += 1
+            self.devices[node].last = self.steps
+        return sorted(picked)
+
+    def _scores(self, pool: list[int], count: int, rng: np.random.Generator) -> dict[int, float]:
+        known = sorted(d.duration for d in self.devices.values() if d.duration is not None)
+        target = known[min(count, len(known)) - 1] if known else None
+        utilities = [d.utility for d in self.devices.values() if d.utility is not None]
+        top = max(utilities) if utilities else 1.0
+        scores = {}
+        for node in pool:
+            device = self.devices[node]
+            utility = (device.utility / top if device.utility is not None and top > 0 else 1.0)
+            if device.duration is not None and target is not None and device.duration > target:
+                utility *= (target / device.duration) ** self.rule.alpha
+            staleness = math.sqrt(0.1 * math.log(self.steps + 1) / max(1, device.last)) if device.last else 1.0
+            scores[node] = utility + 0.1 * staleness + 1e-6 * float(rng.random())  # seeded tie-break
+        return scores
+
+    # -- what the layer learns ------------------------------------------------------------------
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        now = self.clock()
+        for o in outgoing:
+            self.sent[o.node] = now
+
+    def _observe(self, node: int, seconds: float | None = None, utility: float | None = None) -> None:
+        device = self.devices.setdefault(node, _Device())
+        w = self.rule.smoothing
+        if seconds is not None:
+            device.duration = seconds if device.duration is None else (1 - w) * device.duration + w * seconds
+        if utility is not None:
+            device.utility = utility if device.utility is None else (1 - w) * device.utility + w * utility
+
+    def arrived(self, step: Step, reply: Reply) -> None:
+        sent = self.sent.pop(reply.node, None)
+        metrics = reply.content.metric_records.get(METRICS_RECORD)
+        utility = None
+        if metrics is not None:
+            loss, examples = metrics.get("train-loss"), metrics.get("num-examples")
+            if isinstance(loss, (int, float)) and isinstance(examples, (int, float)) and math.isfinite(loss) \
+                    and loss >= 0 and examples > 0:
+                utility = float(examples) * float(loss)
+        self._observe(reply.node, None if sent is None else max(0.0, self.clock() - sent), utility)
+
+    def missed(self, step: Step, failure: Failure) -> None:
+        if failure.node is None:
+            return
+        sent = self.sent.pop(failure.node, None)
+        device = self.devices.setdefault(failure.node, _Device())
+        if failure.kind in DECLINED:
+            device.rest_until = self.steps + 2  # not asked in the next selection
+        elif sent is not None:
+            self._observe(failure.node, max(0.0, self.clock() - sent))  # a timeout costs the whole wait
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        outcome.extra["participation"] = self.participation()
+
+    def participation(self) -> dict[str, float]:
+        counts = [d.chosen for d in self.devices.values()]
+        return {"jain": round(jain_index([float(c) for c in counts]), 4), "min": min(counts, default=0),
+                "max": max(counts, default=0), "devices": len(counts)}
+
+    # -- the run ------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {"selection": {"rule": "oort", "alpha": self.rule.alpha, "explore": self.rule.explore,
+                              "min_share": self.rule.min_share, "max_share": self.rule.max_share}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "fair": self.fair,
+                "devices": {str(n): [d.chosen, d.duration, d.utility, d.last, d.rest_until]
+                            for n, d in self.devices.items()}}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            raise ValueError("the checkpoint has no selection state: the run did not set selection=oort")
+        self.steps, self.fair = int(state["steps"]), float(state["fair"])
+        self.devices = {int(n): _Device(int(c), d, u, int(last), int(rest))
+                        for n, (c, d, u, last, rest) in state["devices"].items()}
