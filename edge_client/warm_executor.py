@@ -117,7 +117,10 @@ class WarmExecutor:
         forked children would inherit half-initialized (each child sets its own, ``threads_mod``)."""
         started = time.perf_counter()
         for name in self.preload:
-            importlib.import_module(name)
+            try:
+                importlib.import_module(name)
+            except ImportError as err:  # an optional accelerator of start-up, not a requirement
+                log.info("not preloaded (each message imports it if it needs it): %s (%s)", name, err)
         import torch
 
         from fedge.compression.warmup import warm_up
