@@ -32,6 +32,7 @@ out = ""
 messages = 2
 crash = 0
 timeout = 150
+crash-timeout = 150
 """
 
 _CLIENT = '''import os
@@ -77,7 +78,7 @@ def main(grid: Grid, context: Context) -> None:
         crash = int(config["crash"]) and i == 0
         out = [Message(RecordDict({{"config": ConfigRecord({{"crash": int(crash)}})}}), dst_node_id=node,
                        message_type="train") for node in nodes]
-        replies = grid.send_and_receive(out, timeout=float(config["timeout"]))
+        replies = grid.send_and_receive(out, timeout=float(config["crash-timeout"] if crash else config["timeout"]))
         rounds.append([
             None if r.has_error() else {{"marker": r.content["reply"]["marker"],
                                         "handled": int(r.content["metrics"]["handled"]),
