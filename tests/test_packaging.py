@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_architecture import LAYERS  # the one list of the product's folders
+
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("server", "edge_client", "aggregation", "compression", "deploy", "tasks", "protocol", "launcher", "privacy")
 USER_FILES = ("server", "task", "tasks", "compression")
 _QUIET = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
 

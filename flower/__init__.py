@@ -1,0 +1,19 @@
+"""Fedge inside any Flower app: compressed updates as a ClientApp mod and a strategy wrapper.
+
+    # client_app.py
+    app = ClientApp(mods=[compression_mod])
+    # server_app.py
+    strategy = compressed(FedAvg(fraction_train=0.5), uplink="qsgd:bits=4")
+
+The wrapper tells every train message which codec to use (its config); the mod trains with the
+user's own ``@app.train()`` body unchanged, then sends the update (trained weights minus those
+received) encoded with Fedge's codec and error feedback kept in the node's ``Context`` state; the
+wrapper decodes each reply back into the ``ArrayRecord`` the wrapped strategy expects, so any
+Message-API strategy (FedAvg, FedAdam, FedProx, FedMedian, Krum, ...) aggregates as it always does.
+Nothing here imports Fedge's coordinator (``fedge.server``).
+"""
+
+from fedge.flower.client_mod import compression_mod
+from fedge.flower.strategy import CompressedStrategy, compressed
+
+__all__ = ["CompressedStrategy", "compressed", "compression_mod"]

@@ -1,0 +1,118 @@
+"""``compressed(strategy, uplink=...)``: any Message-API strategy, with compressed updates.
+
+The wrapper adds the codec to every train message's config (with the model's layout digest, the
+round and the seed of the codec's round randomness) and, before the wrapped strategy aggregates,
+decodes each reply's payload into the update, adds it to the model it sent and hands the strategy
+an ``ArrayRecord`` of the same arrays as ever. So ``FedAvg``, ``FedAdam``, ``FedMedian``, ``Krum``,
+... aggregate exactly what they would aggregate from uncompressed clients whose models differ by
+the compression error, and their own ``start``, ``evaluate_fn``, ``Result`` and logging work as
+before (``start`` is Flower's, calling this object's methods).
+
+A reply that does not carry a payload (a client without ``compression_mod``), or whose payload
+does not decode (another codec, a corrupt or truncated body, another model size), is refused: it
+is logged with the reason and left out of the round, never mis-decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedge.compression import PayloadError, SpecError, make_codec
+from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
+from fedge.protocol.records import ProtocolError, read_payload
+
+__all__ = ["CompressedStrategy", "compressed"]
+
+log = logging.getLogger(__name__)
+
+
+class CompressedStrategy(Strategy):
+    """``strategy`` with Fedge-compressed uplink updates (see the module docstring)."""
+
+    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0) -> None:
+        try:
+            make_codec(uplink)
+        except (SpecError, ValueError) as err:
+            raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+        self.strategy, self.uplink, self.seed = strategy, uplink, int(seed)
+        self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
+        self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out
+
+    # -- train ----------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        layout = Layout(arrays)
+        self._sent = (server_round, layout, layout.flatten(arrays), arrays)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        for message in messages:
+            record = message.content.config_records.get("config")
+            if record is None:
+                record = message.content["config"] = ConfigRecord()
+            record[CODEC_KEY], record[LAYOUT_KEY] = self.uplink, layout.digest
+            record[ROUND_KEY], record[SEED_KEY] = int(server_round), self.seed
+        return messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
+
+    def decode_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The replies as the wrapped strategy expects them: each payload decoded into the model the
+        client sent; refused replies are left out (logged, and kept in :attr:`refused`)."""
+        if self._sent is None or self._sent[0] != server_round:
+            raise RuntimeError(f"round {server_round} was not configured through this wrapper")
+        _, layout, sent_flat, sent = self._sent
+        wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round, self.seed)
+        out = []
+        for reply in replies:
+            if reply.has_error():
+                out.append(reply)
+                continue
+            try:
+                if UPDATE_RECORD not in reply.content.array_records:
+                    raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
+                delta = wire.decode(read_payload(reply.content, UPDATE_RECORD), layout.numel).numpy()
+                raw = reply.content.array_records.get(RAW_RECORD, ArrayRecord())
+                like = ArrayRecord({name: raw[name] if name in raw else sent[name] for name in sent})
+                model = layout.rebuild(sent_flat + delta, like)
+            except (PayloadError, ProtocolError, LayoutError, KeyError) as err:
+                node = reply.metadata.src_node_id
+                log.warning("round %d: refused the reply of node %d: %s", server_round, node, err)
+                self.refused.append((server_round, node, str(err)))
+                continue
+            content = RecordDict({name: record for name, record in reply.content.items()
+                                  if name not in (UPDATE_RECORD, RAW_RECORD)})
+            content[ARRAYS] = model
+            reply.content = content
+            out.append(reply)
+        return out
+
+    # -- everything else is the wrapped strategy's ----------------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log.info("compressed uplink: %s (fedge.flower), wrapping:", self.uplink)
+        self.strategy.summary()
+
+    def __getattr__(self, name: str) -> object:
+        # the wrapped strategy's own attributes (fraction_train, weighted_by_key, ...) read through
+        if name == "strategy":
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+
+def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0) -> CompressedStrategy:
+    """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates."""
+    return CompressedStrategy(strategy, uplink=uplink, seed=seed)

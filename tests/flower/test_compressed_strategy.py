@@ -1,0 +1,162 @@
+"""``fedge.flower``: Flower's own strategies wrapped with ``compressed`` and a ClientApp with
+``compression_mod``, message by message in-process (no engine): each wrapped aggregate equals what
+the plain strategy computes on the updates decoded independently, mismatches are refused, and the
+error-feedback memory carries over in the node's Context."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedge.compression import make_codec
+from fedge.flower import compressed, compression_mod
+from fedge.flower.layout import LayoutError
+from fedge.flower.records import CODEC_KEY, LAYOUT_KEY, UPDATE_RECORD
+from fedge.protocol.records import read_payload
+from fedge.tasks import make_task
+
+NODES = [11, 12, 13]
+
+
+class Grid:
+    """What a strategy's configure step asks of a grid: the connected nodes."""
+
+    def get_node_ids(self) -> list[int]:
+        return list(NODES)
+
+
+def _user_app(with_mod: bool = True) -> ClientApp:
+    app = ClientApp(mods=[compression_mod] if with_mod else [])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out
+        state = msg.content["arrays"].to_torch_state_dict()
+        g = torch.Generator().manual_seed(context.node_id * 1000 + int(msg.content["config"].get("fedge.round", 0)))
+        trained = {k: v + 0.01 * (context.node_id - 10) * torch.randn(v.shape, generator=g) if v.is_floating_point()
+                   else v for k, v in state.items()}
+        return Message(RecordDict({"arrays": ArrayRecord(trained),
+                                   "metrics": MetricRecord({"num-examples": 10 * (context.node_id - 10),
+                                                            "train_loss": 1.0})}), reply_to=msg)
+
+    return app
+
+
+@pytest.fixture(autouse=True)
+def _task() -> None:
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+
+
+def _model() -> ArrayRecord:
+    return ArrayRecord(make_task("digits").build_model().state_dict())
+
+
+def _contexts() -> dict[int, Context]:
+    return {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in NODES}
+
+
+def _exchange(messages: list[Message], apps: dict[int, ClientApp], contexts: dict[int, Context]) -> list[Message]:
+    replies = []
+    for message in messages:
+        message.metadata.__dict__["_message_id"] = message.object_id
+        reply = apps[message.metadata.dst_node_id](message, contexts[message.metadata.dst_node_id])
+        reply.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+        replies.append(reply)
+    return replies
+
+
+def _flat(record: ArrayRecord) -> np.ndarray:
+    return np.concatenate([a.numpy().astype(np.float32).ravel() for a in record.values() if a.numpy().dtype.kind == "f"])
+
+
+def _independently_decoded(replies: list[Message], sent: ArrayRecord, spec: str, server_round: int) -> list[Message]:
+    """Each reply's payload decoded here, with the codec and this test's own flattening."""
+    numel = _flat(sent).size
+    out = []
+    for reply in replies:
+        delta = make_codec(spec).for_round(server_round, 0).decode(read_payload(reply.content, UPDATE_RECORD), numel)
+        flat, offset, arrays = _flat(sent) + delta.numpy(), 0, {}
+        for name, array in sent.items():
+            values = array.numpy()
+            if values.dtype.kind == "f":
+                arrays[name] = Array(flat[offset:offset + values.size].reshape(values.shape).astype(values.dtype))
+                offset += values.size
+            else:
+                arrays[name] = array
+        out.append(Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": reply.content["metrics"]}),
+                           reply_to=Message(RecordDict(), dst_node_id=1, message_type="train")))
+    return out
+
+
+def _copy(replies: list[Message]) -> list[Message]:
+    return [Message(RecordDict(dict(r.content.items())), reply_to=Message(RecordDict(), dst_node_id=1,
+                                                                          message_type="train")) for r in replies]
+
+
+@pytest.mark.parametrize("make", [lambda: FedAvg(), lambda: FedAdam(eta=0.05), lambda: FedMedian()],
+                         ids=["FedAvg", "FedAdam", "FedMedian"])
+@pytest.mark.parametrize("spec", ["qsgd:bits=4", "dgc:ratio=0.01,sample=0.05"])
+def test_the_wrapped_aggregate_is_the_plain_strategys_on_the_decoded_updates(make, spec) -> None:
+    arrays, config, grid = _model(), ConfigRecord({"lr": 0.1}), Grid()
+    wrapped, plain = compressed(make(), uplink=spec), make()
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    for server_round in (1, 2):
+        messages = list(wrapped.configure_train(server_round, arrays, config, grid))
+        assert len(messages) == 3 and all(m.content["config"][CODEC_KEY] == spec for m in messages)
+        list(plain.configure_train(server_round, arrays, config, grid))  # stateful strategies (FedAdam) see it too
+        replies = _exchange(messages, apps, contexts)
+        assert all(UPDATE_RECORD in r.content and "arrays" not in r.content for r in replies)
+        expected, _ = plain.aggregate_train(server_round, _independently_decoded(_copy(replies), arrays, spec, server_round))
+        got, metrics = wrapped.aggregate_train(server_round, replies)
+        assert got is not None and expected is not None and metrics is not None
+        assert list(got.keys()) == list(arrays.keys())
+        for name in arrays:
+            np.testing.assert_allclose(got[name].numpy(), expected[name].numpy(), rtol=0, atol=1e-6)
+        arrays = got
+    # error feedback: what compression held back is in each node's Context, for its next round
+    assert all("fedge.flower.memory" in c.state.array_records for c in contexts.values())
+
+
+def test_the_update_is_the_codecs_size_not_the_models() -> None:
+    arrays = _model()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4")
+    replies = _exchange(list(wrapped.configure_train(1, arrays, ConfigRecord(), Grid())),
+                        {n: _user_app() for n in NODES}, _contexts())
+    fp32 = sum(a.numpy().nbytes for a in arrays.values())
+    sent = [len(read_payload(r.content, UPDATE_RECORD)) for r in replies]
+    assert all(fp32 / size > 7.5 for size in sent), (fp32, sent)
+
+
+def test_a_client_without_the_mod_or_a_corrupt_payload_is_refused_not_misdecoded(caplog) -> None:
+    arrays = _model()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4")
+    apps = {11: _user_app(), 12: _user_app(with_mod=False), 13: _user_app()}
+    replies = sorted(_exchange(list(wrapped.configure_train(1, arrays, ConfigRecord(), Grid())), apps, _contexts()),
+                     key=lambda r: r.metadata.src_node_id)
+    payload = bytearray(read_payload(replies[2].content, UPDATE_RECORD))
+    payload[-5] ^= 0xFF
+    from fedge.protocol.records import payload_record
+
+    replies[2].content[UPDATE_RECORD] = payload_record(bytes(payload))
+    decoded = wrapped.decode_replies(1, replies)
+    assert [r.metadata.src_node_id for r in decoded] == [11]
+    assert [node for _, node, _ in wrapped.refused] == [12, 13]
+    assert "compression_mod" in wrapped.refused[0][2] and "refused the reply of node 13" in caplog.text
+
+
+def test_a_model_other_than_the_one_described_is_refused_by_the_client() -> None:
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4")
+    (message, *_) = list(wrapped.configure_train(1, _model(), ConfigRecord(), Grid()))
+    message.content["config"][LAYOUT_KEY] = "0" * 16
+    message.metadata.__dict__["_message_id"] = message.object_id
+    with pytest.raises(LayoutError, match="layout"):  # Flower's runtime turns it into an error reply
+        _user_app()(message, _contexts()[message.metadata.dst_node_id])
+
+
+def test_an_unknown_codec_is_refused_when_wrapping() -> None:
+    with pytest.raises(ValueError, match="uplink codec"):
+        compressed(FedAvg(), uplink="nonsense:bits=4")
