@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import Strategy
 from fedge.compression import PayloadError, SpecError, make_codec
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
-from fedge.protocol.records import ProtocolError, read_payload
+from fedge.protocol.records import ProtocolError, array_bytes, read_payload
 
 __all__ = ["CompressedStrategy", "compressed"]
 
@@ -61,7 +61,18 @@ class CompressedStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
+        """The wrapped strategy's aggregate of the decoded replies; its metrics gain
+        ``fedge-uplink-bytes`` (the update records received this round, as Flower serializes their
+        arrays: payload headers included; the same count as Fedge's own engine) and
+        ``fedge-refused`` (replies left out), which Flower logs and keeps in ``Result``."""
+        replies = list(replies)
+        uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
+        refused_before = len(self.refused)
+        arrays, metrics = self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
+        metrics = metrics if metrics is not None else MetricRecord()
+        metrics["fedge-uplink-bytes"] = uplink
+        metrics["fedge-refused"] = len(self.refused) - refused_before
+        return arrays, metrics
 
     def decode_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The replies as the wrapped strategy expects them: each payload decoded into the model the

@@ -1,0 +1,134 @@
+"""A Flower app with and without Fedge, side by side: ``examples/flower-app`` as Flower wrote it
+(docs/flower.md's four lines taken back out) and as it is, on Flower's simulation engine, same
+seed, same data split, same rounds, one after the other in one invocation.
+
+Reported per run: the server's held-out accuracy (its ``evaluate_fn``) after the last round and
+its best, and the uplink bytes: with Fedge, the wrapper's ``fedge-uplink-bytes`` (the update
+records received, as Flower serializes them); without, the replies Flower reports receiving
+(``aggregate_train: Received N results``, from the run's log) times the fp32 ``ArrayRecord`` of
+the model as Flower serializes it (every array's bytes, .npy headers included).
+
+    .venv/bin/python bench/flower_app.py --repeats 3                         # 10 clients, 30 rounds
+    .venv/bin/python bench/flower_app.py --uplinks "qsgd:bits=4;dgc:ratio=0.01,sample=0.05"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fedge.launcher.environment import flower_environment  # noqa: E402
+from fedge.launcher.processes import ProcessGroup  # noqa: E402
+from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
+from tests.integration.test_flower_app import APP, plain_flower_app  # noqa: E402
+
+
+def fp32_bytes(app: Path) -> int:
+    sys.path.insert(0, str(app))
+    from flwr.app import ArrayRecord
+
+    from digitsapp.task import Net  # type: ignore[import-not-found]
+
+    import torch
+
+    torch.manual_seed(0)
+    return sum(len(a.data) for a in ArrayRecord(Net().state_dict()).values())
+
+
+def run(app: Path, args: argparse.Namespace, uplink: str, tmp: Path, name: str) -> dict:
+    home, results = tmp / f"home-{name}", tmp / f"{name}.json"
+    config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": args.lr,
+              "dirichlet-alpha": args.alpha, "uplink": uplink, "results": str(results)}
+    started = time.monotonic()
+    with ProcessGroup(tmp / f"logs-{name}", env=flower_environment(home), also_match={"FLWR_HOME": str(home)}) as group:
+        flower = FlowerLaunch(group, home, isolation="subprocess")
+        flower.start_superlink(simulation=True, cwd=tmp)
+        runner = flower.submit(app, config, federation_config={"num-supernodes": args.clients,
+                                                               "client-resources-num-cpus": 1,
+                                                               "init-args-num-cpus": 2}, cwd=tmp)
+        flower.follow(runner, time.monotonic() + args.timeout)
+        if runner.popen.returncode != 0:
+            raise SystemExit(f"{name}: flwr run failed:\n{runner.log_tail(40)}")
+        log = runner.log_path.read_text(errors="replace")
+    data = json.loads(results.read_text())
+    accuracy = [data["evaluate"][str(r)]["accuracy"] for r in range(args.rounds + 1)]
+    received = [int(n) for n in re.findall(r"aggregate_train: Received (\d+) results", log)]
+    if len(received) != args.rounds:
+        raise SystemExit(f"{name}: found {len(received)} 'Received N results' lines for {args.rounds} rounds")
+    fedge = [data["train"][str(r)].get("fedge-uplink-bytes") for r in range(1, args.rounds + 1)]
+    return {"name": name, "uplink": uplink or "fp32", "final_accuracy": accuracy[-1],
+            "best_accuracy": max(accuracy), "replies": sum(received), "seconds": time.monotonic() - started,
+            "fedge_uplink_bytes": sum(fedge) if all(v is not None for v in fedge) else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--local-epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
+    parser.add_argument("--uplinks", default="qsgd:bits=4", help="Fedge uplink codecs to run, one run each, "
+                        "separated by ';' (a spec has commas of its own; default: qsgd:bits=4)")
+    parser.add_argument("--repeats", type=int, default=1, help="run every app this many times (alternating); "
+                        "the table has the mean over repeats")
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "flower-app"))
+    args = parser.parse_args()
+    command = shlex.join([".venv/bin/python", "bench/flower_app.py", *sys.argv[1:]])
+    with tempfile.TemporaryDirectory(prefix="fedge-bench-flower-app-") as tmp_name:
+        tmp = Path(tmp_name)
+        plain = plain_flower_app(APP, tmp / "plain-app")
+        per_reply = fp32_bytes(APP)
+        specs = [s.strip() for s in args.uplinks.split(";") if s.strip()]
+        repeats: list[list[dict]] = []
+        for repeat in range(args.repeats):
+            one = [run(plain, args, "", tmp, f"flower-{repeat}")]
+            one += [run(APP, args, spec, tmp, f"fedge-{i}-{repeat}") for i, spec in enumerate(specs)]
+            repeats.append(one)
+    runs = []
+    for column in zip(*repeats):  # the same app over the repeats: means (accuracy), totals per run (bytes)
+        first = dict(column[0])
+        first["final_accuracies"] = [r["final_accuracy"] for r in column]
+        first["final_accuracy"] = sum(first["final_accuracies"]) / len(column)
+        first["best_accuracy"] = sum(r["best_accuracy"] for r in column) / len(column)
+        first["seconds"] = sum(r["seconds"] for r in column) / len(column)
+        runs.append(first)
+    base = runs[0]
+    base["uplink_bytes"] = base["replies"] * per_reply
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}: examples/flower-app on Flower's "
+             f"simulation engine, {args.clients} clients, {args.rounds} rounds of {args.local_epochs} local epochs, "
+             f"Dirichlet({args.alpha}), {args.repeats} repeat(s) (accuracy: their mean; bytes: one run); "
+             f"`{command}`", "",
+             "| app | uplink | final accuracy (best) | uplink bytes | fewer than Flower's | wall time |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        r.setdefault("uplink_bytes", r["fedge_uplink_bytes"])
+        ratio = base["uplink_bytes"] / r["uplink_bytes"] if r["uplink_bytes"] else float("nan")
+        lines.append(f"| {'Flower (as written)' if r is base else 'with Fedge (4 lines)'} | {r['uplink']} | "
+                     f"{100 * r['final_accuracy']:.2f}% ({100 * r['best_accuracy']:.2f}%; runs "
+                     f"{', '.join(f'{100 * a:.2f}' for a in r['final_accuracies'])}) | {r['uplink_bytes']:,} | "
+                     f"{ratio:.2f}x | {r['seconds']:.0f} s |")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": runs, "fp32_reply_bytes": per_reply},
+                                                   indent=2) + "\n")
+    print(f"reproduce: {command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

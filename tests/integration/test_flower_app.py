@@ -1,0 +1,71 @@
+"""``examples/flower-app``: a Flower app written as Flower's own examples are, with Fedge added by
+the four lines docs/flower.md shows; its commands run exactly as the page writes them, on Flower's
+own default local federation (the simulation engine)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fedge.launcher.environment import flower_environment
+from fedge.launcher.processes import processes_with_env
+from tests.test_packaging import readme_commands
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "examples" / "flower-app"
+
+
+def plain_flower_app(fedge_app: Path, out: Path) -> Path:
+    """The app as Flower wrote it: docs/flower.md's diff taken back out, line by line."""
+    shutil.copytree(fedge_app, out, ignore=shutil.ignore_patterns("__pycache__"))
+    diff = re.search(r"```diff\n(.*?)```", (ROOT / "docs" / "flower.md").read_text(), re.S).group(1)
+    changed = 0
+    target = None
+    pending: dict[str, str | None] = {}
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            target = out / line[4:].split(" ")[0]
+        elif line.startswith("+") and target is not None:
+            added = line[1:]
+            replaced = pending.pop(str(target), None)
+            text = target.read_text()
+            assert text.count(added + "\n") == 1, f"{target.name}: {added!r} is not in the app once"
+            target.write_text(text.replace(added + "\n", "" if replaced is None else replaced + "\n"))
+            changed += 1
+        elif line.startswith("-") and not line.startswith("--- "):
+            pending[str(target)] = line[1:]
+    assert changed == 4 and not pending
+    return out
+
+
+def test_the_example_runs_as_docs_flower_md_says_and_the_diff_is_four_lines(tmp_path: Path) -> None:
+    plain = plain_flower_app(APP, tmp_path / "plain")
+    for name in ("server_app.py", "client_app.py"):
+        assert "fedge" not in (plain / "digitsapp" / name).read_text()
+    app = tmp_path / "flower-app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    home = tmp_path / "flwr-home"
+    commands = readme_commands((ROOT / "docs" / "flower.md").read_text())
+    assert commands == ["cd examples/flower-app", "flwr run . --stream"]
+    env = flower_environment(home)
+    try:
+        done = subprocess.run(["bash", "-c", commands[1]], cwd=app, env=env, capture_output=True, text=True,
+                              timeout=500)
+    finally:
+        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
+            os.kill(pid, 9)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    # Flower's own summary of the run: every round's aggregated train metrics carry the wrapper's
+    # byte count and no refused reply; the server's evaluate_fn ran after every round
+    uplink = [float(v) for v in re.findall(r"'fedge-uplink-bytes': ([0-9.e+]+)", log)]
+    refused = [float(v) for v in re.findall(r"'fedge-refused': ([0-9.e+]+)", log)]
+    assert len(uplink) == 3 and all(v > 0 for v in uplink) and refused == [0.0] * 3, log[-4000:]
+    assert len(re.findall(r"'accuracy': ", log)) >= 4, log[-4000:]
