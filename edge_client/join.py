@@ -175,6 +175,7 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     pause, restarts = 2.0, 0
     with ProcessGroup(state_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]}) as group:
         warm = group.start("warm-executor", warm_argv, cwd=state_dir) if warm_argv else None
+        warm_started = time.monotonic()
         while not stop.is_set():
             log_path = state_dir / "logs" / "supernode.log"
             offset = log_path.stat().st_size if log_path.exists() else 0
@@ -182,11 +183,14 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
             started = time.monotonic()
             log.info("SuperNode started (pid %d), dialing %s; log %s", node.pid, options.superlink, node.log_path)
             while node.alive() and not stop.wait(0.5):
-                if warm is not None and not warm.alive():
+                # a warm process that died is started again, at most every 30 s (one that cannot start
+                # must not spin: its log says why)
+                if warm is not None and not warm.alive() and time.monotonic() - warm_started > 30:
                     log.error("the warm process exited (code %s); starting it again; log %s",
                               warm.popen.returncode, warm.log_path)
                     group.processes.remove(warm)
                     warm = group.start("warm-executor", warm_argv, cwd=state_dir)  # type: ignore[arg-type]
+                    warm_started = time.monotonic()
             if stop.is_set():
                 break
             with open(node.log_path, "rb") as handle:  # this start's output only (the log is appended)
