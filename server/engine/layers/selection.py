@@ -10,9 +10,9 @@ carry no loss, as under secure aggregation) and how often and when it was chosen
 
 A step of ``k`` devices is filled in this order:
 
-1. **Owed devices**: every device whose share of selections has fallen below ``min-share`` × its
-   fair share (``k / connected`` per step) is chosen first, most owed first, so no device is
-   starved however slow it is.
+1. **Owed devices**: every device chosen fewer times than ``min-share`` × its fair count (the sum
+   over steps of ``k / connected``, rounded down) is chosen first, least chosen first, so no
+   device is starved however slow it is.
 2. **Exploration**: up to ``explore`` × k slots go to devices never tried yet (seeded random).
 3. **Exploitation**: the rest by Oort's score, utility (normalised) × ``(T / duration)^alpha`` for a
    device slower than ``T`` (the duration of the k-th fastest known device: the round time a
@@ -144,8 +144,12 @@ class SelectionLayer(Layer):
         available = [n for n in nodes if n not in resting] or nodes
         picked: list[int] = []
 
-        owed = sorted((n for n in available if self.devices[n].chosen < self.rule.min_share * self.fair - 1e-9),
-                      key=lambda n: (self.devices[n].chosen - self.rule.min_share * self.fair, n))
+        # owed: chosen fewer times than min-share of its fair count allows (whole selections: a
+        # device is owed once the floor of its minimum reaches one more than it has had)
+        floor = math.floor(self.rule.min_share * self.fair + 1e-9)
+        tie = {n: float(t) for n, t in zip(available, rng.random(len(available)))}
+        owed = sorted((n for n in available if self.devices[n].chosen < floor),
+                      key=lambda n: (self.devices[n].chosen, tie[n]))
         picked += owed[:count]
 
         fresh = [n for n in available if self.devices[n].duration is None and n not in picked]
