@@ -97,7 +97,7 @@ def main() -> int:
             one += [run(APP, args, spec, tmp, f"fedge-{i}-{repeat}") for i, spec in enumerate(specs)]
             repeats.append(one)
     runs = []
-    for column in zip(*repeats):  # the same app over the repeats: means (accuracy), totals per run (bytes)
+    for column in zip(*repeats, strict=True):  # the same app over the repeats: means (accuracy), totals per run (bytes)
         first = dict(column[0])
         first["final_accuracies"] = [r["final_accuracy"] for r in column]
         first["final_accuracy"] = sum(first["final_accuracies"]) / len(column)

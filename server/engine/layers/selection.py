@@ -147,7 +147,7 @@ class SelectionLayer(Layer):
         # owed: chosen fewer times than min-share of its fair count allows (whole selections: a
         # device is owed once the floor of its minimum reaches one more than it has had)
         floor = math.floor(self.rule.min_share * self.fair + 1e-9)
-        tie = {n: float(t) for n, t in zip(available, rng.random(len(available)))}
+        tie = {n: float(t) for n, t in zip(available, rng.random(len(available)), strict=True)}
         owed = sorted((n for n in available if self.devices[n].chosen < floor),
                       key=lambda n: (self.devices[n].chosen, tie[n]))
         picked += owed[:count]
