@@ -52,6 +52,8 @@ def test_a_good_device_passes_the_check_without_connecting(device, capsys) -> No
         (("--root-cert", "{ca}", "--threads", "0"), None, "--threads must be >= 1"),
         (("--root-cert", "{ca}"), "bad_labels", "label"),
         (("--root-cert", "{ca}", "--task", "no-such-task"), None, "--task"),
+        (("--root-cert", "{ca}", "--when", "charging,sunny"), None, "unknown condition(s) ['sunny']"),
+        (("--root-cert", "{ca}", "--max-mb-per-day", "-1"), None, "--max-rounds-per-day and --max-mb-per-day"),
     ],
 )
 def test_each_mistake_is_refused_with_its_reason(device, capsys, extra, data_key, words) -> None:
