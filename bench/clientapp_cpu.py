@@ -45,6 +45,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from fedge.launcher.processes import processes_with_env  # noqa: E402
 from fedge.protocol.stragglers import parse_stragglers  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
@@ -94,13 +95,9 @@ def tree_cpu(home: Path) -> float:
     """CPU-seconds of the whole run so far: every process carrying the run's FLWR_HOME, its own
     user + system time plus that of its children it has reaped (``cutime``/``cstime``), so the
     ClientApp processes that have exited count too (as a cgroup's accounting would)."""
-    marker = b"FLWR_HOME=" + str(home).encode()
     total = 0.0
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for pid in processes_with_env("FLWR_HOME", str(home), under=True):
         try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if not any(e.startswith(marker) for e in environ):
-                continue
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue

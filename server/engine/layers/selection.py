@@ -38,7 +38,7 @@ import numpy as np
 
 from fedge.compression import derive_seed
 from fedge.compression.errors import SpecError
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import build_from_spec
 from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
@@ -76,25 +76,13 @@ class Oort:
 
     @classmethod
     def parse(cls, spec: str) -> Oort | None:
-        try:
-            name, params = parse_spec(spec)
+        try:  # the project's one spec reader: parameters typed by the dataclass's defaults
+            rule = build_from_spec(spec, {"uniform": lambda: None, "oort": cls}, family="selection")
         except SpecError as err:
-            raise SettingsError(f"selection: {err}") from None
-        if name == "uniform" and not params:
+            raise SettingsError(f"selection must be 'uniform' or 'oort[:alpha=A,explore=E,min-share=M,max-share=X]': "
+                                f"{err}") from None
+        if rule is None:
             return None
-        if name != "oort":
-            raise SettingsError(f"selection must be 'uniform' or 'oort[:alpha=A,explore=E,min-share=M,max-share=X]', "
-                                f"got {spec!r}")
-        values: dict[str, float] = {}
-        for key, raw in params.items():
-            field = key.replace("-", "_")
-            if field not in ("alpha", "explore", "min_share", "max_share", "smoothing"):
-                raise SettingsError(f"selection: unknown parameter {key!r} of oort")
-            try:
-                values[field] = float(raw)
-            except ValueError:
-                raise SettingsError(f"selection: {key} must be a number, got {raw!r}") from None
-        rule = cls(**values)
         if not (rule.alpha >= 0 and 0 <= rule.explore <= 1 and 0 <= rule.min_share <= 1 <= rule.max_share
                 and 0 < rule.smoothing <= 1):
             raise SettingsError("selection: oort needs alpha >= 0, 0 <= explore <= 1, 0 <= min-share <= 1 <= "
