@@ -31,7 +31,6 @@ multiply-add), so both sides get the same bits.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.compression.lattice import CHANGE, SNAPSHOT, encode_lattice
+from fedge.compression.lattice import CHANGE, SNAPSHOT, encode_lattice, lattice_model, model_digest
 from fedge.compression.spec import parse_spec
 
 __all__ = ["DownlinkMessage", "DownlinkSpec", "VersionedBroadcast", "lattice_model", "model_digest", "parse_downlink"]
@@ -92,18 +91,6 @@ def parse_downlink(spec: str) -> DownlinkSpec | None:
     return out
 
 
-def model_digest(vector: torch.Tensor) -> int:
-    """56-bit BLAKE2b digest of a flat fp32 vector's bytes (fits a Flower int64 metric)."""
-    data = vector.detach().to(torch.float32).contiguous().numpy().tobytes()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little")
-
-
-def lattice_model(base: torch.Tensor, steps: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """``base + (steps * n)`` as two element-wise float32 operations: the same bits everywhere."""
-    scaled = steps * n.to(torch.float32)
-    return base + scaled
-
-
 def lattice_steps(base: torch.Tensor, sizes: list[int], resolution: float) -> torch.Tensor:
     """One step per tensor: its initial RMS / resolution (a tensor starting at zero, such as a bias,
     uses the whole model's RMS), as float32."""
@@ -146,6 +133,7 @@ class VersionedBroadcast:
         self.changes: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()  # v -> change v-1 -> v
         self.held: dict[int, int] = {}  # node -> version it holds
         self.needs_base: set[int] = set()
+        self.has_base: set[int] = set()  # unseeded base: the nodes that replied since it was shipped to them
         self._snapshot: tuple[int, bytes] | None = None
 
     @property
@@ -201,7 +189,8 @@ class VersionedBroadcast:
     def message_for(self, node: int) -> DownlinkMessage:
         """The smallest message that brings ``node`` to the current version."""
         held = self.held.get(node)
-        base = self.base if (not self.seeded or node in self.needs_base) else None
+        shipped = node in self.needs_base or (not self.seeded and node not in self.has_base)
+        base = self.base if shipped else None
         if held is not None and base is None:
             change = self.catch_up(held)
             if change is not None and len(change) <= len(self.snapshot_payload()):
@@ -214,12 +203,14 @@ class VersionedBroadcast:
         """``node`` replied to a message of ``version``: it holds that version's copy."""
         self.held[node] = version
         self.needs_base.discard(node)
+        self.has_base.add(node)  # it built that version's copy, on the base it holds
 
     def forget(self, node: int, *, base: bool = False) -> None:
         """``node`` failed or did not reply: its copy is unknown (``base``: it could not rebuild the base)."""
         self.held.pop(node, None)
         if base:
             self.needs_base.add(node)
+            self.has_base.discard(node)
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

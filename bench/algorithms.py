@@ -21,6 +21,7 @@ sleeping through its slowdown does not take a CPU slot the others queue behind, 
     .venv/bin/python bench/algorithms.py --suite stragglers   # FedAvg vs FedBuff vs FedAsync, time to 95%
     .venv/bin/python bench/algorithms.py --suite stragglers --engine deployment --clients 8 --rounds 15
     .venv/bin/python bench/algorithms.py --suite byzantine --clients 20   # robust aggregators under attack
+    .venv/bin/python bench/algorithms.py --suite selection --seeds 1 2 3   # stragglers, 8 of 16 asked: uniform vs oort
 """
 
 from __future__ import annotations
@@ -77,7 +78,13 @@ BYZANTINE_CONFIGS = [
     ("attacked-norm-reject", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "reject:factor=3"}),
     ("attacked-norm-clip", "fedavg", "qsgd:bits=4", {**_ATTACK, "update_norm": "clip:factor=1"}),
 ]
-SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS, "byzantine": BYZANTINE_CONFIGS}
+# the straggler suite's devices, half of them asked per round: the engine's seeded sample against Oort's rule
+SELECTION_CONFIGS = [
+    ("uniform", "fedavg", "qsgd:bits=4", {"selection": "uniform", "clients_per_round": "{half}"}),
+    ("oort", "fedavg", "qsgd:bits=4", {"selection": "oort", "clients_per_round": "{half}"}),
+]
+SUITES = {"algorithms": CONFIGS, "stragglers": STRAGGLER_CONFIGS, "byzantine": BYZANTINE_CONFIGS,
+          "selection": SELECTION_CONFIGS}
 
 
 def versions_per_round(algorithm: str, clients: int) -> int:
@@ -142,6 +149,7 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
         "measurement_bytes": sum(r.get("measurement_bytes", 0) for r in rows),
         "bytes_per_node_round": (sum(r["uplink_bytes"] + r["downlink_bytes"] for r in rows)) / (n * len(rows)),
         "round_seconds": sum(r["seconds"] for r in rows) / len(rows),
+        "participation": rows[-1].get("participation") if rows else None,
         "wall_seconds": wall,
     }
 
@@ -187,6 +195,28 @@ def straggler_table(results: list[dict]) -> str:
             f"{100 * r['final_accuracy']:.2f}% | {100 * r['best_accuracy']:.2f}% | "
             f"{'not reached' if t is None else f'{t:.0f} s'} | {ratio} | {stale} | {r['dropped_stale']} | "
             f"{r['wall_seconds']:.0f} | {r['uplink_bytes'] / 1e6:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def selection_table(results: list[dict]) -> str:
+    """Time to the target accuracy with each selection rule, the ratio to ``uniform`` of the same seed,
+    and the fairness figure: Jain's index over every device's selection count, with its min and max."""
+    baseline = {r["seed"]: r["time_to_target"] for r in results if r["label"] == "uniform"}
+    target = results[0]["target"] if results else 0.95
+    lines = [
+        f"| run | seed | final acc | best acc | time to {100 * target:g}% | speed-up vs uniform | "
+        "Jain's index | selections min / max | s/round | wall s (whole run) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        t, base = r["time_to_target"], baseline.get(r["seed"])
+        ratio = f"{base / t:.2f}x" if t and base else "-"
+        share = r.get("participation") or {}
+        lines.append(
+            f"| {r['label']} | {r['seed']} | {100 * r['final_accuracy']:.2f}% | {100 * r['best_accuracy']:.2f}% | "
+            f"{'not reached' if t is None else f'{t:.0f} s'} | {ratio} | {share.get('jain', '-')} | "
+            f"{share.get('min', '-')} / {share.get('max', '-')} | {r['round_seconds']:.2f} | {r['wall_seconds']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -275,7 +305,8 @@ def main() -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), default="algorithms",
                         help="algorithms: FedAvg/EASGD/gossip; stragglers: FedAvg/FedBuff/FedAsync with slow clients "
                         "(sets stragglers=fraction=0.25,slowdown=5 unless --set gives it); byzantine: 20%% of the "
-                        "clients send sign-flipped 10x updates, against each aggregator and the norm bound")
+                        "clients send sign-flipped 10x updates, against each aggregator and the norm bound; selection: "
+                        "the stragglers' devices, half asked per round, selection=uniform against oort")
     parser.add_argument("--engine", choices=("simulation", "deployment"), default="simulation")
     parser.add_argument("--target", type=float, default=0.95, help="accuracy for the time-to-target column")
     parser.add_argument("--only", nargs="*", help="labels of the built-in configurations to run (default: all; "
@@ -288,7 +319,7 @@ def main() -> int:
     parser.add_argument("--out", help="output path without suffix (default: bench/results/algorithms, "
                         "or algorithms-stragglers for that suite)")
     args = parser.parse_args()
-    if args.suite == "stragglers" and not any(item.startswith("stragglers=") for item in args.settings):
+    if args.suite in ("stragglers", "selection") and not any(item.startswith("stragglers=") for item in args.settings):
         args.settings.append("stragglers=fraction=0.25,slowdown=5")
     extra = [tuple(c.split(";")) for c in args.config]
     if any(len(c) != 3 for c in extra):
@@ -302,7 +333,8 @@ def main() -> int:
         parser.error(str(exc))
     args.overrides = {key.replace("-", "_"): getattr(chosen, key.replace("-", "_")) for key in pairs}
     configs = [c for c in SUITES[args.suite] if args.only is None or c[0] in args.only] + extra
-    show = {"stragglers": straggler_table, "byzantine": byzantine_table}.get(args.suite, table)
+    show = {"stragglers": straggler_table, "byzantine": byzantine_table, "selection": selection_table}.get(
+        args.suite, table)
     results = []
     with tempfile.TemporaryDirectory(prefix="fedge-bench-algorithms-") as tmp:
         for seed in args.seeds:

@@ -28,18 +28,21 @@ Every field is checked by :func:`decode_lattice` before anything is returned (:c
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from fedge.compression import bitpack, rice
 from fedge.compression.errors import PayloadError
 from fedge.compression.index_sets import SCHEMES, decode_index_set, encode_index_set
 from fedge.compression.varint import decode_indices, encode_indices
 
-__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "decode_lattice", "encode_lattice", "lattice_header"]
+__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "decode_lattice", "encode_lattice", "lattice_header",
+           "lattice_model", "model_digest"]
 
 MAGIC = b"FGL2"
 CHANGE = 0
@@ -227,3 +230,15 @@ def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:
         dense[indices] = values
         return LatticeMessage(SNAPSHOT, numel, -1, int(version), np.arange(numel, dtype=np.int64), dense)
     return LatticeMessage(kind, numel, int(base), int(version), indices, values)
+
+
+def model_digest(vector: torch.Tensor) -> int:
+    """56-bit BLAKE2b digest of a flat fp32 vector's bytes (fits a Flower int64 metric)."""
+    data = vector.detach().to(torch.float32).contiguous().numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=7).digest(), "little")
+
+
+def lattice_model(base: torch.Tensor, steps: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """``base + (steps * n)`` as two element-wise float32 operations: the same bits everywhere."""
+    scaled = steps * n.to(torch.float32)
+    return base + scaled

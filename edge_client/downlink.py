@@ -17,21 +17,12 @@ from __future__ import annotations
 import torch
 from flwr.app import Message
 
-from fedge.aggregation.broadcast import lattice_model, model_digest
-from fedge.compression.lattice import CHANGE, SNAPSHOT, decode_lattice, encode_lattice, lattice_header
+from fedge.compression.lattice import model_digest
 from fedge.edge_client.node_store import NodeStore
-from fedge.protocol import (
-    DOWNLINK_BASE_KEY,
-    DOWNLINK_RECORD,
-    DOWNLINK_STEPS_KEY,
-    MODEL_RECORD,
-    ProtocolError,
-    read_flat,
-    read_payload,
-    read_state_dict,
-)
+from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, read_payload, read_state_dict
+from fedge.protocol.downlink import LatticeCopy, apply_downlink, shipped_base
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
-from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
+from fedge.protocol.refusals import MissingBaseError
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
@@ -48,62 +39,32 @@ def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Ta
 
 
 def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Task) -> torch.Tensor:
-    payload = read_payload(msg.content, DOWNLINK_RECORD)
-    arrays = msg.content.array_records[DOWNLINK_RECORD]
-    template = task.build_model().state_dict()
-    sizes = tensor_sizes(template)
+    read_payload(msg.content, DOWNLINK_RECORD)  # the record and its payload exist (checked in full below)
+    record = msg.content.array_records[DOWNLINK_RECORD]
+    sizes = tensor_sizes(task.build_model().state_dict())
     numel = sum(sizes)
-    kind, base_version, version = lattice_header(payload)
-    if version != config.integer(DOWNLINK_VERSION, 0):
-        raise ProtocolError(f"downlink payload brings version {version}, the config says "
-                            f"{config.integer(DOWNLINK_VERSION, 0)}")
-    base = _base(arrays, config, store, task, numel)
-    message = decode_lattice(payload, numel)
-    if kind == SNAPSHOT:
-        if DOWNLINK_STEPS_KEY not in arrays:
-            raise ProtocolError("a downlink snapshot must carry the lattice steps")
-        tensor_steps = read_flat(arrays[DOWNLINK_STEPS_KEY], len(sizes), f"{DOWNLINK_RECORD}[{DOWNLINK_STEPS_KEY}]")
-        if not bool((tensor_steps > 0).all()):
-            raise ProtocolError("downlink lattice steps must be positive")
-        n = torch.from_numpy(message.values.copy())
-    else:
-        assert kind == CHANGE
-        meta = store.get_meta("lattice.meta")
-        held = store.get_bytes("lattice.n")
-        steps_held = store.get_tensor("lattice.steps")
-        if meta is None or held is None or steps_held is None:
-            raise OutOfSyncError("this device holds no copy of the model; the coordinator must send a snapshot")
-        if int(meta["version"]) != base_version:
-            raise OutOfSyncError(f"this device holds version {meta['version']}, the change is from {base_version}")
-        tensor_steps = steps_held
-        n = _decode_stored(held, numel).clone()
-        n[torch.from_numpy(message.indices)] += torch.from_numpy(message.values)
-    steps = torch.repeat_interleave(tensor_steps, torch.tensor(sizes))
-    copy = lattice_model(base, steps, n)
-    expected = config.integer(DOWNLINK_DIGEST, 0)
-    if model_digest(copy) != expected:
-        raise OutOfSyncError(f"this device's copy of version {version} does not match the coordinator's digest")
-    # Stored compactly (the snapshot encoding); the digest check above passed, so this is the copy.
-    store.put_bytes("lattice.n", encode_lattice(SNAPSHOT, numel, -1, version, n.numpy()))
-    store.put_tensor("lattice.steps", tensor_steps)
-    store.put_meta("lattice.meta", {"version": int(version)})
+    base = _base(record, config, store, task, numel)
+    meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
+    copy_held = None if meta is None or held is None or steps is None else LatticeCopy.decode(held, numel, steps)
+    if copy_held is not None and copy_held.version != int(meta["version"]):  # type: ignore[index]
+        copy_held = None  # the store's parts disagree: no copy to build on
+    copy, updated = apply_downlink(record, sizes, base, copy_held, version=config.integer(DOWNLINK_VERSION, 0),
+                                   digest=config.integer(DOWNLINK_DIGEST, 0))
+    # Stored compactly (the snapshot encoding); the digest check passed, so this is the copy.
+    store.put_bytes("lattice.n", updated.encode())
+    store.put_tensor("lattice.steps", updated.tensor_steps)
+    store.put_meta("lattice.meta", {"version": updated.version})
     return copy
 
 
-def _decode_stored(stored: bytes, numel: int) -> torch.Tensor:
-    return torch.from_numpy(decode_lattice(stored, numel).values)
-
-
-def _base(arrays, config: RoundConfig, store: NodeStore, task: Task, numel: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _base(record, config: RoundConfig, store: NodeStore, task: Task, numel: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The lattice's base: shipped with this message, shipped earlier and stored, or rebuilt from the
     task and seed and checked against the coordinator's digest."""
     expected = config.integer(DOWNLINK_BASE_DIGEST, 0)
-    if DOWNLINK_BASE_KEY in arrays:
-        base = read_flat(arrays[DOWNLINK_BASE_KEY], numel, f"{DOWNLINK_RECORD}[{DOWNLINK_BASE_KEY}]")
-        if model_digest(base) != expected:
-            raise ProtocolError("the shipped downlink base does not match its digest")
-        store.put_tensor("lattice.base", base)
-        return base
+    shipped = shipped_base(record, numel, expected)
+    if shipped is not None:
+        store.put_tensor("lattice.base", shipped)
+        return shipped
     stored = store.get_tensor("lattice.base")
     if stored is not None and stored.numel() == numel and model_digest(stored) == expected:
         return stored

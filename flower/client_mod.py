@@ -8,6 +8,10 @@ the codec the server asked for. The error-feedback memory (what compression held
 node's ``Context.state``, so it carries over to the node's next round. A message without that config
 passes through unchanged (the server is not wrapped); a model whose layout differs from what the
 server described is refused with an error reply, never encoded against the wrong arrays.
+
+With the wrapper's lattice downlink (``downlink="lattice:..."``) any message (train or evaluate)
+brings a lattice change instead of the model: the mod rebuilds the model first
+(``fedge.flower.receive``), so the user's code gets its ``ArrayRecord`` as always.
 """
 
 from __future__ import annotations
@@ -22,7 +26,17 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.compression import make_codec
 from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
+from fedge.flower.receive import receive_downlink
+from fedge.flower.records import (
+    ARRAYS,
+    CODEC_KEY,
+    DOWNLINK_KEY,
+    LAYOUT_KEY,
+    RAW_RECORD,
+    ROUND_KEY,
+    SEED_KEY,
+    UPDATE_RECORD,
+)
 from fedge.protocol.records import payload_record
 
 __all__ = ["compression_mod"]
@@ -35,6 +49,8 @@ _MEMORY_META = "fedge.flower.memory-meta"
 
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     config = msg.content.config_records.get("config")
+    if config is not None and DOWNLINK_KEY in config:  # a lattice downlink: the model it brings, first
+        receive_downlink(msg, context)
     if not msg.metadata.message_type.startswith("train") or config is None or CODEC_KEY not in config:
         return call_next(msg, context)
     received = msg.content.array_records.get(ARRAYS)

@@ -3,7 +3,9 @@ its reply. Kept in one place so neither side writes the other's literals."""
 
 from __future__ import annotations
 
-__all__ = ["ARRAYS", "CODEC_KEY", "LAYOUT_KEY", "RAW_RECORD", "ROUND_KEY", "SEED_KEY", "UPDATE_RECORD"]
+__all__ = ["ARRAYS", "BASE_DIGEST_KEY", "BASE_RECORD", "CODEC_KEY", "DOWNLINK_DIGEST_KEY", "DOWNLINK_KEY",
+           "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "RAW_RECORD", "ROUND_KEY", "SEED_KEY",
+           "UPDATE_RECORD"]
 
 #: the ArrayRecord key Flower's strategies put the model under (``Strategy.configure_train``)
 ARRAYS = "arrays"
@@ -16,3 +18,12 @@ SEED_KEY = "fedge.seed"
 #: reply: the encoded update (one payload array), and the arrays that are not compressed
 UPDATE_RECORD = "fedge.update"
 RAW_RECORD = "fedge.raw"
+#: any message with a lattice downlink: its spec, the version it brings, that version's digest and
+#: the base's digest (config); the lattice change or snapshot, and (to a node without it) the base
+#: model as an ArrayRecord of the model's own arrays, which also tells the node the layout
+DOWNLINK_KEY = "fedge.downlink"
+DOWNLINK_VERSION_KEY = "fedge.downlink-version"
+DOWNLINK_DIGEST_KEY = "fedge.downlink-digest"
+BASE_DIGEST_KEY = "fedge.base-digest"
+DOWNLINK_RECORD = "fedge.downlink"
+BASE_RECORD = "fedge.base"

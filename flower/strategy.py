@@ -8,6 +8,10 @@ an ``ArrayRecord`` of the same arrays as ever. So ``FedAvg``, ``FedAdam``, ``Fed
 the compression error, and their own ``start``, ``evaluate_fn``, ``Result`` and logging work as
 before (``start`` is Flower's, calling this object's methods).
 
+With ``downlink="lattice:..."`` the model goes out as a versioned lattice change instead of fp32
+arrays (``fedge.flower.downlink``); replies are then decoded against the copy the node holds.
+The round's train metrics gain ``fedge-downlink-bytes`` (the records sent, as Flower serializes them).
+
 A reply that does not carry a payload (a client without ``compression_mod``), or whose payload
 does not decode (another codec, a corrupt or truncated body, another model size), is refused: it
 is logged with the reason and left out of the round, never mis-decoded.
@@ -24,6 +28,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedge.compression import PayloadError, SpecError, make_codec
+from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
 from fedge.protocol.records import ProtocolError, array_bytes, read_payload
@@ -36,12 +41,13 @@ log = logging.getLogger(__name__)
 class CompressedStrategy(Strategy):
     """``strategy`` with Fedge-compressed uplink updates (see the module docstring)."""
 
-    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0) -> None:
+    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none") -> None:
         try:
             make_codec(uplink)
         except (SpecError, ValueError) as err:
             raise ValueError(f"uplink codec {uplink!r}: {err}") from None
         self.strategy, self.uplink, self.seed = strategy, uplink, int(seed)
+        self.downlink = ServerDownlink(downlink)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out
 
@@ -49,8 +55,9 @@ class CompressedStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         layout = Layout(arrays)
-        self._sent = (server_round, layout, layout.flatten(arrays), arrays)
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        public = self.downlink.public(arrays)  # with a lattice downlink, nodes train from its copy
+        self._sent = (server_round, layout, layout.flatten(arrays) if public is None else public, arrays)
+        messages = self.downlink.attach(self.strategy.configure_train(server_round, arrays, config, grid), arrays)
         for message in messages:
             record = message.content.config_records.get("config")
             if record is None:
@@ -68,9 +75,11 @@ class CompressedStrategy(Strategy):
         replies = list(replies)
         uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
         refused_before = len(self.refused)
+        self.downlink.settle(replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
         metrics = metrics if metrics is not None else MetricRecord()
         metrics["fedge-uplink-bytes"] = uplink
+        metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
         metrics["fedge-refused"] = len(self.refused) - refused_before
         return arrays, metrics
 
@@ -108,13 +117,23 @@ class CompressedStrategy(Strategy):
     # -- everything else is the wrapped strategy's ----------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        if messages:
+            self.downlink.public(arrays)
+        return self.downlink.attach(messages, arrays)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        """The wrapped strategy's; with messages sent, ``fedge-downlink-bytes`` of the evaluate round."""
+        replies = list(replies)
+        self.downlink.settle(replies)
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        if self.downlink.bytes:
+            metrics = metrics if metrics is not None else MetricRecord()
+            metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
+        return metrics
 
     def summary(self) -> None:
-        log.info("compressed uplink: %s (fedge.flower), wrapping:", self.uplink)
+        log.info("compressed uplink: %s, downlink: %s (fedge.flower), wrapping:", self.uplink, self.downlink.spec)
         self.strategy.summary()
 
     def __getattr__(self, name: str) -> object:
@@ -124,6 +143,9 @@ class CompressedStrategy(Strategy):
         return getattr(self.strategy, name)
 
 
-def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0) -> CompressedStrategy:
-    """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates."""
-    return CompressedStrategy(strategy, uplink=uplink, seed=seed)
+def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
+               downlink: str = "none") -> CompressedStrategy:
+    """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates
+    (``uplink``, a Fedge codec spec) and, with ``downlink="lattice[:ratio=...]"``, receive the model as
+    a versioned lattice change (``fedge.flower.downlink``) instead of fp32 arrays."""
+    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink)

@@ -47,6 +47,7 @@ __all__ = [
     "flat_array",
     "message_type_for",
     "payload_array",
+    "payload_bytes",
     "payload_record",
     "read_flat",
     "read_flats",
@@ -100,7 +101,8 @@ def payload_array(payload: bytes | bytearray | memoryview) -> Array:
     return Array(dtype="uint8", shape=(len(data),), stype=PAYLOAD_STYPE, data=data)
 
 
-def _checkpayload_array(array: Array, where: str) -> bytes:
+def payload_bytes(array: Array, where: str) -> bytes:
+    """The bytes of one payload array (``where`` names it in the error), checked."""
     if not isinstance(array, Array):
         raise ProtocolError(f"{where} is not an Array")
     if array.stype != PAYLOAD_STYPE or array.dtype != "uint8":
@@ -119,14 +121,14 @@ def read_payload(content: RecordDict, record: str, key: str = PAYLOAD_KEY) -> by
     arrays = content.array_records[record]
     if key not in arrays:
         raise ProtocolError(f"{record!r} record has no {key!r} array")
-    return _checkpayload_array(arrays[key], f"{record}[{key}]")
+    return payload_bytes(arrays[key], f"{record}[{key}]")
 
 
 def read_payloads(content: RecordDict, record: str) -> dict[str, bytes]:
     """Every payload array of ``content[record]`` (a relay record: one payload per node id)."""
     if record not in content.array_records:
         return {}
-    return {key: _checkpayload_array(array, f"{record}[{key}]")
+    return {key: payload_bytes(array, f"{record}[{key}]")
             for key, array in content.array_records[record].items()}
 
 

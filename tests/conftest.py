@@ -57,3 +57,10 @@ def rogue_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     from fedge.deploy.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("rogue"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start real processes first: they mostly wait on those processes (Flower's polling
+    and heartbeats, Ray's start), so with ``make test``'s workers they overlap the CPU-bound
+    in-process tests instead of forming a tail after them."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)

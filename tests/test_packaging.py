@@ -145,6 +145,7 @@ def fedge_install(request: pytest.FixtureRequest) -> tuple[str, Path]:
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("flwr-default-federation")  # `flwr run .` uses Flower's fixed local ports
 @pytest.mark.timeout(900)
 def test_the_installed_wheel_runs_anywhere(fedge_install: tuple[str, Path], tmp_path: Path) -> None:
     kind, venv = fedge_install

@@ -30,11 +30,13 @@ class Grid:
         return list(NODES)
 
 
-def _user_app(with_mod: bool = True) -> ClientApp:
+def _user_app(with_mod: bool = True, seen: dict[int, list[ArrayRecord]] | None = None) -> ClientApp:
     app = ClientApp(mods=[compression_mod] if with_mod else [])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out
+        if seen is not None:  # the test keeps the model each message brought
+            seen.setdefault(context.node_id, []).append(msg.content["arrays"])
         state = msg.content["arrays"].to_torch_state_dict()
         g = torch.Generator().manual_seed(context.node_id * 1000 + int(msg.content["config"].get("fedge.round", 0)))
         trained = {k: v + 0.01 * (context.node_id - 10) * torch.randn(v.shape, generator=g) if v.is_floating_point()
@@ -160,3 +162,70 @@ def test_a_model_other_than_the_one_described_is_refused_by_the_client() -> None
 def test_an_unknown_codec_is_refused_when_wrapping() -> None:
     with pytest.raises(ValueError, match="uplink codec"):
         compressed(FedAvg(), uplink="nonsense:bits=4")
+
+
+# ---- the lattice downlink through the wrapper ------------------------------------------------------
+
+
+def _public(wrapped) -> ArrayRecord:  # type: ignore[no-untyped-def]
+    layout, base = wrapped.downlink.layout, wrapped.downlink.base
+    return layout.rebuild(wrapped.downlink.broadcast.public.numpy(), base)
+
+
+def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_aggregate_is_exact() -> None:
+    from fedge.flower.records import BASE_RECORD, DOWNLINK_RECORD
+
+    arrays, config, grid, spec = _model(), ConfigRecord({"lr": 0.1}), Grid(), "qsgd:bits=4"
+    wrapped, plain = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05"), FedAvg()
+    seen: dict[int, list[ArrayRecord]] = {}
+    apps, contexts = {n: _user_app(seen=seen) for n in NODES}, _contexts()
+    fp32 = sum(len(a.data) for a in arrays.values())
+    for server_round in (1, 2, 3):
+        messages = list(wrapped.configure_train(server_round, arrays, config, grid))
+        assert all("arrays" not in m.content and DOWNLINK_RECORD in m.content for m in messages)
+        # the base (the starting model) goes to each node once; later rounds carry only a change
+        assert all((BASE_RECORD in m.content) == (server_round == 1) for m in messages)
+        public = _public(wrapped)
+        replies = _exchange(messages, apps, contexts)
+        for node in NODES:  # the user's code got the server's public copy, bit for bit, in the model's layout
+            got = seen[node][-1]
+            assert list(got.keys()) == list(arrays.keys())
+            assert all(np.array_equal(got[k].numpy(), public[k].numpy()) for k in arrays)
+        expected, _ = plain.aggregate_train(server_round,
+                                            _independently_decoded(_copy(replies), public, spec, server_round))
+        got_arrays, metrics = wrapped.aggregate_train(server_round, replies)
+        assert got_arrays is not None and expected is not None and metrics is not None
+        for name in arrays:
+            np.testing.assert_allclose(got_arrays[name].numpy(), expected[name].numpy(), rtol=0, atol=1e-6)
+        if server_round > 1:  # a change of 5% of the coordinates: far below the fp32 model per node
+            assert 0 < metrics["fedge-downlink-bytes"] < 0.25 * len(NODES) * fp32, metrics
+        arrays = got_arrays
+
+
+def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_and_the_base_next_round() -> None:
+    from fedge.flower.records import BASE_RECORD
+    from fedge.protocol.refusals import OutOfSyncError
+
+    arrays, grid = _model(), Grid()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    arrays, _ = wrapped.aggregate_train(1, _exchange(list(wrapped.configure_train(1, arrays, ConfigRecord(), grid)),
+                                                      apps, contexts))
+    contexts[12] = Context(run_id=1, node_id=12, node_config={}, state=RecordDict(), run_config={})  # restarted
+    messages = list(wrapped.configure_train(2, arrays, ConfigRecord(), grid))
+    lost = next(m for m in messages if m.metadata.dst_node_id == 12)
+    lost.metadata.__dict__["_message_id"] = lost.object_id
+    with pytest.raises(OutOfSyncError, match="no base"):  # Flower's runtime turns it into an error reply
+        apps[12](lost, contexts[12])
+    others = _exchange([m for m in messages if m.metadata.dst_node_id != 12], apps, contexts)
+    arrays, _ = wrapped.aggregate_train(2, others)  # node 12 did not answer: forgotten
+    messages = list(wrapped.configure_train(3, arrays, ConfigRecord(), grid))
+    assert {m.metadata.dst_node_id for m in messages if BASE_RECORD in m.content} == {12}
+    replies = _exchange(messages, apps, contexts)
+    assert all(not r.has_error() for r in replies)
+    assert wrapped.aggregate_train(3, replies)[0] is not None and not wrapped.refused
+
+
+def test_an_unknown_downlink_is_refused_when_wrapping() -> None:
+    with pytest.raises(ValueError, match="downlink codec"):
+        compressed(FedAvg(), downlink="lattice:ratio=2")

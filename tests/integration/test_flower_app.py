@@ -45,6 +45,7 @@ def plain_flower_app(fedge_app: Path, out: Path) -> Path:
     return out
 
 
+@pytest.mark.xdist_group("flwr-default-federation")  # `flwr run .` uses Flower's fixed local ports
 def test_the_example_runs_as_docs_flower_md_says_and_the_diff_is_four_lines(tmp_path: Path) -> None:
     plain = plain_flower_app(APP, tmp_path / "plain")
     for name in ("server_app.py", "client_app.py"):

@@ -32,6 +32,7 @@ def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout:
 # In `make test-slow`: the default suite runs the same (`fedge new`, `flwr run .`) from the installed
 # wheel in tests/test_packaging.py; this one also checks the accuracy it reaches.
 @pytest.mark.slow
+@pytest.mark.xdist_group("flwr-default-federation")  # `flwr run .` uses Flower's fixed local ports
 def test_fedge_new_then_flwr_run_trains_on_flowers_default_federation(tmp_path, assert_no_leftovers) -> None:
     _run([str(BIN / "fedge"), "new", "myapp"], cwd=tmp_path)
     app = tmp_path / "myapp"

@@ -101,6 +101,24 @@ def test_oort_runs_in_the_engine_and_reports_participation(tmp_path, algorithm) 
     assert engine.layer("selection").steps >= 3
 
 
+def test_uniform_counts_the_engines_sample_for_the_fairness_figure(tmp_path) -> None:
+    from fedge.server.run.initial_model import initial_params
+    from fedge.tasks import make_task
+
+    engine = build_engine(dict(rounds=3, clients_per_round=2, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
+                               run_dir=str(tmp_path)))
+    result = engine.run(InProcessGrid(4), initial_params(make_task("digits"), 42))
+    counts = [row.extra["participation"] for row in result.rows]
+    # every connected device counts, chosen or not; three steps of two sent messages each
+    assert [c["devices"] for c in counts] == [4, 4, 4]
+    layer = engine.layer("selection")
+    assert layer.rule is None and sum(d.chosen for d in layer.devices.values()) == 6
+    assert counts[-1]["jain"] == pytest.approx(jain_index([float(d.chosen) for d in layer.devices.values()]), abs=1e-4)
+    private = build_engine(dict(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "dp"),
+                                differential_privacy="gaussian:noise=1.0,clip=1.0,delta=1e-5"))
+    assert private.layer("selection") is None  # DP rows carry no node facts
+
+
 @pytest.mark.parametrize("values, message", [
     ({"differential_privacy": "gaussian:noise=1.0,clip=1.0,delta=1e-5"}, "Poisson"),
     ({"algorithm": "gossip:topology=ring"}, "fixed set"),

@@ -21,7 +21,9 @@ A step of ``k`` devices is filled in this order:
 
 A device that declined (``not-eligible``, ``over-budget``) is not asked again in the next step.
 The row gets ``participation``: Jain's fairness index over every connected device's selection
-count (1 = perfectly even), with the minimum and maximum count.
+count (1 = perfectly even), with the minimum and maximum count. Under ``uniform`` the layer only
+counts the engine's seeded sample for that figure (not under DP, whose rows carry no node facts,
+nor for gossip's fixed topology).
 
 Refused with differential privacy (the accountant assumes Poisson sampling with a fixed rate;
 choosing by speed and loss would break it) and with gossip (a fixed topology).
@@ -93,7 +95,7 @@ class Oort:
 class SelectionLayer(Layer):
     key = "selection"
 
-    def __init__(self, rule: Oort, seed: int, per_step: int, clock: Any = time.monotonic) -> None:
+    def __init__(self, rule: Oort | None, seed: int, per_step: int, clock: Any = time.monotonic) -> None:
         self.rule, self.seed, self.per_step, self.clock = rule, seed, per_step, clock
         self.devices: dict[int, _Device] = {}
         self.steps = 0  # selections made (steps, or asynchronous dispatches)
@@ -104,9 +106,10 @@ class SelectionLayer(Layer):
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> SelectionLayer | None:
         settings = algorithm.ctx.settings
         rule = Oort.parse(settings.selection)
-        if rule is None:
-            return None
-        if settings.differential_privacy.strip().lower() not in ("", "none"):
+        private = settings.differential_privacy.strip().lower() not in ("", "none")
+        if rule is None:  # uniform: the engine's sample; the layer only counts it for the fairness figure
+            return None if private or algorithm.fixed_membership else cls(None, settings.seed, settings.clients_per_round)
+        if private:
             raise SettingsError("selection=oort with differential privacy: the accountant assumes Poisson "
                                 "sampling at a fixed rate, which choosing by speed and loss breaks; use "
                                 "selection=uniform")
@@ -115,14 +118,16 @@ class SelectionLayer(Layer):
         return cls(rule, settings.seed, settings.clients_per_round)
 
     # -- choosing -----------------------------------------------------------------------------
-    def select(self, number: int, nodes: list[int]) -> list[int]:
+    def select(self, number: int, nodes: list[int]) -> list[int] | None:
         return self.choose(nodes, self.per_step, number)
 
-    def choose(self, nodes: list[int], count: int, key: int) -> list[int]:
+    def choose(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         nodes = sorted(nodes)
-        count = min(count, len(nodes))
-        for node in nodes:
+        for node in nodes:  # every connected device counts in the fairness figure, chosen or not
             self.devices.setdefault(node, _Device())
+        if self.rule is None:
+            return None  # uniform: the engine's seeded sample, counted in outgoing()
+        count = min(count, len(nodes))
         self.steps += 1
         self.fair += count / max(1, len(nodes))
         if count == 0:
@@ -175,9 +180,14 @@ class SelectionLayer(Layer):
         now = self.clock()
         for o in outgoing:
             self.sent[o.node] = now
+            if self.rule is None:  # the engine chose: count what it sent
+                device = self.devices.setdefault(o.node, _Device())
+                device.chosen, device.last = device.chosen + 1, step.number
 
     def _observe(self, node: int, seconds: float | None = None, utility: float | None = None) -> None:
         device = self.devices.setdefault(node, _Device())
+        if self.rule is None:  # uniform learns nothing from speed or loss
+            return
         w = self.rule.smoothing
         if seconds is not None:
             device.duration = seconds if device.duration is None else (1 - w) * device.duration + w * seconds
@@ -215,6 +225,8 @@ class SelectionLayer(Layer):
 
     # -- the run ------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
+        if self.rule is None:
+            return {"selection": {"rule": "uniform"}}
         return {"selection": {"rule": "oort", "alpha": self.rule.alpha, "explore": self.rule.explore,
                               "min_share": self.rule.min_share, "max_share": self.rule.max_share}}
 
@@ -225,6 +237,8 @@ class SelectionLayer(Layer):
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
+            if self.rule is None:  # a uniform run's checkpoint from before the counts were kept
+                return
             raise ValueError("the checkpoint has no selection state: the run did not set selection=oort")
         self.steps, self.fair = int(state["steps"]), float(state["fair"])
         self.devices = {int(n): _Device(int(c), d, u, int(last), int(rest))

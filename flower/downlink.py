@@ -1,0 +1,128 @@
+"""The wrapper's downlink: every node's copy of the model as a versioned lattice, not the fp32 arrays.
+
+With ``compressed(strategy, downlink="lattice:...")`` the messages the wrapped strategy builds lose
+their model ``ArrayRecord``; each gets instead the smallest lattice message that brings that node's
+copy to the current version (``fedge.aggregation.broadcast``, the same coordinator side as Fedge's
+own engine): the change of one version, a catch-up over the versions it missed, or a snapshot. A
+node that has not got the base yet (the model the run started from) gets it once, as an
+``ArrayRecord`` of the model's own arrays, which also tells it the names, shapes and dtypes.
+Arrays that are not floating point (integer buffers) travel as they are, every time.
+
+The nodes hold the public copy, not the exact model: the wrapper decodes their updates against
+that copy, and what a version did not carry goes out in a later one (error feedback on the
+server). A node that replies holds the version its message brought; one that fails or does not
+reply is forgotten and gets a snapshot (and the base) next time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedge.aggregation.broadcast import DownlinkSpec, VersionedBroadcast, parse_downlink
+from fedge.compression.lattice import model_digest
+from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.records import (
+    ARRAYS,
+    BASE_DIGEST_KEY,
+    BASE_RECORD,
+    DOWNLINK_DIGEST_KEY,
+    DOWNLINK_KEY,
+    DOWNLINK_RECORD,
+    DOWNLINK_VERSION_KEY,
+    LAYOUT_KEY,
+    RAW_RECORD,
+)
+from fedge.protocol.records import DOWNLINK_STEPS_KEY, PAYLOAD_KEY, array_bytes, flat_array, payload_array
+
+__all__ = ["ServerDownlink"]
+
+
+class ServerDownlink:
+    """One wrapped strategy's downlink (``spec`` ``none``: the wrapped strategy's own fp32 arrays)."""
+
+    def __init__(self, spec: str) -> None:
+        try:
+            self.parsed: DownlinkSpec | None = parse_downlink(spec)
+        except ValueError as err:
+            raise ValueError(f"downlink codec {spec!r}: {err}") from None
+        self.broadcast: VersionedBroadcast | None = None
+        self.layout: Layout | None = None
+        self.base: ArrayRecord | None = None
+        self.published: int | None = None  # digest of the exact model last published
+        self.sent: dict[int, int] = {}  # node -> version its latest message brought
+        self.bytes = 0  # downlink records sent (model, lattice, base and raw arrays), as Flower serializes them
+
+    @property
+    def spec(self) -> str:
+        return "none" if self.parsed is None else self.parsed.spec
+
+    def public(self, arrays: ArrayRecord) -> np.ndarray | None:
+        """Publish ``arrays`` as the next version when they changed; the flat copy the nodes will
+        hold (None without a lattice: they get ``arrays`` themselves)."""
+        if self.parsed is None:
+            return None
+        layout = Layout(arrays)
+        exact = torch.from_numpy(layout.flatten(arrays).copy())
+        if self.broadcast is None:
+            self.layout, self.base = layout, ArrayRecord({name: array for name, array in arrays.items()})
+            self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=False)
+        elif layout.digest != self.layout.digest:  # type: ignore[union-attr]
+            raise LayoutError("the strategy's model changed its layout during the run")
+        digest = model_digest(exact)
+        if digest != self.published:
+            self.broadcast.publish(exact, self.broadcast.version + 1)
+            self.published = digest
+        return self.broadcast.public.numpy().copy()
+
+    def attach(self, messages: Iterable[Message], arrays: ArrayRecord) -> list[Message]:
+        """Each message with its node's lattice message in place of the model (counted)."""
+        messages = list(messages)
+        if self.broadcast is None or self.layout is None or self.base is None:
+            self.bytes += sum(array_bytes(m.content, (ARRAYS,)) for m in messages)
+            return messages
+        b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
+        raw = ArrayRecord({name: array for name, array in arrays.items() if name not in floats})
+        for message in messages:
+            node = message.metadata.dst_node_id
+            lattice = b.message_for(node)
+            content = RecordDict({name: record for name, record in message.content.items() if name != ARRAYS})
+            record = ArrayRecord({PAYLOAD_KEY: payload_array(lattice.payload)})
+            if lattice.steps is not None:
+                record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
+            content[DOWNLINK_RECORD] = record
+            if lattice.base is not None:
+                content[BASE_RECORD] = self.base
+            if len(raw):
+                content[RAW_RECORD] = raw
+            config = content.config_records.get("config")
+            if config is None:
+                config = content["config"] = ConfigRecord()
+            config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
+            config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
+            config[BASE_DIGEST_KEY] = int(b.base_digest)
+            message.content = content
+            self.sent[node] = b.version
+            self.bytes += array_bytes(content, (DOWNLINK_RECORD, BASE_RECORD, RAW_RECORD))
+        return messages
+
+    def settle(self, replies: list[Message]) -> None:
+        """Who holds what after a round's replies: a reply confirms the version its message brought;
+        an error, or no reply at all, forgets the node's copy (it gets a snapshot and the base)."""
+        if self.broadcast is None:
+            return
+        answered = set()
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            answered.add(node)
+            version = self.sent.pop(node, None)
+            if reply.has_error() or version is None:
+                self.broadcast.forget(node, base=True)
+            else:
+                self.broadcast.confirm(node, version)
+        for node in [n for n in self.sent if n not in answered]:
+            del self.sent[node]
+            self.broadcast.forget(node, base=True)

@@ -1,0 +1,87 @@
+"""A node's side of the wrapper's lattice downlink: the model a message brings, as the ``ArrayRecord``
+the user's ``@app.train()`` / ``@app.evaluate()`` code expects.
+
+The node keeps, in its ``Context.state``, the base model (an ``ArrayRecord``: it also says the
+model's names, shapes and dtypes) and its lattice copy (version, integer coordinates, steps). A
+message's change or snapshot is applied by ``fedge.protocol.downlink`` (the same code as Fedge's own
+ClientApp) and checked against the digest the server sent; a copy that does not match, a change
+from another version, or no base raises :class:`OutOfSyncError` and the node answers with an
+error, which makes the server send a snapshot and the base next time. The user's code never sees
+a model that differs from the server's public copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from fedge.compression.lattice import model_digest
+from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.records import (
+    ARRAYS,
+    BASE_DIGEST_KEY,
+    BASE_RECORD,
+    DOWNLINK_DIGEST_KEY,
+    DOWNLINK_RECORD,
+    DOWNLINK_VERSION_KEY,
+    LAYOUT_KEY,
+    RAW_RECORD,
+)
+from fedge.protocol.downlink import LatticeCopy, apply_downlink
+from fedge.protocol.records import ProtocolError
+from fedge.protocol.refusals import OutOfSyncError
+
+__all__ = ["receive_downlink"]
+
+_BASE = "fedge.flower.base"  # Context.state: the base model's arrays
+_COPY = "fedge.flower.copy"  # Context.state: the lattice copy (n encoded, steps)
+_COPY_META = "fedge.flower.copy-meta"
+
+
+def receive_downlink(msg: Message, context: Context) -> None:
+    """Replace ``msg``'s lattice records by the model ``ArrayRecord`` they bring (in place)."""
+    config = msg.content.config_records["config"]
+    record = msg.content.array_records.get(DOWNLINK_RECORD)
+    if record is None:
+        raise ProtocolError(f"a lattice downlink message needs its {DOWNLINK_RECORD!r} ArrayRecord")
+    base_record = _base(msg, context, str(config[LAYOUT_KEY]), int(config[BASE_DIGEST_KEY]))
+    layout = Layout(base_record)
+    copy, updated = apply_downlink(record, layout.sizes(), torch.from_numpy(layout.flatten(base_record).copy()),
+                                   _held(context, layout), version=int(config[DOWNLINK_VERSION_KEY]),
+                                   digest=int(config[DOWNLINK_DIGEST_KEY]))
+    context.state[_COPY] = ArrayRecord({"n": Array(np.frombuffer(updated.encode(), dtype=np.uint8).copy()),
+                                        "steps": Array(updated.tensor_steps.numpy().copy())})
+    context.state[_COPY_META] = ConfigRecord({"layout": layout.digest})
+    raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
+    like = ArrayRecord({name: raw[name] if name in raw else base_record[name] for name in base_record})
+    content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, BASE_RECORD,
+                                                                                      RAW_RECORD)})
+    content[ARRAYS] = layout.rebuild(copy.numpy(), like)
+    msg.content = content
+
+
+def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> ArrayRecord:
+    """The base shipped with this message (kept), or the one kept from an earlier message."""
+    shipped = msg.content.array_records.get(BASE_RECORD)
+    if shipped is not None:
+        layout = Layout(shipped)
+        if layout.digest != layout_digest:
+            raise LayoutError(f"the shipped base has layout {layout.digest}, the server described {layout_digest}")
+        if model_digest(torch.from_numpy(layout.flatten(shipped).copy())) != digest:
+            raise ProtocolError("the shipped downlink base does not match its digest")
+        context.state[_BASE] = ArrayRecord({name: array for name, array in shipped.items()})
+        return shipped
+    kept = context.state.array_records.get(_BASE)
+    if kept is None or Layout(kept).digest != layout_digest or \
+            model_digest(torch.from_numpy(Layout(kept).flatten(kept).copy())) != digest:
+        raise OutOfSyncError("this node holds no base of the model's lattice; the server must send it")
+    return kept
+
+
+def _held(context: Context, layout: Layout) -> LatticeCopy | None:
+    record, meta = context.state.array_records.get(_COPY), context.state.config_records.get(_COPY_META)
+    if record is None or meta is None or meta.get("layout") != layout.digest:
+        return None
+    steps = torch.from_numpy(np.array(record["steps"].numpy(), dtype=np.float32, copy=True))
+    return LatticeCopy.decode(bytes(record["n"].numpy().tobytes()), layout.numel, steps)
