@@ -110,6 +110,8 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
     names = {"n": n, "half": max(1, n // 2), "fifth": fifth, "honest": n - fifth}
     algorithm = algorithm.format(**names)
     own = {key: str(value).format(**names) for key, value in (own or {}).items()}
+    typed = RunSettings.from_run_config({key.replace("_", "-"): value for key, value in own.items()})
+    own = {key: getattr(typed, key) for key in own}  # "8" -> 8, as --set values are typed
     per_round = int(args.overrides.get("clients_per_round", n))  # --set clients-per-round=K: partial participation
     rounds = args.rounds * versions_per_round(algorithm, per_round)
     settings = RunSettings(**{

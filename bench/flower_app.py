@@ -3,13 +3,16 @@
 seed, same data split, same rounds, one after the other in one invocation.
 
 Reported per run: the server's held-out accuracy (its ``evaluate_fn``) after the last round and
-its best, and the uplink bytes: with Fedge, the wrapper's ``fedge-uplink-bytes`` (the update
-records received, as Flower serializes them); without, the replies Flower reports receiving
-(``aggregate_train: Received N results``, from the run's log) times the fp32 ``ArrayRecord`` of
-the model as Flower serializes it (every array's bytes, .npy headers included).
+its best, and the bytes each way: with Fedge, the wrapper's ``fedge-uplink-bytes`` (the update
+records received, as Flower serializes them) and ``fedge-downlink-bytes`` (the model records sent:
+fp32 arrays, or the lattice change, start model and raw arrays); without, the replies Flower
+reports receiving (``aggregate_train: Received N results``, from the run's log) times the fp32
+``ArrayRecord`` of the model as Flower serializes it (every array's bytes, .npy headers included),
+and as many messages down (every train message carries the model; fraction-train 1).
 
     .venv/bin/python bench/flower_app.py --repeats 3                         # 10 clients, 30 rounds
     .venv/bin/python bench/flower_app.py --uplinks "qsgd:bits=4;dgc:ratio=0.01,sample=0.05"
+    .venv/bin/python bench/flower_app.py --uplinks "qsgd:bits=4;dgc:ratio=0.01,sample=0.05@lattice:ratio=0.05"
 """
 
 from __future__ import annotations
@@ -45,10 +48,14 @@ def fp32_bytes(app: Path) -> int:
     return sum(len(a.data) for a in ArrayRecord(Net().state_dict()).values())
 
 
-def run(app: Path, args: argparse.Namespace, uplink: str, tmp: Path, name: str) -> dict:
+def run(app: Path, args: argparse.Namespace, spec: str, tmp: Path, name: str) -> dict:
+    """One run; ``spec`` is ``UPLINK[@DOWNLINK]`` for the Fedge app, empty for Flower's."""
     home, results = tmp / f"home-{name}", tmp / f"{name}.json"
+    uplink, _, downlink = spec.partition("@")
     config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": args.lr,
               "dirichlet-alpha": args.alpha, "uplink": uplink, "results": str(results)}
+    if spec:
+        config["downlink"] = downlink or "none"
     started = time.monotonic()
     with ProcessGroup(tmp / f"logs-{name}", env=flower_environment(home), also_match={"FLWR_HOME": str(home)}) as group:
         flower = FlowerLaunch(group, home, isolation="subprocess")
@@ -66,9 +73,11 @@ def run(app: Path, args: argparse.Namespace, uplink: str, tmp: Path, name: str) 
     if len(received) != args.rounds:
         raise SystemExit(f"{name}: found {len(received)} 'Received N results' lines for {args.rounds} rounds")
     fedge = [data["train"][str(r)].get("fedge-uplink-bytes") for r in range(1, args.rounds + 1)]
-    return {"name": name, "uplink": uplink or "fp32", "final_accuracy": accuracy[-1],
+    down = [data["train"][str(r)].get("fedge-downlink-bytes") for r in range(1, args.rounds + 1)]
+    return {"name": name, "uplink": uplink or "fp32", "downlink": downlink or "fp32", "final_accuracy": accuracy[-1],
             "best_accuracy": max(accuracy), "replies": sum(received), "seconds": time.monotonic() - started,
-            "fedge_uplink_bytes": sum(fedge) if all(v is not None for v in fedge) else None}
+            "fedge_uplink_bytes": sum(fedge) if all(v is not None for v in fedge) else None,
+            "fedge_downlink_bytes": sum(down) if all(v is not None for v in down) else None}
 
 
 def main() -> int:
@@ -79,7 +88,8 @@ def main() -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
     parser.add_argument("--uplinks", default="qsgd:bits=4", help="Fedge uplink codecs to run, one run each, "
-                        "separated by ';' (a spec has commas of its own; default: qsgd:bits=4)")
+                        "separated by ';' (a spec has commas of its own; default: qsgd:bits=4); UPLINK@DOWNLINK "
+                        "also sets the downlink, e.g. 'dgc:ratio=0.01,sample=0.05@lattice:ratio=0.05'")
     parser.add_argument("--repeats", type=int, default=1, help="run every app this many times (alternating); "
                         "the table has the mean over repeats")
     parser.add_argument("--timeout", type=float, default=3600)
@@ -106,19 +116,23 @@ def main() -> int:
         runs.append(first)
     base = runs[0]
     base["uplink_bytes"] = base["replies"] * per_reply
+    base["downlink_bytes"] = base["replies"] * per_reply
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}: examples/flower-app on Flower's "
              f"simulation engine, {args.clients} clients, {args.rounds} rounds of {args.local_epochs} local epochs, "
              f"Dirichlet({args.alpha}), {args.repeats} repeat(s) (accuracy: their mean; bytes: one run); "
              f"`{command}`", "",
-             "| app | uplink | final accuracy (best) | uplink bytes | fewer than Flower's | wall time |",
-             "|---|---|---|---|---|---|"]
+             "| app | uplink | downlink | final accuracy (best) | uplink bytes | fewer than Flower's | "
+             "total bytes (up + down) | fewer than Flower's | wall time |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         r.setdefault("uplink_bytes", r["fedge_uplink_bytes"])
+        r.setdefault("downlink_bytes", r["fedge_downlink_bytes"])
         ratio = base["uplink_bytes"] / r["uplink_bytes"] if r["uplink_bytes"] else float("nan")
+        total, base_total = r["uplink_bytes"] + r["downlink_bytes"], base["uplink_bytes"] + base["downlink_bytes"]
         lines.append(f"| {'Flower (as written)' if r is base else 'with Fedge (4 lines)'} | {r['uplink']} | "
-                     f"{100 * r['final_accuracy']:.2f}% ({100 * r['best_accuracy']:.2f}%; runs "
+                     f"{r['downlink']} | {100 * r['final_accuracy']:.2f}% ({100 * r['best_accuracy']:.2f}%; runs "
                      f"{', '.join(f'{100 * a:.2f}' for a in r['final_accuracies'])}) | {r['uplink_bytes']:,} | "
-                     f"{ratio:.2f}x | {r['seconds']:.0f} s |")
+                     f"{ratio:.2f}x | {total:,} | {base_total / total:.2f}x | {r['seconds']:.0f} s |")
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)

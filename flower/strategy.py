@@ -25,8 +25,10 @@ from collections.abc import Iterable
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import PayloadError, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
@@ -41,12 +43,16 @@ log = logging.getLogger(__name__)
 class CompressedStrategy(Strategy):
     """``strategy`` with Fedge-compressed uplink updates (see the module docstring)."""
 
-    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none") -> None:
+    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
+                 streaming: bool = False) -> None:
         try:
             make_codec(uplink)
         except (SpecError, ValueError) as err:
             raise ValueError(f"uplink codec {uplink!r}: {err}") from None
-        self.strategy, self.uplink, self.seed = strategy, uplink, int(seed)
+        if streaming and not is_plain_mean(strategy):
+            raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
+                             f"{type(strategy).__name__} has its own aggregate_train")
+        self.strategy, self.uplink, self.seed, self.streaming = strategy, uplink, int(seed), streaming
         self.downlink = ServerDownlink(downlink)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out
@@ -76,7 +82,10 @@ class CompressedStrategy(Strategy):
         uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
         refused_before = len(self.refused)
         self.downlink.settle(replies)
-        arrays, metrics = self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
+        if self.streaming:
+            arrays, metrics = self.streaming_mean(server_round, replies)
+        else:
+            arrays, metrics = self.strategy.aggregate_train(server_round, self.decode_replies(server_round, replies))
         metrics = metrics if metrics is not None else MetricRecord()
         metrics["fedge-uplink-bytes"] = uplink
         metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
@@ -114,6 +123,50 @@ class CompressedStrategy(Strategy):
             out.append(reply)
         return out
 
+    def streaming_mean(self, server_round: int,
+                       replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAvg's weighted mean, each payload decoded straight into one running sum (Fedge's
+        ``StreamingMean``): one model-sized accumulator and one decoded temporary, however many
+        replies, instead of one decoded model per reply. Same refusals as :meth:`decode_replies`;
+        metrics by the wrapped strategy's ``train_metrics_aggr_fn``."""
+        if self._sent is None or self._sent[0] != server_round:
+            raise RuntimeError(f"round {server_round} was not configured through this wrapper")
+        _, layout, sent_flat, sent = self._sent
+        wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round, self.seed)
+        key = str(self.strategy.weighted_by_key)  # type: ignore[attr-defined]
+        total, used = StreamingMean(layout.numel), []
+        for reply in replies:
+            if reply.has_error():
+                continue
+            node = reply.metadata.src_node_id
+            try:
+                metrics = next(iter(reply.content.metric_records.values()), None)
+                weight = None if metrics is None else metrics.get(key)
+                if not isinstance(weight, (int, float)) or isinstance(weight, bool):
+                    raise LayoutError(f"no numeric {key!r} in the reply's metrics to weight it by")
+                if UPDATE_RECORD not in reply.content.array_records:
+                    raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
+                total.add_payload(read_payload(reply.content, UPDATE_RECORD), wire, float(weight))
+            except (PayloadError, ProtocolError, LayoutError, ValueError) as err:
+                log.warning("round %d: refused the reply of node %d: %s", server_round, node, err)
+                self.refused.append((server_round, node, str(err)))
+                continue
+            used.append(reply)
+        if not used:
+            return None, None
+        raw_names = [name for name, _, _ in layout.entries if name not in {n for n, _, _ in layout.floats}]
+        like = sent
+        if raw_names:  # integer buffers: the weighted mean of the clients' own, as FedAvg takes it
+            raws = [RecordDict({"raw": ArrayRecord({n: r.content.array_records.get(RAW_RECORD, sent)[n]
+                                                    for n in raw_names}),
+                                "metrics": next(iter(r.content.metric_records.values()))}) for r in used]
+            averaged = aggregate_arrayrecords(raws, key)
+            like = ArrayRecord({name: averaged[name] if name in averaged else sent[name] for name in sent})
+        arrays = layout.rebuild(sent_flat + total.mean().numpy(), like)
+        contents = [RecordDict(dict(r.content.metric_records.items())) for r in used]
+        metrics = self.strategy.train_metrics_aggr_fn(contents, key)  # type: ignore[attr-defined]
+        return arrays, metrics
+
     # -- everything else is the wrapped strategy's ----------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -143,9 +196,15 @@ class CompressedStrategy(Strategy):
         return getattr(self.strategy, name)
 
 
+def is_plain_mean(strategy: Strategy) -> bool:
+    """Whether ``strategy`` aggregates train replies by FedAvg's weighted mean (FedAvg, FedProx, ...)."""
+    return isinstance(strategy, FedAvg) and type(strategy).aggregate_train is FedAvg.aggregate_train
+
+
 def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
-               downlink: str = "none") -> CompressedStrategy:
+               downlink: str = "none", streaming: bool = False) -> CompressedStrategy:
     """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates
     (``uplink``, a Fedge codec spec) and, with ``downlink="lattice[:ratio=...]"``, receive the model as
-    a versioned lattice change (``fedge.flower.downlink``) instead of fp32 arrays."""
-    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink)
+    a versioned lattice change (``fedge.flower.downlink``) instead of fp32 arrays. ``streaming=True``
+    (a plain weighted mean such as FedAvg or FedProx only) decodes each reply straight into one sum."""
+    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming)

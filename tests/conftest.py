@@ -59,8 +59,20 @@ def rogue_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     return generate_keypair(tmp_path_factory.mktemp("rogue"))
 
 
+#: the longest process tests (docs/testing.md), started first so none of them becomes the tail
+_LONGEST_FIRST = ("test_serve.py", "test_packaging.py", "test_warm_execution.py", "test_algorithms.py",
+                  "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start real processes first: they mostly wait on those processes (Flower's polling
-    and heartbeats, Ray's start), so with ``make test``'s workers they overlap the CPU-bound
-    in-process tests instead of forming a tail after them."""
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+    """Tests that start real processes first, the longest of them first: they mostly wait on those
+    processes (Flower's polling and heartbeats, Ray's start), so with ``make test``'s workers they
+    overlap the CPU-bound in-process tests instead of forming a tail after them."""
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        if item.get_closest_marker("integration") is None:
+            return (1, 0)
+        name = Path(str(item.fspath)).name
+        return (0, _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST))
+
+    items.sort(key=order)

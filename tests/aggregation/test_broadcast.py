@@ -96,6 +96,24 @@ def test_bookkeeping_and_the_base() -> None:
     assert unseeded.message_for(1).base is not None
 
 
+def test_an_unseeded_base_goes_to_each_device_once() -> None:
+    """A run from a model file: devices cannot rebuild the base, so it ships with the first snapshot;
+    a device that replied holds it and gets changes from then on (it used to get a snapshot and the
+    fp32 base with every message), until it says it lost it."""
+    server = VersionedBroadcast(DownlinkSpec(), _model(), SIZES, seeded=False)
+    server.publish(_model(1), 1)
+    first = server.message_for(7)
+    assert first.kind == "snapshot" and first.base is not None
+    server.confirm(7, 1)
+    server.publish(_model(2), 2)
+    later = server.message_for(7)
+    assert later.kind == "current" and later.base is None and server.message_for(8).base is not None
+    server.forget(7)  # a timeout: its copy is unknown, the base it stored is still there
+    assert server.message_for(7).kind == "snapshot" and server.message_for(7).base is None
+    server.forget(7, base=True)  # it says it has no base
+    assert server.message_for(7).base is not None
+
+
 def test_state_round_trip_keeps_versions_and_refuses_a_mismatch() -> None:
     server = VersionedBroadcast(DownlinkSpec(), _model(), SIZES)
     server.publish(_model(5), 1)

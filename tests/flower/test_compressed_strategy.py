@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.compression import make_codec
@@ -229,3 +229,32 @@ def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_and_the_base_next
 def test_an_unknown_downlink_is_refused_when_wrapping() -> None:
     with pytest.raises(ValueError, match="downlink codec"):
         compressed(FedAvg(), downlink="lattice:ratio=2")
+
+
+@pytest.mark.parametrize("downlink", ["none", "lattice:ratio=0.05"])
+@pytest.mark.parametrize("make", [lambda: FedAvg(), lambda: FedProx(proximal_mu=0.1)], ids=["FedAvg", "FedProx"])
+def test_streaming_decodes_into_one_sum_and_equals_the_strategys_mean(make, downlink) -> None:
+    arrays, config, grid = _model(), ConfigRecord({"lr": 0.1}), Grid()
+    stream = compressed(make(), uplink="qsgd:bits=4", downlink=downlink, streaming=True)
+    whole = compressed(make(), uplink="qsgd:bits=4", downlink=downlink)
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    for server_round in (1, 2):
+        messages = list(stream.configure_train(server_round, arrays, config, grid))
+        list(whole.configure_train(server_round, arrays, config, grid))  # the same messages, the same state
+        replies = _exchange(messages, apps, contexts)
+        copies = _copy(replies)  # the same encoded replies for both (the codec's rounding is random)
+        for copy, reply in zip(copies, replies, strict=True):
+            copy.metadata.__dict__["_src_node_id"] = reply.metadata.src_node_id
+        (a, metrics_a), (b, metrics_b) = stream.aggregate_train(server_round, replies), \
+            whole.aggregate_train(server_round, copies)
+        assert a is not None and b is not None and list(a.keys()) == list(b.keys())
+        for name in a:
+            np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), rtol=0, atol=1e-6)
+        assert dict(metrics_a) == pytest.approx(dict(metrics_b))
+        arrays = a
+
+
+@pytest.mark.parametrize("make", [lambda: FedAdam(eta=0.05), lambda: FedMedian()], ids=["FedAdam", "FedMedian"])
+def test_streaming_is_refused_for_a_strategy_that_is_not_a_plain_mean(make) -> None:
+    with pytest.raises(ValueError, match="weighted mean"):
+        compressed(make(), streaming=True)

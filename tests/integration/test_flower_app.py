@@ -70,3 +70,7 @@ def test_the_example_runs_as_docs_flower_md_says_and_the_diff_is_four_lines(tmp_
     refused = [float(v) for v in re.findall(r"'fedge-refused': ([0-9.e+]+)", log)]
     assert len(uplink) == 3 and all(v > 0 for v in uplink) and refused == [0.0] * 3, log[-4000:]
     assert len(re.findall(r"'accuracy': ", log)) >= 4, log[-4000:]
+    # the example's lattice downlink: the first round ships every node the start model; later
+    # rounds send each node a change of a few percent of the model (2 nodes, fp32 model ~= 4 B/coordinate)
+    downlink = [float(v) for v in re.findall(r"'fedge-downlink-bytes': ([0-9.e+]+)", log)]
+    assert len(downlink) == 3 and downlink[0] > 2 * max(downlink[1:]) > 0, log[-4000:]
