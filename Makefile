@@ -33,11 +33,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedge demo
 
-# In-process tests share the two cores (pytest-xdist); the tests that start real processes run one
-# at a time after them: they are CPU-bound already, and two at once only slowed each other down.
+# One pytest over four workers (pytest-xdist): the tests that start real processes go first, the
+# longest first (tests/conftest.py); they mostly wait on Flower and Ray, and the in-process tests
+# fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group (loadgroup).
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow and not integration" -q -n 2 --durations=10
-	$(PY) -m pytest -m "integration and not slow" -q --durations=15
+	$(PY) -m pytest -m "not slow" -q -n 4 --dist loadgroup --durations=20
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q

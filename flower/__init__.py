@@ -10,10 +10,12 @@ user's own ``@app.train()`` body unchanged, then sends the update (trained weigh
 received) encoded with Fedge's codec and error feedback kept in the node's ``Context`` state; the
 wrapper decodes each reply back into the ``ArrayRecord`` the wrapped strategy expects, so any
 Message-API strategy (FedAvg, FedAdam, FedProx, FedMedian, Krum, ...) aggregates as it always does.
-Nothing here imports Fedge's coordinator (``fedge.server``).
+``FedBuff`` and ``FedAsync`` (``fedge.flower.fedbuff``) run asynchronous aggregation from the user's
+ServerApp against its Grid. Nothing here imports Fedge's coordinator (``fedge.server``).
 """
 
 from fedge.flower.client_mod import compression_mod
+from fedge.flower.fedbuff import FedAsync, FedBuff
 from fedge.flower.strategy import CompressedStrategy, compressed
 
-__all__ = ["CompressedStrategy", "compressed", "compression_mod"]
+__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "compressed", "compression_mod"]

@@ -1,0 +1,248 @@
+"""``FedBuff`` and ``FedAsync`` for a user's own ServerApp: asynchronous aggregation against a Grid.
+
+Flower's strategies run in rounds: a round waits for its slowest sampled client. These run
+asynchronously, as Fedge's engine does (``algorithm = "fedbuff"``, ``"fedasync"``): ``concurrency``
+nodes train at all times, each from the model version current when its message left; every reply
+is turned into an update (the Fedge payload ``compression_mod`` sends, decoded with the codec of the
+version its message named, or, from a client without the mod, its arrays minus the model it was
+sent), weighted by its example count and the staleness rule s(τ) of ``fedge.aggregation.staleness``
+(τ = versions published since its message left; staler than ``max_staleness``: dropped and
+counted), and buffered. After ``buffer`` updates the buffer's weighted mean moves the model by
+``server_lr`` and a new version is published; the node that replied gets the new model at once.
+``FedAsync`` is ``buffer=1`` with a mixing rate: x ← x + α·s(τ)·Δ (Xie et al. 2019).
+
+    strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4")
+    result = strategy.start(grid, initial_arrays=arrays, num_versions=60, evaluate_fn=global_evaluate)
+
+``start`` returns Flower's own :class:`Result` (indexed by version) and logs each version as
+Flower's strategies log a round. A node that does not answer within ``reply_timeout`` seconds is
+counted and replaced; one that answers with an error or a payload that does not decode is refused
+with its reason, never mis-aggregated. Nothing here imports Fedge's coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from fedge.aggregation.staleness import Staleness
+from fedge.compression import PayloadError, SpecError, make_codec
+from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
+from fedge.protocol.records import ProtocolError, array_bytes, read_payload
+
+__all__ = ["FedAsync", "FedBuff"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _InFlight:
+    node: int
+    version: int
+    sent: float
+
+
+class FedBuff:
+    """Buffered asynchronous aggregation (Nguyen et al., AISTATS 2022); see the module docstring."""
+
+    def __init__(self, concurrency: int = 8, buffer: int = 4, uplink: str | None = "qsgd:bits=4",
+                 staleness: Staleness | None = None, server_lr: float = 1.0,
+                 weighted_by_key: str = "num-examples", seed: int = 0, reply_timeout: float = 600.0,
+                 poll_interval: float = 0.1) -> None:
+        if concurrency < 1 or buffer < 1:
+            raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
+        if uplink is not None:
+            try:
+                make_codec(uplink)
+            except (SpecError, ValueError) as err:
+                raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+        if not (server_lr > 0 and reply_timeout > 0 and poll_interval > 0):
+            raise ValueError("server_lr, reply_timeout and poll_interval must be positive")
+        self.concurrency, self.buffer, self.uplink = int(concurrency), int(buffer), uplink
+        self.staleness = staleness or Staleness()
+        self.server_lr, self.weighted_by_key, self.seed = float(server_lr), weighted_by_key, int(seed)
+        self.reply_timeout, self.poll_interval = float(reply_timeout), float(poll_interval)
+        self.refused: list[tuple[int, int, str]] = []  # (version, node, reason)
+        self.dropped_stale = 0
+        self.uplink_bytes = 0
+
+    def mix(self, mean: np.ndarray, staleness: list[int]) -> np.ndarray:
+        """How far the buffer's mean moves the model (FedBuff: ``server_lr`` times it)."""
+        return self.server_lr * mean
+
+    def summary(self) -> None:
+        log.info("\t├── %s: concurrency %d, buffer %d, uplink %s, %s, server lr %g", type(self).__name__,
+                 self.concurrency, self.buffer, self.uplink or "fp32", self.staleness.spec, self.server_lr)
+
+    # -- the run --------------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_versions: int,
+              train_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              timeout: float = 3600.0, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> Result:
+        """Publish ``num_versions`` versions; Flower's :class:`Result`, indexed by version."""
+        layout = Layout(initial_arrays)
+        model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
+        sent_models: dict[int, np.ndarray] = {0: model}  # versions still referenced by messages in flight
+        result = Result(arrays=initial_arrays)
+        if evaluate_fn is not None:
+            self._evaluate(evaluate_fn, 0, initial_arrays, result)
+        rng = random.Random(self.seed)
+        version, flights = 0, {}  # message id -> _InFlight
+        buffered: list[tuple[np.ndarray, float, int]] = []  # (update, example weight, staleness)
+        metrics_seen: list[RecordDict] = []
+        deadline = clock() + timeout
+        log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
+        while version < num_versions:
+            if clock() > deadline:
+                raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
+            busy = {f.node for f in flights.values()}
+            idle = [n for n in grid.get_node_ids() if n not in busy]
+            rng.shuffle(idle)
+            wanted = idle[: max(0, self.concurrency - len(flights))]
+            if wanted:
+                arrays = like if version == 0 else layout.rebuild(model, like)
+                messages = [self._message(node, arrays, layout, version, train_config) for node in wanted]
+                for mid, message in zip(grid.push_messages(messages), messages, strict=True):
+                    if mid:
+                        flights[str(mid)] = _InFlight(message.metadata.dst_node_id, version, clock())
+                sent_models.setdefault(version, model)
+            replies = list(grid.pull_messages(list(flights))) if flights else []
+            for reply in replies:
+                flight = flights.pop(reply.metadata.reply_to_message_id, None)
+                if flight is None:
+                    continue
+                update = self._update(reply, flight, layout, sent_models)
+                if update is None:
+                    continue
+                tau = version - flight.version
+                if self.staleness.dropped(tau):
+                    self.dropped_stale += 1
+                    log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, flight.node)
+                    continue
+                delta, weight, metrics = update
+                buffered.append((delta, weight, tau))
+                metrics_seen.append(metrics)
+                if len(buffered) >= self.buffer:  # Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine
+                    total = sum(w for _, w, _ in buffered)
+                    mean = sum(self.staleness.weight(t) * w * d for d, w, t in buffered) / total
+                    model = (model + self.mix(mean, [t for _, _, t in buffered])).astype(np.float32)
+                    version += 1
+                    like = self._like(like, metrics_seen)
+                    arrays = layout.rebuild(model, like)
+                    result.arrays = arrays
+                    result.train_metrics_clientapp[version] = self._train_metrics(metrics_seen, buffered)
+                    log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, len(buffered),
+                             float(np.mean([t for _, _, t in buffered])))
+                    if evaluate_fn is not None:
+                        self._evaluate(evaluate_fn, version, arrays, result)
+                    buffered, metrics_seen = [], []
+                    if version >= num_versions:
+                        break
+            now = clock()
+            for mid, flight in list(flights.items()):
+                if now - flight.sent > self.reply_timeout:
+                    del flights[mid]
+                    self.refused.append((version, flight.node, f"no reply within {self.reply_timeout:g} s"))
+            live = {f.version for f in flights.values()} | {version}
+            for old in [v for v in sent_models if v not in live]:
+                del sent_models[old]
+            if not replies:
+                sleep(self.poll_interval)
+        return result
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
+                 train_config: ConfigRecord | None) -> Message:
+        config = ConfigRecord(dict(train_config or {}))
+        if self.uplink is not None:
+            config[CODEC_KEY], config[LAYOUT_KEY] = self.uplink, layout.digest
+            config[ROUND_KEY], config[SEED_KEY] = int(version), self.seed
+        return Message(RecordDict({ARRAYS: arrays, "config": config}), dst_node_id=node,
+                       message_type=MessageType.TRAIN)
+
+    def _update(self, reply: Message, flight: _InFlight, layout: Layout,
+                sent_models: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
+        """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`)."""
+        try:
+            if reply.has_error():
+                raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
+            metrics = next(iter(reply.content.metric_records.values()), None)
+            weight = None if metrics is None else metrics.get(self.weighted_by_key)
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight > 0:
+                raise LayoutError(f"no positive {self.weighted_by_key!r} in the reply's metrics to weight it by")
+            if UPDATE_RECORD in reply.content.array_records:
+                if self.uplink is None:
+                    raise LayoutError("a compressed update, but this strategy asked for none")
+                wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(flight.version, self.seed)
+                payload = read_payload(reply.content, UPDATE_RECORD)
+                self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
+                delta = wire.decode(payload, layout.numel).numpy()
+            elif ARRAYS in reply.content.array_records:
+                self.uplink_bytes += array_bytes(reply.content, (ARRAYS,))
+                delta = layout.flatten(reply.content.array_records[ARRAYS]) - sent_models[flight.version]
+            else:
+                raise LayoutError(f"neither {UPDATE_RECORD!r} nor {ARRAYS!r} in the reply")
+            if not np.isfinite(delta).all():
+                raise LayoutError("the update holds NaN or infinite values")
+        except (PayloadError, ProtocolError, LayoutError, KeyError) as err:
+            log.warning("[FedBuff] refused the reply of node %d: %s", flight.node, err)
+            self.refused.append((flight.version, flight.node, str(err)))
+            return None
+        return delta.astype(np.float32), float(weight), RecordDict({"metrics": metrics, **(
+            {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
+            else {})})
+
+    @staticmethod
+    def _like(like: ArrayRecord, metrics_seen: list[RecordDict]) -> ArrayRecord:
+        """Non-float arrays (integer buffers): the latest a client sent, else as they were."""
+        for content in reversed(metrics_seen):
+            if RAW_RECORD in content.array_records:
+                raw = content.array_records[RAW_RECORD]
+                return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
+        return like
+
+    def _train_metrics(self, metrics_seen: list[RecordDict], buffered: list[tuple[np.ndarray, float, int]]) \
+            -> MetricRecord:
+        """The example-weighted mean of the buffered replies' numeric metrics, and the staleness."""
+        out: dict[str, float] = {}
+        weights = [float(c.metric_records["metrics"].get(self.weighted_by_key, 1)) for c in metrics_seen]
+        keys = set.intersection(*(set(c.metric_records["metrics"].keys()) for c in metrics_seen))
+        for key in sorted(keys - {self.weighted_by_key}):
+            values = [c.metric_records["metrics"][key] for c in metrics_seen]
+            if all(isinstance(v, (int, float)) for v in values):
+                out[key] = float(np.average(values, weights=weights))
+        out["staleness-mean"] = float(np.mean([t for _, _, t in buffered]))
+        out["fedge-uplink-bytes"] = float(self.uplink_bytes)
+        out["fedge-dropped-stale"] = float(self.dropped_stale)
+        return MetricRecord(out)
+
+    @staticmethod
+    def _evaluate(evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], version: int,
+                  arrays: ArrayRecord, result: Result) -> None:
+        metrics = evaluate_fn(version, arrays)
+        if metrics is not None:
+            result.evaluate_metrics_serverapp[version] = metrics
+            log.info("[FedBuff] version %d: %s", version, dict(metrics))
+
+
+class FedAsync(FedBuff):
+    """Every update is a version, mixed in at ``alpha`` × s(τ) (Xie, Koyejo and Gupta 2019)."""
+
+    def __init__(self, concurrency: int = 8, alpha: float = 0.6, **kwargs: object) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        super().__init__(concurrency=concurrency, buffer=1, **kwargs)  # type: ignore[arg-type]
+        self.alpha = float(alpha)
+
+    def mix(self, mean: np.ndarray, staleness: list[int]) -> np.ndarray:
+        return self.alpha * mean

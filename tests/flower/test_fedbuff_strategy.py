@@ -1,0 +1,164 @@
+"""``fedge.flower.FedBuff`` / ``FedAsync`` from a user's ServerApp, in-process: a Grid stand-in
+that runs each node's ClientApp (with or without ``compression_mod``) and answers after that node's
+latency on a simulated clock. One version with every node and no delay is FedAvg's round; a slow
+node never holds a version back and its updates count with their staleness; stale, corrupt and
+error replies are dropped or refused with their reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedge.aggregation.staleness import Staleness
+from fedge.flower import FedAsync, FedBuff
+from fedge.flower.records import UPDATE_RECORD
+from fedge.protocol.records import payload_record, read_payload
+from tests.flower.test_compressed_strategy import _model, _user_app
+
+NODES = [11, 12, 13]
+
+
+@pytest.fixture(autouse=True)
+def _task() -> None:
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class LatencyGrid:
+    """Runs a node's ClientApp when its message is pushed; the reply is pulled ``latency[node]``
+    simulated seconds later. ``tamper`` may change a reply before it is delivered."""
+
+    def __init__(self, apps: dict[int, ClientApp], latency: dict[int, float], clock: Clock, tamper=None) -> None:
+        self.apps, self.latency, self.clock, self.tamper = apps, latency, clock, tamper
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={})
+                         for n in apps}
+        self.waiting: dict[str, tuple[float, Message]] = {}
+        self.sent: list[int] = []
+        self._ids = 0
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.apps)
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        ids = []
+        for message in messages:
+            self._ids += 1
+            mid = f"m{self._ids}"
+            message.metadata.__dict__["_message_id"] = mid
+            node = message.metadata.dst_node_id
+            reply = self.apps[node](message, self.contexts[node])
+            reply.metadata.__dict__["_src_node_id"] = node
+            reply.metadata.__dict__["_reply_to_message_id"] = mid
+            if self.tamper is not None:
+                self.tamper(node, reply)
+            self.waiting[mid] = (self.clock() + self.latency[node], reply)
+            self.sent.append(node)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):  # type: ignore[no-untyped-def]
+        ready = [mid for mid in ids if mid in self.waiting and self.waiting[mid][0] <= self.clock()]
+        return [self.waiting.pop(mid)[1] for mid in ready]
+
+
+def _run(strategy: FedBuff, grid: LatencyGrid, versions: int, clock: Clock,  # type: ignore[no-untyped-def]
+         arrays: ArrayRecord | None = None):
+    return strategy.start(grid, initial_arrays=arrays if arrays is not None else _model(), num_versions=versions,
+                          train_config=ConfigRecord({"lr": 0.1}), clock=clock, sleep=clock.sleep)
+
+
+def test_one_version_with_every_node_and_no_delay_is_fedavgs_round() -> None:
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app(with_mod=False) for n in NODES}, {n: 1.0 for n in NODES}, clock)
+    strategy, arrays = FedBuff(concurrency=3, buffer=3, uplink=None, staleness=Staleness("constant")), _model()
+    result = _run(strategy, grid, 1, clock, arrays)
+    # the same replies through Flower's FedAvg: the user's body is deterministic per node and round
+    plain = FedAvg()
+    messages = list(plain.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
+    replies = []
+    for m in messages:
+        m.metadata.__dict__["_message_id"] = m.object_id
+        reply = grid.apps[m.metadata.dst_node_id](m, grid.contexts[m.metadata.dst_node_id])
+        reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+        replies.append(reply)
+    expected, _ = plain.aggregate_train(1, replies)
+    assert expected is not None
+    for name in arrays:
+        np.testing.assert_allclose(result.arrays[name].numpy(), expected[name].numpy(), rtol=0, atol=1e-6)
+    assert result.train_metrics_clientapp[1]["staleness-mean"] == 0.0
+
+
+def test_a_slow_node_never_holds_a_version_back_and_counts_with_its_staleness() -> None:
+    clock = Clock()
+    latency = {11: 1.0, 12: 1.0, 13: 5.0}  # node 13 is five times slower
+    grid = LatencyGrid({n: _user_app() for n in NODES}, latency, clock)
+    strategy = FedBuff(concurrency=3, buffer=2, uplink="qsgd:bits=4")
+    result = _run(strategy, grid, 6, clock)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5, 6]
+    # six versions of two updates each took about six fast turns, not six slow ones
+    assert clock.now < 6 * 5.0
+    assert grid.sent.count(13) < grid.sent.count(11)
+    assert any(m["staleness-mean"] > 0 for m in result.train_metrics_clientapp.values())
+    assert all(np.isfinite(a.numpy()).all() for a in result.arrays.values())
+    fp32 = sum(len(a.data) for a in _model().values())
+    assert 0 < strategy.uplink_bytes < 12 * fp32 / 7  # 4-bit updates, 12 of them at least
+    assert not strategy.refused
+
+
+def test_stale_updates_are_dropped_and_corrupt_or_failed_ones_refused_with_the_reason() -> None:
+    clock = Clock()
+
+    def tamper(node: int, reply: Message) -> None:
+        if node == 12:  # a corrupt payload
+            payload = bytearray(read_payload(reply.content, UPDATE_RECORD))
+            payload[-3] ^= 0xFF
+            reply.content[UPDATE_RECORD] = payload_record(bytes(payload))
+
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 3.5}, clock, tamper=tamper)
+    strategy = FedBuff(concurrency=3, buffer=1, uplink="qsgd:bits=4", staleness=Staleness(max_staleness=0))
+    result = _run(strategy, grid, 4, clock)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4]
+    assert strategy.dropped_stale >= 1  # node 13's updates arrive versions late
+    assert {node for _, node, _ in strategy.refused} == {12}
+    assert all("checksum mismatch" in reason for _, _, reason in strategy.refused)
+
+
+def test_fedasync_mixes_every_update_in_and_refuses_bad_parameters() -> None:
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 2.0, 13: 3.0}, clock)
+    result = _run(FedAsync(concurrency=3, alpha=0.5), grid, 5, clock)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="alpha"):
+        FedAsync(alpha=1.5)
+    with pytest.raises(ValueError, match="concurrency"):
+        FedBuff(concurrency=0)
+    with pytest.raises(ValueError, match="uplink codec"):
+        FedBuff(uplink="nonsense")
+
+
+def test_the_servers_evaluate_fn_runs_for_every_version() -> None:
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {n: 1.0 for n in NODES}, clock)
+    seen: list[int] = []
+
+    def evaluate(version: int, arrays: ArrayRecord) -> MetricRecord:
+        seen.append(version)
+        return MetricRecord({"norm": float(sum(np.abs(a.numpy()).sum() for a in arrays.values()))})
+
+    result = FedBuff(concurrency=3, buffer=3).start(grid, _model(), 3, evaluate_fn=evaluate, clock=clock,
+                                                    sleep=clock.sleep)
+    assert seen == [0, 1, 2, 3] and sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3]
