@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.compression.lattice import CHANGE, SNAPSHOT, encode_lattice, lattice_model, model_digest
+from fedge.compression.lattice import CHANGE, MAX_VALUE, SNAPSHOT, encode_lattice, lattice_model, model_digest
 from fedge.compression.spec import parse_spec
 
 __all__ = ["DownlinkMessage", "DownlinkSpec", "VersionedBroadcast", "lattice_model", "model_digest", "parse_downlink"]
@@ -118,14 +118,20 @@ class DownlinkMessage:
 class VersionedBroadcast:
     """The coordinator's side: the public copy, its versions, the cache, and who holds what."""
 
-    def __init__(self, spec: DownlinkSpec, base: torch.Tensor, sizes: list[int], *, seeded: bool = True) -> None:
+    def __init__(self, spec: DownlinkSpec, base: torch.Tensor, sizes: list[int], *, seeded: bool = True,
+                 start: torch.Tensor | None = None) -> None:
         self.spec = spec
         self.sizes = list(sizes)
         self.base = base.detach().to(torch.float32).clone()
         self.seeded = seeded  # False: devices cannot rebuild the base (a model file started the run)
-        self.tensor_steps = lattice_steps(self.base, self.sizes, spec.resolution)
+        # version 0 is the base itself, or ``start`` on the lattice around the base (a zero base that
+        # every device builds, standing for a start model they cannot): steps from its per-tensor RMS
+        reference = self.base if start is None else start.detach().to(torch.float32)
+        self.tensor_steps = lattice_steps(reference, self.sizes, spec.resolution)
         self.steps = torch.repeat_interleave(self.tensor_steps, torch.tensor(self.sizes))
         self.n = torch.zeros(self.base.numel(), dtype=torch.int64)
+        if start is not None:
+            self.n = torch.round((reference - self.base) / self.steps).clamp_(-MAX_VALUE, MAX_VALUE).to(torch.int64)
         self.public = lattice_model(self.base, self.steps, self.n)
         self.base_digest = model_digest(self.base)
         self.version = 0

@@ -3,15 +3,17 @@
 With ``compressed(strategy, downlink="lattice:...")`` the messages the wrapped strategy builds lose
 their model ``ArrayRecord``; each gets instead the smallest lattice message that brings that node's
 copy to the current version (``fedge.aggregation.broadcast``, the same coordinator side as Fedge's
-own engine): the change of one version, a catch-up over the versions it missed, or a snapshot. A
-node that has not got the base yet (the model the run started from) gets it once, as an
-``ArrayRecord`` of the model's own arrays, which also tells it the names, shapes and dtypes.
-Arrays that are not floating point (integer buffers) travel as they are, every time.
+own engine): the change of one version, a catch-up over the versions it missed, or a snapshot.
+The lattice's base is zero, which every node builds (a Flower app's nodes cannot rebuild the
+server's start model), with per-tensor steps from the start model's scale; a snapshot carries the
+model's names, shapes and dtypes (JSON, counted) so the node can. A node that says it cannot is
+sent the zero base as an ``ArrayRecord``. Arrays that are not floating point (integer buffers)
+travel as they are, every time.
 
 The nodes hold the public copy, not the exact model: the wrapper decodes their updates against
 that copy, and what a version did not carry goes out in a later one (error feedback on the
 server). A node that replies holds the version its message brought; one that fails or does not
-reply is forgotten and gets a snapshot (and the base) next time.
+reply is forgotten and gets a snapshot next time.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from fedge.flower.records import (
     DOWNLINK_RECORD,
     DOWNLINK_VERSION_KEY,
     LAYOUT_KEY,
+    LAYOUT_SPEC_KEY,
     RAW_RECORD,
 )
 from fedge.protocol.records import DOWNLINK_STEPS_KEY, PAYLOAD_KEY, array_bytes, flat_array, payload_array
@@ -67,9 +70,11 @@ class ServerDownlink:
             return None
         layout = Layout(arrays)
         exact = torch.from_numpy(layout.flatten(arrays).copy())
-        if self.broadcast is None:
-            self.layout, self.base = layout, ArrayRecord({name: array for name, array in arrays.items()})
-            self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=False)
+        if self.broadcast is None:  # a zero base every node builds; version 0 is the start model on the lattice
+            self.layout = layout
+            self.base = layout.rebuild(np.zeros(layout.numel, dtype=np.float32), arrays)
+            self.broadcast = VersionedBroadcast(self.parsed, torch.zeros(layout.numel), layout.sizes(), seeded=True,
+                                                start=exact)
         elif layout.digest != self.layout.digest:  # type: ignore[union-attr]
             raise LayoutError("the strategy's model changed its layout during the run")
         digest = model_digest(exact)
@@ -94,16 +99,19 @@ class ServerDownlink:
             if lattice.steps is not None:
                 record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
             content[DOWNLINK_RECORD] = record
-            if lattice.base is not None:
+            if lattice.base is not None:  # only to a node that said it cannot build the zero base
                 content[BASE_RECORD] = self.base
             if len(raw):
                 content[RAW_RECORD] = raw
-            config = content.config_records.get("config")
-            if config is None:
-                config = content["config"] = ConfigRecord()
+            # its own copy: a strategy may put one ConfigRecord object in every message (and round),
+            # and a snapshot's layout belongs to this node's message only
+            config = content["config"] = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
             config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
             config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
             config[BASE_DIGEST_KEY] = int(b.base_digest)
+            if lattice.kind == "snapshot":  # the names, shapes and dtypes a node builds the zero base from
+                config[LAYOUT_SPEC_KEY] = self.layout.spec
+                self.bytes += len(self.layout.spec.encode())
             message.content = content
             self.sent[node] = b.version
             self.bytes += array_bytes(content, (DOWNLINK_RECORD, BASE_RECORD, RAW_RECORD))

@@ -32,9 +32,31 @@ class Layout:
         self.numel = int(sum(int(np.prod(shape)) for _, shape, _ in self.floats))
 
     @property
+    def spec(self) -> str:
+        """Names, shapes and dtypes as JSON: what a node needs to build the model's arrays."""
+        return json.dumps([[n, list(s), str(d)] for n, s, d in self.entries], separators=(",", ":"))
+
+    @property
     def digest(self) -> str:
         text = json.dumps([[n, list(s), str(d)] for n, s, d in self.entries])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def zeros(cls, spec: str) -> ArrayRecord:
+        """An ``ArrayRecord`` of zeros in the layout ``spec`` describes (checked: a malformed spec
+        raises :class:`LayoutError`)."""
+        try:
+            entries = json.loads(spec)
+            record = ArrayRecord()
+            for name, shape, dtype in entries:
+                if not (isinstance(name, str) and all(isinstance(s, int) and 0 <= s < 2**31 for s in shape)):
+                    raise ValueError(f"bad entry {name!r} {shape!r}")
+                if int(np.prod(shape)) > 2**31:
+                    raise ValueError(f"{name!r} is too large")
+                record[name] = Array(np.zeros(shape, dtype=np.dtype(dtype)))
+        except (ValueError, TypeError) as err:
+            raise LayoutError(f"the layout the server sent is malformed: {err}") from None
+        return record
 
     def sizes(self) -> list[int]:
         return [int(np.prod(shape)) for _, shape, _ in self.floats]

@@ -1,8 +1,9 @@
 """A node's side of the wrapper's lattice downlink: the model a message brings, as the ``ArrayRecord``
 the user's ``@app.train()`` / ``@app.evaluate()`` code expects.
 
-The node keeps, in its ``Context.state``, the base model (an ``ArrayRecord``: it also says the
-model's names, shapes and dtypes) and its lattice copy (version, integer coordinates, steps). A
+The node keeps, in its ``Context.state``, the lattice's base (zeros in the model's layout, built
+from the names, shapes and dtypes a snapshot carries, or shipped) and its lattice copy (version,
+integer coordinates, steps). A
 message's change or snapshot is applied by ``fedge.protocol.downlink`` (the same code as Fedge's own
 ClientApp) and checked against the digest the server sent; a copy that does not match, a change
 from another version, or no base raises :class:`OutOfSyncError` and the node answers with an
@@ -26,6 +27,7 @@ from fedge.flower.records import (
     DOWNLINK_RECORD,
     DOWNLINK_VERSION_KEY,
     LAYOUT_KEY,
+    LAYOUT_SPEC_KEY,
     RAW_RECORD,
 )
 from fedge.protocol.downlink import LatticeCopy, apply_downlink
@@ -73,10 +75,17 @@ def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> Ar
         context.state[_BASE] = ArrayRecord({name: array for name, array in shipped.items()})
         return shipped
     kept = context.state.array_records.get(_BASE)
-    if kept is None or Layout(kept).digest != layout_digest or \
-            model_digest(torch.from_numpy(Layout(kept).flatten(kept).copy())) != digest:
-        raise OutOfSyncError("this node holds no base of the model's lattice; the server must send it")
-    return kept
+    if kept is not None and Layout(kept).digest == layout_digest and \
+            model_digest(torch.from_numpy(Layout(kept).flatten(kept).copy())) == digest:
+        return kept
+    config = msg.content.config_records["config"]
+    if LAYOUT_SPEC_KEY in config:  # a snapshot: build the zero base in the layout it describes
+        zeros = Layout.zeros(str(config[LAYOUT_SPEC_KEY]))
+        if Layout(zeros).digest == layout_digest and \
+                model_digest(torch.from_numpy(Layout(zeros).flatten(zeros).copy())) == digest:
+            context.state[_BASE] = zeros
+            return zeros
+    raise OutOfSyncError("this node holds no base of the model's lattice; the server must send it")
 
 
 def _held(context: Context, layout: Layout) -> LatticeCopy | None:

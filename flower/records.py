@@ -4,8 +4,8 @@ its reply. Kept in one place so neither side writes the other's literals."""
 from __future__ import annotations
 
 __all__ = ["ARRAYS", "BASE_DIGEST_KEY", "BASE_RECORD", "CODEC_KEY", "DOWNLINK_DIGEST_KEY", "DOWNLINK_KEY",
-           "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "RAW_RECORD", "ROUND_KEY", "SEED_KEY",
-           "UPDATE_RECORD"]
+           "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "LAYOUT_SPEC_KEY", "RAW_RECORD", "ROUND_KEY",
+           "SEED_KEY", "UPDATE_RECORD"]
 
 #: the ArrayRecord key Flower's strategies put the model under (``Strategy.configure_train``)
 ARRAYS = "arrays"
@@ -26,4 +26,6 @@ DOWNLINK_VERSION_KEY = "fedge.downlink-version"
 DOWNLINK_DIGEST_KEY = "fedge.downlink-digest"
 BASE_DIGEST_KEY = "fedge.base-digest"
 DOWNLINK_RECORD = "fedge.downlink"
+#: with a snapshot: the model's names, shapes and dtypes (JSON), so a node builds the zero base
+LAYOUT_SPEC_KEY = "fedge.layout-spec"
 BASE_RECORD = "fedge.base"

@@ -65,9 +65,9 @@ class CompressedStrategy(Strategy):
         self._sent = (server_round, layout, layout.flatten(arrays) if public is None else public, arrays)
         messages = self.downlink.attach(self.strategy.configure_train(server_round, arrays, config, grid), arrays)
         for message in messages:
-            record = message.content.config_records.get("config")
-            if record is None:
-                record = message.content["config"] = ConfigRecord()
+            # a copy per message: the strategy may share one ConfigRecord (the caller's) across messages and rounds
+            record = message.content["config"] = ConfigRecord(dict(message.content.config_records.get("config",
+                                                                                               ConfigRecord())))
             record[CODEC_KEY], record[LAYOUT_KEY] = self.uplink, layout.digest
             record[ROUND_KEY], record[SEED_KEY] = int(server_round), self.seed
         return messages

@@ -173,7 +173,7 @@ def _public(wrapped) -> ArrayRecord:  # type: ignore[no-untyped-def]
 
 
 def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_aggregate_is_exact() -> None:
-    from fedge.flower.records import BASE_RECORD, DOWNLINK_RECORD
+    from fedge.flower.records import BASE_RECORD, DOWNLINK_RECORD, LAYOUT_SPEC_KEY
 
     arrays, config, grid, spec = _model(), ConfigRecord({"lr": 0.1}), Grid(), "qsgd:bits=4"
     wrapped, plain = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05"), FedAvg()
@@ -183,8 +183,10 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
     for server_round in (1, 2, 3):
         messages = list(wrapped.configure_train(server_round, arrays, config, grid))
         assert all("arrays" not in m.content and DOWNLINK_RECORD in m.content for m in messages)
-        # the base (the starting model) goes to each node once; later rounds carry only a change
-        assert all((BASE_RECORD in m.content) == (server_round == 1) for m in messages)
+        # no model goes out in fp32: the first message is a snapshot on a zero base with the model's
+        # layout (names, shapes, dtypes); later rounds carry only a change
+        assert not any(BASE_RECORD in m.content for m in messages)
+        assert all((LAYOUT_SPEC_KEY in m.content["config"]) == (server_round == 1) for m in messages)
         public = _public(wrapped)
         replies = _exchange(messages, apps, contexts)
         for node in NODES:  # the user's code got the server's public copy, bit for bit, in the model's layout
@@ -202,8 +204,8 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
         arrays = got_arrays
 
 
-def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_and_the_base_next_round() -> None:
-    from fedge.flower.records import BASE_RECORD
+def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_next_round() -> None:
+    from fedge.flower.records import LAYOUT_SPEC_KEY
     from fedge.protocol.refusals import OutOfSyncError
 
     arrays, grid = _model(), Grid()
@@ -220,7 +222,7 @@ def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_and_the_base_next
     others = _exchange([m for m in messages if m.metadata.dst_node_id != 12], apps, contexts)
     arrays, _ = wrapped.aggregate_train(2, others)  # node 12 did not answer: forgotten
     messages = list(wrapped.configure_train(3, arrays, ConfigRecord(), grid))
-    assert {m.metadata.dst_node_id for m in messages if BASE_RECORD in m.content} == {12}
+    assert {m.metadata.dst_node_id for m in messages if LAYOUT_SPEC_KEY in m.content["config"]} == {12}
     replies = _exchange(messages, apps, contexts)
     assert all(not r.has_error() for r in replies)
     assert wrapped.aggregate_train(3, replies)[0] is not None and not wrapped.refused
@@ -258,3 +260,14 @@ def test_streaming_decodes_into_one_sum_and_equals_the_strategys_mean(make, down
 def test_streaming_is_refused_for_a_strategy_that_is_not_a_plain_mean(make) -> None:
     with pytest.raises(ValueError, match="weighted mean"):
         compressed(make(), streaming=True)
+
+
+def test_a_malformed_layout_from_the_server_is_refused_by_the_node() -> None:
+    from fedge.flower.layout import Layout
+
+    with pytest.raises(LayoutError, match="malformed"):
+        Layout.zeros('[["w", [-1], "float32"]]')
+    with pytest.raises(LayoutError, match="malformed"):
+        Layout.zeros("not json")
+    zeros = Layout.zeros(Layout(_model()).spec)
+    assert Layout(zeros).digest == Layout(_model()).digest and not any(a.numpy().any() for a in zeros.values())
