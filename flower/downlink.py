@@ -6,9 +6,8 @@ copy to the current version (``fedge.aggregation.broadcast``, the same coordinat
 own engine): the change of one version, a catch-up over the versions it missed, or a snapshot.
 The lattice's base is zero, which every node builds (a Flower app's nodes cannot rebuild the
 server's start model), with per-tensor steps from the start model's scale; a snapshot carries the
-model's names, shapes and dtypes (JSON, counted) so the node can. A node that says it cannot is
-sent the zero base as an ``ArrayRecord``. Arrays that are not floating point (integer buffers)
-travel as they are, every time.
+model's names, shapes and dtypes (JSON, counted) so the node can. Arrays that are not floating
+point (integer buffers) travel as they are, every time.
 
 The nodes hold the public copy, not the exact model: the wrapper decodes their updates against
 that copy, and what a version did not carry goes out in a later one (error feedback on the
@@ -99,7 +98,7 @@ class ServerDownlink:
             if lattice.steps is not None:
                 record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
             content[DOWNLINK_RECORD] = record
-            if lattice.base is not None:  # only to a node that said it cannot build the zero base
+            if lattice.base is not None:  # never with the zero base (seeded: every node builds it)
                 content[BASE_RECORD] = self.base
             if len(raw):
                 content[RAW_RECORD] = raw
@@ -119,7 +118,8 @@ class ServerDownlink:
 
     def settle(self, replies: list[Message]) -> None:
         """Who holds what after a round's replies: a reply confirms the version its message brought;
-        an error, or no reply at all, forgets the node's copy (it gets a snapshot and the base)."""
+        an error, or no reply at all, forgets the node's copy (it gets a snapshot, with the layout
+        it builds the zero base from)."""
         if self.broadcast is None:
             return
         answered = set()
@@ -128,9 +128,9 @@ class ServerDownlink:
             answered.add(node)
             version = self.sent.pop(node, None)
             if reply.has_error() or version is None:
-                self.broadcast.forget(node, base=True)
+                self.broadcast.forget(node)
             else:
                 self.broadcast.confirm(node, version)
         for node in [n for n in self.sent if n not in answered]:
             del self.sent[node]
-            self.broadcast.forget(node, base=True)
+            self.broadcast.forget(node)
