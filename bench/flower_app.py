@@ -13,6 +13,7 @@ and as many messages down (every train message carries the model; fraction-train
     .venv/bin/python bench/flower_app.py --repeats 3                         # 10 clients, 30 rounds
     .venv/bin/python bench/flower_app.py --uplinks "qsgd:bits=4;dgc:ratio=0.01,sample=0.05"
     .venv/bin/python bench/flower_app.py --uplinks "qsgd:bits=4;dgc:ratio=0.01,sample=0.05@lattice:ratio=0.05"
+    .venv/bin/python bench/flower_app.py --engine deployment --clients 4 --rounds 5 --uplinks "qsgd:bits=4@lattice:ratio=0.05"
 """
 
 from __future__ import annotations
@@ -58,11 +59,17 @@ def run(app: Path, args: argparse.Namespace, spec: str, tmp: Path, name: str) ->
         config["downlink"] = downlink or "none"
     started = time.monotonic()
     with ProcessGroup(tmp / f"logs-{name}", env=flower_environment(home), also_match={"FLWR_HOME": str(home)}) as group:
-        flower = FlowerLaunch(group, home, isolation="subprocess")
-        flower.start_superlink(simulation=True, cwd=tmp)
-        runner = flower.submit(app, config, federation_config={"num-supernodes": args.clients,
-                                                               "client-resources-num-cpus": 1,
-                                                               "init-args-num-cpus": 2}, cwd=tmp)
+        if args.engine == "simulation":
+            flower = FlowerLaunch(group, home, isolation="subprocess")
+            flower.start_superlink(simulation=True, cwd=tmp)
+            federation = {"num-supernodes": args.clients, "client-resources-num-cpus": 1, "init-args-num-cpus": 2}
+        else:  # real SuperNodes on 127.0.0.1 (warm execution), one per client, each with its partition
+            flower = FlowerLaunch(group, home, isolation="warm")
+            flower.start_superlink(cwd=tmp)
+            for i in range(args.clients):
+                flower.start_supernode(i, {"partition-id": i, "num-partitions": args.clients}, cwd=tmp)
+            federation = None
+        runner = flower.submit(app, config, federation_config=federation, cwd=tmp)
         flower.follow(runner, time.monotonic() + args.timeout)
         if runner.popen.returncode != 0:
             raise SystemExit(f"{name}: flwr run failed:\n{runner.log_tail(40)}")
@@ -92,6 +99,8 @@ def main() -> int:
                         "also sets the downlink, e.g. 'dgc:ratio=0.01,sample=0.05@lattice:ratio=0.05'")
     parser.add_argument("--repeats", type=int, default=1, help="run every app this many times (alternating); "
                         "the table has the mean over repeats")
+    parser.add_argument("--engine", choices=("simulation", "deployment"), default="simulation",
+                        help="Flower's simulation engine, or a SuperLink with one SuperNode per client")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "flower-app"))
     args = parser.parse_args()
@@ -118,7 +127,7 @@ def main() -> int:
     base["uplink_bytes"] = base["replies"] * per_reply
     base["downlink_bytes"] = base["replies"] * per_reply
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}: examples/flower-app on Flower's "
-             f"simulation engine, {args.clients} clients, {args.rounds} rounds of {args.local_epochs} local epochs, "
+             f"{args.engine} engine, {args.clients} clients, {args.rounds} rounds of {args.local_epochs} local epochs, "
              f"Dirichlet({args.alpha}), {args.repeats} repeat(s) (accuracy: their mean; bytes: one run); "
              f"`{command}`", "",
              "| app | uplink | downlink | final accuracy (best) | uplink bytes | fewer than Flower's | "

@@ -6,8 +6,11 @@ copy to the current version (``fedge.aggregation.broadcast``, the same coordinat
 own engine): the change of one version, a catch-up over the versions it missed, or a snapshot.
 The lattice's base is zero, which every node builds (a Flower app's nodes cannot rebuild the
 server's start model), with per-tensor steps from the start model's scale; a snapshot carries the
-model's names, shapes and dtypes (JSON, counted) so the node can. Arrays that are not floating
-point (integer buffers) travel as they are, every time.
+model's names, shapes and dtypes (JSON, counted) so the node can. With ``start=`` naming the
+constructor and seed the ServerApp built its start model with (``fedge.flower.start_model``), the
+base is that model, which each node builds itself: no model goes out whole at all, except once, in
+fp32, to a node that could not build it. Arrays that are not floating point (integer buffers)
+travel as they are, every time.
 
 The nodes hold the public copy, not the exact model: the wrapper decodes their updates against
 that copy, and what a version did not carry goes out in a later one (error feedback on the
@@ -37,8 +40,16 @@ from fedge.flower.records import (
     LAYOUT_KEY,
     LAYOUT_SPEC_KEY,
     RAW_RECORD,
+    START_KEY,
 )
-from fedge.protocol.records import DOWNLINK_STEPS_KEY, PAYLOAD_KEY, array_bytes, flat_array, payload_array
+from fedge.flower.start_model import parse_start
+from fedge.protocol.records import (
+    DOWNLINK_STEPS_KEY,
+    PAYLOAD_KEY,
+    array_bytes,
+    flat_array,
+    payload_array,
+)
 
 __all__ = ["ServerDownlink"]
 
@@ -46,11 +57,14 @@ __all__ = ["ServerDownlink"]
 class ServerDownlink:
     """One wrapped strategy's downlink (``spec`` ``none``: the wrapped strategy's own fp32 arrays)."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, start: str | None = None) -> None:
         try:
             self.parsed: DownlinkSpec | None = parse_downlink(spec)
+            if start is not None:
+                parse_start(start)
         except ValueError as err:
             raise ValueError(f"downlink codec {spec!r}: {err}") from None
+        self.start = start  # the nodes build the start model themselves: it is the lattice's base
         self.broadcast: VersionedBroadcast | None = None
         self.layout: Layout | None = None
         self.base: ArrayRecord | None = None
@@ -69,7 +83,10 @@ class ServerDownlink:
             return None
         layout = Layout(arrays)
         exact = torch.from_numpy(layout.flatten(arrays).copy())
-        if self.broadcast is None:  # a zero base every node builds; version 0 is the start model on the lattice
+        if self.broadcast is None and self.start is not None:  # the base is the start model each node builds
+            self.layout, self.base = layout, ArrayRecord({name: array for name, array in arrays.items()})
+            self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=True)
+        elif self.broadcast is None:  # a zero base every node builds; version 0 is the start model on the lattice
             self.layout = layout
             self.base = layout.rebuild(np.zeros(layout.numel, dtype=np.float32), arrays)
             self.broadcast = VersionedBroadcast(self.parsed, torch.zeros(layout.numel), layout.sizes(), seeded=True,
@@ -98,7 +115,7 @@ class ServerDownlink:
             if lattice.steps is not None:
                 record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
             content[DOWNLINK_RECORD] = record
-            if lattice.base is not None:  # never with the zero base (seeded: every node builds it)
+            if lattice.base is not None:  # a node that could not build the named start model
                 content[BASE_RECORD] = self.base
             if len(raw):
                 content[RAW_RECORD] = raw
@@ -108,7 +125,10 @@ class ServerDownlink:
             config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
             config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
             config[BASE_DIGEST_KEY] = int(b.base_digest)
-            if lattice.kind == "snapshot":  # the names, shapes and dtypes a node builds the zero base from
+            if self.start is not None and lattice.base is None and lattice.kind == "snapshot":
+                config[START_KEY] = self.start  # the constructor and seed a node builds the base with
+                self.bytes += len(self.start.encode())
+            elif self.start is None and lattice.kind == "snapshot":  # the layout of the zero base
                 config[LAYOUT_SPEC_KEY] = self.layout.spec
                 self.bytes += len(self.layout.spec.encode())
             message.content = content
@@ -127,8 +147,8 @@ class ServerDownlink:
             node = reply.metadata.src_node_id
             answered.add(node)
             version = self.sent.pop(node, None)
-            if reply.has_error() or version is None:
-                self.broadcast.forget(node)
+            if reply.has_error() or version is None:  # with a named start model: ship it once
+                self.broadcast.forget(node, base=self.start is not None and reply.has_error())
             else:
                 self.broadcast.confirm(node, version)
         for node in [n for n in self.sent if n not in answered]:

@@ -29,10 +29,12 @@ from fedge.flower.records import (
     LAYOUT_KEY,
     LAYOUT_SPEC_KEY,
     RAW_RECORD,
+    START_KEY,
 )
+from fedge.flower.start_model import build_start
 from fedge.protocol.downlink import LatticeCopy, apply_downlink
 from fedge.protocol.records import ProtocolError
-from fedge.protocol.refusals import OutOfSyncError
+from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 
 __all__ = ["receive_downlink"]
 
@@ -79,6 +81,14 @@ def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> Ar
             model_digest(torch.from_numpy(Layout(kept).flatten(kept).copy())) == digest:
         return kept
     config = msg.content.config_records["config"]
+    if START_KEY in config:  # the start model, built from the app's own code and the server's seed
+        start = build_start(str(config[START_KEY]))
+        if Layout(start).digest == layout_digest and \
+                model_digest(torch.from_numpy(Layout(start).flatten(start).copy())) == digest:
+            context.state[_BASE] = start
+            return start
+        raise MissingBaseError(f"the start model {config[START_KEY]} built here differs from the server's; "
+                               "it must be sent once")
     if LAYOUT_SPEC_KEY in config:  # a snapshot: build the zero base in the layout it describes
         zeros = Layout.zeros(str(config[LAYOUT_SPEC_KEY]))
         if Layout(zeros).digest == layout_digest and \

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["ARRAYS", "BASE_DIGEST_KEY", "BASE_RECORD", "CODEC_KEY", "DOWNLINK_DIGEST_KEY", "DOWNLINK_KEY",
            "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "LAYOUT_SPEC_KEY", "RAW_RECORD", "ROUND_KEY",
-           "SEED_KEY", "UPDATE_RECORD"]
+           "SEED_KEY", "START_KEY", "UPDATE_RECORD"]
 
 #: the ArrayRecord key Flower's strategies put the model under (``Strategy.configure_train``)
 ARRAYS = "arrays"
@@ -28,4 +28,6 @@ BASE_DIGEST_KEY = "fedge.base-digest"
 DOWNLINK_RECORD = "fedge.downlink"
 #: with a snapshot: the model's names, shapes and dtypes (JSON), so a node builds the zero base
 LAYOUT_SPEC_KEY = "fedge.layout-spec"
+#: the start model a node builds itself (``module:callable@seed``), when the server named one
+START_KEY = "fedge.start"
 BASE_RECORD = "fedge.base"

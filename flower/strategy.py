@@ -32,7 +32,15 @@ from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import PayloadError, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
+from fedge.flower.records import (
+    ARRAYS,
+    CODEC_KEY,
+    LAYOUT_KEY,
+    RAW_RECORD,
+    ROUND_KEY,
+    SEED_KEY,
+    UPDATE_RECORD,
+)
 from fedge.protocol.records import ProtocolError, array_bytes, read_payload
 
 __all__ = ["CompressedStrategy", "compressed"]
@@ -44,7 +52,7 @@ class CompressedStrategy(Strategy):
     """``strategy`` with Fedge-compressed uplink updates (see the module docstring)."""
 
     def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
-                 streaming: bool = False) -> None:
+                 streaming: bool = False, start: str | None = None) -> None:
         try:
             make_codec(uplink)
         except (SpecError, ValueError) as err:
@@ -53,7 +61,7 @@ class CompressedStrategy(Strategy):
             raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
                              f"{type(strategy).__name__} has its own aggregate_train")
         self.strategy, self.uplink, self.seed, self.streaming = strategy, uplink, int(seed), streaming
-        self.downlink = ServerDownlink(downlink)
+        self.downlink = ServerDownlink(downlink, start=start)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out
 
@@ -202,9 +210,12 @@ def is_plain_mean(strategy: Strategy) -> bool:
 
 
 def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
-               downlink: str = "none", streaming: bool = False) -> CompressedStrategy:
+               downlink: str = "none", streaming: bool = False, start: str | None = None) -> CompressedStrategy:
     """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates
     (``uplink``, a Fedge codec spec) and, with ``downlink="lattice[:ratio=...]"``, receive the model as
     a versioned lattice change (``fedge.flower.downlink``) instead of fp32 arrays. ``streaming=True``
-    (a plain weighted mean such as FedAvg or FedProx only) decodes each reply straight into one sum."""
-    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming)
+    (a plain weighted mean such as FedAvg or FedProx only) decodes each reply straight into one sum.
+    ``start="pkg.task:Net@0"`` names the constructor and seed of ``initial_arrays``, so nodes build the
+    start model themselves and the lattice downlink never sends it (``fedge.flower.start_model``)."""
+    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming,
+                              start=start)

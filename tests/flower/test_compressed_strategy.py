@@ -271,3 +271,40 @@ def test_a_malformed_layout_from_the_server_is_refused_by_the_node() -> None:
         Layout.zeros("not json")
     zeros = Layout.zeros(Layout(_model()).spec)
     assert Layout(zeros).digest == Layout(_model()).digest and not any(a.numpy().any() for a in zeros.values())
+
+
+def _digits_start() -> torch.nn.Module:
+    """A start model the test's 'app' can build: the digits CNN (seeded by the caller)."""
+    return make_task("digits").build_model()
+
+
+def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -> None:
+    from fedge.flower.records import BASE_RECORD, LAYOUT_SPEC_KEY, START_KEY
+
+    start = f"{__name__}:_digits_start@7"
+    torch.manual_seed(7)
+    arrays = ArrayRecord(_digits_start().state_dict())  # the ServerApp's initial_arrays, built the same way
+    seen: dict[int, list[ArrayRecord]] = {}
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05", start=start)
+    apps, contexts, grid = {n: _user_app(seen=seen) for n in NODES}, _contexts(), Grid()
+    messages = list(wrapped.configure_train(1, arrays, ConfigRecord(), grid))
+    assert all(m.content["config"][START_KEY] == start and BASE_RECORD not in m.content
+               and LAYOUT_SPEC_KEY not in m.content["config"] for m in messages)
+    fp32 = sum(len(a.data) for a in arrays.values())
+    replies = _exchange(messages, apps, contexts)
+    got, metrics = wrapped.aggregate_train(1, replies)
+    assert metrics["fedge-downlink-bytes"] < 0.01 * len(NODES) * fp32  # the start model itself: not sent
+    for node in NODES:  # version 0 is the start model, exactly
+        assert all(np.array_equal(seen[node][-1][k].numpy(), arrays[k].numpy()) for k in arrays)
+    # a node whose build differs (here: its state holds nothing and another seed is named) errs and
+    # is sent the start model once
+    wrapped_bad = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05",
+                             start=f"{__name__}:_digits_start@8")
+    (message, *_) = list(wrapped_bad.configure_train(1, arrays, ConfigRecord(), grid))
+    message.metadata.__dict__["_message_id"] = message.object_id
+    from fedge.protocol.refusals import MissingBaseError
+
+    with pytest.raises(MissingBaseError, match="differs"):
+        _user_app()(message, _contexts()[message.metadata.dst_node_id])
+    with pytest.raises(ValueError, match="module:callable@seed"):
+        compressed(FedAvg(), downlink="lattice:ratio=0.05", start="not a spec")
