@@ -306,5 +306,18 @@ def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -
 
     with pytest.raises(MissingBaseError, match="differs"):
         _user_app()(message, _contexts()[message.metadata.dst_node_id])
+    # Flower answers for that node with an error reply: the server ships it the start model once, in fp32
+    from flwr.app import Error
+
+    failed = Message(Error(code=0, reason="MissingBaseError"), reply_to=message)
+    failed.metadata.__dict__["_src_node_id"] = message.metadata.dst_node_id
+    wrapped_bad.aggregate_train(1, [failed])
+    again = [m for m in wrapped_bad.configure_train(2, arrays, ConfigRecord(), grid)
+             if m.metadata.dst_node_id == message.metadata.dst_node_id]
+    assert len(again) == 1 and BASE_RECORD in again[0].content and START_KEY not in again[0].content["config"]
+    again[0].metadata.__dict__["_message_id"] = again[0].object_id
+    context = _contexts()[message.metadata.dst_node_id]
+    reply = _user_app()(again[0], context)  # it builds its copy on the shipped start model
+    assert not reply.has_error() and "fedge.flower.base" in context.state.array_records
     with pytest.raises(ValueError, match="module:callable@seed"):
         compressed(FedAvg(), downlink="lattice:ratio=0.05", start="not a spec")
