@@ -33,11 +33,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedge demo
 
-# One pytest over four workers (pytest-xdist): the tests that start real processes go first, the
+# One pytest over three workers (pytest-xdist): the tests that start real processes go first, the
 # longest first (tests/conftest.py); they mostly wait on Flower and Ray, and the in-process tests
 # fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group (loadgroup).
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" -q -n 4 --dist loadgroup --durations=20
+	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --durations=20
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q
