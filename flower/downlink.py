@@ -24,11 +24,12 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.broadcast import DownlinkSpec, VersionedBroadcast, parse_downlink
 from fedge.compression.lattice import model_digest
 from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.messages import own_config
 from fedge.flower.records import (
     ARRAYS,
     BASE_DIGEST_KEY,
@@ -100,17 +101,21 @@ class ServerDownlink:
         return self.broadcast.public.numpy().copy()
 
     def attach(self, messages: Iterable[Message], arrays: ArrayRecord) -> list[Message]:
-        """Each message with its node's lattice message in place of the model (counted)."""
+        """Each message with its own ``config`` copy (:func:`own_config`) and its node's lattice
+        message in place of the model (counted)."""
         messages = list(messages)
+        configs = [own_config(m) for m in messages]
         if self.broadcast is None or self.layout is None or self.base is None:
             self.bytes += sum(array_bytes(m.content, (ARRAYS,)) for m in messages)
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
         raw = ArrayRecord({name: array for name, array in arrays.items() if name not in floats})
-        for message in messages:
+        for message, config in zip(messages, configs, strict=True):
             node = message.metadata.dst_node_id
             lattice = b.message_for(node)
-            content = RecordDict({name: record for name, record in message.content.items() if name != ARRAYS})
+            content = message.content  # its own RecordDict (own_config)
+            if ARRAYS in content:
+                del content[ARRAYS]
             record = ArrayRecord({PAYLOAD_KEY: payload_array(lattice.payload)})
             if lattice.steps is not None:
                 record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
@@ -119,9 +124,6 @@ class ServerDownlink:
                 content[BASE_RECORD] = self.base
             if len(raw):
                 content[RAW_RECORD] = raw
-            # its own copy: a strategy may put one ConfigRecord object in every message (and round),
-            # and a snapshot's layout belongs to this node's message only
-            config = content["config"] = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
             config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
             config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
             config[BASE_DIGEST_KEY] = int(b.base_digest)
@@ -131,7 +133,6 @@ class ServerDownlink:
             elif self.start is None and lattice.kind == "snapshot":  # the layout of the zero base
                 config[LAYOUT_SPEC_KEY] = self.layout.spec
                 self.bytes += len(self.layout.spec.encode())
-            message.content = content
             self.sent[node] = b.version
             self.bytes += array_bytes(content, (DOWNLINK_RECORD, BASE_RECORD, RAW_RECORD))
         return messages

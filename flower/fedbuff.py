@@ -34,10 +34,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedge.aggregation.staleness import Staleness
-from fedge.compression import PayloadError, SpecError, make_codec
+from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import ARRAYS, CODEC_KEY, LAYOUT_KEY, RAW_RECORD, ROUND_KEY, SEED_KEY, UPDATE_RECORD
-from fedge.protocol.records import ProtocolError, array_bytes, read_payload
+from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.flower.records import ARRAYS, RAW_RECORD, UPDATE_RECORD
+from fedge.protocol.records import ProtocolError, array_bytes
 
 __all__ = ["FedAsync", "FedBuff"]
 
@@ -91,6 +92,7 @@ class FedBuff:
               sleep: Callable[[float], None] = time.sleep) -> Result:
         """Publish ``num_versions`` versions; Flower's :class:`Result`, indexed by version."""
         layout = Layout(initial_arrays)
+        codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         sent_models: dict[int, np.ndarray] = {0: model}  # versions still referenced by messages in flight
         result = Result(arrays=initial_arrays)
@@ -121,7 +123,7 @@ class FedBuff:
                 flight = flights.pop(reply.metadata.reply_to_message_id, None)
                 if flight is None:
                     continue
-                update = self._update(reply, flight, layout, sent_models)
+                update = self._update(reply, flight, layout, codec, sent_models)
                 if update is None:
                     continue
                 tau = version - flight.version
@@ -165,28 +167,23 @@ class FedBuff:
                  train_config: ConfigRecord | None) -> Message:
         config = ConfigRecord(dict(train_config or {}))
         if self.uplink is not None:
-            config[CODEC_KEY], config[LAYOUT_KEY] = self.uplink, layout.digest
-            config[ROUND_KEY], config[SEED_KEY] = int(version), self.seed
+            write_uplink(config, self.uplink, layout.digest, version, self.seed)
         return Message(RecordDict({ARRAYS: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
 
-    def _update(self, reply: Message, flight: _InFlight, layout: Layout,
+    def _update(self, reply: Message, flight: _InFlight, layout: Layout, codec: Codec | None,
                 sent_models: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
         """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`)."""
         try:
             if reply.has_error():
                 raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
-            metrics = next(iter(reply.content.metric_records.values()), None)
-            weight = None if metrics is None else metrics.get(self.weighted_by_key)
-            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight > 0:
-                raise LayoutError(f"no positive {self.weighted_by_key!r} in the reply's metrics to weight it by")
+            weight, metrics = reply_weight(reply, self.weighted_by_key)
             if UPDATE_RECORD in reply.content.array_records:
-                if self.uplink is None:
+                if codec is None:
                     raise LayoutError("a compressed update, but this strategy asked for none")
-                wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(flight.version, self.seed)
-                payload = read_payload(reply.content, UPDATE_RECORD)
+                payload = reply_payload(reply)
                 self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
-                delta = wire.decode(payload, layout.numel).numpy()
+                delta = codec.for_round(flight.version, self.seed).decode(payload, layout.numel).numpy()
             elif ARRAYS in reply.content.array_records:
                 self.uplink_bytes += array_bytes(reply.content, (ARRAYS,))
                 delta = layout.flatten(reply.content.array_records[ARRAYS]) - sent_models[flight.version]
@@ -194,11 +191,11 @@ class FedBuff:
                 raise LayoutError(f"neither {UPDATE_RECORD!r} nor {ARRAYS!r} in the reply")
             if not np.isfinite(delta).all():
                 raise LayoutError("the update holds NaN or infinite values")
-        except (PayloadError, ProtocolError, LayoutError, KeyError) as err:
+        except REFUSED as err:
             log.warning("[FedBuff] refused the reply of node %d: %s", flight.node, err)
             self.refused.append((flight.version, flight.node, str(err)))
             return None
-        return delta.astype(np.float32), float(weight), RecordDict({"metrics": metrics, **(
+        return delta.astype(np.float32), weight, RecordDict({"metrics": metrics, **(
             {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
             else {})})
 
@@ -207,8 +204,7 @@ class FedBuff:
         """Non-float arrays (integer buffers): the latest a client sent, else as they were."""
         for content in reversed(metrics_seen):
             if RAW_RECORD in content.array_records:
-                raw = content.array_records[RAW_RECORD]
-                return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
+                return with_raw(like, content.array_records[RAW_RECORD])
         return like
 
     def _train_metrics(self, metrics_seen: list[RecordDict], buffered: list[tuple[np.ndarray, float, int]]) \

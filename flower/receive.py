@@ -39,6 +39,7 @@ from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 __all__ = ["receive_downlink"]
 
 _BASE = "fedge.flower.base"  # Context.state: the base model's arrays
+_BASE_META = "fedge.flower.base-meta"  # and the digest they were checked against
 _COPY = "fedge.flower.copy"  # Context.state: the lattice copy (n encoded, steps)
 _COPY_META = "fedge.flower.copy-meta"
 
@@ -66,36 +67,43 @@ def receive_downlink(msg: Message, context: Context) -> None:
 
 
 def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> ArrayRecord:
-    """The base shipped with this message (kept), or the one kept from an earlier message."""
+    """The base shipped with this message, kept from an earlier one (its digest was checked when it
+    was kept, and is not computed again), or built here from the start model or the layout."""
     shipped = msg.content.array_records.get(BASE_RECORD)
     if shipped is not None:
-        layout = Layout(shipped)
-        if layout.digest != layout_digest:
-            raise LayoutError(f"the shipped base has layout {layout.digest}, the server described {layout_digest}")
-        if model_digest(torch.from_numpy(layout.flatten(shipped).copy())) != digest:
+        if Layout(shipped).digest != layout_digest:
+            raise LayoutError(f"the shipped base has layout {Layout(shipped).digest}, the server described "
+                              f"{layout_digest}")
+        if not _fits(shipped, layout_digest, digest):
             raise ProtocolError("the shipped downlink base does not match its digest")
-        context.state[_BASE] = ArrayRecord({name: array for name, array in shipped.items()})
-        return shipped
-    kept = context.state.array_records.get(_BASE)
-    if kept is not None and Layout(kept).digest == layout_digest and \
-            model_digest(torch.from_numpy(Layout(kept).flatten(kept).copy())) == digest:
+        return _keep(context, ArrayRecord({name: array for name, array in shipped.items()}), digest)
+    kept, meta = context.state.array_records.get(_BASE), context.state.config_records.get(_BASE_META)
+    if kept is not None and meta is not None and meta.get("digest") == digest and Layout(kept).digest == layout_digest:
         return kept
     config = msg.content.config_records["config"]
     if START_KEY in config:  # the start model, built from the app's own code and the server's seed
         start = build_start(str(config[START_KEY]))
-        if Layout(start).digest == layout_digest and \
-                model_digest(torch.from_numpy(Layout(start).flatten(start).copy())) == digest:
-            context.state[_BASE] = start
-            return start
+        if _fits(start, layout_digest, digest):
+            return _keep(context, start, digest)
         raise MissingBaseError(f"the start model {config[START_KEY]} built here differs from the server's; "
                                "it must be sent once")
     if LAYOUT_SPEC_KEY in config:  # a snapshot: build the zero base in the layout it describes
         zeros = Layout.zeros(str(config[LAYOUT_SPEC_KEY]))
-        if Layout(zeros).digest == layout_digest and \
-                model_digest(torch.from_numpy(Layout(zeros).flatten(zeros).copy())) == digest:
-            context.state[_BASE] = zeros
-            return zeros
+        if _fits(zeros, layout_digest, digest):
+            return _keep(context, zeros, digest)
     raise OutOfSyncError("this node holds no base of the model's lattice; the server must send it")
+
+
+def _fits(record: ArrayRecord, layout_digest: str, digest: int) -> bool:
+    """Whether ``record`` has the server's layout and, flattened, the server's digest."""
+    layout = Layout(record)
+    return layout.digest == layout_digest and model_digest(torch.from_numpy(layout.flatten(record).copy())) == digest
+
+
+def _keep(context: Context, base: ArrayRecord, digest: int) -> ArrayRecord:
+    context.state[_BASE] = base
+    context.state[_BASE_META] = ConfigRecord({"digest": int(digest)})
+    return base
 
 
 def _held(context: Context, layout: Layout) -> LatticeCopy | None:

@@ -29,19 +29,12 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.streaming_mean import StreamingMean
-from fedge.compression import PayloadError, SpecError, make_codec
+from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
-from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import (
-    ARRAYS,
-    CODEC_KEY,
-    LAYOUT_KEY,
-    RAW_RECORD,
-    ROUND_KEY,
-    SEED_KEY,
-    UPDATE_RECORD,
-)
-from fedge.protocol.records import ProtocolError, array_bytes, read_payload
+from fedge.flower.layout import Layout
+from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.flower.records import ARRAYS, RAW_RECORD, UPDATE_RECORD
+from fedge.protocol.records import array_bytes
 
 __all__ = ["CompressedStrategy", "compressed"]
 
@@ -72,12 +65,8 @@ class CompressedStrategy(Strategy):
         public = self.downlink.public(arrays)  # with a lattice downlink, nodes train from its copy
         self._sent = (server_round, layout, layout.flatten(arrays) if public is None else public, arrays)
         messages = self.downlink.attach(self.strategy.configure_train(server_round, arrays, config, grid), arrays)
-        for message in messages:
-            # a copy per message: the strategy may share one ConfigRecord (the caller's) across messages and rounds
-            record = message.content["config"] = ConfigRecord(dict(message.content.config_records.get("config",
-                                                                                               ConfigRecord())))
-            record[CODEC_KEY], record[LAYOUT_KEY] = self.uplink, layout.digest
-            record[ROUND_KEY], record[SEED_KEY] = int(server_round), self.seed
+        for message in messages:  # each has its own config copy (attach)
+            write_uplink(message.content.config_records["config"], self.uplink, layout.digest, server_round, self.seed)
         return messages
 
     def aggregate_train(self, server_round: int,
@@ -103,26 +92,18 @@ class CompressedStrategy(Strategy):
     def decode_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
         """The replies as the wrapped strategy expects them: each payload decoded into the model the
         client sent; refused replies are left out (logged, and kept in :attr:`refused`)."""
-        if self._sent is None or self._sent[0] != server_round:
-            raise RuntimeError(f"round {server_round} was not configured through this wrapper")
-        _, layout, sent_flat, sent = self._sent
-        wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round, self.seed)
+        layout, sent_flat, sent, wire = self._round(server_round)
         out = []
         for reply in replies:
             if reply.has_error():
                 out.append(reply)
                 continue
             try:
-                if UPDATE_RECORD not in reply.content.array_records:
-                    raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
-                delta = wire.decode(read_payload(reply.content, UPDATE_RECORD), layout.numel).numpy()
-                raw = reply.content.array_records.get(RAW_RECORD, ArrayRecord())
-                like = ArrayRecord({name: raw[name] if name in raw else sent[name] for name in sent})
-                model = layout.rebuild(sent_flat + delta, like)
-            except (PayloadError, ProtocolError, LayoutError, KeyError) as err:
-                node = reply.metadata.src_node_id
-                log.warning("round %d: refused the reply of node %d: %s", server_round, node, err)
-                self.refused.append((server_round, node, str(err)))
+                delta = wire.decode(reply_payload(reply), layout.numel).numpy()
+                model = layout.rebuild(sent_flat + delta,
+                                       with_raw(sent, reply.content.array_records.get(RAW_RECORD, ArrayRecord())))
+            except REFUSED as err:
+                self._refuse(server_round, reply, err)
                 continue
             content = RecordDict({name: record for name, record in reply.content.items()
                                   if name not in (UPDATE_RECORD, RAW_RECORD)})
@@ -137,27 +118,17 @@ class CompressedStrategy(Strategy):
         ``StreamingMean``): one model-sized accumulator and one decoded temporary, however many
         replies, instead of one decoded model per reply. Same refusals as :meth:`decode_replies`;
         metrics by the wrapped strategy's ``train_metrics_aggr_fn``."""
-        if self._sent is None or self._sent[0] != server_round:
-            raise RuntimeError(f"round {server_round} was not configured through this wrapper")
-        _, layout, sent_flat, sent = self._sent
-        wire = make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round, self.seed)
+        layout, sent_flat, sent, wire = self._round(server_round)
         key = str(self.strategy.weighted_by_key)  # type: ignore[attr-defined]
         total, used = StreamingMean(layout.numel), []
         for reply in replies:
             if reply.has_error():
                 continue
-            node = reply.metadata.src_node_id
             try:
-                metrics = next(iter(reply.content.metric_records.values()), None)
-                weight = None if metrics is None else metrics.get(key)
-                if not isinstance(weight, (int, float)) or isinstance(weight, bool):
-                    raise LayoutError(f"no numeric {key!r} in the reply's metrics to weight it by")
-                if UPDATE_RECORD not in reply.content.array_records:
-                    raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
-                total.add_payload(read_payload(reply.content, UPDATE_RECORD), wire, float(weight))
-            except (PayloadError, ProtocolError, LayoutError, ValueError) as err:
-                log.warning("round %d: refused the reply of node %d: %s", server_round, node, err)
-                self.refused.append((server_round, node, str(err)))
+                weight, _ = reply_weight(reply, key)
+                total.add_payload(reply_payload(reply), wire, weight)
+            except REFUSED as err:
+                self._refuse(server_round, reply, err)
                 continue
             used.append(reply)
         if not used:
@@ -168,12 +139,25 @@ class CompressedStrategy(Strategy):
             raws = [RecordDict({"raw": ArrayRecord({n: r.content.array_records.get(RAW_RECORD, sent)[n]
                                                     for n in raw_names}),
                                 "metrics": next(iter(r.content.metric_records.values()))}) for r in used]
-            averaged = aggregate_arrayrecords(raws, key)
-            like = ArrayRecord({name: averaged[name] if name in averaged else sent[name] for name in sent})
+            like = with_raw(sent, aggregate_arrayrecords(raws, key))
         arrays = layout.rebuild(sent_flat + total.mean().numpy(), like)
         contents = [RecordDict(dict(r.content.metric_records.items())) for r in used]
         metrics = self.strategy.train_metrics_aggr_fn(contents, key)  # type: ignore[attr-defined]
         return arrays, metrics
+
+    def _round(self, server_round: int) -> tuple[Layout, np.ndarray, ArrayRecord, Codec]:
+        """What this wrapper sent in ``server_round`` (layout, the flat model the nodes started from,
+        the arrays) and the codec of that round."""
+        if self._sent is None or self._sent[0] != server_round:
+            raise RuntimeError(f"round {server_round} was not configured through this wrapper")
+        _, layout, sent_flat, sent = self._sent
+        return layout, sent_flat, sent, make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round,
+                                                                                                      self.seed)
+
+    def _refuse(self, server_round: int, reply: Message, err: Exception) -> None:
+        node = reply.metadata.src_node_id
+        log.warning("round %d: refused the reply of node %d: %s", server_round, node, err)
+        self.refused.append((server_round, node, str(err)))
 
     # -- everything else is the wrapped strategy's ----------------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

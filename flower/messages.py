@@ -1,0 +1,57 @@
+"""What the strategies of ``fedge.flower`` write into a train message and read from a reply, in one
+place: the uplink codec's config keys, a reply's weight and its update payload, and the errors that
+make a reply refused rather than aggregated."""
+
+from __future__ import annotations
+
+import math
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedge.compression import PayloadError
+from fedge.flower.layout import LayoutError
+from fedge.flower.records import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY, UPDATE_RECORD
+from fedge.protocol.records import ProtocolError, read_payload
+
+__all__ = ["REFUSED", "own_config", "reply_payload", "reply_weight", "with_raw", "write_uplink"]
+
+#: errors that refuse one reply (logged with the reason, left out of the aggregate)
+REFUSED = (PayloadError, ProtocolError, LayoutError, KeyError, ValueError)
+
+
+def own_config(message: Message) -> ConfigRecord:
+    """The message's ``config`` record as its own copy, in its own RecordDict: Flower's strategies
+    give every message of a round one RecordDict (and the caller's one ConfigRecord), and what is
+    written for one node must not reach another."""
+    content = RecordDict(dict(message.content.items()))
+    config = content["config"] = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
+    message.content = content
+    return config
+
+
+def write_uplink(config: ConfigRecord, spec: str, layout_digest: str, version: int, seed: int) -> None:
+    """The codec a node encodes its update with, for the model of ``layout_digest``, and the round
+    (or version) and seed its randomness derives from."""
+    config[CODEC_KEY], config[LAYOUT_KEY] = spec, layout_digest
+    config[ROUND_KEY], config[SEED_KEY] = int(version), int(seed)
+
+
+def reply_weight(reply: Message, key: str) -> tuple[float, MetricRecord]:
+    """The reply's aggregation weight (``key`` of its metrics: finite and positive) and its metrics."""
+    metrics = next(iter(reply.content.metric_records.values()), None)
+    weight = None if metrics is None else metrics.get(key)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not (math.isfinite(weight) and weight > 0):
+        raise LayoutError(f"no positive {key!r} in the reply's metrics to weight it by")
+    return float(weight), metrics  # type: ignore[return-value]
+
+
+def reply_payload(reply: Message) -> bytes:
+    """The encoded update ``compression_mod`` sent (checked; the codec checks the bytes)."""
+    if UPDATE_RECORD not in reply.content.array_records:
+        raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
+    return read_payload(reply.content, UPDATE_RECORD)
+
+
+def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
+    """``like`` with the arrays ``raw`` has (the integer buffers a node sends as they are)."""
+    return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
