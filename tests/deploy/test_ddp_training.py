@@ -61,28 +61,25 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch(tmp_path) -> None:
 
 # Only the Fedge-codec hook trains in the default suite (time budget); the others run with
 # `make test-slow`. Plain allreduce is covered by the one-step equivalence and local SGD tests below,
-# PowerSGD's gloo refusal stays in the default suite.
+# PowerSGD's gloo refusal stays in the default suite. Each run stops after 7 of its 8 epochs and a
+# second launch resumes from the checkpoint (one test for both: every torchrun launch costs ~8 CPU-s
+# of process starts on this machine). A hook's own state (error feedback, PowerSGD's factors) is not
+# in the checkpoint: the resumed run starts it afresh, as PyTorch's hooks do.
 @pytest.mark.parametrize("hook", [pytest.param("allreduce", marks=pytest.mark.slow),
                                   pytest.param("fp16", marks=pytest.mark.slow),
                                   pytest.param("powersgd:rank=4,start=10", marks=pytest.mark.slow), "qsgd:bits=4",
                                   pytest.param("topk:ratio=0.1", marks=pytest.mark.slow)])
-def test_every_hook_trains_digits(tmp_path, hook: str) -> None:
-    summary = _torchrun(tmp_path, "--epochs", "8", "--hook", hook)
+def test_every_hook_trains_digits_and_resumes_from_the_checkpoint(tmp_path, hook: str) -> None:
+    first = _torchrun(tmp_path, "--epochs", "7", "--hook", hook)
+    summary = _torchrun(tmp_path, "--epochs", "8", "--hook", hook, "--resume")
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(8))  # the resumed run appended epoch 7 only
+    assert summary["steps"] == first["steps"] * 8 // 7
     assert summary["replicas_identical"], summary["parameter_digests"]
     assert summary["accuracy"] >= 0.95, summary
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 8 and rows[-1]["world_size"] == 2 and rows[-1]["backend"] == "gloo"
+    assert rows[-1]["world_size"] == 2 and rows[-1]["backend"] == "gloo"
     if hook.startswith(("qsgd", "topk")):  # Fedge codecs report real payload bytes per step
         assert 0 < rows[-1]["payload_bytes_per_step"] < rows[-1]["dense_gradient_bytes_per_step"] / 5
-
-
-def test_resume_continues_from_the_checkpoint(tmp_path) -> None:
-    _torchrun(tmp_path, "--epochs", "1")
-    first = json.loads((tmp_path / "summary.json").read_text())
-    resumed = _torchrun(tmp_path, "--epochs", "2", "--resume")
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [0, 1]
-    assert resumed["steps"] == 2 * first["steps"]
 
 
 def test_powersgd_on_gloo_refuses_several_buckets(tmp_path) -> None:

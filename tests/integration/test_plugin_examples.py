@@ -1,5 +1,6 @@
 """The plugin examples (examples/plugins) in one run on Flower's simulation engine: every process
-(the ServerApp, each ClientApp) loads them through the ``plugins`` setting, from the app bundle."""
+(the ServerApp, each ClientApp) loads them through the ``plugins`` setting, from the app bundle.
+No edge bundle (``--export-bundle ""``): the export is tested on its own, and costs ~9 CPU-s a run."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_all_three_plugins_run_on_the_simulation_engine(tmp_path, assert_no_left
     done = subprocess.run(
         [str(Path(sys.executable).parent / "fedge"), "demo", "--plugins", "int8_codec,geomedian,decaying_fedavg",
          "--codec", "int8sym", "--aggregator", "geomedian", "--algorithm", "fedavg_decay:decay=0.9",
-         "--clients", "4", "--rounds", "3", "--run-dir", str(run)],
+         "--clients", "4", "--rounds", "3", "--export-bundle", "", "--run-dir", str(run)],
         cwd=PLUGINS, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_no_leftovers(run / "flwr-home")
@@ -46,7 +47,7 @@ def test_a_plugin_algorithm_runs_with_secure_aggregation_on_the_simulation_engin
     done = subprocess.run(
         [str(Path(sys.executable).parent / "fedge"), "demo", "--plugins", "decaying_fedavg",
          "--algorithm", "fedavg_decay:decay=0.9", "--secure-aggregation", "secagg:bits=8,clip=0.2,weight-cap=256",
-         "--clients", "4", "--rounds", "2", "--run-dir", str(run)],
+         "--clients", "4", "--rounds", "2", "--export-bundle", "", "--run-dir", str(run)],
         cwd=PLUGINS, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_no_leftovers(run / "flwr-home")
