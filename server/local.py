@@ -30,6 +30,8 @@ from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
+from fedge.tasks import make_task
+from fedge.tasks.partition import CACHE_ENV, partition_indices
 
 __all__ = ["EngineError", "LaunchResult", "launch"]
 
@@ -104,6 +106,9 @@ def launch(
     # on this machine (ray.init() would otherwise join it and refuse Flower's num_cpus), even when
     # the caller's environment names one: only ``ray_address`` selects a cluster
     env["RAY_ADDRESS"] = ray_address or "local"
+    if not ray_address:  # a Ray cluster's other machines have no such directory
+        env[CACHE_ENV] = str(run_dir / "partitions")
+        _share_partitions(settings, num_supernodes, run_dir / "partitions")
     started = time.monotonic()
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
     if security is not None:
@@ -151,6 +156,20 @@ def launch(
         seconds=time.monotonic() - started,
         logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
     )
+
+
+def _share_partitions(settings: RunSettings, num_partitions: int, directory: Path) -> None:
+    """Draw the run's partitions once, here, into the directory every process of the run reads them
+    from (``FEDGE_PARTITION_CACHE``, ``fedge.tasks.partition``): otherwise each Ray actor and each
+    SuperNode imports flwr-datasets (~1.8 CPU-s) and draws the same split again. Only a speed-up: a
+    task this process cannot build (a user's module found only in the app) is drawn by the nodes."""
+    try:
+        task = make_task(settings.task)
+        pool = task.train_pool()
+        partition_indices(task.partition_labels(pool), settings.partitioning, num_partitions, 0,
+                          size=len(pool), cache_dir=directory)  # type: ignore[arg-type]
+    except Exception as err:  # noqa: BLE001 - the nodes draw it themselves and report what fails
+        log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
 
 
 def _follow(

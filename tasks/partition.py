@@ -4,29 +4,50 @@ Partitioning specs: ``iid``, ``dirichlet:alpha=0.5`` (label skew, Hsu et al. 201
 ``pathological:classes=2`` (each client sees only a few classes, McMahan et al. 2017). A ``seed``
 parameter is accepted by all three (default 42). Nothing here downloads anything: the partitioners
 run over a ``datasets.Dataset`` built in memory from the pool's labels.
+
+Importing flwr-datasets costs ~1.8 CPU-s (its package imports its plotting helpers: matplotlib and
+seaborn), paid once in every process that partitions: each Ray actor of a simulation, each
+SuperNode's first ClientApp. A run can share one drawing instead: with a cache directory (the
+``cache_dir`` argument, or the ``FEDGE_PARTITION_CACHE`` environment variable that Fedge's launcher
+sets for the processes of a run and fills before they start), the indices of every partition are
+stored there once, under a key that holds the labels themselves, the spec and the count, and later
+processes read them without importing flwr-datasets. A cached file that does not match what it
+claims is redrawn, never trusted.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import logging
+import os
+import tempfile
+import zipfile
 from collections.abc import Sequence
 from functools import lru_cache, partial
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from datasets import ClassLabel, Dataset, Features, Value
-from flwr_datasets.partitioner import (
-    DirichletPartitioner,
-    IidPartitioner,
-    PathologicalPartitioner,
-    Partitioner,
-)
 
 from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec, parse_spec
 
-__all__ = ["partition_indices", "validate_partitioning"]
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
+
+__all__ = ["CACHE_ENV", "partition_indices", "validate_partitioning"]
+
+log = logging.getLogger(__name__)
+
+#: a directory where the processes of one run share their partition drawing (see the module docstring)
+CACHE_ENV = "FEDGE_PARTITION_CACHE"
+_CACHE_FORMAT = 1
 
 
 def _iid(num_partitions: int, seed: int = 42) -> tuple[Partitioner, int]:
+    from flwr_datasets.partitioner import IidPartitioner
+
     return IidPartitioner(num_partitions=num_partitions), seed
 
 
@@ -35,6 +56,8 @@ def _dirichlet(
 ) -> tuple[Partitioner, int]:
     if alpha <= 0:
         raise SpecError(f"dirichlet alpha must be > 0, got {alpha}")
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     partitioner = DirichletPartitioner(
         num_partitions=num_partitions,
         partition_by="label",
@@ -50,6 +73,8 @@ def _dirichlet(
 def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tuple[Partitioner, int]:
     # "first-deterministic" guarantees every class is used at least once; the random mode can leave
     # a class to no client at all.
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
     partitioner = PathologicalPartitioner(
         num_partitions=num_partitions,
         partition_by="label",
@@ -75,9 +100,27 @@ def _make(spec: str, num_partitions: int) -> tuple[Partitioner, int]:
 
 
 @lru_cache(maxsize=16)
-def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.ndarray, ...]:
+def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int,
+                    cache_dir: str | None = None) -> tuple[np.ndarray, ...]:
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    path = None
+    if cache_dir:
+        digest = hashlib.sha256(f"{_CACHE_FORMAT}|{spec}|{num_partitions}|".encode())
+        digest.update(np.asarray(labels, dtype=np.int64).tobytes())
+        path = Path(cache_dir) / f"partitions-{num_partitions}-{digest.hexdigest()[:32]}.npz"
+        cached = _read_cache(path, len(labels), num_partitions)
+        if cached is not None:
+            return cached
+    drawn = _draw(labels, spec, num_partitions)
+    if path is not None:
+        _write_cache(path, drawn)
+    return drawn
+
+
+def _draw(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.ndarray, ...]:
+    from datasets import ClassLabel, Dataset, Features, Value
+
     partitioner, seed = _make(spec, num_partitions)
     num_classes = max(labels) + 1 if labels else 1
     # IidPartitioner splits contiguous shards: shuffle the pool order first so shards are random.
@@ -93,13 +136,52 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int) -> 
     )
 
 
+def _read_cache(path: Path, size: int, num_partitions: int) -> tuple[np.ndarray, ...] | None:
+    """The cached partitions, or None (absent, or not what the name claims: logged and redrawn)."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            parts = tuple(np.asarray(stored[f"p{i}"]) for i in range(num_partitions))
+            if len(stored.files) != num_partitions:
+                raise ValueError(f"{len(stored.files)} arrays for {num_partitions} partitions")
+    except FileNotFoundError:
+        return None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        log.warning("partition cache %s unusable, drawing again: %s", path, err)
+        return None
+    seen = np.zeros(size, dtype=bool)
+    for part in parts:
+        if part.dtype != np.int64 or part.ndim != 1 or (part.size and (part.min() < 0 or part.max() >= size)) \
+                or seen[part].any():
+            log.warning("partition cache %s holds indices that are not disjoint ones of %d samples; drawing again",
+                        path, size)
+            return None
+        seen[part] = True
+    return parts
+
+
+def _write_cache(path: Path, parts: tuple[np.ndarray, ...]) -> None:
+    """Atomically (a reader sees the whole file or none); a cache that cannot be written is skipped."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{f"p{i}": part for i, part in enumerate(parts)})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+            handle.write(buffer.getvalue())
+        os.replace(handle.name, path)
+    except OSError as err:
+        log.warning("could not write the partition cache %s: %s", path, err)
+
+
 def partition_indices(
-    labels: Sequence[int] | None, spec: str, num_partitions: int, partition_id: int, size: int | None = None
+    labels: Sequence[int] | None, spec: str, num_partitions: int, partition_id: int, size: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> np.ndarray:
     """Indices into the pool (whose class labels are ``labels``) that belong to ``partition_id``.
 
     A task without class labels (``labels=None``, e.g. regression) has a pool of ``size`` samples
-    and can only be split ``iid``: the label-skew partitioners have nothing to skew."""
+    and can only be split ``iid``: the label-skew partitioners have nothing to skew.
+    ``cache_dir`` (default: the ``FEDGE_PARTITION_CACHE`` environment variable) shares the drawing
+    between processes (module docstring)."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} outside 0..{num_partitions - 1}")
     if labels is None:
@@ -109,4 +191,5 @@ def partition_indices(
         if size is None:
             raise ValueError("partition_indices needs the pool size when there are no labels")
         labels = (0,) * size
-    return _all_partitions(tuple(int(v) for v in labels), spec, num_partitions)[partition_id]
+    directory = os.fspath(cache_dir) if cache_dir else os.environ.get(CACHE_ENV) or None
+    return _all_partitions(tuple(int(v) for v in labels), spec, num_partitions, directory)[partition_id]

@@ -71,6 +71,8 @@ def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_n
     assert last["uplink_bytes"] < last["uplink_fp32_bytes"] / 7  # 4-bit payloads, headers included
     assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
     assert (result.run_dir / "model.pt").exists() and (result.run_dir / "algorithm.json").exists()
+    # the launcher drew the split once for every actor (tasks/partition.py)
+    assert len(list((result.run_dir / "partitions").glob("partitions-4-*.npz"))) == 1
 
 
 @pytest.mark.slow

@@ -1,3 +1,8 @@
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +80,48 @@ def test_evaluate_counts_correct_predictions() -> None:
         logits = model(test.x)
     assert figures["accuracy"] == pytest.approx(float((logits.argmax(1) == test.y).float().mean()))
     assert figures["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, test.y)), rel=1e-5)
+
+
+def test_a_runs_processes_share_one_partition_drawing_through_the_cache(tmp_path) -> None:
+    """The launcher draws once into the run's cache; a node process then reads its indices without
+    importing flwr-datasets (~1.8 CPU-s per process), and they are the indices it would draw."""
+    labels = make_task("digits").partition_labels(make_task("digits").train_pool())
+    drawn = [partition_indices(labels, "dirichlet:alpha=0.5", 4, i) for i in range(4)]
+    partition_indices(labels, "dirichlet:alpha=0.5", 4, 0, cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("partitions-4-*.npz")
+    probe = ("import sys, json; from fedge.tasks import make_task; t = make_task('digits'); "
+             "p = t.partition(2, 4, 'dirichlet:alpha=0.5'); "
+             "print(json.dumps(['flwr_datasets' in sys.modules, len(p)]))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "FEDGE_PARTITION_CACHE": str(tmp_path)})
+    imported, size = json.loads(done.stdout)
+    assert not imported and size == len(drawn[2])
+    # another spec, count or label set is another file: never one run's split for another's
+    partition_indices(labels, "iid", 4, 0, cache_dir=tmp_path)
+    partition_indices(labels[:-1], "dirichlet:alpha=0.5", 4, 0, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("partitions-*.npz"))) == 3 and cached.exists()
+
+
+@pytest.mark.parametrize("tamper", ["garbage", "overlap", "out-of-range", "missing"])
+def test_a_cached_partition_that_is_not_what_it_claims_is_drawn_again(tmp_path, caplog, tamper: str) -> None:
+    from fedge.tasks.partition import _all_partitions
+
+    labels = tuple(int(v) for v in make_task("digits").partition_labels(make_task("digits").train_pool()))
+    truth = partition_indices(labels, "iid", 3, 1)
+    partition_indices(labels, "iid", 3, 1, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("partitions-3-*.npz")
+    parts = [np.load(path)[f"p{i}"] for i in range(3)]
+    if tamper == "garbage":
+        path.write_bytes(b"PK\x03\x04 not a zip file")
+    elif tamper == "overlap":  # one sample in two partitions
+        np.savez(path, p0=parts[0], p1=np.concatenate([parts[1], parts[0][:1]]), p2=parts[2])
+    elif tamper == "out-of-range":
+        np.savez(path, p0=parts[0], p1=np.append(parts[1], len(labels)), p2=parts[2])
+    else:
+        np.savez(path, p0=parts[0], p1=parts[1])
+    _all_partitions.cache_clear()  # a new process: nothing held in memory
+    with caplog.at_level("WARNING", logger="fedge.tasks.partition"):
+        again = partition_indices(labels, "iid", 3, 1, cache_dir=tmp_path)
+    assert np.array_equal(again, truth)
+    assert "drawing again" in caplog.text
+    assert np.array_equal(np.load(path)["p1"], truth)  # and the cache holds the true drawing again
