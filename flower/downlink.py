@@ -145,13 +145,24 @@ class ServerDownlink:
             return
         answered = set()
         for reply in replies:
-            node = reply.metadata.src_node_id
-            answered.add(node)
-            version = self.sent.pop(node, None)
-            if reply.has_error() or version is None:  # with a named start model: ship it once
-                self.broadcast.forget(node, base=self.start is not None and reply.has_error())
-            else:
-                self.broadcast.confirm(node, version)
+            answered.add(reply.metadata.src_node_id)
+            self.settle_reply(reply)
         for node in [n for n in self.sent if n not in answered]:
-            del self.sent[node]
+            self.lost(node)
+
+    def settle_reply(self, reply: Message) -> None:
+        """One reply, as it arrives (asynchronous strategies: the other nodes are still training)."""
+        if self.broadcast is None:
+            return
+        node = reply.metadata.src_node_id
+        version = self.sent.pop(node, None)
+        if reply.has_error() or version is None:  # with a named start model: ship it once
+            self.broadcast.forget(node, base=self.start is not None and reply.has_error())
+        else:
+            self.broadcast.confirm(node, version)
+
+    def lost(self, node: int) -> None:
+        """A node whose reply never came: its copy is unknown, so it gets a snapshot next time."""
+        self.sent.pop(node, None)
+        if self.broadcast is not None:
             self.broadcast.forget(node)

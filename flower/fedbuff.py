@@ -11,7 +11,13 @@ counted), and buffered. After ``buffer`` updates the buffer's weighted mean move
 ``server_lr`` and a new version is published; the node that replied gets the new model at once.
 ``FedAsync`` is ``buffer=1`` with a mixing rate: x ← x + α·s(τ)·Δ (Xie et al. 2019).
 
-    strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4")
+With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
+each message carries the lattice change that brings its node's copy to the current version, a
+catch-up over the versions it missed while it trained, or a snapshot (``fedge.flower.downlink``);
+updates are then deltas from that public copy, and the exact model moves by them. A reply settles
+its own node's copy as it arrives, while the other nodes are still training.
+
+    strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
     result = strategy.start(grid, initial_arrays=arrays, num_versions=60, evaluate_fn=global_evaluate)
 
 ``start`` returns Flower's own :class:`Result` (indexed by version) and logs each version as
@@ -35,6 +41,7 @@ from flwr.serverapp.strategy import Result
 
 from fedge.aggregation.staleness import Staleness
 from fedge.compression import Codec, SpecError, make_codec
+from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
 from fedge.flower.records import ARRAYS, RAW_RECORD, UPDATE_RECORD
@@ -58,7 +65,7 @@ class FedBuff:
     def __init__(self, concurrency: int = 8, buffer: int = 4, uplink: str | None = "qsgd:bits=4",
                  staleness: Staleness | None = None, server_lr: float = 1.0,
                  weighted_by_key: str = "num-examples", seed: int = 0, reply_timeout: float = 600.0,
-                 poll_interval: float = 0.1) -> None:
+                 poll_interval: float = 0.1, downlink: str = "none", start: str | None = None) -> None:
         if concurrency < 1 or buffer < 1:
             raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
         if uplink is not None:
@@ -66,12 +73,15 @@ class FedBuff:
                 make_codec(uplink)
             except (SpecError, ValueError) as err:
                 raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+        ServerDownlink(downlink, start=start)  # an unknown downlink is refused here, not mid-run
         if not (server_lr > 0 and reply_timeout > 0 and poll_interval > 0):
             raise ValueError("server_lr, reply_timeout and poll_interval must be positive")
         self.concurrency, self.buffer, self.uplink = int(concurrency), int(buffer), uplink
         self.staleness = staleness or Staleness()
         self.server_lr, self.weighted_by_key, self.seed = float(server_lr), weighted_by_key, int(seed)
         self.reply_timeout, self.poll_interval = float(reply_timeout), float(poll_interval)
+        self.downlink_spec, self.start_spec = downlink, start
+        self.downlink_bytes = 0  # model records sent (fp32 arrays, or lattice, base and raw arrays)
         self.refused: list[tuple[int, int, str]] = []  # (version, node, reason)
         self.dropped_stale = 0
         self.uplink_bytes = 0
@@ -81,8 +91,9 @@ class FedBuff:
         return self.server_lr * mean
 
     def summary(self) -> None:
-        log.info("\t├── %s: concurrency %d, buffer %d, uplink %s, %s, server lr %g", type(self).__name__,
-                 self.concurrency, self.buffer, self.uplink or "fp32", self.staleness.spec, self.server_lr)
+        log.info("\t├── %s: concurrency %d, buffer %d, uplink %s, downlink %s, %s, server lr %g",
+                 type(self).__name__, self.concurrency, self.buffer, self.uplink or "fp32", self.downlink_spec,
+                 self.staleness.spec, self.server_lr)
 
     # -- the run --------------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_versions: int,
@@ -94,7 +105,8 @@ class FedBuff:
         layout = Layout(initial_arrays)
         codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
-        sent_models: dict[int, np.ndarray] = {0: model}  # versions still referenced by messages in flight
+        downlink = ServerDownlink(self.downlink_spec, start=self.start_spec)  # this run's copies of the nodes
+        sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
@@ -113,16 +125,23 @@ class FedBuff:
             wanted = idle[: max(0, self.concurrency - len(flights))]
             if wanted:
                 arrays = like if version == 0 else layout.rebuild(model, like)
+                public = downlink.public(arrays)  # with a lattice: the copy the nodes train from
                 messages = [self._message(node, arrays, layout, version, train_config) for node in wanted]
+                messages = downlink.attach(messages, arrays)
                 for mid, message in zip(grid.push_messages(messages), messages, strict=True):
+                    node = message.metadata.dst_node_id
                     if mid:
-                        flights[str(mid)] = _InFlight(message.metadata.dst_node_id, version, clock())
-                sent_models.setdefault(version, model)
+                        flights[str(mid)] = _InFlight(node, version, clock())
+                    else:
+                        downlink.lost(node)
+                sent_models.setdefault(version, model if public is None else public)
+                self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
             replies = list(grid.pull_messages(list(flights))) if flights else []
             for reply in replies:
                 flight = flights.pop(reply.metadata.reply_to_message_id, None)
                 if flight is None:
                     continue
+                downlink.settle_reply(reply)
                 update = self._update(reply, flight, layout, codec, sent_models)
                 if update is None:
                     continue
@@ -154,6 +173,7 @@ class FedBuff:
             for mid, flight in list(flights.items()):
                 if now - flight.sent > self.reply_timeout:
                     del flights[mid]
+                    downlink.lost(flight.node)
                     self.refused.append((version, flight.node, f"no reply within {self.reply_timeout:g} s"))
             live = {f.version for f in flights.values()} | {version}
             for old in [v for v in sent_models if v not in live]:
@@ -219,6 +239,7 @@ class FedBuff:
                 out[key] = float(np.average(values, weights=weights))
         out["staleness-mean"] = float(np.mean([t for _, _, t in buffered]))
         out["fedge-uplink-bytes"] = float(self.uplink_bytes)
+        out["fedge-downlink-bytes"] = float(self.downlink_bytes)
         out["fedge-dropped-stale"] = float(self.dropped_stale)
         return MetricRecord(out)
 

@@ -162,3 +162,59 @@ def test_the_servers_evaluate_fn_runs_for_every_version() -> None:
     result = FedBuff(concurrency=3, buffer=3).start(grid, _model(), 3, evaluate_fn=evaluate, clock=clock,
                                                     sleep=clock.sleep)
     assert seen == [0, 1, 2, 3] and sorted(result.evaluate_metrics_serverapp) == [0, 1, 2, 3]
+
+
+# ---- the lattice downlink -----------------------------------------------------------------------
+
+
+def test_with_the_lattice_downlink_nodes_train_from_the_public_copy_and_a_slow_one_catches_up(monkeypatch) -> None:
+    """Every message brings its node's copy to the current public version, bit for bit what the
+    server holds for it; the slow node, versions behind when it returns, gets a catch-up (not the
+    model); the downlink costs a fraction of fp32 and the run refuses nothing."""
+    import fedge.flower.fedbuff as fedbuff_module
+    from fedge.flower.downlink import ServerDownlink
+    from fedge.flower.records import DOWNLINK_RECORD
+
+    sent: dict[int, list[np.ndarray]] = {}
+    kinds: dict[int, list[str]] = {}
+
+    class Recording(ServerDownlink):
+        def attach(self, messages, arrays):  # type: ignore[no-untyped-def]
+            messages = list(messages)
+            for m in messages:
+                node = m.metadata.dst_node_id
+                sent.setdefault(node, []).append(self.broadcast.public.numpy().copy())
+                kinds.setdefault(node, []).append(self.broadcast.message_for(node).kind)
+            return super().attach(messages, arrays)
+
+    monkeypatch.setattr(fedbuff_module, "ServerDownlink", Recording)
+    clock, seen = Clock(), {}
+    latency = {11: 1.0, 12: 1.0, 13: 5.0}
+    pushed: list[bool] = []  # each message as it left: the lattice record, no fp32 model
+    grid = LatencyGrid({n: _user_app(seen=seen) for n in NODES}, latency, clock)
+    push = grid.push_messages
+
+    def push_and_check(messages):  # type: ignore[no-untyped-def]
+        pushed.extend("arrays" not in m.content and DOWNLINK_RECORD in m.content for m in messages)
+        return push(messages)
+
+    grid.push_messages = push_and_check  # type: ignore[method-assign]
+    strategy = FedBuff(concurrency=3, buffer=2, uplink="qsgd:bits=4", downlink="lattice:ratio=0.1")
+    result = _run(strategy, grid, 8, clock)
+    assert sorted(result.train_metrics_clientapp) == list(range(1, 9)) and not strategy.refused
+    assert pushed and all(pushed)
+    for node in NODES:  # the user's code got the server's public copy, bit for bit
+        assert len(seen[node]) == len(sent[node])
+        for got, public in zip(seen[node], sent[node], strict=True):
+            flat = np.concatenate([got[k].numpy().ravel() for k in got if got[k].numpy().dtype.kind == "f"])
+            assert np.array_equal(flat, public)
+    assert kinds[13][0] == "snapshot" and "catch-up" in kinds[13][1:]  # back several versions later
+    fp32 = sum(len(a.data) for a in _model().values())
+    downlink = result.train_metrics_clientapp[8]["fedge-downlink-bytes"]
+    assert 0 < downlink < 0.4 * len(pushed) * fp32, (downlink, len(pushed) * fp32)
+    assert all(np.isfinite(a.numpy()).all() for a in result.arrays.values())
+
+
+def test_fedbuff_refuses_an_unknown_downlink_when_built() -> None:
+    with pytest.raises(ValueError, match="downlink codec"):
+        FedBuff(downlink="lattice:ratio=2")
