@@ -79,19 +79,21 @@ def main(grid: Grid, context: Context) -> None:
         timeline.append([version, float(metrics["accuracy"]), time.monotonic() - started])
         return metrics
 
+    downlink = str(config["downlink"])
     if config["strategy"] == "fedbuff":
         concurrency, buffer = int(config["concurrency"]), int(config["buffer"])
-        FedBuff(concurrency=concurrency, buffer=buffer, uplink=uplink).start(
+        result = FedBuff(concurrency=concurrency, buffer=buffer, uplink=uplink, downlink=downlink).start(
             grid, initial_arrays=arrays, num_versions=rounds * concurrency // buffer, train_config=train_config,
             evaluate_fn=evaluate)
     else:
         nodes = int(config["concurrency"])
         strategy = compressed(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes,
-                                     min_available_nodes=nodes), uplink=uplink, downlink="none")
-        strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
-                       evaluate_fn=evaluate)
+                                     min_available_nodes=nodes), uplink=uplink, downlink=downlink)
+        result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
+                                evaluate_fn=evaluate)
     with open(str(config["results"]), "w", encoding="utf-8") as handle:
-        json.dump(timeline, handle)
+        json.dump({"timeline": timeline,
+                   "train": {v: dict(m) for v, m in result.train_metrics_clientapp.items()}}, handle)
 '''
 
 CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the straggler partitions."""
@@ -125,11 +127,11 @@ def bench_app(tmp: Path) -> Path:
     return app
 
 
-def run_app(app: Path, args: argparse.Namespace, strategy: str, tmp: Path) -> dict:
+def run_app(app: Path, args: argparse.Namespace, strategy: str, tmp: Path, downlink: str = "none") -> dict:
     """The user's app on Flower's simulation engine, one Ray actor per client."""
     home, results = tmp / f"home-{strategy}", tmp / f"{strategy}.json"
     config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": args.lr,
-              "dirichlet-alpha": args.alpha, "uplink": args.codec, "downlink": "none", "start": "",
+              "dirichlet-alpha": args.alpha, "uplink": args.codec, "downlink": downlink, "start": "",
               "strategy": strategy, "concurrency": args.clients, "buffer": max(1, args.clients // 2),
               "stragglers": args.stragglers, "results": str(results)}
     started = time.monotonic()
@@ -143,12 +145,14 @@ def run_app(app: Path, args: argparse.Namespace, strategy: str, tmp: Path) -> di
         flower.follow(runner, time.monotonic() + args.timeout)
         if runner.popen.returncode != 0:
             raise SystemExit(f"app {strategy}: flwr run failed:\n{runner.log_tail(40)}")
-    timeline = json.loads(results.read_text())
+    data = json.loads(results.read_text())
+    timeline = data["timeline"]
     accuracy = [a for _, a, _ in timeline[1:]]  # version 0 is the initial model
     elapsed = [s for _, _, s in timeline[1:]]
     return {"side": "your Flower app", "label": strategy, "versions": len(accuracy), "accuracy": accuracy,
             "elapsed": elapsed, "time_to_target": time_to(args.target, accuracy, elapsed),
-            "final_accuracy": accuracy[-1], "best_accuracy": max(accuracy), "wall_seconds": time.monotonic() - started}
+            "final_accuracy": accuracy[-1], "best_accuracy": max(accuracy), "wall_seconds": time.monotonic() - started,
+            "train_metrics": data["train"]}
 
 
 def run_engine(args: argparse.Namespace, label: str, algorithm: str, tmp: Path) -> dict:

@@ -75,3 +75,26 @@ def test_the_example_runs_as_docs_flower_md_says_and_the_diff_is_four_lines(tmp_
     # (its fp32 ArrayRecord is 153 KB: 38,282 coordinates)
     downlink = [float(v) for v in re.findall(r"'fedge-downlink-bytes': ([0-9.e+]+)", log)]
     assert len(downlink) == 3 and all(0 < d < 0.05 * 2 * 153_000 for d in downlink), log[-4000:]
+
+
+@pytest.mark.slow
+def test_fedbuff_from_the_apps_serverapp_with_the_lattice_downlink_on_the_simulation_engine(tmp_path: Path) -> None:
+    """``fedge.flower.FedBuff`` called from a user's ServerApp on Flower's simulation engine (real
+    SuperLink, Ray actors), a quarter of the clients slowed, the model sent as lattice changes:
+    every version is published, the model learns, and the downlink is a fraction of fp32's."""
+    import argparse
+    import json
+
+    from bench.flower_app import fp32_bytes
+    from bench.flower_stragglers import bench_app, run_app
+
+    args = argparse.Namespace(rounds=3, local_epochs=2, lr=0.05, alpha=0.5, codec="qsgd:bits=4", clients=4,
+                              stragglers="fraction=0.25,slowdown=3", target=0.5, timeout=400)
+    run = run_app(bench_app(tmp_path), args, "fedbuff", tmp_path, downlink="lattice:ratio=0.1")
+    assert run["versions"] == 3 * 4 // 2
+    # six versions of two updates learn (random is 0.1)
+    assert run["best_accuracy"] > 0.3 and all(a == a for a in run["accuracy"])
+    last = run["train_metrics"][str(run["versions"])]
+    fp32 = fp32_bytes(APP)  # the app's model as Flower serializes it
+    messages = run["versions"] * 2 + 4  # a buffer of 2 per version, plus the 4 first messages, at most
+    assert 0 < last["fedge-downlink-bytes"] < 0.5 * messages * fp32, json.dumps(last)
