@@ -11,8 +11,9 @@ SuperNode's first ClientApp. A run can share one drawing instead: with a cache d
 ``cache_dir`` argument, or the ``FEDGE_PARTITION_CACHE`` environment variable that Fedge's launcher
 sets for the processes of a run and fills before they start), the indices of every partition are
 stored there once, under a key that holds the labels themselves, the spec and the count, and later
-processes read them without importing flwr-datasets. A cached file that does not match what it
-claims is redrawn, never trusted.
+processes read them without importing flwr-datasets. A cached file that is not a drawing of its
+labels' pool (one array per partition, disjoint in-range indices) is drawn again; the directory is
+trusted as the run directory that holds it is.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _read_cache(path: Path, size: int, num_partitions: int) -> tuple[np.ndarray,
     seen = np.zeros(size, dtype=bool)
     for part in parts:
         if part.dtype != np.int64 or part.ndim != 1 or (part.size and (part.min() < 0 or part.max() >= size)) \
-                or seen[part].any():
+                or seen[part].any() or np.unique(part).size != part.size:
             log.warning("partition cache %s holds indices that are not disjoint ones of %d samples; drawing again",
                         path, size)
             return None
@@ -163,13 +164,17 @@ def _write_cache(path: Path, parts: tuple[np.ndarray, ...]) -> None:
     """Atomically (a reader sees the whole file or none); a cache that cannot be written is skipped."""
     buffer = io.BytesIO()
     np.savez(buffer, **{f"p{i}": part for i, part in enumerate(parts)})
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+            temporary = handle.name
             handle.write(buffer.getvalue())
-        os.replace(handle.name, path)
+        os.replace(temporary, path)
     except OSError as err:
         log.warning("could not write the partition cache %s: %s", path, err)
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
 
 
 def partition_indices(

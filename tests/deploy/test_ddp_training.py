@@ -64,7 +64,8 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch(tmp_path) -> None:
 # PowerSGD's gloo refusal stays in the default suite. Each run stops after 7 of its 8 epochs and a
 # second launch resumes from the checkpoint (one test for both: every torchrun launch costs ~8 CPU-s
 # of process starts on this machine). A hook's own state (error feedback, PowerSGD's factors) is not
-# in the checkpoint: the resumed run starts it afresh, as PyTorch's hooks do.
+# in the checkpoint (nor in a model's or optimizer's state_dict, for PyTorch's own hooks): a resumed run
+# starts it afresh.
 @pytest.mark.parametrize("hook", [pytest.param("allreduce", marks=pytest.mark.slow),
                                   pytest.param("fp16", marks=pytest.mark.slow),
                                   pytest.param("powersgd:rank=4,start=10", marks=pytest.mark.slow), "qsgd:bits=4",

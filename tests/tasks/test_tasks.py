@@ -102,7 +102,7 @@ def test_a_runs_processes_share_one_partition_drawing_through_the_cache(tmp_path
     assert len(list(tmp_path.glob("partitions-*.npz"))) == 3 and cached.exists()
 
 
-@pytest.mark.parametrize("tamper", ["garbage", "overlap", "out-of-range", "missing"])
+@pytest.mark.parametrize("tamper", ["garbage", "overlap", "repeat", "out-of-range", "missing"])
 def test_a_cached_partition_that_is_not_what_it_claims_is_drawn_again(tmp_path, caplog, tamper: str) -> None:
     from fedge.tasks.partition import _all_partitions
 
@@ -115,6 +115,8 @@ def test_a_cached_partition_that_is_not_what_it_claims_is_drawn_again(tmp_path, 
         path.write_bytes(b"PK\x03\x04 not a zip file")
     elif tamper == "overlap":  # one sample in two partitions
         np.savez(path, p0=parts[0], p1=np.concatenate([parts[1], parts[0][:1]]), p2=parts[2])
+    elif tamper == "repeat":  # one sample twice in one partition
+        np.savez(path, p0=parts[0], p1=np.concatenate([parts[1], parts[1][:1]]), p2=parts[2])
     elif tamper == "out-of-range":
         np.savez(path, p0=parts[0], p1=np.append(parts[1], len(labels)), p2=parts[2])
     else:
