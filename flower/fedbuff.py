@@ -107,6 +107,7 @@ class FedBuff:
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         downlink = ServerDownlink(self.downlink_spec, start=self.start_spec)  # this run's copies of the nodes
         sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
+        published: tuple[int, np.ndarray | None] | None = None  # (version, public copy) sent to the nodes
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
@@ -124,8 +125,10 @@ class FedBuff:
             rng.shuffle(idle)
             wanted = idle[: max(0, self.concurrency - len(flights))]
             if wanted:
-                arrays = like if version == 0 else layout.rebuild(model, like)
-                public = downlink.public(arrays)  # with a lattice: the copy the nodes train from
+                arrays = result.arrays  # the current version, built once when it was published
+                if published is None or published[0] != version:  # with a lattice: the copy nodes train from
+                    published = (version, downlink.public(arrays))
+                public = published[1]
                 messages = [self._message(node, arrays, layout, version, train_config) for node in wanted]
                 messages = downlink.attach(messages, arrays)
                 for mid, message in zip(grid.push_messages(messages), messages, strict=True):

@@ -119,6 +119,7 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int,
     return drawn
 
 
+@lru_cache(maxsize=16)  # a process that drew a split (the CLI's preflight) reuses it to fill a cache
 def _draw(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.ndarray, ...]:
     from datasets import ClassLabel, Dataset, Features, Value
 
