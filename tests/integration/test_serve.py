@@ -27,6 +27,7 @@ from fedge.deploy.certs import init_ca, issue_server_certificate, make_node_key
 from fedge.server.run.checkpoint import CheckpointStore
 from fedge.launcher.environment import flower_environment
 from fedge.launcher.federation import supernode_argv
+from fedge.launcher.isolation import supernode_isolation_argv, warm_executor_argv, write_secret
 from fedge.launcher.processes import ProcessGroup, free_port, processes_with_env
 from fedge.tasks import make_task
 from tests.integration.waiting import wait_for
@@ -80,7 +81,7 @@ tls-ca = "certs/ca.crt"
 tls-cert = "certs/server.crt"
 tls-key = "certs/server.key"
 register-keys = ["certs/device-0.pub", "certs/device-1.pub", "certs/device-2.pub"]
-node-poll-seconds = 5
+node-poll-seconds = 15
 stop-grace-seconds = 240
 
 [run]
@@ -107,13 +108,18 @@ round-timeout = 240
         for i in range(2):
             devices.append(_start(join(i), tmp_path / f"join-{i}.log", env))
         # the third device corrupts every update (Fedge's fault mod through its node config): a real
-        # SuperNode, registered, whose replies the coordinator must reject and count
+        # SuperNode, registered, whose replies the coordinator must reject and count. Its messages
+        # run warm, as `fedge-edge join` runs them (one import of torch, not one per message).
         faulty_home = tmp_path / "device-2" / "flwr-home"
+        secret = write_secret(tmp_path / "device-2" / "superexec.secret")
         with ProcessGroup(tmp_path / "device-2" / "logs", env=flower_environment(faulty_home)) as faulty:
+            runtime_port = free_port()
             faulty.start("supernode", supernode_argv(
-                f"127.0.0.1:{port}", free_port(),
+                f"127.0.0.1:{port}", runtime_port,
                 f'data="{tmp_path / "device-2.npz"}" fault="truncate" state-dir="{tmp_path / "device-2"}"',
-                root_cert=certs / "ca.crt", auth_key=certs / "device-2"))
+                root_cert=certs / "ca.crt", auth_key=certs / "device-2",
+                extra=supernode_isolation_argv("warm", secret)))
+            faulty.start("warm-executor", warm_executor_argv([(f"127.0.0.1:{runtime_port}", faulty_home)], secret))
             wait_for(lambda: _scrape(metrics_port)["fedge_rounds_completed_total"] >= 1, 300, "round 1 on /metrics")
             first = _scrape(metrics_port)
             daemon.send_signal(signal.SIGTERM)
