@@ -20,6 +20,11 @@ __all__ = ["PrivacyLedger", "SkellamLedger"]
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's RDP warns per excluded order
 
+#: The PLD's grid of privacy-loss values. Its rounding is pessimistic, so a coarser grid still bounds
+#: epsilon from above; 1e-3 instead of dp-accounting's 1e-4 moved epsilon = 8.0067 (q = 0.1, z = 0.729,
+#: 30 rounds) by +6e-6 and took a tenth of the CPU (0.08 s instead of 0.7 s; every row asks).
+PLD_INTERVAL = 1e-3
+
 
 def _event(q: float, z: float):  # type: ignore[no-untyped-def]
     import dp_accounting
@@ -64,7 +69,7 @@ class PrivacyLedger:
 
         if not self.rounds:
             return 0.0
-        accountant = pld.PLDAccountant()
+        accountant = pld.PLDAccountant(value_discretization_interval=PLD_INTERVAL)
         accountant.compose(self._composed())
         return float(accountant.get_epsilon(self.delta))
 

@@ -1,7 +1,9 @@
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from fedge.compression import HEADER_SIZE, SpecError, available_codecs, make_codec
 from fedge.compression.qsgd import QSGDCodec
@@ -9,14 +11,17 @@ from tests.compression.specs import ALL, QUANTIZERS
 
 SPECS = ALL
 
+# float32 arrays of 1-700 values in [-1e3, 1e3]. Hypothesis's array strategy draws a fill value and
+# then individual elements (edge values included): a fifth of the time of drawing 700 floats one by
+# one, which was half of each of these tests' cost.
 vectors = st.integers(1, 700).flatmap(
-    lambda n: st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=n, max_size=n)
+    lambda n: hnp.arrays(np.float32, n, elements=st.floats(-1e3, 1e3, allow_nan=False, width=32))
 )
 
 
 @pytest.mark.parametrize("spec", SPECS)
 @given(values=vectors)
-def test_round_trip_shape_and_exact_size(spec: str, values: list[float]) -> None:
+def test_round_trip_shape_and_exact_size(spec: str, values: np.ndarray) -> None:
     codec = make_codec(spec)
     x = torch.tensor(values, dtype=torch.float32)
     payload = codec.encode(x, torch.Generator().manual_seed(1))
@@ -30,14 +35,14 @@ def test_round_trip_shape_and_exact_size(spec: str, values: list[float]) -> None
 
 
 @given(values=vectors)
-def test_fp32_is_lossless(values: list[float]) -> None:
+def test_fp32_is_lossless(values: np.ndarray) -> None:
     x = torch.tensor(values, dtype=torch.float32)
     codec = make_codec("none")
     assert torch.equal(codec.decode(codec.encode(x), x.numel()), x)
 
 
 @given(values=vectors)
-def test_fp16_error_is_half_precision_rounding(values: list[float]) -> None:
+def test_fp16_error_is_half_precision_rounding(values: np.ndarray) -> None:
     x = torch.tensor(values, dtype=torch.float32)
     codec = make_codec("fp16")
     decoded = codec.decode(codec.encode(x), x.numel())
@@ -55,17 +60,19 @@ def test_codecs_that_claim_unbiasedness_are_unbiased(spec: str) -> None:
     assert ((samples.mean(0) - x).abs() <= 5 * standard_error + 1e-6).all()
 
 
-@pytest.mark.parametrize("spec", [s for s in ALL if not make_codec(s).unbiased])
+_RANDOM_ERROR = ("terngrad", "grid", "randk:ratio=0.1,seed=5+")  # see the docstring below
+
+
+@pytest.mark.parametrize("spec", [s for s in ALL if not make_codec(s).unbiased and not s.startswith(_RANDOM_ERROR)])
 @given(values=vectors)
-def test_biased_codecs_are_contractions(spec: str, values: list[float]) -> None:
+def test_biased_codecs_are_contractions(spec: str, values: np.ndarray) -> None:
     """|C(x) - x|^2 <= |x|^2: what error feedback needs (top-k, sign, 1-bit, dense rounding).
 
-    Stochastic biased codecs (TernGrad's and the fixed grid's clipping) are checked on average in
-    tests of their own; a fixed grid is no contraction near 0 (its levels need not include 0).
+    Left out: codecs whose error is random and bounded only on average (TernGrad, random-k followed
+    by stochastic rounding), for which one draw may exceed |x|^2, and the fixed grid, which is no
+    contraction near 0 (its levels need not include 0).
     """
     codec = make_codec(spec)
-    if spec.startswith(("terngrad", "randk", "grid")):
-        return
     x = torch.tensor(values, dtype=torch.float32)
     err = (codec.decode(codec.encode(x), x.numel()) - x).double().pow(2).sum()
     assert err <= x.double().pow(2).sum() * (1 + 1e-5) + 1e-30

@@ -81,7 +81,8 @@ def test_process_age_of_a_fresh_process_is_its_age() -> None:
     if slowdown.process_age() is None:
         pytest.skip("no /proc on this platform: the handler's time is used")
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", "from edge_client.slowdown import process_age; print(process_age())"],
+    probe = "from fedge.edge_client.slowdown import process_age; print(process_age())"
+    done = subprocess.run([sys.executable, "-c", probe],
                           capture_output=True, text=True, timeout=120, check=True)
     elapsed = time.monotonic() - began
     age = float(done.stdout.strip())

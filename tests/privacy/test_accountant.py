@@ -12,7 +12,7 @@ from fedge.privacy.dp_spec import parse_differential_privacy
 
 def _independent(q: float, z: float, rounds: int, delta: float) -> tuple[float, float]:
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds)
-    r, p = rdp.RdpAccountant(), pld.PLDAccountant()
+    r, p = rdp.RdpAccountant(), pld.PLDAccountant()  # dp-accounting's default grid, 10x finer than the ledger's
     r.compose(event)
     p.compose(event)
     return r.get_epsilon(delta), p.get_epsilon(delta)
@@ -23,7 +23,8 @@ def test_epsilon_matches_an_independent_dp_accounting_computation(q, z, rounds, 
     ledger = PrivacyLedger(delta, [(q, z)] * rounds)
     expected_rdp, expected_pld = _independent(q, z, rounds, delta)
     assert ledger.epsilon_rdp() == pytest.approx(expected_rdp, rel=1e-9)
-    assert ledger.epsilon_pld() == pytest.approx(expected_pld, rel=1e-9)
+    # the ledger's coarser grid rounds pessimistically: never below the fine grid's figure, and close to it
+    assert expected_pld <= ledger.epsilon_pld() <= expected_pld * (1 + 1e-4)
     assert ledger.epsilon_pld() <= ledger.epsilon_rdp()  # PLD is the tighter one
 
 
