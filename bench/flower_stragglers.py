@@ -56,7 +56,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from fedge.flower import FedBuff, compressed
+from fedge.flower import FedBuff, compressed, secure
 
 from digitsapp.server_app import global_evaluate
 from digitsapp.task import Net
@@ -87,8 +87,11 @@ def main(grid: Grid, context: Context) -> None:
             evaluate_fn=evaluate)
     else:
         nodes = int(config["concurrency"])
-        strategy = compressed(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes,
-                                     min_available_nodes=nodes), uplink=uplink, downlink=downlink)
+        fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
+        if config["strategy"] == "secure":  # the uplink names the secure-aggregation spec
+            strategy = secure(fedavg, secure_aggregation=uplink)
+        else:
+            strategy = compressed(fedavg, uplink=uplink, downlink=downlink)
         result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
                                 evaluate_fn=evaluate)
     with open(str(config["results"]), "w", encoding="utf-8") as handle:
@@ -100,11 +103,12 @@ CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the
 
 from flwr.clientapp import ClientApp
 from fedge.edge_client.slowdown import slowdown_mod
-from fedge.flower import compression_mod
+from fedge.flower import compression_mod, secure_mod
 
 from digitsapp.client_app import train
 
-app = ClientApp(mods=[slowdown_mod, compression_mod])  # the slow clients are slow at encoding too
+# the slow clients are slow at encoding too; each mod passes through what the other's server sends
+app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod])
 app.train()(train)
 '''
 

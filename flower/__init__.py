@@ -11,11 +11,16 @@ received) encoded with Fedge's codec and error feedback kept in the node's ``Con
 wrapper decodes each reply back into the ``ArrayRecord`` the wrapped strategy expects, so any
 Message-API strategy (FedAvg, FedAdam, FedProx, FedMedian, Krum, ...) aggregates as it always does.
 ``FedBuff`` and ``FedAsync`` (``fedge.flower.fedbuff``) run asynchronous aggregation from the user's
-ServerApp against its Grid. Nothing here imports Fedge's coordinator (``fedge.server``).
+ServerApp against its Grid. ``secure(strategy, ...)`` with ``secure_mod`` on the ClientApp runs the
+round over Fedge's secure aggregation: the strategy aggregates only the survivors' sum
+(``fedge.flower.secure``). Nothing here imports Fedge's coordinator (``fedge.server``).
 """
 
 from fedge.flower.client_mod import compression_mod
 from fedge.flower.fedbuff import FedAsync, FedBuff
+from fedge.flower.secure import SecureStrategy, secure
+from fedge.flower.secure_mod import secure_mod
 from fedge.flower.strategy import CompressedStrategy, compressed
 
-__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "compressed", "compression_mod"]
+__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "SecureStrategy", "compressed", "compression_mod", "secure",
+           "secure_mod"]

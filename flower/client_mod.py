@@ -25,7 +25,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.compression import make_codec
-from fedge.flower.layout import Layout, LayoutError
+from fedge.flower.layout import Layout
 from fedge.flower.receive import receive_downlink
 from fedge.flower.records import (
     ARRAYS,
@@ -37,6 +37,7 @@ from fedge.flower.records import (
     SEED_KEY,
     UPDATE_RECORD,
 )
+from fedge.flower.user_update import train_user_update
 from fedge.protocol.records import payload_record
 
 __all__ = ["compression_mod"]
@@ -53,21 +54,11 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
         receive_downlink(msg, context)
     if not msg.metadata.message_type.startswith("train") or config is None or CODEC_KEY not in config:
         return call_next(msg, context)
-    received = msg.content.array_records.get(ARRAYS)
-    if received is None:
-        raise LayoutError(f"a compressed train message needs the model in its {ARRAYS!r} ArrayRecord")
-    layout = Layout(received)
-    if layout.digest != str(config[LAYOUT_KEY]):
-        raise LayoutError(f"the model's layout {layout.digest} is not the one the server described "
-                          f"({config[LAYOUT_KEY]})")
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply
-    trained = reply.content.array_records.get(ARRAYS)
-    if trained is None:
-        raise LayoutError(f"the train reply has no {ARRAYS!r} ArrayRecord to compress")
+    update = train_user_update(msg, context, call_next, "compress", digest=str(config[LAYOUT_KEY]))
+    if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
+        return update
+    reply, layout, trained, delta = update.reply, update.layout, update.trained, update.delta
     spec, server_round, seed = str(config[CODEC_KEY]), int(config[ROUND_KEY]), int(config[SEED_KEY])
-    delta = torch.from_numpy(layout.flatten(trained) - layout.flatten(received))
     wire = make_codec(spec).for_model(layout.sizes()).for_round(server_round, seed)
     memory = wire.make_memory(wire, layout.numel, _load_memory(context, spec, layout))
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["ARRAYS", "BASE_DIGEST_KEY", "BASE_RECORD", "CODEC_KEY", "DOWNLINK_DIGEST_KEY", "DOWNLINK_KEY",
            "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "LAYOUT_SPEC_KEY", "RAW_RECORD", "ROUND_KEY",
-           "SEED_KEY", "START_KEY", "UPDATE_RECORD"]
+           "SEED_KEY", "START_KEY", "UPDATE_RECORD", "WEIGHT_KEY"]
 
 #: the ArrayRecord key Flower's strategies put the model under (``Strategy.configure_train``)
 ARRAYS = "arrays"
@@ -31,3 +31,7 @@ LAYOUT_SPEC_KEY = "fedge.layout-spec"
 #: the start model a node builds itself (``module:callable@seed``), when the server named one
 START_KEY = "fedge.start"
 BASE_RECORD = "fedge.base"
+
+#: a secure round's train config: the metric of the reply that weighs the update (the wrapped
+#: strategy's ``weighted_by_key``; empty: every update weighs the same); the device masks it into the sum
+WEIGHT_KEY = "fedge.weight-key"

@@ -98,3 +98,23 @@ def test_fedbuff_from_the_apps_serverapp_with_the_lattice_downlink_on_the_simula
     fp32 = fp32_bytes(APP)  # the app's model as Flower serializes it
     messages = run["versions"] * 2 + 4  # a buffer of 2 per version, plus the 4 first messages, at most
     assert 0 < last["fedge-downlink-bytes"] < 0.5 * messages * fp32, json.dumps(last)
+
+
+@pytest.mark.slow
+def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path) -> None:
+    """``fedge.flower.secure(FedAvg(...))`` from a user's ServerApp and ``secure_mod`` on its
+    ClientApp, on Flower's simulation engine (real SuperLink, Ray actors): the key exchange and the
+    unmasking run as train messages on the user's grid, every round unmasks all three nodes' sum,
+    and the model learns from it."""
+    import argparse
+
+    from bench.flower_stragglers import bench_app, run_app
+
+    args = argparse.Namespace(rounds=3, local_epochs=2, lr=0.05, alpha=0.5,
+                              codec="secagg:bits=12,clip=0.5,weight-cap=64", clients=3, stragglers="none",
+                              target=0.5, timeout=400)
+    run = run_app(bench_app(tmp_path), args, "secure", tmp_path)
+    assert run["versions"] == 3 and run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
+    for version in ("1", "2", "3"):
+        metrics = run["train_metrics"][version]
+        assert metrics["fedge-secagg-survivors"] == 3 and metrics["fedge-uplink-bytes"] > 0, metrics

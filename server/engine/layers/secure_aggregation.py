@@ -1,5 +1,5 @@
 """Secure aggregation as a layer (``secure-aggregation = "secagg:..."``): the coordinator learns only
-the sum of a round's updates (``fedge.server.engine.secure_round`` runs the protocol's stages).
+the sum of a round's updates (``fedge.protocol.secure_round`` runs the protocol's stages).
 
 Around the algorithm's own step: before it configures, the layer runs the key agreement
 (advertise, share) and narrows the step to the devices that dealt their shares; it staples each
@@ -26,9 +26,10 @@ from fedge.privacy.errors import SecAggError
 from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
+from fedge.server.engine.dispatcher import Missing
 from fedge.server.engine.layers.base import Exchange, Failure, Layer
-from fedge.server.engine.secure_round import SecureRound
-from fedge.protocol.secagg import SECAGG_RECORD
+from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
+from fedge.protocol.secure_round import SecureRound, StageExchange
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -60,6 +61,16 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
         return ("update-norm bounds each decoded update, which the coordinator never sees under secure "
                 "aggregation; the shared grid's clip bounds every coordinate instead")
     return None
+
+
+def _stages(exchange: Exchange) -> StageExchange:
+    """The protocol's stages over the engine's dispatcher (``query.secagg`` messages)."""
+
+    def run(asks: list[tuple[int, Any]], timeout: float, label: str):  # type: ignore[no-untyped-def]
+        for item in exchange([Outgoing(node, content, SECAGG_MESSAGE_TYPE) for node, content in asks], timeout, label):
+            yield (item.node, item.reason) if isinstance(item, Missing) else item
+
+    return run
 
 
 @dataclass
@@ -139,8 +150,8 @@ class SecureAggregationLayer(Layer):
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
                                        self.pins, weighted=self.weighted, issuer=self.issuer,
                                        noise=self._noise(step.connected))
-            state.secure.advertise(exchange)
-            step.nodes = state.secure.share(exchange)
+            state.secure.advertise(_stages(exchange))
+            step.nodes = state.secure.share(_stages(exchange))
         except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
             self._abandon(step, state, error)
             step.nodes = []
@@ -175,7 +186,7 @@ class SecureAggregationLayer(Layer):
             return []
         try:
             survivors = state.secure.masked_inputs(state.uploads)
-            mean, count, _ = state.secure.unmask(exchange, survivors)
+            mean, count, _ = state.secure.unmask(_stages(exchange), survivors)
             step.aggregate.reveal(mean, count)
             tally.used = count
         except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing

@@ -1,7 +1,8 @@
-"""One round with secure aggregation on the coordinator: the four exchanges around the train message.
+"""One round with secure aggregation on a coordinator: the four exchanges around the train message.
 
-The engine runs the stages over the same dispatcher as every other message, each with its own
-timeout, and carries on with whoever answered: a device that misses the advertisement or the share
+The coordinator (Fedge's engine, or ``fedge.flower.secure`` in a user's ServerApp) runs each stage
+through a :data:`StageExchange` it provides, each with its own timeout, and carries on with whoever
+answered: a device that misses the advertisement or the share
 stage is simply not in the sum; one that dealt shares and then vanished (the hard case) has its
 pairwise masks removed from the survivors' uploads with the key shares its neighbours reveal. What
 the coordinator ends with is the exact sum of the survivors' quantized, weighted updates and the sum
@@ -36,7 +37,6 @@ from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
 from fedge.protocol.secagg import (
-    SECAGG_MESSAGE_TYPE,
     SECAGG_RECORD,
     config_bytes,
     pack_blobs,
@@ -44,14 +44,15 @@ from fedge.protocol.secagg import (
     plan_record,
     unpack_blobs,
 )
-from fedge.server.engine.algorithm import Outgoing
-from fedge.server.engine.dispatcher import Missing
 
-__all__ = ["SecureRound"]
+__all__ = ["SecureRound", "StageExchange", "check_noisy_range", "check_range"]
 
 log = logging.getLogger(__name__)
 
-Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+#: One stage: send each (node, content) as a ``query.secagg`` message and wait at most the timeout
+#: (seconds); the label names the stage in logs. Yields each reply, or (node, why) for one that did
+#: not come. The coordinator's own dispatcher, or a Flower ``Grid``, behind it.
+StageExchange = Callable[[list[tuple[int, RecordDict]], float, str], Iterable["Message | tuple[int, str]"]]
 
 
 def check_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
@@ -113,7 +114,7 @@ class SecureRound:
         self._inbox: dict[int, dict[int, bytes]] = {}
 
     # -- stage 1 ----------------------------------------------------------------------------------
-    def advertise(self, exchange: Exchange) -> None:
+    def advertise(self, exchange: StageExchange) -> None:
         ads: dict[int, bytes] = {}
         identities: dict[int, Ed25519PublicKey] = {}
         raw_keys: dict[int, bytes] = {}
@@ -151,7 +152,7 @@ class SecureRound:
         self._identities = {n: raw_keys[n] for n in self._routed_ads}
 
     # -- stage 2 ----------------------------------------------------------------------------------
-    def share(self, exchange: Exchange) -> list[int]:
+    def share(self, exchange: StageExchange) -> list[int]:
         """The devices that dealt their shares: the ones to train (stage 3)."""
         assert self.server is not None
         asks = {}
@@ -187,7 +188,7 @@ class SecureRound:
         return survivors
 
     # -- the consistency round (with an issuer) ---------------------------------------------------
-    def consistency(self, exchange: Exchange, survivors: list[int]) -> list[int]:
+    def consistency(self, exchange: StageExchange, survivors: list[int]) -> list[int]:
         """Every survivor signs the survivor set; the ones whose signature verified (a quorum, else
         the round aborts) are the ones asked to unmask."""
         assert self.server is not None
@@ -200,7 +201,7 @@ class SecureRound:
             self.missing.update(self.server.refused)
 
     # -- stage 4 ----------------------------------------------------------------------------------
-    def unmask(self, exchange: Exchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
+    def unmask(self, exchange: StageExchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
         """(the weighted mean of the survivors' updates, the number of survivors, their total weight).
         With the consistency round, only the devices that signed are asked, and each gets every
         signature with the signers' identities and credentials to check before it reveals."""
@@ -232,15 +233,15 @@ class SecureRound:
         return torch.from_numpy(mean.astype(np.float32)), count, weight
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _ask(self, exchange: Exchange, asks: dict[int, dict], stage: str):  # type: ignore[no-untyped-def]
+    def _ask(self, exchange: StageExchange, asks: dict[int, dict], stage: str):  # type: ignore[no-untyped-def]
         outgoing = []
         for node, fields in asks.items():
             record = plan_record(self.plan, stage, **fields)
             self.downlink += config_bytes(record)
-            outgoing.append(Outgoing(node, RecordDict({SECAGG_RECORD: record}), SECAGG_MESSAGE_TYPE))
+            outgoing.append((node, RecordDict({SECAGG_RECORD: record})))
         for item in exchange(outgoing, self.spec.timeout, f"secagg-{stage}"):
-            if isinstance(item, Missing):
-                self._drop(item.node, f"{stage}: {item.reason}")
+            if isinstance(item, tuple):
+                self._drop(item[0], f"{stage}: {item[1]}")
                 continue
             node = item.metadata.src_node_id
             if item.has_error():

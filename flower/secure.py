@@ -1,0 +1,221 @@
+"""``secure(strategy, secure_aggregation="secagg:...")``: a user's strategy that sees only the sum.
+
+The wrapper runs Fedge's secure aggregation (``fedge.protocol.secure_round``: pairwise masks over a
+neighbourhood graph, Shamir shares of the mask seeds and keys, signed advertisements, exact sums
+when devices drop out) around the wrapped strategy's round, from a user's own ServerApp against its
+``Grid``; :func:`fedge.flower.secure_mod` is the device's side. Around ``configure_train`` it
+advertises keys and routes the sealed shares among the nodes the strategy sampled (two exchanges
+on the grid), and only the nodes that dealt their shares train; each masked reply is checked
+against the plan (its size, and that it says nothing in clear about its data); at
+``aggregate_train`` the survivors reveal what unmasks their sum, and the wrapped strategy
+aggregates one reply: the current model plus the survivors' weighted mean update. So FedAvg,
+FedProx, FedAvgM and the server optimizers (FedAdam, FedYogi, FedAdagrad) step from the mean as
+they always do; a strategy that needs each update (FedMedian, Krum, trimmed mean, Bulyan, ...) is
+refused when it is wrapped, as Fedge's own runs refuse robust aggregators with secure aggregation.
+
+The stage messages are ``train`` messages carrying the ``secagg`` record, the convention of
+Flower's own SecAgg+ (``secaggplus_mod``): the user's ClientApp needs no handler of its own for
+them; the mod answers them and calls the user's ``@app.train()`` body only for the masked round.
+What the coordinator learns: the sum over the survivors and which nodes took part at each stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvgM, Strategy
+from flwr.serverapp.strategy.fedopt import FedOpt
+
+from fedge.flower.layout import Layout
+from fedge.flower.records import ARRAYS, UPDATE_RECORD, WEIGHT_KEY
+from fedge.flower.strategy import CompressedStrategy, is_plain_mean
+from fedge.privacy.errors import SecAggError
+from fedge.privacy.messages import masked_size
+from fedge.privacy.spec import parse_secure_aggregation
+from fedge.protocol.records import ProtocolError, read_payload
+from fedge.protocol.secagg import SECAGG_RECORD
+from fedge.protocol.secure_round import SecureRound, StageExchange
+
+__all__ = ["SecureStrategy", "refuse_reason", "secure"]
+
+log = logging.getLogger(__name__)
+
+
+def refuse_reason(strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot run on a securely aggregated sum (None: it can)."""
+    name = type(strategy).__name__
+    if isinstance(strategy, CompressedStrategy):
+        return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
+                "sees one to decode: wrap the strategy with secure(...) alone")
+    if is_plain_mean(strategy) or isinstance(strategy, (FedOpt, FedAvgM)):
+        return None  # the weighted mean, then (for these) a server step from it
+    return (f"{name} aggregates each update itself (it ranks, trims or reweights them); secure aggregation "
+            "only reveals their sum")
+
+
+class SecureStrategy(Strategy):
+    """``strategy`` over securely aggregated updates (see the module docstring)."""
+
+    def __init__(self, strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
+                 seed: int = 0) -> None:
+        reason = refuse_reason(strategy)
+        if reason is not None:
+            raise ValueError(f"secure aggregation cannot wrap {type(strategy).__name__}: {reason}")
+        try:
+            spec = parse_secure_aggregation(secure_aggregation)
+        except ValueError as err:
+            raise ValueError(f"secure_aggregation {secure_aggregation!r}: {err}") from None
+        if spec is None:
+            raise ValueError("secure(...) needs a secure-aggregation spec such as 'secagg:bits=8,clip=0.2'")
+        if spec.issuer:
+            raise ValueError("issuer= (identities issued by the operator) needs Fedge's coordinator (fedge serve); "
+                             "in a user's ServerApp identity keys are pinned on first use")
+        self.strategy, self.spec, self.seed = strategy, spec, int(seed)
+        #: every signature and share of this run is bound to it; no other run shares it
+        self.run_id = os.urandom(16)
+        #: each node's identity key, pinned the first time it takes part (trust on first use)
+        self.pins: dict[int, bytes] = {}
+        self._round: tuple[int, SecureRound, Layout, ArrayRecord, Grid] | None = None
+        self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a sum
+
+    # -- train ----------------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Stages 1 and 2 on the grid among the nodes the wrapped strategy sampled; the ones that
+        dealt their shares get the train message with the plan and their shares."""
+        self._round = None
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        nodes = sorted({m.metadata.dst_node_id for m in messages})
+        if len(nodes) < 2:
+            log.warning("round %d: secure aggregation needs at least 2 nodes, %d sampled: no training this round",
+                        server_round, len(nodes))
+            return []
+        layout = Layout(arrays)
+        weighted = getattr(self.strategy, "weighted_by_key", "")
+        secure = SecureRound(self.spec, self.run_id, self.seed, server_round, nodes, layout.numel, self.pins,
+                             weighted=bool(weighted))
+        exchange = _stages(grid, server_round)
+        try:
+            secure.advertise(exchange)
+            dealt = set(secure.share(exchange))
+        except SecAggError as error:
+            log.error("round %d: secure aggregation could not start: %s; no training this round", server_round, error)
+            return []
+        self._note(server_round, secure)
+        out = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if node not in dealt:
+                continue
+            content = RecordDict(dict(message.content.items()))  # each node its own record
+            content[SECAGG_RECORD] = secure.train_record(node)
+            train_config = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
+            train_config[WEIGHT_KEY] = str(weighted)
+            content["config"] = train_config
+            message.content = content
+            out.append(message)
+        self._round = (server_round, secure, layout, arrays, grid)
+        return out
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Stage 4: the survivors unmask their sum; the wrapped strategy aggregates the one reply
+        that carries the current model plus their weighted mean update. Its metrics gain
+        ``fedge-secagg-survivors`` and ``fedge-uplink-bytes`` (masked uploads and key exchange)."""
+        replies = list(replies)
+        if self._round is None or self._round[0] != server_round:
+            return None, None
+        _, secure, layout, arrays, grid = self._round
+        self._round = None
+        expected = masked_size(secure.plan.length, secure.plan.bits)
+        uploads: dict[int, bytes] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                self._refuse(server_round, node, f"client error {reply.error.code}: {reply.error.reason}")
+                continue
+            try:
+                metrics = next(iter(reply.content.metric_records.values()), MetricRecord())
+                if metrics.get("num-examples") != 1 or any("loss" in k for k in metrics):
+                    raise ProtocolError("a masked reply reports nothing about its data in clear")
+                payload = read_payload(reply.content, UPDATE_RECORD)
+                if len(payload) != expected:
+                    raise ProtocolError(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
+            except (ProtocolError, KeyError, ValueError) as error:
+                self._refuse(server_round, node, str(error))
+                continue
+            uploads[node] = bytes(payload)
+        try:
+            survivors = secure.masked_inputs(uploads)
+            mean, count, _ = secure.unmask(_stages(grid, server_round), survivors)
+        except SecAggError as error:
+            log.error("round %d: secure aggregation failed: %s; the model is unchanged", server_round, error)
+            self._note(server_round, secure)
+            return None, None
+        self._note(server_round, secure)
+        stepped = layout.rebuild(layout.flatten(arrays) + mean.numpy().astype(np.float64), arrays)
+        key = getattr(self.strategy, "weighted_by_key", "num-examples")
+        one = Message(RecordDict({ARRAYS: stepped, "metrics": MetricRecord({key: 1})}),
+                      reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
+        aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
+        metrics = MetricRecord(dict(metrics or {}))
+        metrics["fedge-secagg-survivors"] = count
+        metrics["fedge-uplink-bytes"] = sum(len(u) for u in uploads.values()) + secure.uplink
+        return aggregated, metrics
+
+    def _note(self, server_round: int, secure: SecureRound) -> None:
+        for node, reason in sorted(secure.missing.items()):
+            if not any(r == server_round and n == node for r, n, _ in self.refused):
+                self.refused.append((server_round, node, reason))
+        secure.missing.clear()
+
+    def _refuse(self, server_round: int, node: int, reason: str) -> None:
+        log.warning("round %d: reply from node %d refused: %s", server_round, node, reason)
+        self.refused.append((server_round, node, reason))
+
+    # -- everything else is the wrapped strategy's ------------------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log.info("secure aggregation: %s (fedge.flower), wrapping:", self.spec.spec)
+        self.strategy.summary()
+
+    def __getattr__(self, name: str) -> object:
+        # the wrapped strategy's own attributes (fraction_train, weighted_by_key, ...) read through
+        if name == "strategy":
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
+
+def _stages(grid: Grid, server_round: int) -> StageExchange:
+    """The protocol's stages as ``train`` messages on the user's grid (Flower's SecAgg+ convention)."""
+
+    def run(asks: list[tuple[int, RecordDict]], timeout: float, label: str):  # type: ignore[no-untyped-def]
+        messages = [Message(content, node, MessageType.TRAIN, group_id=str(server_round)) for node, content in asks]
+        answered = set()
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            answered.add(reply.metadata.src_node_id)
+            yield reply
+        for node, _ in asks:
+            if node not in answered:
+                yield node, f"no reply to {label} within {timeout:g} s"
+
+    return run
+
+
+def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
+           seed: int = 0) -> SecureStrategy:
+    """Wrap ``strategy`` so it aggregates only the sum of the round's updates (the ClientApp needs
+    :func:`fedge.flower.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
+    ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout."""
+    return SecureStrategy(strategy, secure_aggregation, seed)

@@ -1,0 +1,212 @@
+"""``fedge.flower.secure`` and ``secure_mod``: a user's strategy over Fedge's secure aggregation,
+message by message in-process (an in-process grid stand-in routes each message to the node's
+ClientApp; the real engines run it in tests/integration/test_flower_app.py). The wrapped aggregate
+is the plain strategy's on the survivors' updates up to the shared grid's rounding, a node that
+drops after dealing its shares leaves an exact sum of the others, what the coordinator receives
+says nothing in clear, and strategies that need each update are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx, Krum
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedge.flower import compressed, secure, secure_mod
+from fedge.flower.records import UPDATE_RECORD
+from fedge.protocol.records import payload_record, read_payload
+from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
+from fedge.tasks import make_task
+
+NODES = [11, 12, 13, 14]
+SPEC = "secagg:bits=12,clip=0.5,weight-cap=64"
+STEP, CAP = 2 * 0.5 / (2**12 - 1), 64  # the shared grid's spacing, and the weight cap
+
+
+def _update(node: int, server_round: int, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(node * 1000 + server_round)
+    return {k: v + 0.02 * torch.randn(v.shape, generator=g).clamp(-4, 4) if v.is_floating_point() else v
+            for k, v in state.items()}
+
+
+def _examples(node: int) -> int:
+    return 5 * (node - 10)
+
+
+def _user_app(calls: list[int]) -> ClientApp:
+    app = ClientApp(mods=[secure_mod])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out
+        calls.append(context.node_id)
+        state = msg.content["arrays"].to_torch_state_dict()
+        trained = _update(context.node_id, int(msg.metadata.group_id or 0), state)
+        return Message(RecordDict({"arrays": ArrayRecord(trained),
+                                   "metrics": MetricRecord({"num-examples": _examples(context.node_id),
+                                                            "train_loss": 1.0})}), reply_to=msg)
+
+    return app
+
+
+class Grid:
+    """A grid stand-in: the connected nodes, and each message run by its node's ClientApp in turn.
+    ``lost``: nodes whose replies never come (after they dealt their shares: the hard case);
+    ``tamper``: a function applied to the replies of the masked round."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.apps = {n: _user_app(self.calls) for n in NODES}
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={})
+                         for n in NODES}
+        self.lost: set[int] = set()
+        self.tamper = None
+        self.seen: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(NODES)
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            message.metadata.__dict__["_message_id"] = message.object_id
+            masked = plan_from_record(message.content.config_records[SECAGG_RECORD])[1] == "masked"
+            if node in self.lost and masked:
+                continue
+            reply = self.apps[node](message, self.contexts[node])
+            reply.metadata.__dict__["_src_node_id"] = node
+            if masked and self.tamper is not None:
+                reply = self.tamper(reply)
+            self.seen.append(reply)
+            replies.append(reply)
+        return replies
+
+
+@pytest.fixture(autouse=True)
+def _task() -> None:
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+
+
+def _model() -> ArrayRecord:
+    torch.manual_seed(0)
+    return ArrayRecord(make_task("digits").build_model().state_dict())
+
+
+def _plain_mean(arrays: ArrayRecord, server_round: int, nodes: list[int]) -> dict[str, np.ndarray]:
+    """FedAvg's weighted mean of the nodes' trained models, computed here from the user's own updates."""
+    state = arrays.to_torch_state_dict()
+    total = sum(_examples(n) for n in nodes)
+    return {k: sum(_update(n, server_round, state)[k].numpy().astype(np.float64) * _examples(n) for n in nodes) / total
+            for k in state}
+
+
+def _bound(nodes: list[int], carried: bool = False) -> float:
+    """How far the revealed weighted mean may be from the plain one: each node rounds w/CAP times its
+    update by at most one STEP, so by STEP CAP / w in its update's units, which weighs w / sum(w) in
+    the mean; a round after the first also carries each node's previous rounding (error feedback)."""
+    return (2 if carried else 1) * len(nodes) * STEP * CAP / sum(_examples(n) for n in nodes) + 1e-6
+
+
+def _run_round(strategy, grid: Grid, arrays: ArrayRecord, server_round: int):  # type: ignore[no-untyped-def]
+    messages = list(strategy.configure_train(server_round, arrays, ConfigRecord({"lr": 0.1}), grid))
+    for m in messages:
+        m.metadata.__dict__["_group_id"] = str(server_round)
+    replies = grid.send_and_receive(messages)
+    return messages, replies, strategy.aggregate_train(server_round, replies)
+
+
+@pytest.mark.parametrize("make", [lambda: FedAvg(), lambda: FedProx(proximal_mu=0.1)], ids=["FedAvg", "FedProx"])
+def test_the_wrapped_aggregate_is_the_plain_mean_up_to_the_grids_rounding(make) -> None:
+    grid, arrays = Grid(), _model()
+    wrapped = secure(make(), SPEC)
+    for server_round in (1, 2):
+        messages, replies, (got, metrics) = _run_round(wrapped, grid, arrays, server_round)
+        assert sorted(m.metadata.dst_node_id for m in messages) == NODES
+        assert got is not None and metrics["fedge-secagg-survivors"] == len(NODES)
+        expected = _plain_mean(arrays, server_round, NODES)
+        for name, array in arrays.items():
+            if array.numpy().dtype.kind == "f":
+                assert np.abs(got[name].numpy() - expected[name]).max() <= _bound(NODES, server_round > 1)
+        # the coordinator saw only masked uploads: no arrays, no loss, one example each
+        for reply in replies:
+            assert set(reply.content.keys()) == {UPDATE_RECORD, "metrics"}
+            assert dict(reply.content["metrics"]) == {"num-examples": 1}
+        arrays = got
+
+
+def test_a_node_lost_after_dealing_its_shares_leaves_the_exact_sum_of_the_others() -> None:
+    grid, arrays = Grid(), _model()
+    grid.lost = {13}
+    wrapped = secure(FedAvg(), SPEC)
+    _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert metrics["fedge-secagg-survivors"] == 3
+    expected = _plain_mean(arrays, 1, [11, 12, 14])
+    for name, array in arrays.items():
+        if array.numpy().dtype.kind == "f":
+            assert np.abs(got[name].numpy() - expected[name]).max() <= _bound([11, 12, 14])
+
+
+def _truncated(reply: Message) -> None:
+    payload = bytes(read_payload(reply.content, UPDATE_RECORD))
+    reply.content = RecordDict({UPDATE_RECORD: payload_record(payload[:-5]), "metrics": reply.content["metrics"]})
+
+
+def _in_clear(reply: Message) -> None:
+    reply.content["metrics"] = MetricRecord({"num-examples": 20, "train_loss": 0.5})
+
+
+@pytest.mark.parametrize("tamper, why", [(_truncated, "malformed masked upload"), (_in_clear, "in clear")],
+                         ids=["truncated", "data-in-clear"])
+def test_a_bad_masked_reply_is_refused_with_its_reason_and_the_others_unmask(tamper, why) -> None:
+    grid, arrays = Grid(), _model()
+
+    def on_node_12(reply: Message) -> Message:
+        if reply.metadata.src_node_id == 12:
+            tamper(reply)
+        return reply
+
+    grid.tamper = on_node_12
+    wrapped = secure(FedAvg(), SPEC)
+    _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert metrics["fedge-secagg-survivors"] == 3
+    assert any(node == 12 and why in reason for _, node, reason in wrapped.refused), wrapped.refused
+    expected = _plain_mean(arrays, 1, [11, 13, 14])
+    name = next(n for n, a in arrays.items() if a.numpy().dtype.kind == "f")
+    assert np.abs(got[name].numpy() - expected[name]).max() <= _bound([11, 13, 14])
+
+
+def test_a_server_optimizer_steps_from_the_revealed_mean() -> None:
+    """FedAdam given the one reply (the current model plus the survivors' mean) is FedAdam's step
+    from that mean: the same as FedAdam on a reply built here from the plain mean, up to rounding."""
+    grid, arrays = Grid(), _model()
+    wrapped, plain = secure(FedAdam(eta=0.01, tau=0.1), SPEC), FedAdam(eta=0.01, tau=0.1)
+    _, _, (got, _) = _run_round(wrapped, grid, arrays, 1)
+    list(plain.configure_train(1, arrays, ConfigRecord(), grid))
+    mean = ArrayRecord({k: Array(v.astype(arrays[k].numpy().dtype)) for k, v in _plain_mean(arrays, 1, NODES).items()})
+    one = Message(RecordDict({"arrays": mean, "metrics": MetricRecord({"num-examples": 1})}),
+                  reply_to=Message(RecordDict(), dst_node_id=1, message_type="train"))
+    expected, _ = plain.aggregate_train(1, [one])
+    name = next(n for n, a in arrays.items() if a.numpy().dtype.kind == "f")
+    # Adam's first step is eta_t (1 - beta1) g / (sqrt(1 - beta2) |g| + tau), Lipschitz in g with a
+    # constant below eta (1 - beta1) / tau = 0.01 here: the rounding of the mean moves it 100x less
+    assert np.abs(got[name].numpy() - expected[name].numpy()).max() <= 0.01 * _bound(NODES) + 1e-6
+
+
+@pytest.mark.parametrize("make, why", [(lambda: FedMedian(), "aggregates each update"),
+                                       (lambda: Krum(), "aggregates each update"),
+                                       (lambda: compressed(FedAvg()), "quantizes each update itself")])
+def test_strategies_that_need_each_update_are_refused_when_wrapped(make, why) -> None:
+    with pytest.raises(ValueError, match=why):
+        secure(make(), SPEC)
+
+
+def test_without_the_wrapper_the_mod_passes_messages_through() -> None:
+    grid, arrays = Grid(), _model()
+    messages = list(FedAvg().configure_train(1, arrays, ConfigRecord(), grid))
+    for message in messages:
+        message.metadata.__dict__["_message_id"] = message.object_id
+    reply = grid.apps[11](messages[0], grid.contexts[11])
+    assert "arrays" in reply.content and reply.content["metrics"]["num-examples"] == _examples(11)
