@@ -16,7 +16,8 @@ refused when it is wrapped, as Fedge's own runs refuse robust aggregators with s
 The stage messages are ``train`` messages carrying the ``secagg`` record, the convention of
 Flower's own SecAgg+ (``secaggplus_mod``): the user's ClientApp needs no handler of its own for
 them; the mod answers them and calls the user's ``@app.train()`` body only for the masked round.
-What the coordinator learns: the sum over the survivors and which nodes took part at each stage.
+What the coordinator learns: the sum over the survivors and which nodes took part at each stage;
+with ``differential_privacy=...`` (``fedge.flower.secure_dp``) that sum carries the devices' noise.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -33,6 +35,7 @@ from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layout import Layout
 from fedge.flower.records import ARRAYS, UPDATE_RECORD, WEIGHT_KEY
+from fedge.flower.secure_dp import DistributedDP, parsed
 from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.messages import masked_size
@@ -62,25 +65,27 @@ class SecureStrategy(Strategy):
     """``strategy`` over securely aggregated updates (see the module docstring)."""
 
     def __init__(self, strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
-                 seed: int = 0) -> None:
+                 seed: int = 0, differential_privacy: str = "none") -> None:
         reason = refuse_reason(strategy)
         if reason is not None:
             raise ValueError(f"secure aggregation cannot wrap {type(strategy).__name__}: {reason}")
-        try:
-            spec = parse_secure_aggregation(secure_aggregation)
-        except ValueError as err:
-            raise ValueError(f"secure_aggregation {secure_aggregation!r}: {err}") from None
-        if spec is None:
-            raise ValueError("secure(...) needs a secure-aggregation spec such as 'secagg:bits=8,clip=0.2'")
+        spec = parsed(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
         if spec.issuer:
             raise ValueError("issuer= (identities issued by the operator) needs Fedge's coordinator (fedge serve); "
                              "in a user's ServerApp identity keys are pinned on first use")
         self.strategy, self.spec, self.seed = strategy, spec, int(seed)
+        #: distributed DP (``fedge.flower.secure_dp``): the devices add Skellam noise inside the ring
+        self.dp: DistributedDP | None = None
+        if differential_privacy and differential_privacy.strip().lower() != "none":
+            if spec.ratio < 1:
+                raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
+                                 "noise and the sensitivity cover the whole update; use ratio=1")
+            self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
         #: every signature and share of this run is bound to it; no other run shares it
         self.run_id = os.urandom(16)
         #: each node's identity key, pinned the first time it takes part (trust on first use)
         self.pins: dict[int, bytes] = {}
-        self._round: tuple[int, SecureRound, Layout, ArrayRecord, Grid] | None = None
+        self._round: _Round | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a sum
 
     # -- train ----------------------------------------------------------------------------------
@@ -89,16 +94,32 @@ class SecureStrategy(Strategy):
         """Stages 1 and 2 on the grid among the nodes the wrapped strategy sampled; the ones that
         dealt their shares get the train message with the plan and their shares."""
         self._round = None
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        layout = Layout(arrays)
+        connected, noise = 0, None
+        if self.dp is None:
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        else:  # Poisson sampling, each node with its own copy of the strategy's train message
+            self.dp.numel = layout.numel
+            all_nodes = list(grid.get_node_ids())
+            connected = len(all_nodes)
+            if self.dp.exhausted(connected):
+                return []
+            template = next(iter(self.strategy.configure_train(server_round, arrays, config, grid)), None)
+            if template is None:
+                return []
+            messages = [Message(RecordDict(dict(template.content.items())), node, MessageType.TRAIN,
+                                group_id=str(server_round)) for node in self.dp.sample(all_nodes)]
+            noise = self.dp.noise(connected)
         nodes = sorted({m.metadata.dst_node_id for m in messages})
+        state = _Round(server_round, None, layout, arrays, grid, connected)
+        self._round = state  # under DP a round with no sum still releases noise
         if len(nodes) < 2:
             log.warning("round %d: secure aggregation needs at least 2 nodes, %d sampled: no training this round",
                         server_round, len(nodes))
             return []
-        layout = Layout(arrays)
-        weighted = getattr(self.strategy, "weighted_by_key", "")
+        weighted = "" if self.dp is not None else str(getattr(self.strategy, "weighted_by_key", ""))
         secure = SecureRound(self.spec, self.run_id, self.seed, server_round, nodes, layout.numel, self.pins,
-                             weighted=bool(weighted))
+                             weighted=bool(weighted), noise=noise)
         exchange = _stages(grid, server_round)
         try:
             secure.advertise(exchange)
@@ -115,11 +136,11 @@ class SecureStrategy(Strategy):
             content = RecordDict(dict(message.content.items()))  # each node its own record
             content[SECAGG_RECORD] = secure.train_record(node)
             train_config = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
-            train_config[WEIGHT_KEY] = str(weighted)
+            train_config[WEIGHT_KEY] = weighted
             content["config"] = train_config
             message.content = content
             out.append(message)
-        self._round = (server_round, secure, layout, arrays, grid)
+        state.secure = secure
         return out
 
     def aggregate_train(self, server_round: int,
@@ -128,10 +149,38 @@ class SecureStrategy(Strategy):
         that carries the current model plus their weighted mean update. Its metrics gain
         ``fedge-secagg-survivors`` and ``fedge-uplink-bytes`` (masked uploads and key exchange)."""
         replies = list(replies)
-        if self._round is None or self._round[0] != server_round:
+        state, self._round = self._round, None
+        if state is None or state.number != server_round:
             return None, None
-        _, secure, layout, arrays, grid = self._round
-        self._round = None
+        secure, count, uploads = state.secure, 0, {}
+        mean: np.ndarray | None = None
+        if secure is not None:
+            uploads = self._uploads(server_round, secure, replies)
+            try:
+                survivors = secure.masked_inputs(uploads)
+                revealed, count, _ = secure.unmask(_stages(state.grid, server_round), survivors)
+                mean = revealed.numpy().astype(np.float64)
+            except SecAggError as error:
+                log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
+            self._note(server_round, secure)
+        if self.dp is not None:  # the devices' noisy sum over q N, or noise alone: never a noiseless release
+            mean = self.dp.release(None if mean is None else mean * count, state.connected, count)
+        elif mean is None:
+            return None, None
+        stepped = state.layout.rebuild(state.layout.flatten(state.arrays) + mean, state.arrays)
+        key = getattr(self.strategy, "weighted_by_key", "num-examples")
+        one = Message(RecordDict({ARRAYS: stepped, "metrics": MetricRecord({key: 1})}),
+                      reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
+        aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
+        metrics = MetricRecord(dict(metrics or {}))
+        metrics["fedge-secagg-survivors"] = count
+        metrics["fedge-uplink-bytes"] = sum(len(u) for u in uploads.values()) + (secure.uplink if secure else 0)
+        if self.dp is not None:
+            metrics.update(self.dp.metrics())
+        return aggregated, metrics
+
+    def _uploads(self, server_round: int, secure: SecureRound, replies: list[Message]) -> dict[int, bytes]:
+        """The masked uploads that are what the plan expects, by node; the others refused, with why."""
         expected = masked_size(secure.plan.length, secure.plan.bits)
         uploads: dict[int, bytes] = {}
         for reply in replies:
@@ -150,23 +199,7 @@ class SecureStrategy(Strategy):
                 self._refuse(server_round, node, str(error))
                 continue
             uploads[node] = bytes(payload)
-        try:
-            survivors = secure.masked_inputs(uploads)
-            mean, count, _ = secure.unmask(_stages(grid, server_round), survivors)
-        except SecAggError as error:
-            log.error("round %d: secure aggregation failed: %s; the model is unchanged", server_round, error)
-            self._note(server_round, secure)
-            return None, None
-        self._note(server_round, secure)
-        stepped = layout.rebuild(layout.flatten(arrays) + mean.numpy().astype(np.float64), arrays)
-        key = getattr(self.strategy, "weighted_by_key", "num-examples")
-        one = Message(RecordDict({ARRAYS: stepped, "metrics": MetricRecord({key: 1})}),
-                      reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
-        aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
-        metrics = MetricRecord(dict(metrics or {}))
-        metrics["fedge-secagg-survivors"] = count
-        metrics["fedge-uplink-bytes"] = sum(len(u) for u in uploads.values()) + secure.uplink
-        return aggregated, metrics
+        return uploads
 
     def _note(self, server_round: int, secure: SecureRound) -> None:
         for node, reason in sorted(secure.missing.items()):
@@ -197,6 +230,19 @@ class SecureStrategy(Strategy):
         return getattr(self.strategy, name)
 
 
+@dataclass
+class _Round:
+    """What the wrapper sent in one round: the protocol's state (None: nothing could be sent), the
+    model, the grid, and (under DP) the connected nodes the sample was drawn from."""
+
+    number: int
+    secure: SecureRound | None
+    layout: Layout
+    arrays: ArrayRecord
+    grid: Grid
+    connected: int
+
+
 def _stages(grid: Grid, server_round: int) -> StageExchange:
     """The protocol's stages as ``train`` messages on the user's grid (Flower's SecAgg+ convention)."""
 
@@ -214,8 +260,11 @@ def _stages(grid: Grid, server_round: int) -> StageExchange:
 
 
 def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
-           seed: int = 0) -> SecureStrategy:
+           seed: int = 0, differential_privacy: str = "none") -> SecureStrategy:
     """Wrap ``strategy`` so it aggregates only the sum of the round's updates (the ClientApp needs
     :func:`fedge.flower.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
-    ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout."""
-    return SecureStrategy(strategy, secure_aggregation, seed)
+    ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout.
+    ``differential_privacy="gaussian:noise=z,clip=C,..."``: distributed DP, the devices add the noise
+    inside the ring (``fedge.flower.secure_dp``); nodes are Poisson-sampled at the strategy's
+    ``fraction_train``."""
+    return SecureStrategy(strategy, secure_aggregation, seed, differential_privacy)

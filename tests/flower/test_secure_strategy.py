@@ -20,6 +20,7 @@ from fedge.flower.records import UPDATE_RECORD
 from fedge.protocol.records import payload_record, read_payload
 from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
 from fedge.tasks import make_task
+from tests.flower.test_compressed_strategy import _flat  # the float arrays, flattened in the record's order
 
 NODES = [11, 12, 13, 14]
 SPEC = "secagg:bits=12,clip=0.5,weight-cap=64"
@@ -218,3 +219,72 @@ def test_without_the_wrapper_the_mod_passes_messages_through() -> None:
         message.metadata.__dict__["_message_id"] = message.object_id
     reply = grid.apps[11](messages[0], grid.contexts[11])
     assert "arrays" in reply.content and reply.content["metrics"]["num-examples"] == _examples(11)
+
+
+DP = "gaussian:noise=1.0,clip=1.0,delta=1e-5"
+
+
+def _clipped_sum(arrays: ArrayRecord, server_round: int, nodes: list[int], clip: float) -> np.ndarray:
+    """The sum of the nodes' updates, each clipped to L2 norm ``clip``, flat (this test's flattening)."""
+    state = arrays.to_torch_state_dict()
+    total = 0.0
+    for n in nodes:
+        trained = _update(n, server_round, state)
+        delta = np.concatenate([(trained[k] - state[k]).numpy().ravel() for k in state if state[k].is_floating_point()])
+        total = total + delta.astype(np.float64) * min(1.0, clip / float(np.linalg.norm(delta)))
+    return total
+
+
+def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_devices_noise() -> None:
+    """q = 1 (fraction_train 1): all four nodes sampled. What the coordinator releases minus the
+    nodes' clipped updates summed over q N is the devices' Skellam noise: its standard deviation per
+    coordinate is sqrt(4 mu_local) / scale / (q N). Over 38,282 coordinates the sample standard
+    deviation's relative error is ~0.4% (1/sqrt(2d)); a 10% band is 25 standard errors wide, so a
+    false alarm is out of reach, while noise missing, doubled or divided wrong is far outside it."""
+    grid, arrays = Grid(), _model()
+    wrapped = secure(FedAvg(fraction_train=1.0), SPEC, differential_privacy=DP)
+    _, replies, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert metrics["fedge-secagg-survivors"] == 4 and metrics["fedge-dp-epsilon"] > 0
+    assert all(set(r.content.keys()) == {UPDATE_RECORD, "metrics"} for r in replies)
+    params = wrapped.dp.noise(len(NODES))
+    residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, 1, NODES, 1.0) / len(NODES)
+    expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
+    assert abs(residual.mean()) < 5 * expected_std / np.sqrt(residual.size)
+    assert 0.9 < residual.std() / expected_std < 1.1
+    assert len(wrapped.dp.ledger.rounds) == 1
+
+
+def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_spends_nothing() -> None:
+    """Fewer than two nodes sampled: no secure round, and still the model moves by noise of the
+    same scale drawn by the coordinator (whether noise appears never depends on who answered); the
+    ledger records nothing (no device's data was released)."""
+    grid, arrays = Grid(), _model()
+    wrapped = secure(FedAvg(fraction_train=1.0), SPEC, differential_privacy=DP)
+    wrapped.dp.sample = lambda nodes: nodes[:1]  # one node sampled
+    messages, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert messages == [] and metrics["fedge-secagg-survivors"] == 0
+    moved = _flat(got).astype(np.float64) - _flat(arrays)
+    params = wrapped.dp.noise(len(NODES))
+    expected_std = np.sqrt(max(len(NODES) - 1, 1) * params.local_variance) / params.scale / len(NODES)
+    assert 0.9 < moved.std() / expected_std < 1.1
+    assert wrapped.dp.ledger.rounds == [] and metrics["fedge-dp-epsilon"] == 0
+
+
+def test_poisson_sampling_at_the_strategys_fraction() -> None:
+    """Each node independently with probability q: over 4,000 draws of 4 nodes at q = 0.3 the count
+    of sampled nodes has mean 4 q = 1.2 and variance 4 q (1 - q) = 0.84; each band is at least 6
+    standard errors wide (a false alarm less than once in 10^8 runs)."""
+    wrapped = secure(FedAvg(fraction_train=0.3), SPEC, differential_privacy=DP)
+    counts = np.array([len(wrapped.dp.sample(NODES)) for _ in range(4000)])
+    assert abs(counts.mean() - 1.2) < 6 * np.sqrt(0.84 / 4000)
+    assert abs(counts.var() - 0.84) < 6 * 0.84 * np.sqrt(2 / 4000) * 1.5
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"differential_privacy": "gaussian:noise=1,clip=1,adaptive=true"}, "adaptive clipping"),
+    ({"differential_privacy": "gaussian:noise=1,clip=1", "secure_aggregation": "secagg:bits=12,clip=0.5,ratio=0.5"},
+     "random-k"),
+    ({"differential_privacy": "laplace:noise=1"}, "differential_privacy")])
+def test_distributed_dp_refusals(kwargs, why) -> None:
+    with pytest.raises(ValueError, match=why):
+        secure(FedAvg(fraction_train=0.5), **{"secure_aggregation": SPEC, **kwargs})

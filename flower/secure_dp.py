@@ -1,0 +1,108 @@
+"""Distributed DP for :func:`fedge.flower.secure`: the devices add the noise inside the ring.
+
+With ``differential_privacy="gaussian:noise=z,clip=C,delta=...,budget=..."`` every sampled device
+clips its update to L2 norm C, scales and rounds it, and adds Skellam noise before masking
+(``fedge.privacy.distributed_dp``, the device code Fedge's own runs use), so the coordinator never
+sees a noiseless sum; it only samples, divides and accounts. As in Fedge's engine:
+
+- Devices are sampled by Poisson sampling at rate q = the wrapped strategy's ``fraction_train``,
+  from the OS CSPRNG: what the accountant's amplification assumes (the strategy's own sampler,
+  a fixed-size sample, is not used).
+- The noisy sum is divided by the expected number of devices q N; every device weighs the same.
+- A round whose sum cannot be unmasked (or with fewer than two devices sampled) releases the
+  current model plus noise of the same scale drawn here: whether noise appears never depends on
+  who answered.
+- The ledger (Agarwal, Kairouz and Liu 2021's Skellam RDP, amplified by Poisson sampling) credits
+  only the survivors' noise but one; a round that would take epsilon past ``budget`` is not run.
+
+Adaptive clipping is refused (it needs each device's fitted bit in clear).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+from fedge.privacy.accountant import SkellamLedger
+from fedge.privacy.distributed_dp import SkellamParams, round_noise
+from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
+
+__all__ = ["DistributedDP", "parsed"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def parsed(parse: Callable[[str], T | None], text: str, name: str) -> T:
+    """``parse(text)``, its error (a ValueError) or a ``none`` named after the argument ``name``."""
+    try:
+        value = parse(text)
+    except ValueError as err:
+        raise ValueError(f"{name} {text!r}: {err}") from None
+    if value is None:
+        raise ValueError(f"{name} {text!r}: a spec is needed here, not 'none'")
+    return value
+
+
+class DistributedDP:
+    """Sampling, noise parameters, noise-only releases and the ledger of one run."""
+
+    def __init__(self, spec: str, rate: float, numel: int = 0) -> None:
+        spec_ = parsed(parse_differential_privacy, spec, "differential_privacy")
+        if spec_.adaptive:
+            raise ValueError("adaptive clipping needs each device's fitted bit in clear, which secure aggregation "
+                             "hides; use a fixed clip")
+        if not 0 < rate <= 1:
+            raise ValueError(f"Poisson sampling needs the strategy's fraction_train in (0, 1], got {rate}")
+        self.spec: DPSpec = spec_
+        self.rate = float(rate)
+        self.numel = numel
+        self.ledger = SkellamLedger(spec_.delta)
+        self._sampler = random.SystemRandom()
+        self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+
+    def sample(self, nodes: list[int]) -> list[int]:
+        """Each connected node independently with probability q (the OS CSPRNG)."""
+        return [node for node in sorted(nodes) if self._sampler.random() < self.rate]
+
+    def expected(self, connected: int) -> float:
+        return max(self.rate * connected, 1.0)
+
+    def noise(self, connected: int) -> SkellamParams:
+        """The round's Skellam parameters for q N expected devices (in the secure round's plan)."""
+        return round_noise(self.spec, self.numel, max(1, round(self.rate * connected)), connected)
+
+    def _round(self, connected: int, survivors: int) -> tuple[float, float, float, float]:
+        params = self.noise(connected)
+        return self.rate, max(survivors - 1, 0) * params.local_variance, params.l1_bound, params.l2_bound
+
+    def exhausted(self, connected: int) -> bool:
+        """Whether a round at the expected sample size would spend more than the budget (0: none)."""
+        if self.spec.budget <= 0:
+            return False
+        spent = self.ledger.would_exceed(self.spec.budget, self._round(connected, round(self.rate * connected)))
+        if spent:
+            log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); no more rounds",
+                     self.spec.budget, self.spec.delta)
+        return spent
+
+    def release(self, noisy_sum: np.ndarray | None, connected: int, survivors: int) -> np.ndarray:
+        """The mean update released this round, recorded in the ledger: the devices' noisy sum over
+        q N, or (no sum) noise of the same scale drawn here over q N."""
+        expected = self.expected(connected)
+        if noisy_sum is None or survivors < 1:
+            params = self.noise(connected)
+            std = math.sqrt(max(expected - 1.0, 1.0) * params.local_variance) / params.scale
+            return self._rng.normal(0.0, std, size=self.numel) / expected
+        self.ledger.record(*self._round(connected, survivors))
+        return noisy_sum / expected
+
+    def metrics(self) -> dict[str, float]:
+        return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-delta": self.spec.delta,
+                "fedge-dp-sampling-rate": self.rate, "fedge-dp-noise-multiplier": self.spec.noise}
