@@ -89,7 +89,7 @@ def main(grid: Grid, context: Context) -> None:
         nodes = int(config["concurrency"])
         fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
         if config["strategy"] == "secure":  # the uplink names the secure-aggregation spec
-            strategy = secure(fedavg, secure_aggregation=uplink)
+            strategy = secure(fedavg, secure_aggregation=uplink, differential_privacy=str(config["dp"]))
         else:
             strategy = compressed(fedavg, uplink=uplink, downlink=downlink)
         result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
@@ -126,18 +126,20 @@ def bench_app(tmp: Path) -> Path:
             raise SystemExit(f"examples/flower-app/pyproject.toml no longer names {old}")
         pyproject = pyproject.replace(old, new)
     pyproject = pyproject.replace("[tool.flwr.app.config]\n", '[tool.flwr.app.config]\nstrategy = "fedavg"\n'
-                                  'concurrency = 16\nbuffer = 8\nstragglers = "none"\n')
+                                  'concurrency = 16\nbuffer = 8\nstragglers = "none"\ndp = "none"\n')
     (app / "pyproject.toml").write_text(pyproject)
     return app
 
 
-def run_app(app: Path, args: argparse.Namespace, strategy: str, tmp: Path, downlink: str = "none") -> dict:
-    """The user's app on Flower's simulation engine, one Ray actor per client."""
+def run_app(app: Path, args: argparse.Namespace, strategy: str, tmp: Path, downlink: str = "none",
+            dp: str = "none") -> dict:
+    """The user's app on Flower's simulation engine, one Ray actor per client; ``dp``: distributed DP
+    for the ``secure`` strategy."""
     home, results = tmp / f"home-{strategy}", tmp / f"{strategy}.json"
     config = {"num-server-rounds": args.rounds, "local-epochs": args.local_epochs, "lr": args.lr,
               "dirichlet-alpha": args.alpha, "uplink": args.codec, "downlink": downlink, "start": "",
               "strategy": strategy, "concurrency": args.clients, "buffer": max(1, args.clients // 2),
-              "stragglers": args.stragglers, "results": str(results)}
+              "stragglers": args.stragglers, "dp": dp, "results": str(results)}
     started = time.monotonic()
     env = flower_environment(home)
     with ProcessGroup(tmp / f"logs-{strategy}", env=env, also_match={"FLWR_HOME": str(home)}) as group:

@@ -101,11 +101,13 @@ def test_fedbuff_from_the_apps_serverapp_with_the_lattice_downlink_on_the_simula
 
 
 @pytest.mark.slow
-def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dp", ["none", "gaussian:noise=0.3,clip=1.0,delta=1e-5"])
+def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path, dp: str) -> None:
     """``fedge.flower.secure(FedAvg(...))`` from a user's ServerApp and ``secure_mod`` on its
     ClientApp, on Flower's simulation engine (real SuperLink, Ray actors): the key exchange and the
     unmasking run as train messages on the user's grid, every round unmasks all three nodes' sum,
-    and the model learns from it."""
+    and the model learns from it; with distributed DP (q = 1: three devices' noise at z = 0.3 is
+    too much for three devices to learn through) every round reports its epsilon, growing."""
     import argparse
 
     from bench.flower_stragglers import bench_app, run_app
@@ -113,8 +115,13 @@ def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp
     args = argparse.Namespace(rounds=3, local_epochs=2, lr=0.05, alpha=0.5,
                               codec="secagg:bits=12,clip=0.5,weight-cap=64", clients=3, stragglers="none",
                               target=0.5, timeout=400)
-    run = run_app(bench_app(tmp_path), args, "secure", tmp_path)
-    assert run["versions"] == 3 and run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
+    run = run_app(bench_app(tmp_path), args, "secure", tmp_path, dp=dp)
+    assert run["versions"] == 3, run["accuracy"]
     for version in ("1", "2", "3"):
         metrics = run["train_metrics"][version]
         assert metrics["fedge-secagg-survivors"] == 3 and metrics["fedge-uplink-bytes"] > 0, metrics
+    if dp == "none":
+        assert run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
+    else:
+        epsilons = [run["train_metrics"][v]["fedge-dp-epsilon"] for v in ("1", "2", "3")]
+        assert 0 < epsilons[0] < epsilons[1] < epsilons[2], epsilons
