@@ -91,8 +91,9 @@ class SecureStrategy(Strategy):
     # -- train ----------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Stages 1 and 2 on the grid among the nodes the wrapped strategy sampled; the ones that
-        dealt their shares get the train message with the plan and their shares."""
+        """Stages 1 and 2 on the grid among the nodes the wrapped strategy sampled (under DP: a
+        Poisson sample of the connected nodes); the ones that dealt their shares get the train
+        message with the plan and their shares."""
         self._round = None
         layout = Layout(arrays)
         connected, noise = 0, None

@@ -49,9 +49,10 @@ __all__ = ["SecureRound", "StageExchange", "check_noisy_range", "check_range"]
 
 log = logging.getLogger(__name__)
 
-#: One stage: send each (node, content) as a ``query.secagg`` message and wait at most the timeout
-#: (seconds); the label names the stage in logs. Yields each reply, or (node, why) for one that did
-#: not come. The coordinator's own dispatcher, or a Flower ``Grid``, behind it.
+#: One stage: send each (node, content) and wait at most the timeout (seconds); the label names the
+#: stage in logs. Yields each reply, or (node, why) for one that did not come. Behind it, the engine's
+#: dispatcher (``query.secagg`` messages) or a user's Flower ``Grid`` (``train`` messages, the
+#: convention of Flower's SecAgg+: a user's ClientApp needs no handler of its own for them).
 StageExchange = Callable[[list[tuple[int, RecordDict]], float, str], Iterable["Message | tuple[int, str]"]]
 
 
