@@ -49,6 +49,28 @@ def fp32_bytes(app: Path) -> int:
     return sum(len(a.data) for a in ArrayRecord(Net().state_dict()).values())
 
 
+def app_arguments(parser: argparse.ArgumentParser, clients: int = 10, local_epochs: int = 2,
+                  rounds_help: str | None = None) -> None:
+    """The example app's run: clients, rounds, local epochs, learning rate and the data split (the
+    Flower-app benchmarks share them; each its own defaults)."""
+    parser.add_argument("--clients", type=int, default=clients)
+    parser.add_argument("--rounds", type=int, default=30, help=rounds_help)
+    parser.add_argument("--local-epochs", type=int, default=local_epochs)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
+
+
+def report(out: str, text: str, data: dict) -> None:
+    """Print the table and write it (``out``.md) with the runs' data (``out``.json, with the command
+    in ``data``), then the command that reproduces it."""
+    print(text)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".md").write_text(text + "\n")
+    path.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    print(f"reproduce: {data['command']}")
+
+
 def run(app: Path, args: argparse.Namespace, spec: str, tmp: Path, name: str) -> dict:
     """One run; ``spec`` is ``UPLINK[@DOWNLINK]`` for the Fedge app, empty for Flower's."""
     home, results = tmp / f"home-{name}", tmp / f"{name}.json"
@@ -89,11 +111,7 @@ def run(app: Path, args: argparse.Namespace, spec: str, tmp: Path, name: str) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--local-epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
+    app_arguments(parser)
     parser.add_argument("--uplinks", default="qsgd:bits=4", help="Fedge uplink codecs to run, one run each, "
                         "separated by ';' (a spec has commas of its own; default: qsgd:bits=4); UPLINK@DOWNLINK "
                         "also sets the downlink, e.g. 'dgc:ratio=0.01,sample=0.05@lattice:ratio=0.05'")
@@ -142,14 +160,7 @@ def main() -> int:
                      f"{r['downlink']} | {100 * r['final_accuracy']:.2f}% ({100 * r['best_accuracy']:.2f}%; runs "
                      f"{', '.join(f'{100 * a:.2f}' for a in r['final_accuracies'])}) | {r['uplink_bytes']:,} | "
                      f"{ratio:.2f}x | {total:,} | {base_total / total:.2f}x | {r['seconds']:.0f} s |")
-    text = "\n".join(lines)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": runs, "fp32_reply_bytes": per_reply},
-                                                   indent=2) + "\n")
-    print(f"reproduce: {command}")
+    report(args.out, "\n".join(lines), {"command": command, "runs": runs, "fp32_reply_bytes": per_reply})
     return 0
 
 

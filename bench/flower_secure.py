@@ -14,7 +14,6 @@ exchange's replies), summed over the rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import sys
@@ -25,16 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.flower_app import app_arguments, report  # noqa: E402
 from bench.flower_stragglers import bench_app, run_app  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--local-epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
+    app_arguments(parser)
     parser.add_argument("--secure", default="secagg:bits=12,clip=0.5,weight-cap=512")
     parser.add_argument("--repeats", type=int, default=1, help="run both this many times, alternating")
     parser.add_argument("--timeout", type=float, default=3600)
@@ -67,13 +63,7 @@ def main() -> int:
         lines.append(f"| {r['label']} | {r['repeat']} | {100 * r['final_accuracy']:.2f}% | "
                      f"{100 * r['best_accuracy']:.2f}% | {r['uplink_bytes'] / 1e6:.2f} | "
                      f"{fp32 / r['uplink_bytes']:.2f}x fewer | {r['wall_seconds']:.0f} |")
-    text = "\n".join(lines)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": runs}, indent=2) + "\n")
-    print(f"reproduce: {command}")
+    report(args.out, "\n".join(lines), {"command": command, "runs": runs})
     return 0
 
 

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.algorithms import run_one, time_to  # noqa: E402
+from bench.flower_app import app_arguments, report  # noqa: E402
 from fedge.launcher.environment import flower_environment  # noqa: E402
 from fedge.launcher.processes import ProcessGroup  # noqa: E402
 from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
@@ -173,12 +174,8 @@ def run_engine(args: argparse.Namespace, label: str, algorithm: str, tmp: Path) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=30, help="synchronous rounds; FedBuff publishes "
-                        "rounds x clients / buffer versions (the same client work)")
-    parser.add_argument("--local-epochs", type=int, default=5)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration over labels")
+    app_arguments(parser, clients=16, local_epochs=5, rounds_help="synchronous rounds; FedBuff publishes "
+                  "rounds x clients / buffer versions (the same client work)")
     parser.add_argument("--codec", default="qsgd:bits=4")
     parser.add_argument("--stragglers", default="fraction=0.25,slowdown=5")
     parser.add_argument("--target", type=float, default=0.95)
@@ -222,13 +219,7 @@ def main() -> int:
         lines += ["", f"FedBuff's speed-up from your app is {ratio:.2f} of the engine's (goal: within 20%, "
                   f"0.80-1.20): {'met' if 0.8 <= ratio <= 1.2 else 'NOT met'}."]
     text = "\n".join(lines)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "runs": runs, "speedups": speedups},
-                                                   indent=2) + "\n")
-    print(f"reproduce: {command}")
+    report(args.out, text, {"command": command, "runs": runs, "speedups": speedups})
     return 0
 
 
