@@ -36,3 +36,17 @@ def test_real_fashion_mnist_shapes_and_model() -> None:
     assert pool.x.shape == (1000, 1, 28, 28) and test.x.shape == (200, 1, 28, 28)
     assert 0.0 <= float(pool.x.min()) and float(pool.x.max()) <= 1.0 and set(pool.y.tolist()) <= set(range(10))
     assert task.build_model()(test.x[:4]).shape == (4, 10)
+
+
+def test_the_small_model_is_named_in_the_spec_and_builds_without_the_data() -> None:
+    """``model=small`` (9,098 parameters, for DP with few devices per round) travels in the task's
+    spec, so every process of a run builds the same model; a name that is not a model is refused."""
+    import torch
+
+    small, default = make_task("fashion:model=small"), make_task("fashion")
+    assert small.spec == "fashion:model=small" and default.spec == "fashion"
+    assert sum(p.numel() for p in small.build_model().parameters()) == 9098
+    assert sum(p.numel() for p in default.build_model().parameters()) == 105866
+    assert small.build_model()(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(Exception, match="not one of cnn, small"):
+        make_task("fashion:model=tiny")
