@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,11 +59,57 @@ class ManagedProcess:
             return ""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+#: ports this process has handed out, never handed out twice
+_HANDED_OUT: set[int] = set()
+#: where free_port looks when the system's ephemeral range leaves room below it
+_LOWEST = 10_000
+
+
+def _ephemeral_range() -> tuple[int, int] | None:
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return None
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a process to bind later.
+
+    Why not simply the port the kernel gives ``bind(0)``: that is an ephemeral port, from the range
+    the kernel also draws the local end of every outgoing connection from. Between this call and the
+    server binding it, another process's outgoing connection can take it. With 17 processes of a
+    local cluster dialing each other, a SuperNode's runtime API then failed to start ("address
+    already in use", 2026-11-26). So where the system's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``) leaves room below it, the port comes from there,
+    at random, where no outgoing connection is placed. It is never one this process handed out
+    before.
+    """
+    ephemeral = _ephemeral_range()
+    if ephemeral is not None and ephemeral[0] - _LOWEST >= 1_000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(_LOWEST, ephemeral[0])
+            if port not in _HANDED_OUT and _bindable(port):
+                _HANDED_OUT.add(port)
+                return port
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free TCP port on 127.0.0.1")
 
 
 def wait_for_port(port: int, timeout: float, process: ManagedProcess | None = None, host: str = "127.0.0.1") -> None:
