@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
+from fedge.protocol.resources import RESOURCES_RECORD, ResourceReport
 from fedge.server.engine.algorithm import Outgoing, Reply
 from fedge.server.engine.layers.base import Failure
 from fedge.server.engine.layers.selection import Oort, SelectionLayer, jain_index
@@ -22,7 +23,8 @@ class Clock:
         return self.now
 
 
-def _simulate(layer: SelectionLayer, clock: Clock, steps: int, slow: set[int], nodes: list[int], k: int) -> list[list[int]]:
+def _simulate(layer: SelectionLayer, clock: Clock, steps: int, slow: set[int], nodes: list[int],
+              k: int) -> list[list[int]]:
     """Steps of ``k`` of ``nodes``; a slow device replies in 50 s, the others in 10 s."""
     chosen = []
     for number in range(1, steps + 1):
@@ -55,6 +57,69 @@ def test_slow_devices_are_chosen_less_yet_no_device_leaves_its_bounds() -> None:
     assert participation["devices"] == 16 and participation["jain"] == pytest.approx(
         jain_index([float(c) for c in counts.values()]), abs=1e-4)
     assert 0.8 < participation["jain"] < 1.0
+
+
+def _report(wall: float) -> MetricRecord:
+    return ResourceReport(cpu_seconds=wall, train_cpu_seconds=wall, encode_cpu_seconds=0.0, overhead_cpu_seconds=0.0,
+                          startup_cpu_seconds=0.0, wall_seconds=wall, peak_rss_mib=100.0, bytes_down=1e4,
+                          bytes_up=1e3).record()
+
+
+def _steps_with_a_slow_device(reports: bool, seed: int, liar: int | None = None) -> int:
+    """30 steps of 8 of 16 devices, 4 of them 5x slow (2.0 s of work against 0.4 s), each message
+    also waiting 0-3 s outside the device, as for an idle SuperNode's poll: how many steps ask a
+    slow device."""
+    import random
+
+    jitter, clock = random.Random(seed), Clock()
+    layer = SelectionLayer(Oort(), seed=seed, per_step=8, clock=clock)
+    nodes, slow = list(range(16)), {0, 1, 2, 3}
+    count = 0
+    for number in range(1, 31):
+        picked = layer.select(number, nodes)
+        count += bool(slow & set(picked))
+        layer.outgoing(None, [Outgoing(n, RecordDict(), "train") for n in picked])  # type: ignore[arg-type]
+        start = clock.now
+        trips = {n: (2.0 if n in slow else 0.4) + jitter.uniform(0.0, 3.0) for n in picked}
+        for node in sorted(picked, key=trips.__getitem__):
+            clock.now = start + trips[node]
+            work = 2.0 if node in slow else 0.4
+            content = RecordDict({"metrics": MetricRecord({"train-loss": 0.5, "num-examples": 100})})
+            if reports:
+                content[RESOURCES_RECORD] = _report(0.01 if node == liar else work)
+            layer.arrived(None, Reply(node, content))  # type: ignore[arg-type]
+    return count
+
+
+def test_oort_ranks_devices_by_their_reported_time_not_by_the_engines_polling() -> None:
+    """With 0-3 s of polling in every round trip, the round trip alone blurs a 0.4 s device with a
+    2.0 s one. Taking each device's reported wall time (bounded below by round trip - L) asks
+    slow devices in fewer steps, over five seeds."""
+    by_trip = [_steps_with_a_slow_device(False, seed) for seed in range(1, 6)]
+    by_report = [_steps_with_a_slow_device(True, seed) for seed in range(1, 6)]
+    assert sum(by_report) < sum(by_trip), (by_report, by_trip)
+    # exploration (2 steps) and the owed minimum share (2 more) are all that is left
+    assert max(by_report) <= 5, by_report
+
+
+def test_a_device_that_understates_its_time_is_held_to_what_the_coordinator_saw() -> None:
+    """L is learnt from the replies (at most the 3 s of polling here); a device reporting 0.01 s
+    still counts its round trip minus L, and an honest report within L counts as reported."""
+    import random
+
+    layer, jitter = SelectionLayer(Oort(), seed=1, per_step=4, clock=Clock()), random.Random(1)
+    metrics = {"metrics": MetricRecord({"train-loss": 0.5, "num-examples": 100})}
+    for _ in range(64):
+        wall = jitter.choice([0.4, 2.0])
+        reply = Reply(1, RecordDict({**metrics, RESOURCES_RECORD: _report(wall)}))
+        layer._device_seconds(wall + jitter.uniform(0.0, 3.0), reply)  # type: ignore[arg-type]
+    assert 2.4 < layer._outside() <= 3.0
+    liar = RecordDict({**metrics, RESOURCES_RECORD: _report(0.01)})
+    assert layer._device_seconds(2.0 + 2.5, Reply(0, liar)) >= 4.5 - 3.0  # type: ignore[arg-type]
+    honest = RecordDict({**metrics, RESOURCES_RECORD: _report(0.4)})
+    assert layer._device_seconds(0.4 + 1.5, Reply(2, honest)) == 0.4  # type: ignore[arg-type]
+    silent = RecordDict(metrics)  # no report: the round trip minus L
+    assert layer._device_seconds(5.0, Reply(3, silent)) == pytest.approx(5.0 - layer._outside())  # type: ignore[arg-type]
 
 
 def test_a_device_that_declined_rests_one_step_and_a_timeout_counts_the_whole_wait() -> None:

@@ -2,11 +2,11 @@
 seeded sample; ``oort`` prefers devices that are useful and fast, after Oort (Lai et al., OSDI
 2021), with participation kept within bounds.
 
-Per device the layer keeps what the coordinator has seen: how long its last replies took (from
-sending its message to its reply landing, an exponential average; a device that timed out counts
-the whole wait), its statistical utility (examples × training loss of its replies, Oort's
-``|B|·sqrt(mean loss²)`` with the mean loss standing in for the root mean square; 1 where replies
-carry no loss, as under secure aggregation) and how often and when it was chosen.
+Per device the layer keeps what the coordinator has seen: how long its last replies took (an
+exponential average; a device that timed out counts the whole wait), its statistical utility
+(examples × training loss of its replies, Oort's ``|B|·sqrt(mean loss²)`` with the mean loss
+standing in for the root mean square; 1 where replies carry no loss, as under secure aggregation)
+and how often and when it was chosen.
 
 A step of ``k`` devices is filled in this order:
 
@@ -18,6 +18,22 @@ A step of ``k`` devices is filled in this order:
    device slower than ``T`` (the duration of the k-th fastest known device: the round time a
    step of the k fastest would take), plus Oort's staleness bonus ``sqrt(0.1 ln(t) / last)``.
    Devices at ``max-share`` × their fair share are skipped while others remain.
+
+**How long a reply took** is the device's own time, as far as the coordinator can check it. The
+round trip (sending its message to its reply landing) also holds what the message spent outside
+the device: the network and the engine's polling. On Flower's deployment engine that polling alone
+is 0-3 s, because an idle SuperNode sleeps 3 s between asks. That is more than a 5x slow device's
+extra time on a small task, so ranking by the round trip mixes fast devices with slow ones. So a
+reply that carries a resource report (``fedge.protocol.resources``) counts as
+``max(reported wall time, round trip - L)``. L is the 90th percentile of round trip minus reported
+wall time over the last 64 reports, the time outside the devices.
+
+- A device that reports nothing counts as ``round trip - L``.
+- A device that understates its time still counts at least ``round trip - L``. Only the jitter
+  within L is taken on its word, so it cannot look faster than the coordinator saw it by more than
+  that. If more than a tenth of the replies understate, L grows with them. The ``max-share`` cap
+  still bounds how often any device is asked.
+- Before any report, every device counts its round trip.
 
 A device that declined (``not-eligible``, ``over-budget``) is not asked again in the next step.
 The row gets ``participation``: Jain's fairness index over every connected device's selection
@@ -33,6 +49,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +60,16 @@ from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec
 from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
+from fedge.protocol.resources import read_report
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.server.engine.layers.base import Failure, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["Oort", "SelectionLayer", "jain_index"]
+
+#: replies whose time outside the device sets L
+_OUTSIDE_WINDOW = 64
 
 
 def jain_index(counts: list[float]) -> float:
@@ -101,6 +122,7 @@ class SelectionLayer(Layer):
         self.steps = 0  # selections made (steps, or asynchronous dispatches)
         self.fair = 0.0  # the sum over selections of k / connected: each device's fair count so far
         self.sent: dict[int, float] = {}  # node -> when its message left
+        self.outside: deque[float] = deque(maxlen=_OUTSIDE_WINDOW)  # round trip - reported wall, recent replies
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> SelectionLayer | None:
@@ -108,7 +130,9 @@ class SelectionLayer(Layer):
         rule = Oort.parse(settings.selection)
         private = settings.differential_privacy.strip().lower() not in ("", "none")
         if rule is None:  # uniform: the engine's sample; the layer only counts it for the fairness figure
-            return None if private or algorithm.fixed_membership else cls(None, settings.seed, settings.clients_per_round)
+            if private or algorithm.fixed_membership:
+                return None
+            return cls(None, settings.seed, settings.clients_per_round)
         if private:
             raise SettingsError("selection=oort with differential privacy: the accountant assumes Poisson "
                                 "sampling at a fixed rate, which choosing by speed and loss breaks; use "
@@ -194,6 +218,19 @@ class SelectionLayer(Layer):
         if utility is not None:
             device.utility = utility if device.utility is None else (1 - w) * device.utility + w * utility
 
+    def _outside(self) -> float:
+        """L: the time recent replies spent outside their devices (90th percentile), 0 before any
+        report."""
+        return float(np.quantile(np.fromiter(self.outside, dtype=float), 0.9)) if self.outside else 0.0
+
+    def _device_seconds(self, trip: float, reply: Reply) -> float:
+        report = read_report(reply.content)
+        if report is None:
+            return max(0.0, trip - self._outside())
+        if report.wall_seconds <= trip:  # a report longer than the round trip is not one to learn from
+            self.outside.append(trip - report.wall_seconds)
+        return max(report.wall_seconds, trip - self._outside())
+
     def arrived(self, step: Step, reply: Reply) -> None:
         sent = self.sent.pop(reply.node, None)
         metrics = reply.content.metric_records.get(METRICS_RECORD)
@@ -203,7 +240,8 @@ class SelectionLayer(Layer):
             if isinstance(loss, (int, float)) and isinstance(examples, (int, float)) and math.isfinite(loss) \
                     and loss >= 0 and examples > 0:
                 utility = float(examples) * float(loss)
-        self._observe(reply.node, None if sent is None else max(0.0, self.clock() - sent), utility)
+        seconds = None if sent is None else self._device_seconds(max(0.0, self.clock() - sent), reply)
+        self._observe(reply.node, seconds, utility)
 
     def missed(self, step: Step, failure: Failure) -> None:
         if failure.node is None:
@@ -231,7 +269,7 @@ class SelectionLayer(Layer):
                               "min_share": self.rule.min_share, "max_share": self.rule.max_share}}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "fair": self.fair,
+        return {"steps": self.steps, "fair": self.fair, "outside": list(self.outside),
                 "devices": {str(n): [d.chosen, d.duration, d.utility, d.last, d.rest_until]
                             for n, d in self.devices.items()}}
 
@@ -241,5 +279,6 @@ class SelectionLayer(Layer):
                 return
             raise ValueError("the checkpoint has no selection state: the run did not set selection=oort")
         self.steps, self.fair = int(state["steps"]), float(state["fair"])
+        self.outside = deque((float(v) for v in state.get("outside", [])), maxlen=_OUTSIDE_WINDOW)
         self.devices = {int(n): _Device(int(c), d, u, int(last), int(rest))
                         for n, (c, d, u, last, rest) in state["devices"].items()}
