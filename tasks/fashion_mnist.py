@@ -7,11 +7,12 @@ downloaded: without the files the task raises :class:`DatasetMissing` naming the
 60,000 training and 10,000 test images of 28x28, 10 classes (Xiao et al. 2017,
 https://arxiv.org/abs/1708.07747). ``train_samples`` / ``test_samples`` take the first N of a
 seeded shuffle, so a CPU benchmark can use a stratified-enough subset. The model is a two-block CNN
-(conv-relu-pool x2, two linear layers) of 105k parameters; ``model=small`` is the same shape at half
-the channels with one linear layer, 9k parameters. The small one is for differential privacy with few
-devices per round: the noise on a round's mean has norm z C sqrt(d) / (q N), so at ten devices per
-round the default CNN's update drowns (noise norm 32 z C against at most C of signal) where the small
-model's does not (9.5 z C).
+(conv-relu-pool x2, two linear layers) of 105k parameters. ``model=small`` is the same shape at half
+the channels with one linear layer, 9k parameters.
+
+The small one is for differential privacy with few devices per round. The noise on a round's mean
+has norm z C sqrt(d) / (q N). At ten devices per round that is 32 z C for the default CNN, against
+at most C of signal; the small model cuts it to 9.5 z C.
 """
 
 from __future__ import annotations
