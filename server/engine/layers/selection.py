@@ -240,8 +240,10 @@ class SelectionLayer(Layer):
             if isinstance(loss, (int, float)) and isinstance(examples, (int, float)) and math.isfinite(loss) \
                     and loss >= 0 and examples > 0:
                 utility = float(examples) * float(loss)
-        seconds = None if sent is None else self._device_seconds(max(0.0, self.clock() - sent), reply)
-        self._observe(reply.node, seconds, utility)
+        if self.rule is None or sent is None:  # uniform learns nothing from speed
+            self._observe(reply.node, None, utility)
+            return
+        self._observe(reply.node, self._device_seconds(max(0.0, self.clock() - sent), reply), utility)
 
     def missed(self, step: Step, failure: Failure) -> None:
         if failure.node is None:
