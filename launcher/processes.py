@@ -61,8 +61,10 @@ class ManagedProcess:
 
 #: ports this process has handed out, never handed out twice
 _HANDED_OUT: set[int] = set()
-#: where free_port looks when the system's ephemeral range leaves room below it
-_LOWEST = 10_000
+#: where free_port looks when the system's ephemeral range leaves room below it: above Ray's
+#: default worker ports (10002-19999), which a Ray node takes for its workers and refuses as its own
+#: GCS port ("worker_ports is trying to use a port number ... used by other components")
+_LOWEST = 20_000
 
 
 def _ephemeral_range() -> tuple[int, int] | None:

@@ -16,6 +16,8 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> Non
     if ephemeral is not None and ephemeral[0] - processes._LOWEST >= 1_000:
         # the kernel places outgoing connections' local ports in the ephemeral range only
         assert all(processes._LOWEST <= p < ephemeral[0] for p in ports), (ports, ephemeral)
+        # nor in Ray's default worker ports, which a Ray head refuses as its GCS port
+        assert not any(10_002 <= p <= 19_999 for p in ports), ports
     for port in ports[:5]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", port))
