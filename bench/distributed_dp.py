@@ -109,7 +109,12 @@ def main(argv: list[str] | None = None) -> None:
                           if mode != "central" and r["clients_used"]]
                 results.append({
                     "target_epsilon": target, "mode": mode, "seed": seed, "noise_multiplier": z,
-                    "epsilon": rows[-1].get("dp_epsilon"), "final_accuracy": rows[-1]["accuracy"],
+                    "epsilon": rows[-1].get("dp_epsilon"),
+                    # distributed only: the worst device's epsilon against the coordinator, which
+                    # knows who took part (no amplification), and its number of rounds
+                    "epsilon_against_coordinator": rows[-1].get("dp_epsilon_coordinator"),
+                    "most_rounds_of_a_device": rows[-1].get("dp_coordinator_rounds"),
+                    "final_accuracy": rows[-1]["accuracy"],
                     "best_accuracy": max(r["accuracy"] for r in rows), "rounds": len(rows),
                     "ring_bits": (f"{min(r['secagg_ring_bits'] for r in rows)}-{max(r['secagg_ring_bits'] for r in rows)}"
                                   if mode != "central" else None),
@@ -119,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(results[-1], flush=True)
     print(f"\n{args.task}, {args.clients} clients, Poisson q = {q:g}, {args.rounds} rounds, clip {args.clip:g}, "
           f"delta {args.delta:g}, seeds {args.seeds}")
-    print("| target ε | mode | noise z | ε reported | final accuracy (per seed) | mean | ring bits | bytes / coordinate |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| target ε | mode | noise z | ε reported | ε against the coordinator, worst device (its rounds) | "
+          "final accuracy (per seed) | mean | ring bits | bytes / coordinate |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for target in args.epsilon:
         for mode in ("central", "secagg+distributed"):
             runs = [r for r in results if r["target_epsilon"] == target and r["mode"] == mode]
@@ -128,8 +134,10 @@ def main(argv: list[str] | None = None) -> None:
             mean = statistics.mean(r["final_accuracy"] for r in runs)
             bits = runs[0]["ring_bits"] or "-"
             per = f"{statistics.mean(r['bytes_per_coordinate'] for r in runs):.3f}" if runs[0]["bytes_per_coordinate"] else "-"
-            print(f"| {target:g} | {mode} | {runs[0]['noise_multiplier']:.3f} | {runs[0]['epsilon']:.2f} | {accs} | "
-                  f"{mean:.1%} | {bits} | {per} |")
+            worst = ", ".join(f"{r['epsilon_against_coordinator']:.1f} ({r['most_rounds_of_a_device']})" for r in runs
+                              if r["epsilon_against_coordinator"] is not None) or "all (central DP trusts it)"
+            print(f"| {target:g} | {mode} | {runs[0]['noise_multiplier']:.3f} | {runs[0]['epsilon']:.2f} | {worst} | "
+                  f"{accs} | {mean:.1%} | {bits} | {per} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d %H:%M"),
                                     "machine": platform.platform(), "results": results}, indent=2) + "\n")

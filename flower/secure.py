@@ -154,18 +154,19 @@ class SecureStrategy(Strategy):
         if state is None or state.number != server_round:
             return None, None
         secure, count, uploads = state.secure, 0, {}
+        members: list[int] = []
         mean: np.ndarray | None = None
         if secure is not None:
             uploads = self._uploads(server_round, secure, replies)
             try:
                 survivors = secure.masked_inputs(uploads)
                 revealed, count, _ = secure.unmask(_stages(state.grid, server_round), survivors)
-                mean = revealed.numpy().astype(np.float64)
+                mean, members = revealed.numpy().astype(np.float64), list(survivors)
             except SecAggError as error:
                 log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
             self._note(server_round, secure)
         if self.dp is not None:  # the devices' noisy sum over q N, or noise alone: never a noiseless release
-            mean = self.dp.release(None if mean is None else mean * count, state.connected, count)
+            mean = self.dp.release(None if mean is None else mean * count, state.connected, members)
         elif mean is None:
             return None, None
         stepped = state.layout.rebuild(state.layout.flatten(state.arrays) + mean, state.arrays)

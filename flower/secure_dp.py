@@ -14,6 +14,10 @@ sees a noiseless sum; it only samples, divides and accounts. As in Fedge's engin
   who answered.
 - The ledger (Agarwal, Kairouz and Liu 2021's Skellam RDP, amplified by Poisson sampling) credits
   only the survivors' noise but one; a round that would take epsilon past ``budget`` is not run.
+- The coordinator draws the sample and sees who took part, so against it sampling amplifies
+  nothing: ``fedge-dp-epsilon-coordinator`` is the worst device's epsilon against the coordinator
+  (``fedge.privacy.accountant.CoordinatorLedger``), ``fedge-dp-epsilon`` the amplified one, against
+  whoever sees only the released models.
 
 Adaptive clipping is refused (it needs each device's fitted bit in clear).
 """
@@ -29,7 +33,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from fedge.privacy.accountant import SkellamLedger
+from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
 from fedge.privacy.distributed_dp import SkellamParams, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 
@@ -64,6 +68,7 @@ class DistributedDP:
         self.rate = float(rate)
         self.numel = numel
         self.ledger = SkellamLedger(spec_.delta)
+        self.coordinator = CoordinatorLedger(spec_.delta)
         self._sampler = random.SystemRandom()
         self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
@@ -92,17 +97,19 @@ class DistributedDP:
                      self.spec.budget, self.spec.delta)
         return spent
 
-    def release(self, noisy_sum: np.ndarray | None, connected: int, survivors: int) -> np.ndarray:
-        """The mean update released this round, recorded in the ledger: the devices' noisy sum over
-        q N, or (no sum) noise of the same scale drawn here over q N."""
+    def release(self, noisy_sum: np.ndarray | None, connected: int, members: list[int]) -> np.ndarray:
+        """The mean update released this round, recorded in the ledgers: the noisy sum of the
+        updates of ``members`` over q N, or (no sum) noise of the same scale drawn here over q N."""
         expected = self.expected(connected)
-        if noisy_sum is None or survivors < 1:
-            params = self.noise(connected)
+        params = self.noise(connected)
+        if noisy_sum is None or not members:
             std = math.sqrt(max(expected - 1.0, 1.0) * params.local_variance) / params.scale
             return self._rng.normal(0.0, std, size=self.numel) / expected
-        self.ledger.record(*self._round(connected, survivors))
+        self.ledger.record(*self._round(connected, len(members)))
+        self.coordinator.record(members, len(members) * params.local_variance, params.l1_bound, params.l2_bound)
         return noisy_sum / expected
 
     def metrics(self) -> dict[str, float]:
-        return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-delta": self.spec.delta,
+        return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-epsilon-coordinator": self.coordinator.worst()[0],
+                "fedge-dp-delta": self.spec.delta,
                 "fedge-dp-sampling-rate": self.rate, "fedge-dp-noise-multiplier": self.spec.noise}

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp, skellam_rdp, subsampled_rdp
 
-__all__ = ["PrivacyLedger", "SkellamLedger"]
+__all__ = ["CoordinatorLedger", "PrivacyLedger", "SkellamLedger"]
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's RDP warns per excluded order
 
@@ -135,3 +135,64 @@ class SkellamLedger:
             return cls(float(state["delta"]), [tuple(float(v) for v in r) for r in state["skellam-rounds"]])  # type: ignore[misc]
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"the checkpoint's distributed-DP ledger is malformed: {error}") from None
+
+
+class CoordinatorLedger:
+    """What distributed DP guarantees each device against the coordinator itself, per device.
+
+    The amplified epsilon of :class:`SkellamLedger` holds against whoever sees the released models
+    but not who was sampled. The coordinator draws the sample and sees who took part at every stage,
+    so sampling hides nothing from it: against the coordinator a round that summed a device's update
+    is the plain Skellam mechanism (no amplification) over that device's update, with the noise of
+    every device in the sum credited (the device's own included: under the coordinator's view the
+    device took part in both neighbouring worlds, only its update differs, the "zero-out"
+    adjacency), and a round without it costs it nothing. Each device's rounds compose; the figure
+    reported is the worst device's. A device is its node id: one that rejoins under a new id starts
+    a new history (docs/privacy.md). State: per node, its distinct rounds (credited variance, L1,
+    L2, integer units) with their counts, kept in the checkpoint."""
+
+    def __init__(self, delta: float, devices: dict[str, list[list[float]]] | None = None) -> None:
+        self.delta = delta
+        self.devices: dict[str, dict[tuple[float, float, float], int]] = {}
+        for node, rounds in (devices or {}).items():
+            for variance, l1, l2, count in rounds:
+                key = (float(variance), float(l1), float(l2))
+                self.devices.setdefault(str(node), {})[key] = int(count)
+
+    def record(self, members: Iterable[object], variance: float, l1: float, l2: float) -> None:
+        """One round whose unmasked sum held the updates of ``members`` and ``variance`` of noise."""
+        if not variance > 0 or not (l1 > 0 and l2 > 0):
+            raise ValueError(f"a round needs a positive variance and sensitivities, got {variance}, {l1}, {l2}")
+        key = (float(variance), float(l1), float(l2))
+        for node in members:
+            rounds = self.devices.setdefault(str(node), {})
+            rounds[key] = rounds.get(key, 0) + 1
+
+    def rounds(self, node: object) -> int:
+        return sum(self.devices.get(str(node), {}).values())
+
+    def epsilon_of(self, node: object) -> float:
+        rounds = self.devices.get(str(node), {})
+        if not rounds:
+            return 0.0
+        total = [sum(count * skellam_rdp(alpha, l1, l2, variance) for (variance, l1, l2), count in rounds.items())
+                 for alpha in ORDERS]
+        return epsilon_from_rdp(total, self.delta)
+
+    def worst(self) -> tuple[float, int]:
+        """(the largest epsilon of any device, the most rounds any device took part in)."""
+        if not self.devices:
+            return 0.0, 0
+        return max(self.epsilon_of(node) for node in self.devices), max(self.rounds(n) for n in self.devices)
+
+    def state_dict(self) -> dict:
+        return {"delta": self.delta, "devices": {node: [[v, l1, l2, c] for (v, l1, l2), c in sorted(rounds.items())]
+                                                for node, rounds in sorted(self.devices.items())}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "CoordinatorLedger":
+        try:
+            return cls(float(state["delta"]), {str(n): [list(map(float, r)) for r in rounds]
+                                                for n, rounds in dict(state["devices"]).items()})
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"the checkpoint's per-device distributed-DP ledger is malformed: {error}") from None

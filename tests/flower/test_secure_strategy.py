@@ -252,6 +252,9 @@ def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_de
     assert abs(residual.mean()) < 5 * expected_std / np.sqrt(residual.size)
     assert 0.9 < residual.std() / expected_std < 1.1
     assert len(wrapped.dp.ledger.rounds) == 1
+    # against the coordinator, which sampled them, each of the four spent one unamplified round
+    assert sorted(wrapped.dp.coordinator.devices) == sorted(str(n) for n in NODES)
+    assert metrics["fedge-dp-epsilon-coordinator"] == wrapped.dp.coordinator.worst()[0] > 0
 
 
 def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_spends_nothing() -> None:
@@ -268,6 +271,7 @@ def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_spe
     expected_std = np.sqrt(max(len(NODES) - 1, 1) * params.local_variance) / params.scale / len(NODES)
     assert 0.9 < moved.std() / expected_std < 1.1
     assert wrapped.dp.ledger.rounds == [] and metrics["fedge-dp-epsilon"] == 0
+    assert wrapped.dp.coordinator.devices == {} and metrics["fedge-dp-epsilon-coordinator"] == 0
 
 
 def test_poisson_sampling_at_the_strategys_fraction() -> None:

@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, stats
 
-from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
+from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
 from fedge.privacy.distributed_dp import (
     ORDERS,
     SkellamParams,
@@ -80,6 +80,44 @@ def test_the_ledger_composes_and_survives_a_checkpoint() -> None:
     # a round with no credited noise (one survivor) is unbounded: never reported as finite
     assert SkellamLedger(1e-5, [(0.2, 0.0, 2e3, 60.0)]).epsilon() == math.inf
     assert epsilon_from_rdp([math.inf] * len(ORDERS), 1e-5) == math.inf
+
+
+def _analytic_gaussian_epsilon(mu: float, delta: float) -> float:
+    """The exact epsilon at ``delta`` of the Gaussian mechanism with sensitivity / sigma = mu
+    (Balle and Wang 2018, Theorem 8): delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
+    gap = lambda eps: (stats.norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * stats.norm.cdf(-mu / 2 - eps / mu)
+                       - delta)
+    return float(optimize.brentq(gap, 0.0, 500.0))
+
+
+@pytest.mark.parametrize("z", [0.7, 1.056, 2.0])
+def test_against_the_coordinator_each_device_spends_its_own_rounds_without_amplification(z) -> None:
+    """The coordinator draws the sample and sees who took part, so against it a device spends, for
+    each round its update was summed in, the plain Skellam mechanism: m rounds at central variance
+    (z D2)^2 cost at least what m compositions of the Gaussian mechanism exactly cost (Balle and
+    Wang's analytic epsilon, implemented here, mu = sqrt(m) / z; a discrete mechanism accounted by
+    RDP cannot be cheaper) and at most 25% more (measured 6-10%: RDP's conversion). A device's
+    rounds, and only its own, count; the worst device is reported; the state survives a
+    checkpoint. Against the coordinator, a device in 3 of 30 rounds has spent more than the run's
+    amplified epsilon."""
+    l2 = 400.0
+    l1 = min(l2 * l2, math.sqrt(9098) * l2)
+    variance = (z * l2) ** 2
+    ledger = CoordinatorLedger(1e-5)
+    for m in range(10):
+        ledger.record(["often"] + (["once"] if m == 0 else []) + (["thrice"] if m < 3 else []), variance, l1, l2)
+    for node, m in (("once", 1), ("thrice", 3), ("often", 10)):
+        assert ledger.rounds(node) == m
+        exact = _analytic_gaussian_epsilon(math.sqrt(m) / z, 1e-5)
+        assert exact <= ledger.epsilon_of(node) <= 1.25 * exact, (node, ledger.epsilon_of(node), exact)
+    assert ledger.epsilon_of("never") == 0.0
+    assert ledger.worst() == (ledger.epsilon_of("often"), 10)
+    again = CoordinatorLedger.from_state(ledger.state_dict())
+    assert again.worst() == ledger.worst() and again.epsilon_of("thrice") == ledger.epsilon_of("thrice")
+    amplified = SkellamLedger(1e-5, [(0.1, variance, l1, l2)] * 30).epsilon()
+    assert ledger.epsilon_of("thrice") > amplified, (ledger.epsilon_of("thrice"), amplified)
+    with pytest.raises(ValueError, match="malformed"):
+        CoordinatorLedger.from_state({"delta": 1e-5, "devices": {"a": [[1.0]]}})
 
 
 @pytest.mark.parametrize("variance", [1.0, 30.0, 1e3, 1e5])

@@ -419,6 +419,12 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     assert all(r.extra["dp_mechanism"] == "skellam" for r in rows)
     epsilons = [r.extra["dp_epsilon"] for r in rows]
     assert all(math.isfinite(e) for e in epsilons) and 0 < epsilons[0] < epsilons[1]
+    # against the coordinator (which knows who took part) nothing is amplified: the worst device's
+    # epsilon is its own rounds' plain Skellam mechanism, every survivor's noise credited
+    ledger = engine.layer("dp").coordinator
+    assert [r.extra["dp_coordinator_rounds"] for r in rows] == [1, 2]
+    assert sum(ledger.rounds(n) for n in ledger.devices) == sum(r.clients_used for r in rows)
+    assert rows[-1].extra["dp_epsilon_coordinator"] == max(ledger.epsilon_of(n) for n in ledger.devices) > 0
     for row in rows:
         used = row.clients_used
         assert row.extra["dp_credited_devices"] == used - 1
@@ -426,6 +432,21 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
         assert ring == params.ring_bits(5)
         masked = used * ((engine.ctx.numel * ring + 7) // 8 + 17)  # 17-byte header, no weight digits
         assert masked < row.uplink_bytes < masked + used * 10_000
+
+
+def test_a_resumed_distributed_dp_run_keeps_each_devices_spending_against_the_coordinator(tmp_path) -> None:
+    """The per-device ledger is checkpointed with the amplified one: after a resume a device's
+    rounds before the crash still count against the coordinator, and none counts twice."""
+    dp = "gaussian:noise=0.5,clip=1.0,delta=1e-5"
+    grid = InProcessGrid(5)  # the same devices (their identity keys) on both sides of the restart
+    first = _engine(tmp_path, rounds=1, local_epochs=1, differential_privacy=dp)
+    first.run(grid, initial_params(TASK, 42))
+    before = {n: first.layer("dp").coordinator.rounds(n) for n in first.layer("dp").coordinator.devices}
+    resumed = _engine(tmp_path, rounds=2, local_epochs=1, differential_privacy=dp)
+    rows = resumed.run(grid, initial_params(TASK, 42)).rows
+    ledger = resumed.layer("dp").coordinator
+    assert sum(before.values()) == 5 and rows[-1].extra["dp_coordinator_rounds"] == 2
+    assert sum(ledger.rounds(n) for n in ledger.devices) == 5 + rows[-1].clients_used
 
 
 def test_distributed_dp_refuses_what_it_cannot_account_for(tmp_path) -> None:

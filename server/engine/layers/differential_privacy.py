@@ -10,8 +10,11 @@ is checkpointed. Rows under DP carry no training loss (a noiseless aggregate of 
 
 The coordinator sees each clipped update before it adds noise: this protects the released models
 (and everything derived from them) against whoever receives them, not the devices against the
-coordinator. Secure aggregation with noise added inside the ring (distributed DP) is what protects
-against the coordinator; it is not built yet, and the combination is refused.
+coordinator. With secure aggregation the devices add the noise inside the ring (distributed DP,
+``fedge.privacy.distributed_dp``) and the coordinator never sees a noiseless sum. It still draws the
+sample and sees who took part, so against it sampling amplifies nothing: rows then report two
+epsilons, the amplified one (against whoever sees only the released models) and the worst device's
+against the coordinator (``CoordinatorLedger``).
 
 As a layer of the engine (``fedge.server.engine.layers``): it replaces the step's sample (Poisson),
 ends the run before a step would overspend the budget, stamps each message with the round's
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
+from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
 from fedge.privacy.distributed_dp import SkellamParams, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
@@ -79,6 +82,8 @@ class DifferentialPrivacyLayer(Layer):
         #: with secure aggregation (distributed DP): the devices add the noise inside the ring
         #: (Skellam), the coordinator only samples, divides and accounts in this ledger
         self.skellam = SkellamLedger(dp.spec.delta) if distributed else None
+        #: and what each device has spent against the coordinator, which knows who took part
+        self.coordinator = CoordinatorLedger(dp.spec.delta) if distributed else None
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | None:
@@ -156,19 +161,25 @@ class DifferentialPrivacyLayer(Layer):
     def _close_distributed(self, step: Step) -> dict[str, Any]:
         """Record the round (a round whose sum could not be unmasked released no device's data and
         spends nothing); the row's DP fields. Rows report RDP's epsilon only (no PLD for Skellam)."""
-        assert self.skellam is not None
+        assert self.skellam is not None and self.coordinator is not None
         survivors = int(step.aggregate.count)
         q = self.dp.sampling_rate(step.connected, self.clients_per_round)
         if survivors >= 1:
             self.skellam.record(*self._skellam_round(step.connected, survivors))
+            params = self.noise(step.connected)
+            self.coordinator.record(step.aggregate.members, survivors * params.local_variance, params.l1_bound,
+                                    params.l2_bound)
         epsilon = self.skellam.epsilon()
+        against_coordinator, most = self.coordinator.worst()
         return {"dp_epsilon": epsilon, "dp_epsilon_rdp": epsilon, "dp_delta": self.dp.spec.delta,
                 "dp_sampling_rate": q, "dp_noise_multiplier": self.dp.spec.noise, "dp_clip": self.dp.spec.clip,
-                "dp_mechanism": "skellam", "dp_credited_devices": max(survivors - 1, 0)}
+                "dp_mechanism": "skellam", "dp_credited_devices": max(survivors - 1, 0),
+                "dp_epsilon_coordinator": against_coordinator, "dp_coordinator_rounds": most}
 
     def state_dict(self) -> dict[str, Any]:
         if self.skellam is not None:
-            return self.skellam.state_dict()
+            assert self.coordinator is not None
+            return {**self.skellam.state_dict(), "coordinator": self.coordinator.state_dict()}
         return self.dp.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -179,6 +190,11 @@ class DifferentialPrivacyLayer(Layer):
             if ledger.delta != self.dp.spec.delta:
                 raise ValueError(f"the checkpoint accounted at delta={ledger.delta}, this run at {self.dp.spec.delta}")
             self.skellam = ledger
+            if "coordinator" in state:
+                self.coordinator = CoordinatorLedger.from_state(state["coordinator"])
+            else:  # a checkpoint from before the per-device ledger: its past rounds are not in it
+                log.warning("the checkpoint has no per-device ledger: epsilon against the coordinator counts "
+                            "only the rounds from here on")
             return
         self.dp.load_state_dict(state)
 

@@ -187,7 +187,7 @@ class SecureAggregationLayer(Layer):
         try:
             survivors = state.secure.masked_inputs(state.uploads)
             mean, count, _ = state.secure.unmask(_stages(exchange), survivors)
-            step.aggregate.reveal(mean, count)
+            step.aggregate.reveal(mean, count, survivors)
             tally.used = count
         except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
             self._abandon(step, state, error)
@@ -242,6 +242,8 @@ class _RevealedMean:
         self.inner = inner
         self.mean: torch.Tensor | None = None
         self._count = 0
+        #: the nodes whose updates are in the unmasked sum (the coordinator knows them)
+        self.members: list[int] = []
 
     def __getattr__(self, name: str) -> Any:  # spec, streaming, capacity...
         return getattr(self.inner, name)
@@ -249,8 +251,8 @@ class _RevealedMean:
     def add(self, vector: torch.Tensor, weight: float) -> None:
         raise Rejected("under secure aggregation no update is added in clear")
 
-    def reveal(self, mean: torch.Tensor, count: int) -> None:
-        self.mean, self._count = mean, count
+    def reveal(self, mean: torch.Tensor, count: int, members: list[int]) -> None:
+        self.mean, self._count, self.members = mean, count, list(members)
 
     @property
     def count(self) -> int:
