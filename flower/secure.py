@@ -110,9 +110,10 @@ class SecureStrategy(Strategy):
                 return []
             messages = [Message(RecordDict(dict(template.content.items())), node, MessageType.TRAIN,
                                 group_id=str(server_round)) for node in self.dp.sample(all_nodes)]
-            noise = self.dp.noise(connected)
         nodes = sorted({m.metadata.dst_node_id for m in messages})
-        state = _Round(server_round, None, layout, arrays, grid, connected)
+        if self.dp is not None:
+            noise = self.dp.noise(len(nodes))  # each planned node's share of the round's noise
+        state = _Round(server_round, None, layout, arrays, grid, connected, len(nodes))
         self._round = state  # under DP a round with no sum still releases noise
         if len(nodes) < 2:
             log.warning("round %d: secure aggregation needs at least 2 nodes, %d sampled: no training this round",
@@ -166,7 +167,7 @@ class SecureStrategy(Strategy):
                 log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
             self._note(server_round, secure)
         if self.dp is not None:  # the devices' noisy sum over q N, or noise alone: never a noiseless release
-            mean = self.dp.release(None if mean is None else mean * count, state.connected, members)
+            mean = self.dp.release(None if mean is None else mean * count, state.connected, members, state.planned)
         elif mean is None:
             return None, None
         stepped = state.layout.rebuild(state.layout.flatten(state.arrays) + mean, state.arrays)
@@ -243,6 +244,8 @@ class _Round:
     arrays: ArrayRecord
     grid: Grid
     connected: int
+    #: the nodes planned into the secure round (under DP each adds 1/planned of the noise)
+    planned: int = 0
 
 
 def _stages(grid: Grid, server_round: int) -> StageExchange:

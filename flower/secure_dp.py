@@ -12,8 +12,10 @@ sees a noiseless sum; it only samples, divides and accounts. As in Fedge's engin
 - A round whose sum cannot be unmasked (or with fewer than two devices sampled) releases the
   current model plus noise of the same scale drawn here: whether noise appears never depends on
   who answered.
-- The ledger (Agarwal, Kairouz and Liu 2021's Skellam RDP, amplified by Poisson sampling) credits
-  only the survivors' noise but one; a round that would take epsilon past ``budget`` is not run.
+- Each of the k nodes planned into a round adds 1/k of the noise; the coordinator adds the shares
+  of those that dropped, so the released sum carries the same noise whoever took part. The ledger
+  (Agarwal, Kairouz and Liu 2021's Skellam RDP, amplified by Poisson sampling) records that noise;
+  a round that would take epsilon past ``budget`` is not run.
 - The coordinator draws the sample and sees who took part, so against it sampling amplifies
   nothing: ``fedge-dp-epsilon-coordinator`` is the worst device's epsilon against the coordinator
   (``fedge.privacy.accountant.CoordinatorLedger``), ``fedge-dp-epsilon`` the amplified one, against
@@ -34,7 +36,7 @@ from typing import TypeVar
 import numpy as np
 
 from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, round_noise
+from fedge.privacy.distributed_dp import SkellamParams, central_variance, round_noise, top_up
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 
 __all__ = ["DistributedDP", "parsed"]
@@ -79,35 +81,36 @@ class DistributedDP:
     def expected(self, connected: int) -> float:
         return max(self.rate * connected, 1.0)
 
-    def noise(self, connected: int) -> SkellamParams:
-        """The round's Skellam parameters for q N expected devices (in the secure round's plan)."""
-        return round_noise(self.spec, self.numel, max(1, round(self.rate * connected)), connected)
+    def noise(self, planned: int) -> SkellamParams:
+        """Each of the ``planned`` nodes' share of the round's noise (in the secure round's plan)."""
+        return round_noise(self.spec, self.numel, planned)
 
-    def _round(self, connected: int, survivors: int) -> tuple[float, float, float, float]:
-        params = self.noise(connected)
-        return self.rate, max(survivors - 1, 0) * params.local_variance, params.l1_bound, params.l2_bound
+    def _round(self) -> tuple[float, float, float, float]:
+        params = self.noise(1)
+        return self.rate, central_variance(self.spec, self.numel), params.l1_bound, params.l2_bound
 
     def exhausted(self, connected: int) -> bool:
-        """Whether a round at the expected sample size would spend more than the budget (0: none)."""
+        """Whether one more round would spend more than the budget (0: none)."""
         if self.spec.budget <= 0:
             return False
-        spent = self.ledger.would_exceed(self.spec.budget, self._round(connected, round(self.rate * connected)))
+        spent = self.ledger.would_exceed(self.spec.budget, self._round())
         if spent:
             log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); no more rounds",
                      self.spec.budget, self.spec.delta)
         return spent
 
-    def release(self, noisy_sum: np.ndarray | None, connected: int, members: list[int]) -> np.ndarray:
+    def release(self, noisy_sum: np.ndarray | None, connected: int, members: list[int], planned: int) -> np.ndarray:
         """The mean update released this round, recorded in the ledgers: the noisy sum of the
-        updates of ``members`` over q N, or (no sum) noise of the same scale drawn here over q N."""
+        updates of ``members`` plus the shares of the ``planned`` nodes that dropped, over q N; or
+        (no sum) noise of the same scale drawn here, over q N."""
         expected = self.expected(connected)
-        params = self.noise(connected)
+        share = self.noise(planned)
         if noisy_sum is None or not members:
-            std = math.sqrt(max(expected - 1.0, 1.0) * params.local_variance) / params.scale
+            std = math.sqrt(central_variance(self.spec, self.numel)) / share.scale
             return self._rng.normal(0.0, std, size=self.numel) / expected
-        self.ledger.record(*self._round(connected, len(members)))
-        self.coordinator.record(members, len(members) * params.local_variance, params.l1_bound, params.l2_bound)
-        return noisy_sum / expected
+        self.ledger.record(*self._round())
+        self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
+        return (noisy_sum + top_up(share, planned, len(members), self._rng) / share.scale) / expected
 
     def metrics(self) -> dict[str, float]:
         return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-epsilon-coordinator": self.coordinator.worst()[0],

@@ -92,8 +92,8 @@ class SkellamLedger:
     """The rounds of a run with distributed noise (the Skellam mechanism inside the secure-aggregation
     ring) and their epsilon at ``delta``, by RDP at integer orders: Agarwal, Kairouz and Liu 2021's
     bound, amplified by Poisson sampling (Zhu and Wang 2019), composed over rounds and converted
-    as dp-accounting does. A round is (q, credited central variance, L1 and L2 sensitivity), all in
-    the ring's integer units; that list is the whole state, kept in the checkpoint."""
+    as dp-accounting does. A round is (q, the released sum's noise variance, L1 and L2 sensitivity),
+    all in the ring's integer units; that list is the whole state, kept in the checkpoint."""
 
     def __init__(self, delta: float, rounds: Iterable[tuple[float, float, float, float]] = ()) -> None:
         self.delta = delta
@@ -143,12 +143,12 @@ class CoordinatorLedger:
     The amplified epsilon of :class:`SkellamLedger` holds against whoever sees the released models
     but not who was sampled. The coordinator draws the sample and sees who took part at every stage,
     so sampling hides nothing from it: against the coordinator a round that summed a device's update
-    is the plain Skellam mechanism (no amplification) over that device's update, with the noise of
-    every device in the sum credited (the device's own included: under the coordinator's view the
-    device took part in both neighbouring worlds, only its update differs, the "zero-out"
-    adjacency), and a round without it costs it nothing. Each device's rounds compose; the figure
+    is the plain Skellam mechanism (no amplification) over that device's update, at the devices'
+    noise in the sum (the device's own share included: under the coordinator's view the device took
+    part in both neighbouring worlds, only its update differs, the "zero-out" adjacency; never the
+    coordinator's own top-up, which it knows), and a round without it costs it nothing. Each device's rounds compose; the figure
     reported is the worst device's. A device is its node id: one that rejoins under a new id starts
-    a new history (docs/privacy.md). State: per node, its distinct rounds (credited variance, L1,
+    a new history (docs/privacy.md). State: per node, its distinct rounds (devices' noise variance, L1,
     L2, integer units) with their counts, kept in the checkpoint."""
 
     def __init__(self, delta: float, devices: dict[str, list[list[float]]] | None = None) -> None:

@@ -13,11 +13,18 @@ a tail bound on the summed noise (Bernstein's inequality for a sum of centred Po
 P(|Sk(mu)| >= t) <= 2 exp(-t^2 / (2 (mu + t/3)))), at a failure probability of 2^-40 over all
 coordinates, so the sum cannot wrap.
 
+The released sum carries a fixed total noise, Sk(V) with V = (z D2)^2 in integer units, whoever
+took part: each of the k devices planned into the round adds Sk(V / k) (k is in the plan, so the
+share is sized for the sample actually drawn), and the coordinator adds the shares of those that
+dropped before their masked upload, Sk((k - survivors) V / k), after unmasking. So the noise's level
+depends on nobody's membership: the released sum is exactly the Poisson-subsampled Skellam
+mechanism at variance V (no crediting rule, and the noise's spread no longer shows the sample's
+size). Against the coordinator, which knows its own top-up and who took part, a device's round is
+worth the devices' noise only, survivors * V / k, unamplified (``CoordinatorLedger``).
+
 Accounting (RDP, integer orders): one round is the Skellam mechanism with L2 and L1 sensitivities
-of one device's rounded vector and the central variance the accountant credits, amplified by
-Poisson sampling at rate q (Zhu and Wang 2019, Theorem 6: valid for any mechanism given its RDP at
-integer orders). Dropouts are treated pessimistically: a round credits only the noise of the other
-survivors, (k - 1) mu_local for k survivors (never the device's own, never a dropped one's).
+of one device's rounded vector and variance V, amplified by Poisson sampling at rate q (Zhu and
+Wang 2019, Theorem 6: valid for any mechanism given its RDP at integer orders).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ __all__ = [
     "ORDERS",
     "skellam_params",
     "round_noise",
+    "central_variance",
+    "top_up",
     "centred",
 ]
 
@@ -196,22 +205,40 @@ def epsilon_from_rdp(rdp: Sequence[float], delta: float, orders: Sequence[int] =
     return max(best, 0.0) if math.isfinite(best) else math.inf
 
 
-def skellam_params(clip: float, noise_multiplier: float, dimension: int, expected_devices: float) -> SkellamParams:
+def skellam_params(clip: float, noise_multiplier: float, dimension: int, devices: int) -> SkellamParams:
     """The round's public noise parameters for client-level DP-FedAvg with noise ``noise_multiplier``
     (z) added inside the ring, the same for the coordinator and every device.
 
     The scale keeps the rounding's norm inflation small: s >= sqrt(5 d) / C makes d/4 at most 5% of
-    (s C)^2. The central variance in integer units is (z D2)^2 for D2 the rounded vectors' L2 bound,
-    split so that the accountant's credit at the expected number of devices, (k - 1) mu_local,
-    reaches it: mu_local = (z D2)^2 / (k - 1), k = max(expected devices, 2)."""
+    (s C)^2. The released sum's variance in integer units is V = (z D2)^2 for D2 the rounded
+    vectors' L2 bound; each of the ``devices`` planned into the round adds V / devices."""
+    if devices < 1:
+        raise RingError(f"a round's noise is shared among its planned devices; got {devices}")
     scale = max(math.sqrt(5 * dimension), 16.0) / clip
     provisional = SkellamParams(clip, scale, 1.0, dimension)
-    others = max(expected_devices, 2.0) - 1.0
-    return SkellamParams(clip, scale, (noise_multiplier * provisional.l2_bound) ** 2 / others, dimension)
+    return SkellamParams(clip, scale, (noise_multiplier * provisional.l2_bound) ** 2 / devices, dimension)
 
 
-def round_noise(spec: DPSpec, numel: int, clients_per_round: int, connected: int) -> SkellamParams:
-    """One round's Skellam parameters for DP setting ``spec``, for an expected
-    min(clients-per-round, connected) devices: what the secure-aggregation layer puts in its plan
-    and the DP layer accounts for."""
-    return skellam_params(spec.clip, spec.noise, numel, float(min(clients_per_round, max(connected, 1))))
+def round_noise(spec: DPSpec, numel: int, devices: int) -> SkellamParams:
+    """One round's Skellam parameters for DP setting ``spec`` and the ``devices`` planned into it
+    (the Poisson sample actually drawn): what the secure-aggregation plan carries, and what the DP
+    layer tops up and accounts for."""
+    return skellam_params(spec.clip, spec.noise, numel, max(devices, 1))
+
+
+def central_variance(spec: DPSpec, numel: int) -> float:
+    """V = (z D2)^2, the released sum's noise variance in integer units, whatever the sample."""
+    return skellam_params(spec.clip, spec.noise, numel, 1).local_variance
+
+
+def top_up(params: SkellamParams, planned: int, survivors: int, rng: np.random.Generator) -> np.ndarray:
+    """The coordinator's share of the noise, in integer units: Sk((planned - survivors) mu_local),
+    the shares of the planned devices whose noisy uploads are not in the sum, so that the released
+    sum carries Sk(planned mu_local) = Sk(V) whoever dropped. ``rng`` must be unpredictable (seeded
+    from the OS CSPRNG)."""
+    if not 0 <= survivors <= planned:
+        raise RingError(f"{survivors} survivors of {planned} planned devices")
+    missing = (planned - survivors) * params.local_variance
+    if missing == 0:
+        return np.zeros(params.dimension, dtype=np.int64)
+    return rng.poisson(missing / 2, params.dimension) - rng.poisson(missing / 2, params.dimension)

@@ -257,6 +257,30 @@ def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_de
     assert metrics["fedge-dp-epsilon-coordinator"] == wrapped.dp.coordinator.worst()[0] > 0
 
 
+def test_under_distributed_dp_the_coordinator_tops_up_the_noise_of_a_node_that_dropped() -> None:
+    """Four nodes planned, each adding a quarter of the round's noise V; node 13 is lost after
+    dealing its shares, so the unmasked sum carries 3V/4. The coordinator adds the missing quarter:
+    what is released minus the three survivors' clipped updates over q N has the full standard
+    deviation sqrt(V) / scale / (q N) (within 10%, 25 standard errors over 38,282 coordinates;
+    without the top-up it would be sqrt(3/4) = 0.87 of it). The ledger records V, the same as for
+    a round where nobody dropped; against the coordinator each survivor's round is worth the
+    devices' 3V/4 only."""
+    grid, arrays = Grid(), _model()
+    grid.lost = {13}
+    wrapped = secure(FedAvg(fraction_train=1.0), SPEC, differential_privacy=DP)
+    _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    survivors = [11, 12, 14]
+    assert metrics["fedge-secagg-survivors"] == 3
+    share = wrapped.dp.noise(len(NODES))
+    residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, 1, survivors, 1.0) / len(NODES)
+    full = np.sqrt(len(NODES) * share.local_variance) / share.scale / len(NODES)
+    assert 0.9 < residual.std() / full < 1.1, residual.std() / full
+    (recorded,) = wrapped.dp.ledger.rounds
+    assert recorded[1] == pytest.approx(len(NODES) * share.local_variance)
+    assert sorted(wrapped.dp.coordinator.devices) == [str(n) for n in survivors]
+    assert list(wrapped.dp.coordinator.devices["11"]) == [(3 * share.local_variance, share.l1_bound, share.l2_bound)]
+
+
 def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_spends_nothing() -> None:
     """Fewer than two nodes sampled: no secure round, and still the model moves by noise of the
     same scale drawn by the coordinator (whether noise appears never depends on who answered); the
@@ -267,8 +291,8 @@ def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_spe
     messages, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
     assert messages == [] and metrics["fedge-secagg-survivors"] == 0
     moved = _flat(got).astype(np.float64) - _flat(arrays)
-    params = wrapped.dp.noise(len(NODES))
-    expected_std = np.sqrt(max(len(NODES) - 1, 1) * params.local_variance) / params.scale / len(NODES)
+    params = wrapped.dp.noise(len(NODES))  # the same scale as a released sum's, Sk(V) = 4 shares of V / 4
+    expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
     assert 0.9 < moved.std() / expected_std < 1.1
     assert wrapped.dp.ledger.rounds == [] and metrics["fedge-dp-epsilon"] == 0
     assert wrapped.dp.coordinator.devices == {} and metrics["fedge-dp-epsilon-coordinator"] == 0

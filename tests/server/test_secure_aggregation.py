@@ -396,8 +396,8 @@ def test_the_coordinator_keeps_its_identity_pins_across_a_restart(tmp_path) -> N
 
 def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_ring(tmp_path) -> None:
     """Distributed DP: devices clip, scale, round and add Skellam noise before masking; the
-    coordinator never sees a noiseless sum, only divides by q N and accounts (Skellam RDP, only the
-    other survivors' noise credited). With five devices the noise dominates the signal, so the
+    coordinator never sees a noiseless sum, only divides by q N and accounts (Skellam RDP at the
+    round's noise V, whoever took part). With five devices the noise dominates the signal, so the
     released change of the model is, coordinate by coordinate, the summed noise divided by q N: its
     standard deviation must be sqrt(5 mu_local) / (s q N) within 10% (the signal adds at most
     C^2 / d to the variance, under 1% here). Rows report a finite, growing epsilon, and the masked
@@ -411,7 +411,7 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     engine.on_row = lambda row: models.append(engine.algorithm.params.clone())
     start = initial_params(TASK, 42)
     rows = engine.run(InProcessGrid(5), start).rows
-    params = round_noise(parse_differential_privacy(dp), engine.ctx.numel, 5, 5)
+    params = round_noise(parse_differential_privacy(dp), engine.ctx.numel, 5)  # each of 5 adds V / 5
     assert rows[0].clients_used == 5
     predicted = math.sqrt(5 * params.local_variance) / params.scale / 5
     measured = float((models[0] - start).std())
@@ -420,14 +420,14 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     epsilons = [r.extra["dp_epsilon"] for r in rows]
     assert all(math.isfinite(e) for e in epsilons) and 0 < epsilons[0] < epsilons[1]
     # against the coordinator (which knows who took part) nothing is amplified: the worst device's
-    # epsilon is its own rounds' plain Skellam mechanism, every survivor's noise credited
+    # epsilon is its own rounds' plain Skellam mechanism at the devices' noise in the sum
     ledger = engine.layer("dp").coordinator
     assert [r.extra["dp_coordinator_rounds"] for r in rows] == [1, 2]
     assert sum(ledger.rounds(n) for n in ledger.devices) == sum(r.clients_used for r in rows)
     assert rows[-1].extra["dp_epsilon_coordinator"] == max(ledger.epsilon_of(n) for n in ledger.devices) > 0
     for row in rows:
         used = row.clients_used
-        assert row.extra["dp_credited_devices"] == used - 1
+        assert row.extra["dp_topped_up_devices"] == 5 - used
         ring = row.extra["secagg_ring_bits"]
         assert ring == params.ring_bits(5)
         masked = used * ((engine.ctx.numel * ring + 7) // 8 + 17)  # 17-byte header, no weight digits

@@ -30,13 +30,14 @@ import logging
 import math
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, round_noise
+from fedge.privacy.distributed_dp import SkellamParams, central_variance, round_noise, top_up
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -104,16 +105,17 @@ class DifferentialPrivacyLayer(Layer):
         distributed = settings.secure_aggregation != "none"
         return cls(dp, settings.clients_per_round, algorithm.ctx.numel, distributed)
 
-    def noise(self, connected: int) -> SkellamParams:
-        """The round's distributed-noise parameters (the secure layer puts the same ones in its plan)."""
-        return round_noise(self.dp.spec, self.numel, self.clients_per_round, connected)
+    def noise(self, planned: int) -> SkellamParams:
+        """Each of ``planned`` devices' share of a round's distributed noise (the secure layer puts
+        the same in its plan)."""
+        return round_noise(self.dp.spec, self.numel, planned)
 
-    def _skellam_round(self, connected: int, survivors: int) -> tuple[float, float, float, float]:
-        """What one round spends: the noise of every survivor but one is credited (pessimistic:
-        neither a dropped device's noise nor the protected device's own)."""
-        params = self.noise(connected)
+    def _skellam_round(self, connected: int) -> tuple[float, float, float, float]:
+        """What one round that released a sum spends: the released sum carries Sk(V) whoever took
+        part (the devices' shares plus the coordinator's top-up for those that dropped)."""
+        params = self.noise(1)
         q = self.dp.sampling_rate(connected, self.clients_per_round)
-        return q, max(survivors - 1, 0) * params.local_variance, params.l1_bound, params.l2_bound
+        return q, central_variance(self.dp.spec, self.numel), params.l1_bound, params.l2_bound
 
     def select(self, number: int, nodes: list[int]) -> list[int]:
         """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
@@ -121,8 +123,7 @@ class DifferentialPrivacyLayer(Layer):
 
     def exhausted(self, connected: int) -> bool:
         if self.skellam is not None:
-            expected = self.dp.sampling_rate(connected, self.clients_per_round) * connected
-            spent = self.skellam.would_exceed(self.dp.spec.budget, self._skellam_round(connected, round(expected)))
+            spent = self.skellam.would_exceed(self.dp.spec.budget, self._skellam_round(connected))
         else:
             spent = self.dp.exhausted(connected, self.clients_per_round)
         if spent:
@@ -133,7 +134,8 @@ class DifferentialPrivacyLayer(Layer):
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         if self.skellam is not None:
-            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected, self.noise(step.connected))
+            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected,
+                                              central_variance(self.dp.spec, self.numel), self.noise)
         else:
             step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
         return []
@@ -164,16 +166,17 @@ class DifferentialPrivacyLayer(Layer):
         assert self.skellam is not None and self.coordinator is not None
         survivors = int(step.aggregate.count)
         q = self.dp.sampling_rate(step.connected, self.clients_per_round)
+        planned = int(step.aggregate.planned)
         if survivors >= 1:
-            self.skellam.record(*self._skellam_round(step.connected, survivors))
-            params = self.noise(step.connected)
-            self.coordinator.record(step.aggregate.members, survivors * params.local_variance, params.l1_bound,
-                                    params.l2_bound)
+            self.skellam.record(*self._skellam_round(step.connected))
+            share = self.noise(planned)  # the coordinator knows its own top-up: only the devices' noise counts
+            self.coordinator.record(step.aggregate.members, survivors * share.local_variance, share.l1_bound,
+                                    share.l2_bound)
         epsilon = self.skellam.epsilon()
         against_coordinator, most = self.coordinator.worst()
         return {"dp_epsilon": epsilon, "dp_epsilon_rdp": epsilon, "dp_delta": self.dp.spec.delta,
                 "dp_sampling_rate": q, "dp_noise_multiplier": self.dp.spec.noise, "dp_clip": self.dp.spec.clip,
-                "dp_mechanism": "skellam", "dp_credited_devices": max(survivors - 1, 0),
+                "dp_mechanism": "skellam", "dp_topped_up_devices": planned - survivors if survivors else 0,
                 "dp_epsilon_coordinator": against_coordinator, "dp_coordinator_rounds": most}
 
     def state_dict(self) -> dict[str, Any]:
@@ -223,13 +226,16 @@ class _NoisyMean:
 
 
 class _DistributedMean:
-    """A step's aggregate under distributed DP: the unmasked sum already carries the devices' noise;
-    the coordinator divides it by the expected number of devices q N and adds nothing. A round
-    whose sum could not be unmasked releases the previous model plus noise of the same scale drawn
-    here (no device's data is in it), so that whether noise appears never depends on who answered."""
+    """A step's aggregate under distributed DP: the unmasked sum carries the surviving devices'
+    noise; the coordinator adds the shares of the planned devices that dropped (``top_up``), so the
+    released sum carries Sk(V) whoever took part, and divides it by the expected number of devices
+    q N. A round whose sum could not be unmasked releases the previous model plus noise of the same
+    scale drawn here (no device's data is in it), so that whether noise appears, and how much,
+    never depends on who answered."""
 
-    def __init__(self, inner: Any, dp: CentralDP, connected: int, noise: SkellamParams) -> None:
-        self.inner, self.dp, self.connected, self.noise = inner, dp, connected, noise
+    def __init__(self, inner: Any, dp: CentralDP, connected: int, variance: float,
+                 share: Callable[[int], SkellamParams]) -> None:
+        self.inner, self.dp, self.connected, self.variance, self.share = inner, dp, connected, variance, share
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -239,9 +245,11 @@ class _DistributedMean:
 
     def result(self) -> torch.Tensor:
         expected = max(self.dp.rate * self.connected, 1.0)
+        params = self.share(max(int(self.inner.planned), 1))
         if self.inner.count:
-            return self.inner.sum() / expected
-        std = math.sqrt(max(expected - 1.0, 1.0) * self.noise.local_variance) / self.noise.scale
+            extra = top_up(params, int(self.inner.planned), int(self.inner.count), self.dp._rng) / params.scale
+            return (self.inner.sum() + torch.from_numpy(extra.astype(np.float32))) / expected
+        std = math.sqrt(self.variance) / params.scale
         return torch.from_numpy(self.dp._rng.normal(0.0, std, size=self.inner.numel).astype(np.float32)) / expected
 
 

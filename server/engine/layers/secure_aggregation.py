@@ -130,10 +130,11 @@ class SecureAggregationLayer(Layer):
         # and no other run (a rerun with the same seed and directory name included) shares it.
         return cls(spec, algorithm, os.urandom(16), issuer, dp)
 
-    def _noise(self, connected: int) -> SkellamParams | None:
+    def _noise(self, planned: int) -> SkellamParams | None:
+        """Under distributed DP: each of the ``planned`` devices' share of the round's noise."""
         if self.dp_spec is None:
             return None
-        return round_noise(self.dp_spec, self.numel, self.clients_per_round, connected)
+        return round_noise(self.dp_spec, self.numel, planned)
 
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
@@ -149,7 +150,8 @@ class SecureAggregationLayer(Layer):
         try:
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
                                        self.pins, weighted=self.weighted, issuer=self.issuer,
-                                       noise=self._noise(step.connected))
+                                       noise=self._noise(len(step.nodes)))
+            step.aggregate.planned = len(step.nodes)
             state.secure.advertise(_stages(exchange))
             step.nodes = state.secure.share(_stages(exchange))
         except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
@@ -244,6 +246,8 @@ class _RevealedMean:
         self._count = 0
         #: the nodes whose updates are in the unmasked sum (the coordinator knows them)
         self.members: list[int] = []
+        #: the devices planned into the round (under distributed DP each adds 1/planned of the noise)
+        self.planned = 0
 
     def __getattr__(self, name: str) -> Any:  # spec, streaming, capacity...
         return getattr(self.inner, name)
