@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitioning", default="iid",
                         help="iid by default: digits has too few examples for 100 Dirichlet partitions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--model-average", default="none",
+                        help="e.g. ema:decay=0.8: the measured model is an average of the released ones "
+                             "(post-processing, free under DP), the same for both modes")
     parser.add_argument("--out", type=Path, default=Path("bench/results/distributed-dp.json"))
     args = parser.parse_args(argv)
     command = " ".join([".venv/bin/python", "bench/distributed_dp.py", *(argv or sys.argv[1:])])
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                                            local_epochs=args.local_epochs, lr=args.lr, seed=seed,
                                            partitioning=args.partitioning,
                                            differential_privacy=dp, secure_aggregation=secure,
+                                           model_average=args.model_average,
                                            run_dir=str(Path(tmp) / "run"))
                     started = time.perf_counter()
                     rows = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=7200).rows
@@ -120,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                 })
                 print(results[-1], flush=True)
     print(f"\n{args.task}, {args.clients} clients, Poisson q = {q:g}, {args.rounds} rounds, clip {args.clip:g}, "
+          f"model average {args.model_average}, "
           f"delta {args.delta:g}, seeds {args.seeds}")
     print("| target ε | mode | noise z | ε reported | ε against the coordinator, worst device (its rounds) | "
           "final accuracy (per seed) | mean | last 5 rounds' mean | ring bits | bytes / coordinate |")
