@@ -9,9 +9,12 @@ target, under:
 3. the Gaussian's RDP through Zhu and Wang's general amplification bound (what any mechanism
    without an exact sampled analysis gets);
 4. distributed DP as the ledger accounts it now: the Skellam mechanism at the round's fixed noise
-   V = (z D2)^2 through the same general bound;
-5. distributed DP as it was accounted until 2026-11-26: each round crediting the other survivors'
-   noise, (k - 1) V / (m - 1) for a Poisson-drawn k and shares sized for the expected m = qN.
+   V = (z D2)^2, amplified as a symmetric mechanism (the remove direction's exact expansion, which
+   bounds the add direction too: docs/privacy.md);
+5. the same noise through the general bound (the ledger of 2026-11-26 09:40-10:45);
+6. distributed DP as it was accounted until 2026-11-26 09:40: each round crediting the other
+   survivors' noise, (k - 1) V / (m - 1) for a Poisson-drawn k and shares sized for the expected
+   m = qN, through the general bound.
 
     .venv/bin/python bench/dp_noise_multipliers.py --epsilon 8 --q 0.1 --rounds 30 --numel 9098
 """
@@ -23,7 +26,14 @@ import argparse
 from scipy import stats
 
 from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import ORDERS, central_variance, epsilon_from_rdp, round_noise, subsampled_rdp
+from fedge.privacy.distributed_dp import (
+    ORDERS,
+    central_variance,
+    epsilon_from_rdp,
+    round_noise,
+    skellam_rdp,
+    subsampled_rdp,
+)
 from fedge.privacy.dp_spec import parse_differential_privacy
 
 
@@ -57,9 +67,14 @@ def main(argv: list[str] | None = None) -> None:
     expected = q * args.clients
     counts = [max(int(stats.binom.ppf((i + 0.5) / rounds, args.clients, q)), 1) for i in range(rounds)]
 
+    def general(rounds_: list[tuple[float, float, float, float]]) -> float:
+        total = [sum(subsampled_rdp(a, q_, lambda j, v=v, l1=l1, l2=l2: skellam_rdp(j, l1, l2, v))
+                     for q_, v, l1, l2 in rounds_) for a in ORDERS]
+        return epsilon_from_rdp(total, delta)
+
     def old_rule(z: float) -> float:
         _, variance, l1, l2 = skellam_round(z)
-        return SkellamLedger(delta, [(q, (k - 1) * variance / (expected - 1), l1, l2) for k in counts]).epsilon()
+        return general([(q, (k - 1) * variance / (expected - 1), l1, l2) for k in counts])
 
     rows = [
         ("central DP, PLD (reported)", lambda z: PrivacyLedger(delta, [(q, z)] * rounds).epsilon_pld()),
@@ -67,9 +82,10 @@ def main(argv: list[str] | None = None) -> None:
          lambda z: PrivacyLedger(delta, [(q, z)] * rounds).epsilon_rdp()),
         ("Gaussian RDP, Zhu and Wang's general amplification",
          lambda z: epsilon_from_rdp([rounds * subsampled_rdp(a, q, lambda j: j / (2 * z * z)) for a in ORDERS], delta)),
-        ("distributed DP, Skellam at a fixed total noise (now)",
+        ("distributed DP now: Skellam at a fixed total noise, symmetric amplification",
          lambda z: SkellamLedger(delta, [skellam_round(z)] * rounds).epsilon()),
-        ("distributed DP, crediting (k - 1) of a Poisson k (until 2026-11-26)", old_rule),
+        ("the same noise, the general bound (09:40-10:45)", lambda z: general([skellam_round(z)] * rounds)),
+        ("crediting (k - 1) of a Poisson k, the general bound (until 09:40)", old_rule),
     ]
     print(f"epsilon {args.epsilon:g}, q {q:g}, {rounds} rounds, delta {delta:g}, d {args.numel}")
     print("| accounting | z | against central's PLD |")

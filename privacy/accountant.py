@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp, skellam_rdp, subsampled_rdp
+from fedge.privacy.distributed_dp import ORDERS, epsilon_from_rdp, skellam_rdp, subsampled_rdp_symmetric
 
 __all__ = ["CoordinatorLedger", "PrivacyLedger", "SkellamLedger"]
 
@@ -91,9 +91,10 @@ class PrivacyLedger:
 class SkellamLedger:
     """The rounds of a run with distributed noise (the Skellam mechanism inside the secure-aggregation
     ring) and their epsilon at ``delta``, by RDP at integer orders: Agarwal, Kairouz and Liu 2021's
-    bound, amplified by Poisson sampling (Zhu and Wang 2019), composed over rounds and converted
-    as dp-accounting does. A round is (q, the released sum's noise variance, L1 and L2 sensitivity),
-    all in the ring's integer units; that list is the whole state, kept in the checkpoint."""
+    bound, amplified by Poisson sampling as a symmetric mechanism (``subsampled_rdp_symmetric``),
+    composed over rounds and converted as dp-accounting does. A round is (q, the released sum's
+    noise variance, L1 and L2 sensitivity), all in the ring's integer units; that list is the whole
+    state, kept in the checkpoint."""
 
     def __init__(self, delta: float, rounds: Iterable[tuple[float, float, float, float]] = ()) -> None:
         self.delta = delta
@@ -111,7 +112,8 @@ class SkellamLedger:
     def _rdp(self, round_: tuple[float, float, float, float]) -> list[float]:
         if round_ not in self._cache:
             q, variance, l1, l2 = round_
-            self._cache[round_] = [subsampled_rdp(a, q, lambda j: skellam_rdp(j, l1, l2, variance)) for a in ORDERS]
+            self._cache[round_] = [subsampled_rdp_symmetric(a, q, lambda j: skellam_rdp(j, l1, l2, variance))
+                                   for a in ORDERS]
         return self._cache[round_]
 
     def epsilon(self, extra: tuple[float, float, float, float] | None = None) -> float:
@@ -146,10 +148,11 @@ class CoordinatorLedger:
     is the plain Skellam mechanism (no amplification) over that device's update, at the devices'
     noise in the sum (the device's own share included: under the coordinator's view the device took
     part in both neighbouring worlds, only its update differs, the "zero-out" adjacency; never the
-    coordinator's own top-up, which it knows), and a round without it costs it nothing. Each device's rounds compose; the figure
-    reported is the worst device's. A device is its node id: one that rejoins under a new id starts
-    a new history (docs/privacy.md). State: per node, its distinct rounds (devices' noise variance, L1,
-    L2, integer units) with their counts, kept in the checkpoint."""
+    coordinator's own top-up, which it knows), and a round without it costs it nothing. Each
+    device's rounds compose; the figure reported is the worst device's. A device is its node id: one
+    that rejoins under a new id starts a new history (docs/privacy.md). State: per node, its distinct
+    rounds (devices' noise variance, L1, L2, integer units) with their counts, kept in the
+    checkpoint."""
 
     def __init__(self, delta: float, devices: dict[str, list[list[float]]] | None = None) -> None:
         self.delta = delta
