@@ -77,6 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--partitioning", default="iid",
                         help="iid by default: digits has too few examples for 100 Dirichlet partitions")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--central-only-at", type=float, default=None, metavar="Z",
+                        help="explanatory: run central DP alone at noise multiplier Z (its epsilon is then "
+                             "whatever Z gives), e.g. at distributed DP's effective noise")
+    parser.add_argument("--codec", default=None,
+                        help="the devices' uplink codec under central DP (default: the run setting's); "
+                             "secure aggregation sends the ring whatever it is")
     parser.add_argument("--model-average", default="none",
                         help="e.g. ema:decay=0.8: the measured model is an average of the released ones "
                              "(post-processing, free under DP), the same for both modes")
@@ -90,7 +96,10 @@ def main(argv: list[str] | None = None) -> None:
         z_central = central_noise(target, q, args.rounds, args.delta)
         z_distributed = distributed_noise_multiplier(target, q, args.rounds, args.delta, args.clip, numel)
         for seed in args.seeds:
-            for mode, z in (("central", z_central), ("secagg+distributed", z_distributed)):
+            modes = (("central", z_central), ("secagg+distributed", z_distributed))
+            if args.central_only_at is not None:
+                modes = (("central", args.central_only_at),)
+            for mode, z in modes:
                 dp = f"gaussian:noise={z:.4f},clip={args.clip:g},delta={args.delta:g}"
                 secure = "secagg:bits=8,clip=0.2,weight-cap=256" if mode != "central" else "none"
                 with tempfile.TemporaryDirectory() as tmp:
@@ -99,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                                            partitioning=args.partitioning,
                                            differential_privacy=dp, secure_aggregation=secure,
                                            model_average=args.model_average,
+                                           **({"codec": args.codec} if args.codec else {}),
                                            run_dir=str(Path(tmp) / "run"))
                     started = time.perf_counter()
                     rows = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=7200).rows
@@ -117,8 +127,11 @@ def main(argv: list[str] | None = None) -> None:
                     "best_accuracy": max(r["accuracy"] for r in rows), "rounds": len(rows),
                     # DP's noise moves the model every round: the last five rounds' mean is steadier
                     "last5_accuracy": statistics.mean(r["accuracy"] for r in rows[-5:]),
-                    "ring_bits": (f"{min(r['secagg_ring_bits'] for r in rows)}-{max(r['secagg_ring_bits'] for r in rows)}"
-                                  if mode != "central" else None),
+                    "ring_bits": (f"{min(bits)}-{max(bits)}" if (bits := [r["secagg_ring_bits"] for r in rows
+                                                                         if "secagg_ring_bits" in r]) else None),
+                    # a round whose secure round could not start (fewer than two devices sampled) or
+                    # whose sum could not be unmasked: it released noise alone
+                    "rounds_without_a_sum": sum(1 for r in rows if not r["clients_used"]),
                     "bytes_per_coordinate": statistics.mean(masked) if masked else None,
                     "wall_seconds": time.perf_counter() - started,
                 })
@@ -132,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     for target in args.epsilon:
         for mode in ("central", "secagg+distributed"):
             runs = [r for r in results if r["target_epsilon"] == target and r["mode"] == mode]
+            if not runs:
+                continue
             accs = ", ".join(f"{r['final_accuracy']:.1%}" for r in runs)
             mean = statistics.mean(r["final_accuracy"] for r in runs)
             bits = runs[0]["ring_bits"] or "-"
