@@ -157,6 +157,8 @@ class CoordinatorLedger:
     def __init__(self, delta: float, devices: dict[str, list[list[float]]] | None = None) -> None:
         self.delta = delta
         self.devices: dict[str, dict[tuple[float, float, float], int]] = {}
+        #: one round's RDP at every order, by (variance, L1, L2): rows ask for every device's epsilon
+        self._rdp: dict[tuple[float, float, float], list[float]] = {}
         for node, rounds in (devices or {}).items():
             for variance, l1, l2, count in rounds:
                 key = (float(variance), float(l1), float(l2))
@@ -178,8 +180,12 @@ class CoordinatorLedger:
         rounds = self.devices.get(str(node), {})
         if not rounds:
             return 0.0
-        total = [sum(count * skellam_rdp(alpha, l1, l2, variance) for (variance, l1, l2), count in rounds.items())
-                 for alpha in ORDERS]
+        total = [0.0] * len(ORDERS)
+        for key, count in rounds.items():
+            if key not in self._rdp:
+                variance, l1, l2 = key
+                self._rdp[key] = [skellam_rdp(alpha, l1, l2, variance) for alpha in ORDERS]
+            total = [t + count * r for t, r in zip(total, self._rdp[key])]
         return epsilon_from_rdp(total, self.delta)
 
     def worst(self) -> tuple[float, int]:
