@@ -22,6 +22,8 @@ target, under:
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from scipy import stats
 
@@ -36,16 +38,8 @@ from fedge.privacy.distributed_dp import (
 )
 from fedge.privacy.dp_spec import parse_differential_privacy
 
-
-def _smallest(epsilon_at, target: float) -> float:
-    low, high = 0.1, 50.0
-    for _ in range(40):
-        mid = (low + high) / 2
-        if epsilon_at(mid) <= target:
-            high = mid
-        else:
-            low = mid
-    return high
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.distributed_dp import _bisect as _smallest  # noqa: E402  (the calibration the comparison uses)
 
 
 def main(argv: list[str] | None = None) -> None:
