@@ -28,7 +28,7 @@ from pathlib import Path
 
 from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
 from fedge.privacy.dp_spec import parse_differential_privacy
-from fedge.privacy.distributed_dp import central_variance, round_noise
+from fedge.privacy.distributed_dp import ledger_round
 from fedge.server.local import launch
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings
@@ -57,9 +57,7 @@ def distributed_noise_multiplier(target: float, q: float, rounds: int, delta: fl
     # shares plus the coordinator's top-up for those that dropped): the ledger records V each round
     def epsilon(z: float) -> float:
         spec = parse_differential_privacy(f"gaussian:noise={z},clip={clip}")
-        params = round_noise(spec, numel, 1)
-        return SkellamLedger(delta, [(q, central_variance(spec, numel), params.l1_bound, params.l2_bound)]
-                             * rounds).epsilon()
+        return SkellamLedger(delta, [ledger_round(spec, numel, q)] * rounds).epsilon()
     return _bisect(epsilon, target)
 
 

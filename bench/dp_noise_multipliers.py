@@ -30,9 +30,8 @@ from scipy import stats
 from fedge.privacy.accountant import PrivacyLedger, SkellamLedger
 from fedge.privacy.distributed_dp import (
     ORDERS,
-    central_variance,
     epsilon_from_rdp,
-    round_noise,
+    ledger_round,
     skellam_rdp,
     subsampled_rdp,
 )
@@ -54,9 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     q, rounds, delta = args.q, args.rounds, args.delta
 
     def skellam_round(z: float) -> tuple[float, float, float, float]:
-        spec = parse_differential_privacy(f"gaussian:noise={z},clip=1")
-        share = round_noise(spec, args.numel, 1)
-        return q, central_variance(spec, args.numel), share.l1_bound, share.l2_bound
+        return ledger_round(parse_differential_privacy(f"gaussian:noise={z},clip=1"), args.numel, q)
 
     expected = q * args.clients
     counts = [max(int(stats.binom.ppf((i + 0.5) / rounds, args.clients, q)), 1) for i in range(rounds)]

@@ -36,7 +36,7 @@ from typing import TypeVar
 import numpy as np
 
 from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, central_variance, round_noise, top_up
+from fedge.privacy.distributed_dp import SkellamParams, ledger_round, round_noise, top_up
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 
 __all__ = ["DistributedDP", "parsed"]
@@ -85,15 +85,11 @@ class DistributedDP:
         """Each of the ``planned`` nodes' share of the round's noise (in the secure round's plan)."""
         return round_noise(self.spec, self.numel, planned)
 
-    def _round(self) -> tuple[float, float, float, float]:
-        params = self.noise(1)
-        return self.rate, central_variance(self.spec, self.numel), params.l1_bound, params.l2_bound
-
     def exhausted(self, connected: int) -> bool:
         """Whether one more round would spend more than the budget (0: none)."""
         if self.spec.budget <= 0:
             return False
-        spent = self.ledger.would_exceed(self.spec.budget, self._round())
+        spent = self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, self.rate))
         if spent:
             log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); no more rounds",
                      self.spec.budget, self.spec.delta)
@@ -106,9 +102,9 @@ class DistributedDP:
         expected = self.expected(connected)
         share = self.noise(planned)
         if noisy_sum is None or not members:
-            std = math.sqrt(central_variance(self.spec, self.numel)) / share.scale
+            std = math.sqrt(max(planned, 1) * share.local_variance) / share.scale  # all of V
             return self._rng.normal(0.0, std, size=self.numel) / expected
-        self.ledger.record(*self._round())
+        self.ledger.record(*ledger_round(self.spec, self.numel, self.rate))
         self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
         return (noisy_sum + top_up(share, planned, len(members), self._rng) / share.scale) / expected
 

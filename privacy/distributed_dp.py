@@ -55,7 +55,7 @@ __all__ = [
     "ORDERS",
     "skellam_params",
     "round_noise",
-    "central_variance",
+    "ledger_round",
     "top_up",
     "centred",
 ]
@@ -131,6 +131,11 @@ def skellam_tail(variance: float, coordinates: int, log2_failure: float = TAIL_L
     return int(math.ceil(a / 3 + math.sqrt(a * a / 9 + 2 * a * variance)))
 
 
+def _skellam(variance: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Sk(variance) = Poisson(variance / 2) - Poisson(variance / 2), ``size`` draws (int64)."""
+    return rng.poisson(variance / 2, size) - rng.poisson(variance / 2, size)
+
+
 def _round_conditionally(scaled: np.ndarray, bound: float, rng: np.random.Generator) -> np.ndarray:
     floor = np.floor(scaled)
     frac = scaled - floor
@@ -152,8 +157,7 @@ def encode(update: np.ndarray, params: SkellamParams, bits: int, rng: np.random.
     if norm > params.clip:
         x = x * (params.clip / norm)
     rounded = _round_conditionally(x * params.scale, params.l2_bound, rng)
-    half = params.local_variance / 2
-    noisy = rounded + rng.poisson(half, params.dimension) - rng.poisson(half, params.dimension)
+    noisy = rounded + _skellam(params.local_variance, params.dimension, rng)
     return (noisy & ((1 << bits) - 1)).astype(np.uint32)
 
 
@@ -182,23 +186,27 @@ def _log_binom(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
+def _amplified(alpha: int, q: float, rdp_at, higher: float) -> float:  # type: ignore[no-untyped-def]
+    """1/(alpha-1) log sum_l C(alpha,l) (1-q)^(alpha-l) q^l e^{(l-1) rdp(l)}, with the terms l >= 3
+    multiplied by e^higher, never more than the unsampled mechanism's RDP (summed in log space)."""
+    plain = rdp_at(alpha)
+    if q >= 1.0:
+        return plain
+    terms = [alpha * math.log1p(-q), math.log(alpha) + math.log(q) + (alpha - 1) * math.log1p(-q)]
+    for ell in range(2, alpha + 1):
+        terms.append((higher if ell >= 3 else 0.0) + _log_binom(alpha, ell) + ell * math.log(q)
+                     + (alpha - ell) * math.log1p(-q) + (ell - 1) * rdp_at(ell))
+    top = max(terms)
+    return min((top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1), plain)
+
+
 def subsampled_rdp(alpha: int, q: float, rdp_at) -> float:  # type: ignore[no-untyped-def]
     """RDP of order ``alpha`` of a mechanism (RDP ``rdp_at(j)`` at integer orders j) under Poisson
     sampling at rate q: Zhu and Wang 2019, Theorem 6 (the upper bound),
     1/(alpha-1) log[(1-q)^(alpha-1) (alpha q - q + 1) + C(alpha,2) q^2 (1-q)^(alpha-2) e^{rdp(2)}
                     + 3 sum_{l=3..alpha} C(alpha,l) q^l (1-q)^(alpha-l) e^{(l-1) rdp(l)}],
-    never more than the unsampled mechanism's."""
-    plain = rdp_at(alpha)
-    if q >= 1.0:
-        return plain
-    terms = [(alpha - 1) * math.log1p(-q) + math.log(alpha * q - q + 1),
-             _log_binom(alpha, 2) + 2 * math.log(q) + (alpha - 2) * math.log1p(-q) + rdp_at(2)]
-    for ell in range(3, alpha + 1):
-        terms.append(math.log(3) + _log_binom(alpha, ell) + ell * math.log(q) + (alpha - ell) * math.log1p(-q)
-                     + (ell - 1) * rdp_at(ell))
-    top = max(terms)
-    amplified = (top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1)
-    return min(amplified, plain)
+    never more than the unsampled mechanism's. (The first term is the expansion's l = 0 and 1.)"""
+    return _amplified(alpha, q, rdp_at, math.log(3))
 
 
 def subsampled_rdp_symmetric(alpha: int, q: float, rdp_at) -> float:  # type: ignore[no-untyped-def]
@@ -215,17 +223,9 @@ def subsampled_rdp_symmetric(alpha: int, q: float, rdp_at) -> float:  # type: ig
     A = E_Q[(1 - q + q r)^(1 - alpha)], and A <= B for every symmetric pair (docs/privacy.md,
     "Sampling amplification for symmetric mechanisms"). So this is Mironov, Talwar and Zhang's
     formula for the sampled Gaussian with the mechanism's RDP in place of the Gaussian's, and equals
-    it for the Gaussian. Never more than the unsampled mechanism's."""
-    plain = rdp_at(alpha)
-    if q >= 1.0:
-        return plain
-    terms = [alpha * math.log1p(-q), math.log(alpha) + math.log(q) + (alpha - 1) * math.log1p(-q)]
-    for ell in range(2, alpha + 1):
-        terms.append(_log_binom(alpha, ell) + ell * math.log(q) + (alpha - ell) * math.log1p(-q)
-                     + (ell - 1) * rdp_at(ell))
-    top = max(terms)
-    amplified = (top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1)
-    return min(amplified, plain)
+    it for the Gaussian: Zhu and Wang's expansion without its factor 3. Never more than the
+    unsampled mechanism's."""
+    return _amplified(alpha, q, rdp_at, 0.0)
 
 
 def epsilon_from_rdp(rdp: Sequence[float], delta: float, orders: Sequence[int] = ORDERS) -> float:
@@ -259,9 +259,11 @@ def round_noise(spec: DPSpec, numel: int, devices: int) -> SkellamParams:
     return skellam_params(spec.clip, spec.noise, numel, max(devices, 1))
 
 
-def central_variance(spec: DPSpec, numel: int) -> float:
-    """V = (z D2)^2, the released sum's noise variance in integer units, whatever the sample."""
-    return skellam_params(spec.clip, spec.noise, numel, 1).local_variance
+def ledger_round(spec: DPSpec, numel: int, q: float) -> tuple[float, float, float, float]:
+    """What a round that released a sum spends, as the Skellam ledger records it: (q, V, L1, L2).
+    The released sum carries Sk(V) whoever took part (the devices' shares plus the top-up)."""
+    whole = skellam_params(spec.clip, spec.noise, numel, 1)  # one device's share would be all of V
+    return q, whole.local_variance, whole.l1_bound, whole.l2_bound
 
 
 def top_up(params: SkellamParams, planned: int, survivors: int, rng: np.random.Generator) -> np.ndarray:
@@ -274,4 +276,4 @@ def top_up(params: SkellamParams, planned: int, survivors: int, rng: np.random.G
     missing = (planned - survivors) * params.local_variance
     if missing == 0:
         return np.zeros(params.dimension, dtype=np.int64)
-    return rng.poisson(missing / 2, params.dimension) - rng.poisson(missing / 2, params.dimension)
+    return _skellam(missing, params.dimension, rng)

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, central_variance, round_noise, top_up
+from fedge.privacy.distributed_dp import SkellamParams, ledger_round, round_noise, top_up
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -113,9 +113,7 @@ class DifferentialPrivacyLayer(Layer):
     def _skellam_round(self, connected: int) -> tuple[float, float, float, float]:
         """What one round that released a sum spends: the released sum carries Sk(V) whoever took
         part (the devices' shares plus the coordinator's top-up for those that dropped)."""
-        params = self.noise(1)
-        q = self.dp.sampling_rate(connected, self.clients_per_round)
-        return q, central_variance(self.dp.spec, self.numel), params.l1_bound, params.l2_bound
+        return ledger_round(self.dp.spec, self.numel, self.dp.sampling_rate(connected, self.clients_per_round))
 
     def select(self, number: int, nodes: list[int]) -> list[int]:
         """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
@@ -134,8 +132,7 @@ class DifferentialPrivacyLayer(Layer):
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         if self.skellam is not None:
-            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected,
-                                              central_variance(self.dp.spec, self.numel), self.noise)
+            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected, self.noise)
         else:
             step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
         return []
@@ -233,9 +230,8 @@ class _DistributedMean:
     scale drawn here (no device's data is in it), so that whether noise appears, and how much,
     never depends on who answered."""
 
-    def __init__(self, inner: Any, dp: CentralDP, connected: int, variance: float,
-                 share: Callable[[int], SkellamParams]) -> None:
-        self.inner, self.dp, self.connected, self.variance, self.share = inner, dp, connected, variance, share
+    def __init__(self, inner: Any, dp: CentralDP, connected: int, share: Callable[[int], SkellamParams]) -> None:
+        self.inner, self.dp, self.connected, self.share = inner, dp, connected, share
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -245,11 +241,12 @@ class _DistributedMean:
 
     def result(self) -> torch.Tensor:
         expected = max(self.dp.rate * self.connected, 1.0)
-        params = self.share(max(int(self.inner.planned), 1))
+        planned = max(int(self.inner.planned), 1)
+        params = self.share(planned)
         if self.inner.count:
             extra = top_up(params, int(self.inner.planned), int(self.inner.count), self.dp._rng) / params.scale
             return (self.inner.sum() + torch.from_numpy(extra.astype(np.float32))) / expected
-        std = math.sqrt(self.variance) / params.scale
+        std = math.sqrt(planned * params.local_variance) / params.scale  # all of V: the shares make it up
         return torch.from_numpy(self.dp._rng.normal(0.0, std, size=self.inner.numel).astype(np.float32)) / expected
 
 
