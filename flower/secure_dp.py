@@ -27,7 +27,6 @@ Adaptive clipping is refused (it needs each device's fitted bit in clear).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from typing import TypeVar
 import numpy as np
 
 from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, ledger_round, round_noise, top_up
+from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 
 __all__ = ["DistributedDP", "parsed"]
@@ -99,14 +98,13 @@ class DistributedDP:
         """The mean update released this round, recorded in the ledgers: the noisy sum of the
         updates of ``members`` plus the shares of the ``planned`` nodes that dropped, over q N; or
         (no sum) noise of the same scale drawn here, over q N."""
-        expected = self.expected(connected)
         share = self.noise(planned)
         if noisy_sum is None or not members:
-            std = math.sqrt(max(planned, 1) * share.local_variance) / share.scale  # all of V
-            return self._rng.normal(0.0, std, size=self.numel) / expected
-        self.ledger.record(*ledger_round(self.spec, self.numel, self.rate))
-        self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
-        return (noisy_sum + top_up(share, planned, len(members), self._rng) / share.scale) / expected
+            noisy_sum = None
+        else:
+            self.ledger.record(*ledger_round(self.spec, self.numel, self.rate))
+            self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
+        return released_sum(noisy_sum, share, planned, len(members), self._rng) / self.expected(connected)
 
     def metrics(self) -> dict[str, float]:
         return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-epsilon-coordinator": self.coordinator.worst()[0],

@@ -57,6 +57,7 @@ __all__ = [
     "round_noise",
     "ledger_round",
     "top_up",
+    "released_sum",
     "centred",
 ]
 
@@ -277,3 +278,17 @@ def top_up(params: SkellamParams, planned: int, survivors: int, rng: np.random.G
     if missing == 0:
         return np.zeros(params.dimension, dtype=np.int64)
     return _skellam(missing, params.dimension, rng)
+
+
+def released_sum(noisy_sum: np.ndarray | None, params: SkellamParams, planned: int, survivors: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """What a round releases, in model units, before the division by q N, with the noise's level
+    the same whoever answered: the unmasked noisy sum of the ``survivors`` plus the coordinator's
+    top-up for the ``planned`` devices that dropped; or, when no sum was unmasked (``None``), noise
+    alone of the same variance V, drawn here (no device's data is in it), so that whether noise
+    appears never depends on who took part. Both coordinators (the engine's DP layer and
+    ``fedge.flower``'s) release through this."""
+    if noisy_sum is None:
+        std = math.sqrt(max(planned, 1) * params.local_variance) / params.scale  # all of V: the shares make it up
+        return rng.normal(0.0, std, size=params.dimension)
+    return noisy_sum + top_up(params, planned, survivors, rng) / params.scale

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import secrets
 from collections.abc import Callable
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, ledger_round, round_noise, top_up
+from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -241,13 +240,10 @@ class _DistributedMean:
 
     def result(self) -> torch.Tensor:
         expected = max(self.dp.rate * self.connected, 1.0)
-        planned = max(int(self.inner.planned), 1)
-        params = self.share(planned)
-        if self.inner.count:
-            extra = top_up(params, int(self.inner.planned), int(self.inner.count), self.dp._rng) / params.scale
-            return (self.inner.sum() + torch.from_numpy(extra.astype(np.float32))) / expected
-        std = math.sqrt(planned * params.local_variance) / params.scale  # all of V: the shares make it up
-        return torch.from_numpy(self.dp._rng.normal(0.0, std, size=self.inner.numel).astype(np.float32)) / expected
+        planned, count = int(self.inner.planned), int(self.inner.count)
+        total = released_sum(self.inner.sum().numpy() if count else None, self.share(planned), planned, count,
+                             self.dp._rng)
+        return torch.from_numpy(total.astype(np.float32)) / expected
 
 
 class CentralDP:
