@@ -167,6 +167,12 @@ class VersionedBroadcast:
             self.changes.popitem(last=False)
         self._snapshot = None
 
+    def owes(self, params: torch.Tensor) -> bool:
+        """Whether a version published now towards ``params`` would move the public copy: some
+        coordinate is at least half a lattice step away."""
+        residual = params.detach().to(torch.float32) - self.public
+        return bool((torch.round(residual / self.steps) != 0).any())
+
     def snapshot_payload(self) -> bytes:
         if self._snapshot is None or self._snapshot[0] != self.version:
             self._snapshot = (self.version, encode_lattice(SNAPSHOT, self.numel, -1, self.version, self.n.numpy()))

@@ -11,6 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from fedge.compression.errors import PayloadError
@@ -47,6 +48,8 @@ class Codec(ABC):
     name: ClassVar[str]
     #: True when E[decode(encode(x))] == x, so error feedback is optional rather than required.
     unbiased: ClassVar[bool]
+    #: True when both sides must bind the codec to a support they share (:meth:`with_support`)
+    shares_support: ClassVar[bool] = False
 
     @property
     def codec_id(self) -> int:
@@ -82,6 +85,12 @@ class Codec(ABC):
         """The codec that encodes round ``server_round``'s updates. Most codecs are the same every
         round; schedules (DGC's sparsity warm-up) and round-shared randomness (random-k's common
         support) derive their round's codec here, identically on every client and the server."""
+        return self
+
+    def with_support(self, support: np.ndarray | None) -> Codec:
+        """The codec bound to a support of coordinates that the encoder and the decoder both know
+        (the last downlink change's: ``compression.shared_support``). Only codecs that
+        :attr:`shares_support` use it; every other codec is the same with any support."""
         return self
 
     def make_memory(self, wire: Codec, numel: int, state: dict[str, torch.Tensor] | None):  # type: ignore[no-untyped-def]

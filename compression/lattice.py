@@ -41,7 +41,7 @@ from fedge.compression.errors import PayloadError
 from fedge.compression.index_sets import SCHEMES, decode_index_set, encode_index_set
 from fedge.compression.varint import decode_indices, encode_indices
 
-__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "decode_lattice", "encode_lattice", "lattice_header",
+__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "change_support", "decode_lattice", "encode_lattice", "lattice_header",
            "lattice_model", "model_digest"]
 
 MAGIC = b"FGL2"
@@ -174,6 +174,13 @@ def lattice_header(data: bytes | memoryview) -> tuple[int, int, int]:
     if magic != MAGIC:
         raise PayloadError("not a lattice payload (bad magic)")
     return (SNAPSHOT if kind == _SPARSE_SNAPSHOT else kind), base, version
+
+
+def change_support(data: bytes | memoryview, numel: int) -> np.ndarray:
+    """The coordinates a change payload moves (sorted int64), empty for a snapshot: what the node
+    that applied it and the coordinator that sent it both know (``compression.shared_support``)."""
+    message = decode_lattice(data, numel)
+    return message.indices if message.kind == CHANGE else np.zeros(0, dtype=np.int64)
 
 
 def decode_lattice(data: bytes | memoryview, numel: int) -> LatticeMessage:

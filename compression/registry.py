@@ -4,7 +4,8 @@ Quantizers: ``none`` (fp32), ``fp16``, ``bf16``, ``qsgd:bits=4,bucket=512,norm=m
 ``terngrad:bucket=4096,clip=2.5``, ``onebit:bucket=512``, ``sign:bucket=512``.
 Sparsifiers: ``topk:ratio=0.01[,sample=0.01]``, ``threshold:value=1e-3``,
 ``randk:ratio=0.01[,unbiased=true][,seed=S|,shared=true]``, and Deep Gradient Compression
-``dgc:ratio=0.001,momentum=0.9,warmup=4`` (a client memory over sampled top-k); each may be followed by ``+`` and a quantizer for the
+``dgc:ratio=0.001,momentum=0.9,warmup=4`` (a client memory over sampled top-k) and time-correlated
+``tcs:extra=0.01`` (values on a support both sides share, plus the top coordinates outside it); each may be followed by ``+`` and a quantizer for the
 kept values, e.g. ``topk:ratio=0.01+qsgd:bits=4``. Per-tensor policy:
 ``layerwise:min=1024,small=none+qsgd:bits=4`` (small tensors uncompressed; needs ``for_model``).
 Lossless entropy stage: ``zstd:level=3+<codec>``. Unspecified parameters take the codec's defaults;
@@ -23,6 +24,7 @@ from fedge.compression.errors import SpecError
 from fedge.compression.layerwise import LayerwiseCodec
 from fedge.compression.grid import GridCodec
 from fedge.compression.qsgd import QSGDCodec
+from fedge.compression.shared_support import SharedSupportCodec
 from fedge.compression.sign import OneBitCodec, ScaledSignCodec
 from fedge.compression.sparse import RandomKCodec, ThresholdCodec, TopKCodec
 from fedge.compression.spec import build_from_spec, parse_spec
@@ -100,4 +102,5 @@ _REGISTRY.update({
     "layerwise": LayerwiseCodec,
     "zstd": ZstdCodec,
     "grid": GridCodec,
+    "tcs": SharedSupportCodec,
 })

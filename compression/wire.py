@@ -50,7 +50,7 @@ DTYPE_FLOAT32 = 0
 # Codec ids are part of the wire format: never renumber, only append.
 CODEC_IDS: dict[str, int] = {
     "none": 0, "fp16": 1, "qsgd": 2, "bf16": 3, "terngrad": 4, "onebit": 5, "sign": 6,
-    "topk": 7, "randk": 8, "threshold": 9, "layerwise": 10, "zstd": 11, "grid": 12,
+    "topk": 7, "randk": 8, "threshold": 9, "layerwise": 10, "zstd": 11, "grid": 12, "tcs": 13,
 }
 #: Wire ids reserved for codecs outside Fedge (``register_codec(name, factory, codec_id=...)``):
 #: Fedge's own codecs will never use them. Two codecs may not share an id in one process.

@@ -11,7 +11,9 @@ server described is refused with an error reply, never encoded against the wrong
 
 With the wrapper's lattice downlink (``downlink="lattice:..."``) any message (train or evaluate)
 brings a lattice change instead of the model: the mod rebuilds the model first
-(``fedge.flower.receive``), so the user's code gets its ``ArrayRecord`` as always.
+(``fedge.flower.receive``), so the user's code gets its ``ArrayRecord`` as always. A ``tcs`` uplink
+sends on the coordinates that change moved (``compression.shared_support``), which the wrapper
+knows too, having sent it.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ _MEMORY_META = "fedge.flower.memory-meta"
 
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     config = msg.content.config_records.get("config")
+    support = None  # the coordinates the downlink's change moved: a tcs uplink sends on them
     if config is not None and DOWNLINK_KEY in config:  # a lattice downlink: the model it brings, first
-        receive_downlink(msg, context)
+        support = receive_downlink(msg, context)
     if not msg.metadata.message_type.startswith("train") or config is None or CODEC_KEY not in config:
         return call_next(msg, context)
     update = train_user_update(msg, context, call_next, "compress", digest=str(config[LAYOUT_KEY]))
@@ -59,7 +62,7 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
         return update
     reply, layout, trained, delta = update.reply, update.layout, update.trained, update.delta
     spec, server_round, seed = str(config[CODEC_KEY]), int(config[ROUND_KEY]), int(config[SEED_KEY])
-    wire = make_codec(spec).for_model(layout.sizes()).for_round(server_round, seed)
+    wire = make_codec(spec).for_model(layout.sizes()).for_round(server_round, seed).with_support(support)
     memory = wire.make_memory(wire, layout.numel, _load_memory(context, spec, layout))
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     payload = memory.encode(delta, generator)

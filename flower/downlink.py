@@ -12,10 +12,11 @@ base is that model, which each node builds itself: no model goes out whole at al
 fp32, to a node that could not build it. Arrays that are not floating point (integer buffers)
 travel as they are, every time.
 
-The nodes hold the public copy, not the exact model: the wrapper decodes their updates against
-that copy, and what a version did not carry goes out in a later one (error feedback on the
-server). A node that replies holds the version its message brought; one that fails or does not
-reply is forgotten and gets a snapshot next time.
+The nodes hold the public copy, not the exact model: their updates (from that copy) move the
+wrapped strategy's exact model, and what a version did not carry stays in the difference between
+the two and goes out in a later one (error feedback on the server). A node that replies holds the version its message brought; one that fails or does not
+reply is forgotten and gets a snapshot next time. The coordinates each node's change moved are
+kept (:attr:`ServerDownlink.supports`): a ``tcs`` uplink sends on them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.broadcast import DownlinkSpec, VersionedBroadcast, parse_downlink
-from fedge.compression.lattice import model_digest
+from fedge.compression.lattice import change_support, model_digest
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import own_config
 from fedge.flower.records import (
@@ -71,15 +72,18 @@ class ServerDownlink:
         self.base: ArrayRecord | None = None
         self.published: int | None = None  # digest of the exact model last published
         self.sent: dict[int, int] = {}  # node -> version its latest message brought
+        self.supports: dict[int, np.ndarray] = {}  # node -> the coordinates its latest change moved
         self.bytes = 0  # downlink records sent (model, lattice, base and raw arrays), as Flower serializes them
 
     @property
     def spec(self) -> str:
         return "none" if self.parsed is None else self.parsed.spec
 
-    def public(self, arrays: ArrayRecord) -> np.ndarray | None:
-        """Publish ``arrays`` as the next version when they changed; the flat copy the nodes will
-        hold (None without a lattice: they get ``arrays`` themselves)."""
+    def public(self, arrays: ArrayRecord, fresh: bool = False) -> np.ndarray | None:
+        """Publish ``arrays`` as the next version when they changed or, for a ``fresh`` round (a
+        train round), while the nodes' copy still differs from them by a lattice step: what earlier
+        versions did not carry goes out even in a round after which the model did not move. The flat
+        copy the nodes will hold (None without a lattice: they get ``arrays`` themselves)."""
         if self.parsed is None:
             return None
         layout = Layout(arrays)
@@ -95,7 +99,7 @@ class ServerDownlink:
         elif layout.digest != self.layout.digest:  # type: ignore[union-attr]
             raise LayoutError("the strategy's model changed its layout during the run")
         digest = model_digest(exact)
-        if digest != self.published:
+        if digest != self.published or (fresh and self.broadcast.owes(exact)):
             self.broadcast.publish(exact, self.broadcast.version + 1)
             self.published = digest
         return self.broadcast.public.numpy().copy()
@@ -109,10 +113,14 @@ class ServerDownlink:
             self.bytes += sum(array_bytes(m.content, (ARRAYS,)) for m in messages)
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
+        moved: dict[bytes, np.ndarray] = {}  # nodes one version behind share one change: decode it once
         raw = ArrayRecord({name: array for name, array in arrays.items() if name not in floats})
         for message, config in zip(messages, configs, strict=True):
             node = message.metadata.dst_node_id
             lattice = b.message_for(node)
+            if lattice.payload not in moved:
+                moved[lattice.payload] = change_support(lattice.payload, self.layout.numel)
+            self.supports[node] = moved[lattice.payload]
             content = message.content  # its own RecordDict (own_config)
             if ARRAYS in content:
                 del content[ARRAYS]

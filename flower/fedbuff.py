@@ -70,9 +70,12 @@ class FedBuff:
             raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
         if uplink is not None:
             try:
-                make_codec(uplink)
+                codec = make_codec(uplink)
             except (SpecError, ValueError) as err:
                 raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+            if codec.shares_support:
+                raise ValueError(f"uplink codec {uplink!r} sends on a support shared with the last downlink change, "
+                                 "which FedBuff's asynchronous versions do not keep per node; use it with compressed()")
         ServerDownlink(downlink, start=start)  # an unknown downlink is refused here, not mid-run
         if not (server_lr > 0 and reply_timeout > 0 and poll_interval > 0):
             raise ValueError("server_lr, reply_timeout and poll_interval must be positive")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedge.compression.lattice import model_digest
+from fedge.compression.lattice import change_support, model_digest
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.records import (
     ARRAYS,
@@ -33,7 +33,7 @@ from fedge.flower.records import (
 )
 from fedge.flower.start_model import build_start
 from fedge.protocol.downlink import LatticeCopy, apply_downlink
-from fedge.protocol.records import ProtocolError
+from fedge.protocol.records import PAYLOAD_KEY, ProtocolError, payload_bytes
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 
 __all__ = ["receive_downlink"]
@@ -44,8 +44,9 @@ _COPY = "fedge.flower.copy"  # Context.state: the lattice copy (n encoded, steps
 _COPY_META = "fedge.flower.copy-meta"
 
 
-def receive_downlink(msg: Message, context: Context) -> None:
-    """Replace ``msg``'s lattice records by the model ``ArrayRecord`` they bring (in place)."""
+def receive_downlink(msg: Message, context: Context) -> np.ndarray:
+    """Replace ``msg``'s lattice records by the model ``ArrayRecord`` they bring (in place); the
+    coordinates the change moved (empty after a snapshot), which a ``tcs`` uplink sends on."""
     config = msg.content.config_records["config"]
     record = msg.content.array_records.get(DOWNLINK_RECORD)
     if record is None:
@@ -64,6 +65,7 @@ def receive_downlink(msg: Message, context: Context) -> None:
                                                                                       RAW_RECORD)})
     content[ARRAYS] = layout.rebuild(copy.numpy(), like)
     msg.content = content
+    return change_support(payload_bytes(record[PAYLOAD_KEY], f"downlink[{PAYLOAD_KEY}]"), layout.numel)
 
 
 def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> ArrayRecord:

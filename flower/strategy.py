@@ -9,8 +9,11 @@ the compression error, and their own ``start``, ``evaluate_fn``, ``Result`` and 
 before (``start`` is Flower's, calling this object's methods).
 
 With ``downlink="lattice:..."`` the model goes out as a versioned lattice change instead of fp32
-arrays (``fedge.flower.downlink``); replies are then decoded against the copy the node holds.
+arrays (``fedge.flower.downlink``); a reply's update is from the copy the node holds, and moves the
+strategy's exact model (what the copy lacks goes out in later versions).
 The round's train metrics gain ``fedge-downlink-bytes`` (the records sent, as Flower serializes them).
+A ``tcs`` uplink (``compression.shared_support``) needs that downlink: each node sends its values
+on the coordinates its last change moved, and the wrapper decodes each reply on that node's.
 
 A reply that does not carry a payload (a client without ``compression_mod``), or whose payload
 does not decode (another codec, a corrupt or truncated body, another model size), is refused: it
@@ -47,24 +50,33 @@ class CompressedStrategy(Strategy):
     def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
                  streaming: bool = False, start: str | None = None) -> None:
         try:
-            make_codec(uplink)
+            codec = make_codec(uplink)
         except (SpecError, ValueError) as err:
             raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+        if codec.shares_support and not downlink.startswith("lattice"):
+            raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
+                             "it needs a lattice downlink (downlink=\"lattice:...\")")
         if streaming and not is_plain_mean(strategy):
             raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
                              f"{type(strategy).__name__} has its own aggregate_train")
         self.strategy, self.uplink, self.seed, self.streaming = strategy, uplink, int(seed), streaming
         self.downlink = ServerDownlink(downlink, start=start)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
+        self._supports: dict[int, np.ndarray] = {}  # node -> the shared support of its round (tcs)
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out
 
     # -- train ----------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         layout = Layout(arrays)
-        public = self.downlink.public(arrays)  # with a lattice downlink, nodes train from its copy
-        self._sent = (server_round, layout, layout.flatten(arrays) if public is None else public, arrays)
+        # With a lattice downlink the nodes train from its public copy, but their updates move the
+        # strategy's exact model: what a version did not carry stays in (exact - public) and goes out
+        # in a later one, error feedback on the server, as in Fedge's engine and FedBuff. (Decoding
+        # against the public copy dropped that residual every round.)
+        self.downlink.public(arrays, fresh=True)
+        self._sent = (server_round, layout, layout.flatten(arrays), arrays)
         messages = self.downlink.attach(self.strategy.configure_train(server_round, arrays, config, grid), arrays)
+        self._supports = dict(self.downlink.supports)
         for message in messages:  # each has its own config copy (attach)
             write_uplink(message.content.config_records["config"], self.uplink, layout.digest, server_round, self.seed)
         return messages
@@ -99,7 +111,7 @@ class CompressedStrategy(Strategy):
                 out.append(reply)
                 continue
             try:
-                delta = wire.decode(reply_payload(reply), layout.numel).numpy()
+                delta = self._bound(wire, reply).decode(reply_payload(reply), layout.numel).numpy()
                 model = layout.rebuild(sent_flat + delta,
                                        with_raw(sent, reply.content.array_records.get(RAW_RECORD, ArrayRecord())))
             except REFUSED as err:
@@ -126,7 +138,7 @@ class CompressedStrategy(Strategy):
                 continue
             try:
                 weight, _ = reply_weight(reply, key)
-                total.add_payload(reply_payload(reply), wire, weight)
+                total.add_payload(reply_payload(reply), self._bound(wire, reply), weight)
             except REFUSED as err:
                 self._refuse(server_round, reply, err)
                 continue
@@ -146,13 +158,17 @@ class CompressedStrategy(Strategy):
         return arrays, metrics
 
     def _round(self, server_round: int) -> tuple[Layout, np.ndarray, ArrayRecord, Codec]:
-        """What this wrapper sent in ``server_round`` (layout, the flat model the nodes started from,
-        the arrays) and the codec of that round."""
+        """What this wrapper sent in ``server_round`` (layout, the strategy's flat model the updates
+        apply to, the arrays) and the codec of that round."""
         if self._sent is None or self._sent[0] != server_round:
             raise RuntimeError(f"round {server_round} was not configured through this wrapper")
         _, layout, sent_flat, sent = self._sent
         return layout, sent_flat, sent, make_codec(self.uplink).for_model(layout.sizes()).for_round(server_round,
                                                                                                       self.seed)
+
+    def _bound(self, wire: Codec, reply: Message) -> Codec:
+        """``wire`` bound to the support the reply's node sent on (a ``tcs`` uplink; others ignore it)."""
+        return wire.with_support(self._supports.get(reply.metadata.src_node_id)) if wire.shares_support else wire
 
     def _refuse(self, server_round: int, reply: Message, err: Exception) -> None:
         node = reply.metadata.src_node_id

@@ -43,7 +43,9 @@ def preflight(settings: RunSettings, num_partitions: int | None = None) -> None:
     from fedge.server.engine.layers import build_layers
     from fedge.server.engine.loop import make_context
 
-    algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
+    context = make_context(settings, task)
+    context.codec  # noqa: B018  (a codec the engine cannot run is refused here)
+    algorithm = make_algorithm(settings.algorithm, context)
     # every layer the run holds (update guard, downlink, secure aggregation, DP, model average):
     # a setting one cannot honour with this algorithm is refused here, with its reason
     build_layers(algorithm)

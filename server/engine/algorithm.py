@@ -47,7 +47,7 @@ from torch.utils.data import Dataset
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.round_config import RoundConfig
-from fedge.server.settings import RunSettings
+from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, tensor_sizes
 
 __all__ = [
@@ -91,8 +91,14 @@ class RunContext:
 
     @cached_property
     def codec(self) -> Codec:
-        """The run's uplink codec, built once for the model's layout."""
-        return make_codec(self.settings.codec).for_model(tensor_sizes(self.template))
+        """The run's uplink codec, built once for the model's layout. A codec that sends on a support
+        shared with the downlink's last change (``tcs``) is refused: only ``fedge.flower``'s
+        ``compressed()`` keeps each node's."""
+        codec = make_codec(self.settings.codec)
+        if codec.shares_support:
+            raise SettingsError(f"codec {self.settings.codec!r} sends on a support shared with the last downlink "
+                                "change, which only fedge.flower's compressed() keeps per node; Fedge's engine does not")
+        return codec.for_model(tensor_sizes(self.template))
 
     @property
     def holdout(self) -> float:

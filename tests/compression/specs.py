@@ -12,7 +12,7 @@ SPARSIFIERS = [
     "topk:ratio=0.05", "topk:ratio=0.05,sample=0.2", "topk:ratio=0.02+qsgd:bits=4,bucket=16",
     "threshold:value=1.5", "threshold:value=0.5+fp16",
     "randk:ratio=0.1", "randk:ratio=0.1,unbiased=true", "randk:ratio=0.1,seed=5+qsgd:bits=8",
-    "dgc:ratio=0.05,sample=0+qsgd:bits=4,bucket=32",
+    "dgc:ratio=0.05,sample=0+qsgd:bits=4,bucket=32", "tcs:extra=0.05,sample=0+qsgd:bits=4,bucket=32",
 ]
 ENTROPY = ["zstd:level=3+qsgd:bits=4,bucket=64", "zstd:level=1+topk:ratio=0.05+qsgd:bits=4,bucket=16"]
 ALL = QUANTIZERS + SPARSIFIERS + ENTROPY

@@ -193,8 +193,9 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
             got = seen[node][-1]
             assert list(got.keys()) == list(arrays.keys())
             assert all(np.array_equal(got[k].numpy(), public[k].numpy()) for k in arrays)
+        # the updates (from the public copy the nodes hold) move the strategy's exact model
         expected, _ = plain.aggregate_train(server_round,
-                                            _independently_decoded(_copy(replies), public, spec, server_round))
+                                            _independently_decoded(_copy(replies), arrays, spec, server_round))
         got_arrays, metrics = wrapped.aggregate_train(server_round, replies)
         assert got_arrays is not None and expected is not None and metrics is not None
         for name in arrays:
@@ -202,6 +203,36 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
         if server_round > 1:  # a change of 5% of the coordinates: far below the fp32 model per node
             assert 0 < metrics["fedge-downlink-bytes"] < 0.25 * len(NODES) * fp32, metrics
         arrays = got_arrays
+
+
+def test_what_a_lattice_version_did_not_carry_stays_in_the_exact_model_and_goes_out_later() -> None:
+    """Round 1: every node moves every weight by +0.5, far more than a 20% change carries; later
+    rounds: zero updates. The strategy's model keeps the whole move (its exact model), and the
+    nodes' copies reach it version by version, to within half a lattice step (error feedback on the
+    server). Decoding updates against the public copy instead lost the 80% the first version did not
+    carry, for good."""
+    app = ClientApp(mods=[compression_mod])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        bump = 0.5 if int(msg.content["config"]["fedge.round"]) == 1 else 0.0
+        moved = {k: v + bump if v.is_floating_point() else v
+                 for k, v in msg.content["arrays"].to_torch_state_dict().items()}
+        return Message(RecordDict({"arrays": ArrayRecord(moved), "metrics": MetricRecord({"num-examples": 1})}),
+                       reply_to=msg)
+
+    arrays, grid = _model(), Grid()
+    target = _flat(arrays) + 0.5
+    wrapped = compressed(FedAvg(), uplink="none", downlink="lattice:ratio=0.2")
+    contexts, lag = _contexts(), []
+    for server_round in range(1, 9):
+        messages = list(wrapped.configure_train(server_round, arrays, ConfigRecord(), grid))
+        if server_round > 1:
+            lag.append(float(np.abs(_flat(_public(wrapped)) - target).max()))
+        arrays, _ = wrapped.aggregate_train(server_round, _exchange(messages, {n: app for n in NODES}, contexts))
+        np.testing.assert_allclose(_flat(arrays), target, rtol=0, atol=1e-5)
+    half_step = float(wrapped.downlink.broadcast.steps.max()) / 2
+    assert lag[0] > 0.4 and lag[-1] <= half_step + 1e-6, (lag, half_step)
 
 
 def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_next_round() -> None:
@@ -321,3 +352,55 @@ def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -
     assert not reply.has_error() and "fedge.flower.base" in context.state.array_records
     with pytest.raises(ValueError, match="module:callable@seed"):
         compressed(FedAvg(), downlink="lattice:ratio=0.05", start="not a spec")
+
+
+def test_a_tcs_uplink_sends_on_the_coordinates_the_downlink_moved_and_the_aggregate_is_exact() -> None:
+    """Each node sends its values on the coordinates its last lattice change moved: here found
+    independently, as where the public copy moved between rounds (none in round 1, a snapshot)."""
+    spec = "tcs:extra=0.01,sample=0+qsgd:bits=4"
+    arrays, config, grid = _model(), ConfigRecord({"lr": 0.1}), Grid()
+    wrapped, plain = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05"), FedAvg()
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    before = None
+    for server_round in (1, 2, 3):
+        messages = list(wrapped.configure_train(server_round, arrays, config, grid))
+        public = _public(wrapped)
+        moved = np.zeros(0, dtype=np.int64) if before is None else np.flatnonzero(_flat(public) != _flat(before))
+        assert (moved.size > 0) == (server_round > 1)
+        replies = _exchange(messages, apps, contexts)
+        decoded = []
+        for reply in _copy(replies):  # this test's own decode, on the support it found, applied to the exact model
+            delta = make_codec(spec).with_support(moved).decode(read_payload(reply.content, UPDATE_RECORD),
+                                                                _flat(public).size)
+            assert set(np.flatnonzero(delta.numpy())) - set(moved.tolist())  # the extras, outside it
+            rebuilt = dict(arrays.items())
+            flat, offset = _flat(arrays) + delta.numpy(), 0
+            for name, array in arrays.items():
+                if array.numpy().dtype.kind == "f":
+                    size = array.numpy().size
+                    rebuilt[name] = Array(flat[offset:offset + size].reshape(array.numpy().shape))
+                    offset += size
+            reply.content = RecordDict({"arrays": ArrayRecord(rebuilt), "metrics": reply.content["metrics"]})
+            decoded.append(reply)
+        expected, _ = plain.aggregate_train(server_round, decoded)
+        got, metrics = wrapped.aggregate_train(server_round, replies)
+        assert got is not None and expected is not None and metrics is not None and not wrapped.refused
+        for name in arrays:
+            np.testing.assert_allclose(got[name].numpy(), expected[name].numpy(), rtol=0, atol=1e-6)
+        arrays, before = got, public
+
+
+def test_a_tcs_reply_on_another_support_is_refused_and_tcs_needs_the_lattice_downlink(caplog) -> None:
+    spec = "tcs:extra=0.01+qsgd:bits=4"
+    with pytest.raises(ValueError, match="needs a lattice downlink"):
+        compressed(FedAvg(), uplink=spec)
+    arrays, grid = _model(), Grid()
+    wrapped = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05")
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    for server_round in (1, 2):
+        replies = _exchange(list(wrapped.configure_train(server_round, arrays, ConfigRecord(), grid)), apps, contexts)
+        if server_round == 2:  # the server's record of node 12's support no longer matches what it sent
+            wrapped._supports[12] = wrapped._supports[12][1:]
+        arrays, _ = wrapped.aggregate_train(server_round, replies)
+    assert [(r, n) for r, n, _ in wrapped.refused] == [(2, 12)]
+    assert "did not get the same downlink" in wrapped.refused[0][2] and "refused the reply of node 12" in caplog.text

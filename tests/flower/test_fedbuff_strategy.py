@@ -218,3 +218,8 @@ def test_with_the_lattice_downlink_nodes_train_from_the_public_copy_and_a_slow_o
 def test_fedbuff_refuses_an_unknown_downlink_when_built() -> None:
     with pytest.raises(ValueError, match="downlink codec"):
         FedBuff(downlink="lattice:ratio=2")
+
+
+def test_a_tcs_uplink_is_refused_by_fedbuff() -> None:
+    with pytest.raises(ValueError, match="FedBuff"):
+        FedBuff(uplink="tcs:extra=0.01+qsgd:bits=4", downlink="lattice:ratio=0.05")

@@ -113,3 +113,9 @@ def test_sparse_mean_through_the_engine_undoes_the_dilution_of_sparse_updates(tm
     assert torch.equal(plain != 0, sparse != 0) and torch.all(torch.sign(plain) == torch.sign(sparse))
     assert torch.all(sparse.abs() >= plain.abs() - 1e-7)
     assert float(sparse.norm()) > 1.5 * float(plain.norm())  # 3 devices, mostly different top 5%
+
+
+def test_a_tcs_uplink_is_refused_by_the_engine() -> None:
+    """Fedge's own engine keeps no per-node shared support: the codec is refused before the run."""
+    with pytest.raises(SettingsError, match="compressed"):
+        preflight(RunSettings(codec="tcs:extra=0.01+qsgd:bits=4"))
