@@ -41,8 +41,8 @@ from fedge.compression.errors import PayloadError
 from fedge.compression.index_sets import SCHEMES, decode_index_set, encode_index_set
 from fedge.compression.varint import decode_indices, encode_indices
 
-__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "change_support", "decode_lattice", "encode_lattice", "lattice_header",
-           "lattice_model", "model_digest"]
+__all__ = ["CHANGE", "SNAPSHOT", "LatticeMessage", "change_support", "decode_lattice", "encode_lattice",
+           "lattice_header", "lattice_model", "model_digest"]
 
 MAGIC = b"FGL2"
 CHANGE = 0

@@ -14,9 +14,10 @@ travel as they are, every time.
 
 The nodes hold the public copy, not the exact model: their updates (from that copy) move the
 wrapped strategy's exact model, and what a version did not carry stays in the difference between
-the two and goes out in a later one (error feedback on the server). A node that replies holds the version its message brought; one that fails or does not
-reply is forgotten and gets a snapshot next time. The coordinates each node's change moved are
-kept (:attr:`ServerDownlink.supports`): a ``tcs`` uplink sends on them.
+the two and goes out in a later one (error feedback on the server). A node that replies holds the
+version its message brought; one that fails or does not reply is forgotten and gets a snapshot
+next time. With ``track_supports`` (a ``tcs`` uplink, which sends on them) the coordinates each
+node's message moved are kept for the round (:attr:`ServerDownlink.supports`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ __all__ = ["ServerDownlink"]
 class ServerDownlink:
     """One wrapped strategy's downlink (``spec`` ``none``: the wrapped strategy's own fp32 arrays)."""
 
-    def __init__(self, spec: str, start: str | None = None) -> None:
+    def __init__(self, spec: str, start: str | None = None, track_supports: bool = False) -> None:
         try:
             self.parsed: DownlinkSpec | None = parse_downlink(spec)
             if start is not None:
@@ -72,7 +73,8 @@ class ServerDownlink:
         self.base: ArrayRecord | None = None
         self.published: int | None = None  # digest of the exact model last published
         self.sent: dict[int, int] = {}  # node -> version its latest message brought
-        self.supports: dict[int, np.ndarray] = {}  # node -> the coordinates its latest change moved
+        self.track_supports = track_supports
+        self.supports: dict[int, np.ndarray] = {}  # node -> the coordinates its latest message moved
         self.bytes = 0  # downlink records sent (model, lattice, base and raw arrays), as Flower serializes them
 
     @property
@@ -114,13 +116,15 @@ class ServerDownlink:
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
         moved: dict[bytes, np.ndarray] = {}  # nodes one version behind share one change: decode it once
+        self.supports = {}
         raw = ArrayRecord({name: array for name, array in arrays.items() if name not in floats})
         for message, config in zip(messages, configs, strict=True):
             node = message.metadata.dst_node_id
             lattice = b.message_for(node)
-            if lattice.payload not in moved:
-                moved[lattice.payload] = change_support(lattice.payload, self.layout.numel)
-            self.supports[node] = moved[lattice.payload]
+            if self.track_supports:
+                if lattice.payload not in moved:
+                    moved[lattice.payload] = change_support(lattice.payload, self.layout.numel)
+                self.supports[node] = moved[lattice.payload]
             content = message.content  # its own RecordDict (own_config)
             if ARRAYS in content:
                 del content[ARRAYS]

@@ -60,7 +60,7 @@ class CompressedStrategy(Strategy):
             raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
                              f"{type(strategy).__name__} has its own aggregate_train")
         self.strategy, self.uplink, self.seed, self.streaming = strategy, uplink, int(seed), streaming
-        self.downlink = ServerDownlink(downlink, start=start)
+        self.downlink = ServerDownlink(downlink, start=start, track_supports=codec.shares_support)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
         self._supports: dict[int, np.ndarray] = {}  # node -> the shared support of its round (tcs)
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) of replies left out

@@ -81,7 +81,8 @@ def test_an_extra_inside_the_support_is_refused() -> None:
         codec.decode(forged, N)
     honest = (struct.pack("<QIIQ", 3, support_digest(support), 1, scheme << 56 | len(index_bytes))
               + encode_index_set(np.array([8]))[1] + make_codec("none").encode(torch.ones(4)))
-    assert codec.decode(pack_payload(codec.codec_id, N, codec.params_bytes(), honest), N)[[3, 7, 8, 9]].tolist() == [1] * 4
+    decoded = codec.decode(pack_payload(codec.codec_id, N, codec.params_bytes(), honest), N)
+    assert decoded[[3, 7, 8, 9]].tolist() == [1] * 4 and float(decoded.abs().sum()) == 4
 
 
 def test_bound_payloads_survive_fuzzing_with_payload_errors_only() -> None:

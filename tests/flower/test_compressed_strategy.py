@@ -183,6 +183,7 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
     for server_round in (1, 2, 3):
         messages = list(wrapped.configure_train(server_round, arrays, config, grid))
         assert all("arrays" not in m.content and DOWNLINK_RECORD in m.content for m in messages)
+        assert not wrapped.downlink.supports  # only a tcs uplink needs the changes' supports
         # no model goes out in fp32: the first message is a snapshot on a zero base with the model's
         # layout (names, shapes, dtypes); later rounds carry only a change
         assert not any(BASE_RECORD in m.content for m in messages)
