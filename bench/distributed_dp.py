@@ -35,7 +35,7 @@ from fedge.server.settings import RunSettings
 from fedge.tasks import make_task
 
 
-def _bisect(epsilon_at, target: float) -> float:
+def smallest_noise(epsilon_at, target: float) -> float:
     """The smallest z in [0.1, 50] with epsilon_at(z) <= target (epsilon falls as z grows)."""
     low, high = 0.1, 50.0
     for _ in range(40):
@@ -48,7 +48,7 @@ def _bisect(epsilon_at, target: float) -> float:
 
 
 def central_noise(target: float, q: float, rounds: int, delta: float) -> float:
-    return _bisect(lambda z: PrivacyLedger(delta, [(q, z)] * rounds).epsilon_pld(), target)
+    return smallest_noise(lambda z: PrivacyLedger(delta, [(q, z)] * rounds).epsilon_pld(), target)
 
 
 def distributed_noise_multiplier(target: float, q: float, rounds: int, delta: float, clip: float,
@@ -58,7 +58,7 @@ def distributed_noise_multiplier(target: float, q: float, rounds: int, delta: fl
     def epsilon(z: float) -> float:
         spec = parse_differential_privacy(f"gaussian:noise={z},clip={clip}")
         return SkellamLedger(delta, [ledger_round(spec, numel, q)] * rounds).epsilon()
-    return _bisect(epsilon, target)
+    return smallest_noise(epsilon, target)
 
 
 def main(argv: list[str] | None = None) -> None:

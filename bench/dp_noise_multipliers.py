@@ -38,7 +38,7 @@ from fedge.privacy.distributed_dp import (
 from fedge.privacy.dp_spec import parse_differential_privacy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.distributed_dp import _bisect as _smallest  # noqa: E402  (the calibration the comparison uses)
+from bench.distributed_dp import smallest_noise  # noqa: E402  (the calibration the comparison uses)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|")
     reference = None
     for name, epsilon_at in rows:
-        z = _smallest(epsilon_at, args.epsilon)
+        z = smallest_noise(epsilon_at, args.epsilon)
         reference = reference or z
         print(f"| {name} | {z:.3f} | {z / reference:.2f}x |")
 
