@@ -47,21 +47,29 @@ __all__ = ["DownlinkMessage", "DownlinkSpec", "VersionedBroadcast", "lattice_mod
 
 @dataclass(frozen=True)
 class DownlinkSpec:
-    """``lattice[:ratio=R,bits=B,cache=K,resolution=S]``.
+    """``lattice[:ratio=R,bits=B,cache=K,resolution=S,warmup=N,dense=D]``.
 
     ``ratio``: fraction of coordinates a version may change; ``bits``: a version moves a coordinate
     by at most 2^(bits-1) - 1 lattice steps; ``cache``: versions of changes kept for catch-up;
     ``resolution``: lattice steps per RMS of a tensor's initial values (finer: more precise, larger
-    snapshots)."""
+    snapshots); ``warmup`` and ``dense``: versions 1..N may change a fraction D instead (the first
+    rounds move the model most, and copies that lag them slow the whole run)."""
 
     ratio: float = 0.05
     bits: int = 16
     cache: int = 64
     resolution: float = 256.0
+    warmup: int = 0
+    dense: float = 0.0
 
     @property
     def spec(self) -> str:
-        return f"lattice:ratio={self.ratio:g},bits={self.bits},cache={self.cache},resolution={self.resolution:g}"
+        head = f"lattice:ratio={self.ratio:g},bits={self.bits},cache={self.cache},resolution={self.resolution:g}"
+        return head + (f",warmup={self.warmup},dense={self.dense:g}" if self.warmup else "")
+
+    def ratio_at(self, version: int) -> float:
+        """The fraction of coordinates version ``version`` may change."""
+        return self.dense if 1 <= version <= self.warmup else self.ratio
 
 
 def parse_downlink(spec: str) -> DownlinkSpec | None:
@@ -72,12 +80,13 @@ def parse_downlink(spec: str) -> DownlinkSpec | None:
     if name != "lattice":
         raise ValueError(f"downlink-codec must be 'none' or 'lattice[:ratio=R,bits=B,cache=K,resolution=S]', "
                          f"got {spec!r} (uplink codecs such as qsgd do not compose exactly across versions)")
-    unknown = set(raw) - {"ratio", "bits", "cache", "resolution"}
+    unknown = set(raw) - {"ratio", "bits", "cache", "resolution", "warmup", "dense"}
     if unknown:
         raise ValueError(f"unknown downlink parameter(s) {sorted(unknown)} in {spec!r}")
     try:
         out = DownlinkSpec(ratio=float(raw.get("ratio", 0.05)), bits=int(raw.get("bits", 16)),
-                           cache=int(raw.get("cache", 64)), resolution=float(raw.get("resolution", 256)))
+                           cache=int(raw.get("cache", 64)), resolution=float(raw.get("resolution", 256)),
+                           warmup=int(raw.get("warmup", 0)), dense=float(raw.get("dense", 0)))
     except ValueError:
         raise ValueError(f"downlink parameters must be numbers: {spec!r}") from None
     if not 0 < out.ratio <= 1:
@@ -88,6 +97,9 @@ def parse_downlink(spec: str) -> DownlinkSpec | None:
         raise ValueError(f"downlink cache must be in 1..10000 versions, got {out.cache}")
     if not (math.isfinite(out.resolution) and 1 <= out.resolution <= 2**20):
         raise ValueError(f"downlink resolution must be in 1..2^20, got {out.resolution}")
+    if out.warmup < 0 or (out.warmup > 0) != (out.dense > 0) or not 0 <= out.dense <= 1:
+        raise ValueError(f"downlink warmup=N and dense=D come together (N >= 1 versions, D in (0, 1]), got "
+                         f"warmup={out.warmup}, dense={out.dense}")
     return out
 
 
@@ -151,7 +163,7 @@ class VersionedBroadcast:
         if version <= self.version:
             raise ValueError(f"version {version} is not after the current {self.version}")
         residual = params.detach().to(torch.float32) - self.public
-        k = max(1, math.ceil(self.spec.ratio * self.numel))
+        k = max(1, math.ceil(self.spec.ratio_at(version) * self.numel))
         top = torch.topk(residual.abs(), min(k, self.numel), sorted=False).indices
         limit = 2 ** (self.spec.bits - 1) - 1
         dn = torch.round(residual[top] / self.steps[top]).clamp_(-limit, limit).to(torch.int64)

@@ -12,10 +12,13 @@ Per round, with ``g`` the client's update (a step, here the local model delta)::
     v <- v - sent;  u[sent != 0] <- 0    momentum factor masking (v keeps any quantization error)
 
 The kept fraction warms up over the first ``warmup`` rounds as in the paper (75%, 93.75%, 98.4%,
-99.6%, ... sparsity: ratio = max(final, 0.25^round)). On the wire a DGC update *is* a top-k payload,
+99.6%, ... sparsity: ratio = max(final, 0.25^round)). With ``dense=R`` the warm-up rounds keep R
+each instead: a flat, longer warm-up for runs whose first rounds carry most of the change (a few
+tens of rounds of several local epochs each), where the paper's schedule is at the final ratio by
+round 3. On the wire a DGC update *is* a top-k payload,
 so the coordinator decodes it with :meth:`DGCCodec.for_round` and needs no DGC state.
 
-Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4,absent=keep,scope=model[+qsgd:bits=4]``
+Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4[,dense=0.1],absent=keep,scope=model[+qsgd:bits=4]``
 (``scope=tensor``: the top ratio of each tensor, as the paper sparsifies layer by layer);
 ``absent`` is what a client that skipped rounds does with its memory (:meth:`DGCMemory.age`).
 """
@@ -38,7 +41,7 @@ class DGCCodec(TopKCodec):
 
     def __init__(self, ratio: float = 0.001, sample: float = 0.01, momentum: float = 0.9,
                  clip: float = 0.0, warmup: int = 4, absent: str = "keep", scope: str = "model",
-                 values: Codec | None = None, sizes: tuple[int, ...] | None = None) -> None:
+                 values: Codec | None = None, sizes: tuple[int, ...] | None = None, dense: float = 0.0) -> None:
         super().__init__(ratio=ratio, sample=sample, scope=scope, values=values, sizes=sizes)
         if not 0 <= momentum < 1:
             raise SpecError(f"dgc momentum must be in [0, 1), got {momentum}")
@@ -46,16 +49,22 @@ class DGCCodec(TopKCodec):
             raise SpecError("dgc clip and warmup must be >= 0")
         if absent not in ABSENT_POLICIES:
             raise SpecError(f"dgc absent must be one of {', '.join(ABSENT_POLICIES)}, got {absent!r}")
+        if not 0 <= dense <= 1:
+            raise SpecError(f"dgc dense must be in [0, 1] (0: the paper's warm-up), got {dense}")
         self.momentum, self.clip, self.warmup, self.absent = momentum, clip, warmup, absent
+        self.dense = float(dense)
 
     @property
     def spec(self) -> str:
         head = (f"dgc:ratio={self.ratio:g},sample={self.sample:g},momentum={self.momentum:g},"
-                f"clip={self.clip:g},warmup={self.warmup}" + (f",absent={self.absent}" if self.absent != "keep" else "")
+                f"clip={self.clip:g},warmup={self.warmup}" + (f",dense={self.dense:g}" if self.dense else "")
+                + (f",absent={self.absent}" if self.absent != "keep" else "")
                 + (",scope=tensor" if self.scope == "tensor" else ""))
         return self._spec_with_values(head)
 
     def ratio_at(self, server_round: int) -> float:
+        if self.warmup and 1 <= server_round <= self.warmup and self.dense:
+            return max(self.ratio, self.dense)
         if self.warmup and 1 <= server_round <= self.warmup:
             return max(self.ratio, 0.25**server_round)
         return self.ratio
@@ -64,7 +73,7 @@ class DGCCodec(TopKCodec):
         if self.scope != "tensor":
             return self
         return DGCCodec(self.ratio, self.sample, self.momentum, self.clip, self.warmup, self.absent, self.scope,
-                        self.values, tuple(int(n) for n in sizes))
+                        self.values, tuple(int(n) for n in sizes), self.dense)
 
     def for_round(self, server_round: int, seed: int) -> Codec:
         return self._with(ratio=self.ratio_at(server_round))

@@ -136,3 +136,21 @@ def test_spec_parsing() -> None:
         with pytest.raises(ValueError, match=reason):
             parse_downlink(spec)
     assert np.isfinite(parse_downlink("lattice").resolution)
+
+
+def test_a_dense_warm_up_lets_the_first_versions_change_more_coordinates() -> None:
+    spec = parse_downlink("lattice:ratio=0.02,warmup=2,dense=0.2")
+    assert spec is not None and parse_downlink(spec.spec) == spec and "dense=0.2" in spec.spec
+    assert [spec.ratio_at(v) for v in (1, 2, 3, 10)] == [0.2, 0.2, 0.02, 0.02]
+    start = _model()
+    server = VersionedBroadcast(spec, start, SIZES)
+    moved = []
+    for version in (1, 2, 3):  # a target far from the copy everywhere: each version changes its full share
+        server.publish(start + 10.0 * version, version)
+        moved.append(server.changes[version][0].size)
+    n = start.numel()
+    assert moved[0] == moved[1] == int(np.ceil(0.2 * n)) and moved[2] == int(np.ceil(0.02 * n))
+    assert parse_downlink("lattice:ratio=0.05").spec == "lattice:ratio=0.05,bits=16,cache=64,resolution=256"
+    for bad in ("lattice:warmup=3", "lattice:dense=0.2", "lattice:warmup=-1,dense=0.2", "lattice:warmup=2,dense=1.5"):
+        with pytest.raises(ValueError, match="warmup=N and dense=D"):
+            parse_downlink(bad)

@@ -223,3 +223,16 @@ def test_the_fixed_grid_is_unbiased_inside_its_range_and_clips_outside() -> None
     assert torch.equal(samples[:, 0], torch.full((4000,), -1.0)) and torch.equal(samples[:, -1], torch.full((4000,), 1.0))
     levels = (samples + 1.0) * (15 / 2.0)
     assert torch.allclose(levels, levels.round(), atol=1e-4)
+
+
+def test_dgc_dense_warm_up_keeps_its_ratio_for_the_warm_up_rounds() -> None:
+    paper = make_codec("dgc:ratio=0.02,warmup=4")
+    flat = make_codec("dgc:ratio=0.02,warmup=4,dense=0.1")
+    assert [paper.ratio_at(r) for r in (1, 2, 3, 4, 5)] == pytest.approx([0.25, 0.0625, 0.02, 0.02, 0.02])
+    assert [flat.ratio_at(r) for r in (1, 2, 3, 4, 5)] == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.02])
+    assert make_codec(flat.spec) == flat and "dense=0.1" in flat.spec and "dense" not in paper.spec
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    wire = flat.for_round(2, 0)
+    assert int((wire.decode(wire.encode(x), 1000) != 0).sum()) == wire.max_kept(1000) > 90  # ceil(0.1 n), as float32
+    with pytest.raises(SpecError):
+        make_codec("dgc:dense=1.5")
