@@ -15,8 +15,8 @@ The kept fraction warms up over the first ``warmup`` rounds as in the paper (75%
 99.6%, ... sparsity: ratio = max(final, 0.25^round)). With ``dense=R`` the warm-up rounds keep R
 each instead: a flat, longer warm-up for runs whose first rounds carry most of the change (a few
 tens of rounds of several local epochs each), where the paper's schedule is at the final ratio by
-round 3. On the wire a DGC update *is* a top-k payload,
-so the coordinator decodes it with :meth:`DGCCodec.for_round` and needs no DGC state.
+round 3. On the wire a DGC update *is* a top-k payload, so the coordinator decodes it with
+:meth:`DGCCodec.for_round` and needs no DGC state.
 
 Spec: ``dgc:ratio=0.001,sample=0.01,momentum=0.9,clip=0,warmup=4[,dense=0.1],absent=keep,scope=model[+qsgd:bits=4]``
 (``scope=tensor``: the top ratio of each tensor, as the paper sparsifies layer by layer);
@@ -63,10 +63,8 @@ class DGCCodec(TopKCodec):
         return self._spec_with_values(head)
 
     def ratio_at(self, server_round: int) -> float:
-        if self.warmup and 1 <= server_round <= self.warmup and self.dense:
-            return max(self.ratio, self.dense)
         if self.warmup and 1 <= server_round <= self.warmup:
-            return max(self.ratio, 0.25**server_round)
+            return max(self.ratio, self.dense or 0.25**server_round)
         return self.ratio
 
     def for_model(self, sizes: list[int] | tuple[int, ...]) -> Codec:

@@ -81,7 +81,9 @@ class SharedSupportCodec(Codec):
         return _with_values(f"tcs:extra={self.extra:g},sample={self.sample:g}", self.values)
 
     def params_bytes(self) -> bytes:
-        return struct.pack("<ffB", self.extra, self.sample, CODEC_IDS[self.values.name])[:8]
+        """extra (f32), the values codec's id, sample (f32 without its lowest mantissa byte): 8 bytes.
+        (Packed as f32, f32, id, the id fell past the field's end.)"""
+        return struct.pack("<fB", self.extra, CODEC_IDS[self.values.name]) + struct.pack("<f", self.sample)[1:]
 
     def with_support(self, support: np.ndarray | None) -> SharedSupportCodec:
         """This codec bound to ``support`` (sorted, distinct indices; None or empty: none)."""
