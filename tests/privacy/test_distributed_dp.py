@@ -20,6 +20,7 @@ from fedge.privacy.distributed_dp import (
     decode_sum,
     encode,
     epsilon_from_rdp,
+    skellam_params,
     skellam_rdp,
     skellam_tail,
     subsampled_rdp,
@@ -217,6 +218,36 @@ def test_the_ring_holds_the_worst_case_sum_exactly() -> None:
         assert abs(decoded[7] - sign * devices) < 8 * math.sqrt(devices * 400.0) / params.scale + 1
     with pytest.raises(RingError, match="32"):
         SkellamParams(clip=1.0, scale=1e7, local_variance=1.0, dimension=10).ring_bits(1000)
+
+
+@pytest.mark.parametrize(("dimension", "most"), [(1_000, 1.011), (9_098, 1.0076), (105_866, 1.0067),
+                                                 (1_000_000, 1.0064)])
+@pytest.mark.parametrize("clip", [0.1, 1.0, 20.0])
+def test_the_rounding_inflates_the_noise_by_about_one_percent_at_most(dimension: int, most: float,
+                                                                     clip: float) -> None:
+    """The released noise is z times the rounded vectors' L2 bound (in model units, divided by the
+    scale): within 0.75% of z C, the noise central DP adds for the same clip, from the small
+    Fashion-MNIST model's 9,098 coordinates up (1.1% at 1,000; it was 2.5-2.8% at s = sqrt(5 d) / C).
+    The ring pays one bit for it."""
+    z, devices = 0.8, 10
+    params = skellam_params(clip, z, dimension, devices)
+    inflation = params.l2_bound / (params.scale * clip)
+    assert 1.0 < inflation <= most, inflation
+    released_std = math.sqrt(devices * params.local_variance) / params.scale
+    assert released_std == pytest.approx(z * clip * inflation, rel=1e-12)
+
+
+def test_conditional_rounding_holds_every_vector_to_the_bound() -> None:
+    """Updates at the clip in random directions, rounded at the default scale with negligible noise:
+    every rounded vector's norm is within the bound the noise is sized to."""
+    rng = np.random.default_rng(5)
+    params = skellam_params(1.0, 1e-6, 2_000, 1)
+    bits = params.ring_bits(1)
+    for _ in range(20):
+        update = rng.normal(size=params.dimension)
+        update /= np.linalg.norm(update)
+        rounded = decode_sum(encode(update, params, bits, rng), params, bits) * params.scale
+        assert np.linalg.norm(rounded) <= params.l2_bound
 
 
 def test_the_coordinators_top_up_is_the_missing_shares_of_the_noise() -> None:
