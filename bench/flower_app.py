@@ -104,7 +104,8 @@ def run(app: Path, args: argparse.Namespace, spec: str, tmp: Path, name: str) ->
     fedge = [data["train"][str(r)].get("fedge-uplink-bytes") for r in range(1, args.rounds + 1)]
     down = [data["train"][str(r)].get("fedge-downlink-bytes") for r in range(1, args.rounds + 1)]
     return {"name": name, "uplink": uplink or "fp32", "downlink": downlink or "fp32", "final_accuracy": accuracy[-1],
-            "best_accuracy": max(accuracy), "replies": sum(received), "seconds": time.monotonic() - started,
+            "best_accuracy": max(accuracy), "accuracy_per_round": accuracy,  # round 0 (the start model) first
+            "replies": sum(received), "seconds": time.monotonic() - started,
             "fedge_uplink_bytes": sum(fedge) if all(v is not None for v in fedge) else None,
             "fedge_downlink_bytes": sum(down) if all(v is not None for v in down) else None}
 
@@ -137,6 +138,7 @@ def main() -> int:
     for column in zip(*repeats, strict=True):  # the same app over the repeats: means (accuracy), totals per run (bytes)
         first = dict(column[0])
         first["final_accuracies"] = [r["final_accuracy"] for r in column]
+        first["accuracy_per_round"] = [r["accuracy_per_round"] for r in column]  # one curve per repeat
         first["final_accuracy"] = sum(first["final_accuracies"]) / len(column)
         first["best_accuracy"] = sum(r["best_accuracy"] for r in column) / len(column)
         first["seconds"] = sum(r["seconds"] for r in column) / len(column)
