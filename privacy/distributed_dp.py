@@ -249,9 +249,8 @@ def skellam_params(clip: float, noise_multiplier: float, dimension: int, devices
     """The round's public noise parameters for client-level DP-FedAvg with noise ``noise_multiplier``
     (z) added inside the ring, the same for the coordinator and every device.
 
-    The scale keeps the rounding's norm inflation small: s >= sqrt(20 d) / C makes d/4 at most 1.25%
-    of (s C)^2, so the noise sized to the rounded vectors' bound is within 0.75% of what the clip
-    alone would need (``SCALE_SQUARED``). The released sum's variance in integer units is
+    The scale, s = sqrt(``SCALE_SQUARED`` d) / C, keeps the rounding's norm inflation, and with it
+    the noise's, small (see ``SCALE_SQUARED``). The released sum's variance in integer units is
     V = (z D2)^2 for D2 the rounded vectors' L2 bound; each of the ``devices`` planned into the round
     adds V / devices."""
     if devices < 1:

@@ -237,19 +237,6 @@ def test_the_rounding_inflates_the_noise_by_about_one_percent_at_most(dimension:
     assert released_std == pytest.approx(z * clip * inflation, rel=1e-12)
 
 
-def test_conditional_rounding_holds_every_vector_to_the_bound() -> None:
-    """Updates at the clip in random directions, rounded at the default scale with negligible noise:
-    every rounded vector's norm is within the bound the noise is sized to."""
-    rng = np.random.default_rng(5)
-    params = skellam_params(1.0, 1e-6, 2_000, 1)
-    bits = params.ring_bits(1)
-    for _ in range(20):
-        update = rng.normal(size=params.dimension)
-        update /= np.linalg.norm(update)
-        rounded = decode_sum(encode(update, params, bits, rng), params, bits) * params.scale
-        assert np.linalg.norm(rounded) <= params.l2_bound
-
-
 def test_the_coordinators_top_up_is_the_missing_shares_of_the_noise() -> None:
     """Each of k planned devices adds V / k; with s survivors the coordinator adds Sk((k - s) V / k),
     so the released noise is Sk(V) whoever dropped. Its mean is 0 and its variance (k - s) V / k:
