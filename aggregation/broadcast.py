@@ -115,13 +115,18 @@ def lattice_steps(base: torch.Tensor, sizes: list[int], resolution: float) -> to
     return torch.tensor(steps, dtype=torch.float32)
 
 
+#: what a downlink message carries: a change one version up, a catch-up of k versions from the
+#: cache, or a snapshot (no copy known, or too far behind)
+SENT_CURRENT, SENT_CATCH_UP, SENT_SNAPSHOT = "current", "catch-up", "snapshot"
+
+
 @dataclass(frozen=True)
 class DownlinkMessage:
     """What one device gets: ``payload`` (a lattice change or snapshot) and, with a snapshot, the
     per-tensor ``steps``; ``base`` only for a device that cannot rebuild the initial model."""
 
     payload: bytes
-    kind: str  # "current" (one version behind), "catch-up" (k behind, from the cache), "snapshot"
+    kind: str  # SENT_CURRENT, SENT_CATCH_UP or SENT_SNAPSHOT
     behind: int | None  # versions behind (None: no copy known)
     steps: torch.Tensor | None = None
     base: torch.Tensor | None = None
@@ -219,9 +224,9 @@ class VersionedBroadcast:
             change = self.catch_up(held)
             if change is not None and len(change) <= len(self.snapshot_payload()):
                 behind = self.version - held
-                return DownlinkMessage(change, "current" if behind <= 1 else "catch-up", behind)
+                return DownlinkMessage(change, SENT_CURRENT if behind <= 1 else SENT_CATCH_UP, behind)
         behind = None if held is None else self.version - held
-        return DownlinkMessage(self.snapshot_payload(), "snapshot", behind, steps=self.tensor_steps, base=base)
+        return DownlinkMessage(self.snapshot_payload(), SENT_SNAPSHOT, behind, steps=self.tensor_steps, base=base)
 
     def confirm(self, node: int, version: int) -> None:
         """``node`` replied to a message of ``version``: it holds that version's copy."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedge.aggregation.broadcast import DownlinkSpec, VersionedBroadcast, parse_downlink
+from fedge.aggregation.broadcast import SENT_SNAPSHOT, DownlinkSpec, VersionedBroadcast, parse_downlink
 from fedge.compression.lattice import change_support, model_digest
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import own_config
@@ -139,10 +139,10 @@ class ServerDownlink:
             config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
             config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
             config[BASE_DIGEST_KEY] = int(b.base_digest)
-            if self.start is not None and lattice.base is None and lattice.kind == "snapshot":
+            if self.start is not None and lattice.base is None and lattice.kind == SENT_SNAPSHOT:
                 config[START_KEY] = self.start  # the constructor and seed a node builds the base with
                 self.bytes += len(self.start.encode())
-            elif self.start is None and lattice.kind == "snapshot":  # the layout of the zero base
+            elif self.start is None and lattice.kind == SENT_SNAPSHOT:  # the layout of the zero base
                 config[LAYOUT_SPEC_KEY] = self.layout.spec
                 self.bytes += len(self.layout.spec.encode())
             self.sent[node] = b.version

@@ -28,7 +28,7 @@ class Layout:
     def __init__(self, record: ArrayRecord) -> None:
         self.entries = [(name, tuple(array.shape), array.dtype) for name, array in record.items()]
         self.floats = [(name, shape, dtype) for name, shape, dtype in self.entries
-                       if np.dtype(dtype).kind == "f"]
+                       if np.issubdtype(dtype, np.floating)]
         self.numel = int(sum(int(np.prod(shape)) for _, shape, _ in self.floats))
 
     @property

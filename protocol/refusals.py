@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from flwr.app import ConfigRecord, RecordDict
 
+from fedge.protocol.failures import DECLINED, REFUSALS, FailureKind
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.resources import RESOURCES_RECORD
 
@@ -38,22 +39,14 @@ __all__ = [
 #: the record a refusal reply carries, alone
 REFUSAL_RECORD = "refusal"
 
-#: the device's copy of a model (lattice downlink, gossip's public copies) is not the version the
-#: message was built for: the coordinator sends it in full next time
-OUT_OF_SYNC = "out-of-sync"
-#: the device cannot rebuild the lattice downlink's base model: the coordinator ships it once
-NEEDS_BASE = "needs-base"
-#: the message's config asks for something this device cannot do (unknown codec, task, ...)
-BAD_CONFIG = "bad-config"
-#: the device's owner does not let it train now (not charging, on a metered network, busy:
-#: ``fedge-edge join --when``); it may later
-NOT_ELIGIBLE = "not-eligible"
-#: the device has used its daily budget (``--max-rounds-per-day``, ``--max-mb-per-day``)
-OVER_BUDGET = "over-budget"
-#: refusals by the device's own policy: declined, not failed (the coordinator counts them apart)
-DECLINED = frozenset({NOT_ELIGIBLE, OVER_BUDGET})
-#: every kind a coordinator accepts; a reply naming another is rejected as malformed
-KINDS = frozenset({OUT_OF_SYNC, NEEDS_BASE, BAD_CONFIG}) | DECLINED
+#: the kinds, from the one vocabulary of failures (``fedge.protocol.failures``)
+OUT_OF_SYNC = FailureKind.OUT_OF_SYNC
+NEEDS_BASE = FailureKind.NEEDS_BASE
+BAD_CONFIG = FailureKind.BAD_CONFIG
+NOT_ELIGIBLE = FailureKind.NOT_ELIGIBLE
+OVER_BUDGET = FailureKind.OVER_BUDGET
+#: every kind a coordinator accepts in a refusal; a reply naming another is rejected as malformed
+KINDS = REFUSALS
 
 _MAX_REASON = 500
 
@@ -61,7 +54,7 @@ _MAX_REASON = 500
 class DeviceRefusal(RuntimeError):
     """Base of the refusals a device reports as a typed record; ``kind`` is one of :data:`KINDS`."""
 
-    kind: ClassVar[str] = BAD_CONFIG
+    kind: ClassVar[FailureKind] = BAD_CONFIG
 
 
 class OutOfSyncError(DeviceRefusal):
@@ -94,14 +87,15 @@ class BadConfigRefusal(DeviceRefusal):
     kind = BAD_CONFIG
 
 
-def refusal_content(kind: str, reason: str) -> RecordDict:
+def refusal_content(kind: FailureKind | str, reason: str) -> RecordDict:
     """The content of a refusal reply."""
     if kind not in KINDS:
-        raise ProtocolError(f"unknown refusal kind {kind!r}; known: {sorted(KINDS)}")
-    return RecordDict({REFUSAL_RECORD: ConfigRecord({"kind": kind, "reason": reason[:_MAX_REASON]})})
+        raise ProtocolError(f"unknown refusal kind {kind!r}; known: {sorted(k.value for k in KINDS)}")
+    return RecordDict({REFUSAL_RECORD: ConfigRecord({"kind": FailureKind(kind).value,
+                                                      "reason": reason[:_MAX_REASON]})})
 
 
-def read_refusal(content: RecordDict) -> tuple[str, str] | None:
+def read_refusal(content: RecordDict) -> tuple[FailureKind, str] | None:
     """``(kind, reason)`` if ``content`` is a refusal reply, else None; a malformed refusal (another
     record beside it than the resource report, an unknown kind, a reason that is not text) raises :class:`ProtocolError`."""
     if REFUSAL_RECORD not in content:
@@ -115,4 +109,4 @@ def read_refusal(content: RecordDict) -> tuple[str, str] | None:
         raise ProtocolError(f"malformed refusal: kind {kind!r}, keys {sorted(record)[:5]}")
     if not isinstance(reason, str):
         raise ProtocolError("malformed refusal: its reason is not text")
-    return str(kind), reason[:_MAX_REASON]
+    return FailureKind(kind), reason[:_MAX_REASON]

@@ -33,6 +33,7 @@ import torch
 from fedge.aggregation.robust import make_aggregator
 from fedge.aggregation.staleness import Staleness
 from fedge.compression import Codec
+from fedge.protocol.failures import FailureKind
 from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.engine.algorithm import (
     Rejected,
@@ -106,7 +107,7 @@ class FedBuff(FedAvg):
         if self.staleness.dropped(tau):
             step.dropped += 1
             raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped",
-                           kind="stale")
+                           kind=FailureKind.STALE)
 
     def reply_codec(self, step: Step, reply: Reply) -> Codec:
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.

@@ -2,14 +2,13 @@
 
 Everything is derived from what the run already writes (``metrics.jsonl`` rows, the checkpoint file)
 plus the SuperLink's own node list, so the numbers a dashboard shows are the numbers in the run
-directory. Rejection reasons are free text in the rows; they are grouped into a small fixed set of
-labels (:func:`reason_label`) so a hostile client cannot blow up the label cardinality.
+directory. Failures are counted by their typed kind (``fedge.protocol.failures``), which every
+``rejected`` entry of a row carries; the reasons stay free text in the rows, for people.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,28 +19,26 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-__all__ = ["MetricsServer", "ServiceMetrics", "reason_label"]
+from fedge.protocol.failures import DECLINED, FailureKind
 
-_REASONS: tuple[tuple[str, str], ...] = (
-    (r"no reply within", "timeout"),
-    (r"did not accept", "not_delivered"),
-    (r"client error", "client_error"),
-    (r"stale", "stale"),
-    (r"norm", "update_norm"),
-    (r"num-examples|train-loss|metric|evaluation", "bad_metrics"),
-    (r"aggregate not finite", "aggregate_not_finite"),
-    (r"payload|header|bytes|codec|decode|finite|nan|inf|shape|dtype|record", "bad_payload"),
-)
-REASON_LABELS = tuple(label for _, label in _REASONS) + ("other",)
+__all__ = ["DECLINED_LABELS", "KIND_LABELS", "MetricsServer", "ServiceMetrics", "kind_label"]
+
+#: the ``kind`` labels of ``fedge_replies_rejected``: every failure kind, ``step`` for a step-level
+#: problem (an aggregate that was not finite, a secure round that could not unmask), ``other`` for a
+#: kind this version does not know (a row written by another version): a closed set, so that a
+#: hostile device cannot blow up the label cardinality with the text it sends
+KIND_LABELS = tuple(kind.value for kind in FailureKind if not kind.declined) + ("step", "other")
+#: the ``kind`` labels of ``fedge_replies_declined``: refusals by the device owner's policy
+DECLINED_LABELS = tuple(sorted(kind.value for kind in DECLINED))
 
 
-def reason_label(reason: str) -> str:
-    """One of :data:`REASON_LABELS` for a rejection reason written in a metrics row."""
-    text = str(reason).lower()
-    for pattern, label in _REASONS:
-        if re.search(pattern, text):
-            return label
-    return "other"
+def kind_label(entry: dict[str, Any]) -> str:
+    """One of :data:`KIND_LABELS` for a metrics row's ``rejected`` entry: its typed kind, never a
+    guess from the reason's wording."""
+    kind = entry.get("kind")
+    if kind is None:
+        return "step"
+    return str(kind) if str(kind) in KIND_LABELS else "other"
 
 
 class ServiceMetrics:
@@ -54,8 +51,10 @@ class ServiceMetrics:
         self.current_round = Gauge("fedge_current_round", "Last completed round (model version)", registry=r)
         self.nodes = Gauge("fedge_connected_nodes", "SuperNodes the SuperLink reports online", registry=r)
         self.replies_used = Counter("fedge_replies_used", "Client replies aggregated", registry=r)
-        self.replies_rejected = Counter("fedge_replies_rejected", "Client replies rejected or missing, by reason",
-                                        ["reason"], registry=r)
+        self.replies_rejected = Counter("fedge_replies_rejected", "Client replies rejected or missing, by kind",
+                                        ["kind"], registry=r)
+        self.replies_declined = Counter("fedge_replies_declined",
+                                        "Devices that declined by their owner's policy, by kind", ["kind"], registry=r)
         self.uplink = Counter("fedge_uplink_bytes", "Encoded update bytes received (headers included)", registry=r)
         self.downlink = Counter("fedge_downlink_bytes", "Array bytes sent to clients", registry=r)
         self.duration = Histogram("fedge_round_duration_seconds", "Wall time of a round",
@@ -64,8 +63,10 @@ class ServiceMetrics:
         self.superlink_up = Gauge("fedge_superlink_up", "1 while the SuperLink process runs", registry=r)
         self.checkpoint_age = Gauge("fedge_checkpoint_age_seconds",
                                     "Seconds since the last checkpoint was written (-1: none yet)", registry=r)
-        for label in REASON_LABELS:  # every series exists from the start: rate() works at once
-            self.replies_rejected.labels(reason=label)
+        for label in KIND_LABELS:  # every series exists from the start: rate() works at once
+            self.replies_rejected.labels(kind=label)
+        for label in DECLINED_LABELS:
+            self.replies_declined.labels(kind=label)
         if checkpoint_path is not None:
             self.checkpoint_age.set_function(lambda: _age(checkpoint_path))
 
@@ -74,7 +75,10 @@ class ServiceMetrics:
         self.current_round.set(int(row.get("round", 0)))
         self.replies_used.inc(max(0, int(row.get("clients_used", 0))))
         for item in row.get("rejected") or []:
-            self.replies_rejected.labels(reason=reason_label(item.get("reason", ""))).inc()
+            self.replies_rejected.labels(kind=kind_label(item)).inc()
+        for kind, count in dict(row.get("declined") or {}).items():
+            if kind in DECLINED_LABELS and isinstance(count, int) and count > 0:
+                self.replies_declined.labels(kind=kind).inc(count)
         self.uplink.inc(max(0, int(row.get("uplink_bytes", 0))))
         self.downlink.inc(max(0, int(row.get("downlink_bytes", 0))))
         seconds = row.get("seconds")

@@ -46,6 +46,7 @@ from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
+from fedge.protocol.failures import FailureKind
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, tensor_sizes
@@ -66,12 +67,12 @@ __all__ = [
 
 class Rejected(ValueError):
     """A reply the engine or the algorithm cannot use; the message is the reason recorded in the
-    metrics, ``kind`` what code acts on (``invalid``; ``stale`` for an asynchronous update older
+    metrics, ``kind`` what code acts on (``INVALID``; ``STALE`` for an asynchronous update older
     than the bound, which still applied its message's downlink)."""
 
-    def __init__(self, reason: str, kind: str = "invalid") -> None:
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.INVALID) -> None:
         super().__init__(reason)
-        self.kind = kind
+        self.kind = FailureKind.of(kind)
 
 
 @dataclass(frozen=True)

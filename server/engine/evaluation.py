@@ -27,6 +27,7 @@ import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, MODEL_RECORD
+from fedge.protocol.failures import Failure
 from fedge.server.engine.algorithm import Outgoing, Rejected, RunContext
 from fedge.tasks import unflatten_state
 
@@ -88,9 +89,11 @@ class FederatedEvaluation:
         self.examples += examples
         self.replies += 1
 
-    def ignore(self, node: int, reason: str) -> None:
-        log.warning("step %d: evaluation from node %d left out: %s", self.step, node, reason)
-        self.ignored.append({"node": node, "reason": reason})
+    def ignore(self, failure: Failure) -> None:
+        """A device's evaluation left out of the mean, typed like any failed reply."""
+        log.warning("step %d: evaluation from node %s left out: %s (%s)", self.step, failure.node, failure.reason,
+                    failure.kind)
+        self.ignored.append(failure.entry())
 
     def result(self) -> dict[str, float]:
         """Each metric's example-weighted mean over the devices that replied (empty if none did)."""

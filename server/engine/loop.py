@@ -40,7 +40,8 @@ from flwr.app import ArrayRecord, Message
 from fedge.compression import PayloadError, derive_seed
 from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
 from fedge.protocol.config_keys import PLUGIN_HANDLER
-from fedge.protocol.refusals import DECLINED, read_refusal
+from fedge.protocol.failures import FailureKind
+from fedge.protocol.refusals import read_refusal
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, Step, Update, reply_metrics
 from fedge.server.engine.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
@@ -279,16 +280,14 @@ class Engine:
         federated = FederatedEvaluation(self.ctx, number)
         outgoing = federated.messages(model, nodes)
         tally.downlink += sum(array_bytes(o.content) for o in outgoing)
+        def absorb(reply: Reply) -> None:  # the same door as an update's: screen first
+            screen_reply(reply.content, self.ctx.fp32_bytes)
+            federated.absorb(reply.node, reply.content)
+
         for item in self._exchange(grid, number)(outgoing, self.settings.round_timeout, "eval"):
-            if isinstance(item, Missing):
-                federated.ignore(item.node, item.reason)
-            elif item.has_error():
-                federated.ignore(item.metadata.src_node_id, f"client error {item.error.code}: {item.error.reason}")
-            else:
-                try:
-                    federated.absorb(item.metadata.src_node_id, item.content)
-                except Rejected as err:
-                    federated.ignore(item.metadata.src_node_id, str(err))
+            failure = self._door(number, item, absorb, what="evaluation")
+            if failure is not None:
+                federated.ignore(failure)
         if mode == "federated":
             return federated.result(), federated.facts()
         return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
@@ -412,24 +411,32 @@ class Engine:
 
     def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
         """Hand one reply to the door; None if it was used, else why not."""
+        return self._door(step.number, item, lambda reply: self.absorb_reply(step, reply), started)
+
+    def _door(self, number: int, item: Message | Missing, consume: Callable[[Reply], None],
+              started: int | None = None, what: str = "update") -> Failure | None:
+        """What every reply, an update or a federated evaluation, goes through: a missing reply, a
+        Flower error or a device's typed refusal becomes its :class:`Failure`; anything else goes to
+        ``consume``, whose refusal (:class:`Rejected`, a payload or protocol error) becomes one too.
+        None: the reply was used."""
         if isinstance(item, Missing):
-            return Failure(item.node, "timeout", item.reason)
+            return Failure(item.node, FailureKind.TIMEOUT, item.reason)
         node = item.metadata.src_node_id
         if item.has_error():
-            return Failure(node, "client-error", f"client error {item.error.code}: {item.error.reason}")
+            return Failure(node, FailureKind.CLIENT_ERROR, f"client error {item.error.code}: {item.error.reason}")
         try:
             refusal = read_refusal(item.content)
             if refusal is not None:
-                log.log(logging.INFO if refusal[0] in DECLINED else logging.WARNING, "round %d: node %d refused: %s (%s)",
-                        step.number, node, refusal[1], refusal[0])
+                log.log(logging.INFO if refusal[0].declined else logging.WARNING, "round %d: node %d refused: %s (%s)",
+                        number, node, refusal[1], refusal[0])
                 return Failure(node, refusal[0], refusal[1])
-            self.absorb_reply(step, Reply(node, item.content, started=started))
+            consume(Reply(node, item.content, started=started))
         except Rejected as err:
-            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
+            log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
             return Failure(node, err.kind, str(err))
         except (PayloadError, ProtocolError) as err:
-            log.warning("round %d: rejected update from node %d: %s", step.number, node, err)
-            return Failure(node, "invalid", str(err))
+            log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
+            return Failure(node, FailureKind.INVALID, str(err))
         return None
 
     def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:

@@ -5,7 +5,7 @@ use). This screen refuses what none of them would look at: records the protocol 
 (a client must not be able to smuggle state or probe parsers through names nobody checks), a reply
 far larger than any legitimate one (checked before anything is decoded), and metric values that
 are not finite numbers. Each refusal is a :class:`Rejected` with the reason, which the engine logs,
-records in the metrics row and the daemon counts (``fedge_replies_rejected_total{reason=...}``).
+records in the metrics row and the daemon counts by kind (``fedge_replies_rejected_total{kind="invalid"}``).
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from flwr.app import Message
 
 from fedge.protocol import METRICS_RECORD, array_bytes
-from fedge.protocol.refusals import DECLINED
 from fedge.protocol.resources import ResourceReport, report_of
 
-if TYPE_CHECKING:  # the layers import the tally: annotations only
+from fedge.protocol.failures import Failure
+
+if TYPE_CHECKING:
     from fedge.server.engine.algorithm import Outgoing
-    from fedge.server.engine.layers.base import Failure
 
 __all__ = ["Tally", "resource_summary", "train_seconds"]
 
@@ -57,11 +57,11 @@ class Tally:
             self.resources.append(report)
 
     def failed(self, failure: Failure) -> None:
-        if failure.kind in DECLINED:
-            self.declined[failure.kind] += 1
+        if failure.kind.declined:
+            self.declined[failure.kind.value] += 1
             return
         self.rejected.append(failure.entry())
-        self.failures[failure.kind] += 1
+        self.failures[failure.kind.value] += 1
 
 
 def train_seconds(reply: Message) -> float:

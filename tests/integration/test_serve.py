@@ -129,7 +129,7 @@ round-timeout = 240
             assert [r["round"] for r in _rows(run_dir)] == list(range(1, stopped_at.round + 1))
             assert first["fedge_rounds_completed_total"] >= 1 and first["fedge_replies_used_total"] >= 2
             assert first["fedge_uplink_bytes_total"] > 0 and first["fedge_superlink_up"] == 1
-            assert first["fedge_replies_rejected_total{reason=bad_payload}"] >= 1  # the truncating device
+            assert first["fedge_replies_rejected_total{kind=invalid}"] >= 1  # the truncating device
             events = [json.loads(line) for line in (tmp_path / "serve-1.log").read_text().splitlines()
                       if line.startswith("{")]
             assert any(e["event"] == "reply rejected" and "node" in e and e.get("round") == 1 for e in events)

@@ -78,3 +78,33 @@ def test_the_stop_rule_follows_the_task_metric_in_either_direction(tmp_path) -> 
     with pytest.raises(SettingsError, match="not 'METRIC>=X'"):
         RunSettings(stop_at="accuracy=0.9")
     assert RunSettings(stop_accuracy=0.9).stop_rule == ("accuracy", ">=", 0.9)
+
+
+def test_evaluation_replies_pass_the_updates_door_and_fail_by_kind(tmp_path) -> None:
+    """An evaluation reply is screened like an update (a smuggled record is refused), a device's typed
+    refusal keeps its kind, and neither moves the combined figure."""
+    from flwr.app import ArrayRecord, Message, MessageType
+
+    from fedge.edge_client.app import app as fedge_app
+    from fedge.protocol.refusals import refusal_content
+
+    task = make_task(DEVICES_ONLY)
+
+    def app(msg, context):  # noqa: ANN001, ANN202 - Flower's handler signature
+        reply = fedge_app(msg, context)
+        if msg.metadata.message_type != MessageType.EVALUATE:
+            return reply
+        partition = context.node_config["partition-id"]
+        if partition == 1:  # smuggles a record no evaluation reply carries
+            reply.content["smuggled"] = ArrayRecord()
+        if partition == 2:
+            return Message(refusal_content("bad-config", "this device cannot evaluate that task"), reply_to=msg)
+        return reply
+
+    engine = _engine(tmp_path, task, rounds=1)
+    grid = InProcessGrid(4, app=app)
+    row = engine.run(grid, initial_params(task, 42)).rows[-1]
+    ignored = {entry["node"]: entry for entry in row.extra["federated_ignored"]}
+    assert ignored[grid.node_id(1)]["kind"] == "invalid" and "unknown record names" in ignored[grid.node_id(1)]["reason"]
+    assert ignored[grid.node_id(2)]["kind"] == "bad-config"
+    assert row.extra["federated_replies"] == 2 and len(ignored) == 2

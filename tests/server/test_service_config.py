@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedge.deploy.certs import init_ca, issue_server_certificate
 from fedge.server.daemon.service_config import ServiceConfigError, load_service_config
-from fedge.server.daemon.service_metrics import REASON_LABELS, ServiceMetrics, reason_label
+from fedge.server.daemon.service_metrics import KIND_LABELS, ServiceMetrics, kind_label
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,9 +99,11 @@ def test_rows_become_prometheus_samples(tmp_path: Path) -> None:
     checkpoint = tmp_path / "state.pt"
     metrics = ServiceMetrics(checkpoint)
     row = {"round": 4, "accuracy": 0.9, "clients_used": 3, "uplink_bytes": 100, "downlink_bytes": 900,
-           "seconds": 12.5, "rejected": [{"node": 7, "reason": "no reply within 60 s"},
-                                         {"node": 8, "reason": "body length field says 9 bytes but 3 follow"},
-                                         {"node": 9, "reason": "num-examples must be a positive integer, got -1"}]}
+           "seconds": 12.5, "declined": {"not-eligible": 2},
+           "rejected": [{"node": 7, "kind": "timeout", "reason": "no reply within 60 s"},
+                        {"node": 8, "kind": "invalid", "reason": "body length field says 9 bytes but 3 follow"},
+                        {"node": 9, "kind": "invalid", "reason": "stale: the wording no longer decides"},
+                        {"node": None, "reason": "aggregate not finite; round skipped"}]}
     metrics.observe_row(row)
     metrics.observe_row({**row, "round": 5, "rejected": []})
     from prometheus_client import generate_latest
@@ -114,9 +116,11 @@ def test_rows_become_prometheus_samples(tmp_path: Path) -> None:
     assert samples[("fedge_current_round", ())] == 5
     assert samples[("fedge_replies_used_total", ())] == 6
     assert samples[("fedge_uplink_bytes_total", ())] == 200
-    assert samples[("fedge_replies_rejected_total", (("reason", "timeout"),))] == 1
-    assert samples[("fedge_replies_rejected_total", (("reason", "bad_payload"),))] == 1
-    assert samples[("fedge_replies_rejected_total", (("reason", "bad_metrics"),))] == 1
+    assert samples[("fedge_replies_rejected_total", (("kind", "timeout"),))] == 1
+    assert samples[("fedge_replies_rejected_total", (("kind", "invalid"),))] == 2  # by kind, not by the reason's words
+    assert samples[("fedge_replies_rejected_total", (("kind", "stale"),))] == 0
+    assert samples[("fedge_replies_rejected_total", (("kind", "step"),))] == 1
+    assert samples[("fedge_replies_declined_total", (("kind", "not-eligible"),))] == 4
     assert samples[("fedge_round_duration_seconds_count", ())] == 2
     assert samples[("fedge_checkpoint_age_seconds", ())] == -1  # no checkpoint yet
     checkpoint.write_bytes(b"x")
@@ -126,7 +130,9 @@ def test_rows_become_prometheus_samples(tmp_path: Path) -> None:
     assert 0 <= age < 60
 
 
-def test_reason_labels_are_a_closed_set() -> None:
-    hostile = ["x" * 10_000, "stale by 30 versions > max-staleness 20; dropped", "update norm 1e9 > 30",
-               "client error 0: boom", "", "\u202e weird"]
-    assert {reason_label(r) for r in hostile} <= set(REASON_LABELS)
+def test_kind_labels_are_a_closed_set() -> None:
+    hostile = [{"kind": "x" * 10_000}, {"kind": "stale"}, {"kind": None}, {"kind": 3}, {"reason": "client error"},
+               {"kind": "\u202e weird"}, {"kind": "not-eligible"}]
+    labels = [kind_label(entry) for entry in hostile]
+    assert set(labels) <= set(KIND_LABELS)
+    assert labels == ["other", "stale", "step", "other", "step", "other", "other"]

@@ -36,11 +36,11 @@ what persists lives on the layer and in its ``state_dict``, checkpointed under `
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from fedge.protocol.failures import Failure
 from fedge.server.engine.algorithm import Outgoing, Reply, Step, StepOutcome, Update
 
 if TYPE_CHECKING:
@@ -55,22 +55,6 @@ __all__ = ["Exchange", "Failure", "Layer"]
 
 #: a layer's own message exchange: (messages, timeout seconds, group name) -> replies as they land
 Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a node gave no usable reply this step. ``kind`` is what code acts on and the row counts:
-    ``timeout``, ``client-error``, ``invalid`` (the reply was refused), ``stale`` (asynchronous:
-    older than the bound), ``secagg`` (a key-agreement stage), or a device's own typed refusal
-    (``fedge.protocol.refusals``: ``out-of-sync``, ``needs-base``, ``bad-config``)."""
-
-    node: int | None
-    kind: str
-    reason: str
-
-    def entry(self) -> dict[str, Any]:
-        """The metrics row's ``rejected`` entry."""
-        return {"node": self.node, "kind": self.kind, "reason": self.reason}
 
 
 class Layer:

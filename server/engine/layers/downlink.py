@@ -25,7 +25,14 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-from fedge.aggregation.broadcast import DownlinkMessage, VersionedBroadcast, parse_downlink
+from fedge.aggregation.broadcast import (
+    SENT_CATCH_UP,
+    SENT_CURRENT,
+    SENT_SNAPSHOT,
+    DownlinkMessage,
+    VersionedBroadcast,
+    parse_downlink,
+)
 from fedge.protocol import (
     CONFIG_RECORD,
     DOWNLINK_BASE_KEY,
@@ -37,6 +44,7 @@ from fedge.protocol import (
     payload_array,
 )
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
+from fedge.protocol.failures import FailureKind
 from fedge.protocol.refusals import NEEDS_BASE
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.server.engine.layers.base import Failure, Layer
@@ -121,9 +129,9 @@ class Downlink:
         sizes = [size for _, size in tally.catch_up_sizes]
         out = {
             "downlink_version": self.broadcast.version,
-            "downlink_current": tally.messages["current"], "downlink_current_bytes": tally.bytes["current"],
-            "downlink_catch_up": tally.messages["catch-up"], "downlink_catch_up_bytes": tally.bytes["catch-up"],
-            "downlink_snapshot": tally.messages["snapshot"], "downlink_snapshot_bytes": tally.bytes["snapshot"],
+            "downlink_current": tally.messages[SENT_CURRENT], "downlink_current_bytes": tally.bytes[SENT_CURRENT],
+            "downlink_catch_up": tally.messages[SENT_CATCH_UP], "downlink_catch_up_bytes": tally.bytes[SENT_CATCH_UP],
+            "downlink_snapshot": tally.messages[SENT_SNAPSHOT], "downlink_snapshot_bytes": tally.bytes[SENT_SNAPSHOT],
             "downlink_catch_up_sizes": [[behind, size] for behind, size in tally.catch_up_sizes],
         }
         if sizes:
@@ -154,7 +162,7 @@ class _StepTally:
             + (0 if message.base is None else 4 * message.base.numel())
         self.messages[message.kind] += 1
         self.bytes[message.kind] += size
-        if message.kind == "catch-up":
+        if message.kind == SENT_CATCH_UP:
             self.catch_up_sizes.append((message.behind or 0, size))
 
 
@@ -194,7 +202,7 @@ class DownlinkLayer(Layer):
         self.downlink.replied(reply.node, step.number if reply.started is None else reply.started + 1)
 
     def missed(self, step: Step, failure: Failure) -> None:
-        if failure.node is not None and failure.kind != "stale":  # a stale update did apply its message
+        if failure.node is not None and failure.kind != FailureKind.STALE:  # a stale update did apply its message
             self.downlink.failed(failure.node, base=failure.kind == NEEDS_BASE)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:

@@ -28,6 +28,7 @@ from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
 from fedge.server.engine.dispatcher import Missing
 from fedge.server.engine.layers.base import Exchange, Failure, Layer
+from fedge.protocol.failures import FailureKind
 from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 from fedge.server.engine.tally import Tally
@@ -36,10 +37,6 @@ from fedge.server.settings import SettingsError
 __all__ = ["SecureAggregationLayer", "refuse_reason"]
 
 log = logging.getLogger(__name__)
-
-#: the kind of a failure in one of the protocol's own stages
-SECAGG = "secagg"
-
 
 def refuse_reason(algorithm: Algorithm) -> str | None:
     """Why an algorithm cannot run under secure aggregation (None: it can)."""
@@ -141,7 +138,7 @@ class SecureAggregationLayer(Layer):
         assert state.secure is not None
         fresh = {n: r for n, r in state.secure.missing.items() if n not in state.reported}
         state.reported.update(fresh)
-        return [Failure(node, SECAGG, reason) for node, reason in sorted(fresh.items())]
+        return [Failure(node, FailureKind.SECAGG, reason) for node, reason in sorted(fresh.items())]
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
