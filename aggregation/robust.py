@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression.spec import build_from_spec
 
@@ -94,6 +95,14 @@ class Aggregator(ABC):
         """Whether the step has enough updates to release a result (``min-replies``)."""
         return self.count >= minimum
 
+    def partial(self) -> Partial:
+        """The step's partial aggregate. A robust rule's output is not a sum: it stands as the mean of
+        unit weight, and refuses to be merged with another (a median of medians is not the median)."""
+        if self.count == 0:
+            return Partial.empty(self.numel)
+        return Partial.of_mean(self.result(), 1.0, self.count,
+                               unmergeable=f"aggregator {self.spec!r} is not a sum of its updates")
+
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
         """Bytes the rule holds for ``capacity`` updates of ``numel`` float32 values."""
@@ -122,6 +131,9 @@ class Mean(Aggregator):
 
     def result(self) -> torch.Tensor:
         return self._mean.mean()
+
+    def partial(self) -> Partial:
+        return self._mean.partial()
 
 
 def pairwise_sq_distances(rows: torch.Tensor) -> torch.Tensor:

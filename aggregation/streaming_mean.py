@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from fedge.aggregation.partial import Partial
 from fedge.compression import Codec
 
 __all__ = ["StreamingMean", "check_weight"]
@@ -66,6 +67,13 @@ class StreamingMean:
         if self.count == 0:
             raise ValueError("no update was accumulated")
         return self._sum.clone()
+
+    def partial(self) -> Partial:
+        """What was accumulated, as the step's partial aggregate (the sum itself, not a copy: the
+        step is closing)."""
+        if self.count == 0:
+            return Partial.empty(self.numel)
+        return Partial.of_sum(self._sum, self.total_weight, self.count)
 
     def _accumulate(self, flat: torch.Tensor, weight: float) -> None:
         # float32, like the model: a float64 sum was measured 3x slower per reply here, and reply

@@ -117,12 +117,13 @@ class EASGD(Algorithm):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep)
-        used = step.aggregate.count  # the updates in the sum (a layer may supply the sum without them)
+        released = step.aggregated()  # a layer may supply the sum without the updates
+        used = released.count
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
-        if step.aggregate.ready(self.ctx.settings.min_replies):
+        if released.ready(self.ctx.settings.min_replies):
             scale = self.beta / (self.alpha * used)
-            total = step.aggregate.sum()
+            total = released.sum()
             self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)
             if step.absorbed:  # the distances came with the updates (none when only their sum came)
                 extra["center_distance"] = step.distance / step.absorbed

@@ -85,15 +85,16 @@ class FedAvg(Algorithm):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, FedAvgStep)
-        aggregator: Aggregator = step.aggregate
+        aggregator = step.aggregate
+        assert isinstance(aggregator, Aggregator)
+        released = step.aggregated()
         notes: list[dict[str, Any]] = []
-        used = aggregator.count
+        used = released.count
         extra: dict[str, Any] = {"aggregator": aggregator.spec}
         if not aggregator.streaming:
             extra["aggregator_bytes"] = aggregator_memory_bytes(aggregator.spec, self.ctx.numel, aggregator.capacity)
-        if aggregator.ready(self.ctx.settings.min_replies):
-            mean = aggregator.result()
-            proposed = self.server_opt.step(self.params, mean)
+        if released.ready(self.ctx.settings.min_replies):
+            proposed = self.server_opt.step(self.params, released.mean())
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
             chosen = aggregator.chosen()
             if chosen is not None:

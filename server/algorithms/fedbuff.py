@@ -140,8 +140,9 @@ class FedBuff(FedAvg):
             "nodes": list(step.used),  # whose updates made this version
         }
         notes: list[dict[str, Any]] = []
-        if aggregator.count:
-            proposed = self.server_opt.step(self.params, aggregator.result())
+        released = step.aggregated()
+        if released.count:
+            proposed = self.server_opt.step(self.params, released.mean())
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
         train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None
         self.version = step.number

@@ -28,8 +28,10 @@ one, or only their mean or sum). Specs use the grammar codecs use, ``easgd:alpha
 An algorithm knows nothing of differential privacy, secure aggregation, the downlink codec, the
 update guard or the model average: those are the engine's layers (``fedge.server.engine.layers``),
 which wrap every algorithm's steps. A message that carries one model to many devices names it in
-:attr:`Outgoing.model` and the downlink layer ships it; an algorithm that works from a sum reads
-``step.aggregate``, which a layer may wrap (noise, or the unmasked sum of secure aggregation).
+:attr:`Outgoing.model` and the downlink layer ships it; an algorithm that works from a sum adds its
+updates to ``step.aggregate`` and closes from ``step.aggregated()``, the
+:class:`~fedge.aggregation.partial.Partial` the layers released (noised, or the unmasked sum of
+secure aggregation).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch.utils.data import Dataset
 
+from fedge.aggregation.partial import Accumulator, Partial
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.failures import FailureKind
@@ -165,13 +168,25 @@ class Step:
     #: the nodes selected for the step (empty for asynchronous steps: nodes come and go); a layer
     #: may narrow it before the algorithm configures (secure aggregation: those that dealt shares)
     nodes: list[int] = field(default_factory=list)
-    #: algorithms whose ``aggregate`` is ``mean`` or ``sum``: the step's accumulator of updates
-    #: (``add(vector, weight)``, ``count``, ``result()``/``sum()``), which layers may wrap
-    aggregate: Any = None
+    #: algorithms whose ``aggregate`` is ``mean`` or ``sum``: the step's accumulator of clear updates
+    #: (a streaming mean or a robust rule); the algorithm adds to it, nothing else touches it
+    aggregate: Accumulator | None = None
+    #: what the step releases: the accumulator's partial after every layer's ``release`` (the
+    #: unmasked sum of secure aggregation, DP's noised mean); the engine sets it before ``close``
+    released: Partial | None = None
     #: nodes connected when the step opened (set by the engine)
     connected: int = 0
     #: each layer's state for this step, by layer key (``Layer.scratch``)
     layers: dict[str, Any] = field(default_factory=dict)
+
+    def aggregated(self) -> Partial:
+        """The step's aggregate as the algorithm closes it: what the layers released, or (an
+        algorithm driven without the engine, in a unit test) its accumulator's own partial."""
+        if self.released is not None:
+            return self.released
+        if self.aggregate is None:
+            raise ValueError("this step has no aggregate: its algorithm works on each update")
+        return self.aggregate.partial()
 
 
 @dataclass(frozen=True)
@@ -231,8 +246,8 @@ class Algorithm(ABC):
     #: asynchronous algorithms: how many clients to keep training at once
     concurrency: int = 0
     #: what a step needs of its updates: ``each`` (gossip relays them; the default), ``mean``
-    #: (their weighted mean, from ``step.aggregate.result()``: FedAvg) or ``sum`` (their sum, from
-    #: ``step.aggregate.sum()``: EASGD). Layers that hide or perturb individual updates (secure
+    #: (their weighted mean, from ``step.aggregated().mean()``: FedAvg) or ``sum`` (their sum, from
+    #: ``step.aggregated().sum()``: EASGD). Layers that hide or perturb individual updates (secure
     #: aggregation, differential privacy) run only where the mean or the sum is enough.
     aggregate: ClassVar[str] = "each"
     #: whether its device handler sends its update through the device's layers

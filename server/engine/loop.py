@@ -13,8 +13,9 @@ sequence:
    → decode with the codec of its round → layers (the guard's bound and weight, DP's clip) → the
    algorithm. Timeouts, client errors, refusals and rejected replies become typed
    :class:`~fedge.server.engine.layers.Failure` entries, counted by kind;
-4. **close** (:meth:`Engine.conclude`): layers settle (unmasking), the algorithm closes, layers
-   close (ledger, downlink tally, guard report, model average); then measure the step's model on
+4. **close** (:meth:`Engine.conclude`): layers settle (unmasking), the step's aggregate, one typed
+   :class:`~fedge.aggregation.partial.Partial`, passes every layer's ``release`` (secure
+   aggregation's unmasked sum, DP's noise), the algorithm closes from it, layers close (ledger, downlink tally, guard report, model average); then measure the step's model on
    held-out data or on devices, write one metrics row, then an atomic checkpoint, in that order
    (after a crash in between, the step runs again and its row is replaced).
 
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
+from fedge.aggregation.partial import Partial
 from fedge.compression import PayloadError, derive_seed
 from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
 from fedge.protocol.config_keys import PLUGIN_HANDLER
@@ -210,6 +212,9 @@ class Engine:
         for layer in self.layers:
             for failure in layer.settle(step, exchange, tally):
                 self._failed(step, failure, tally)
+        if step.aggregate is not None:
+            step.released = self.release(step, tally)
+            tally.used = step.released.count  # the updates in what the step releases (one count, here)
         outcome = self.algorithm.close(step)
         for layer in self.layers:
             layer.close(step, outcome, tally)
@@ -238,6 +243,17 @@ class Engine:
                  row.score, row.loss, tally.used, tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
         self._publish(row, result)
         return row
+
+    def release(self, step: Step, tally: Tally) -> Partial:
+        """The step's aggregate on its way to the algorithm: the accumulator's partial (the clear
+        updates, their nodes), then every layer's ``release`` in turn."""
+        assert step.aggregate is not None
+        partial = step.aggregate.partial()
+        if partial.count == len(tally.members):  # each used reply added once: these are its nodes
+            partial = partial.replace(members=tuple(tally.members))
+        for layer in self.layers:
+            partial = layer.release(step, partial)
+        return partial
 
     def absorb_reply(self, step: Step, reply: Reply) -> None:
         """The one door of every update, secure or clear: screen the whole reply, check the metrics
@@ -396,6 +412,7 @@ class Engine:
         if failure is None:
             assert isinstance(item, Message)
             tally.used += 1
+            tally.members.append(item.metadata.src_node_id)
             tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
             tally.measurement += array_bytes(item.content, (MEASURE_RECORD,))
             tally.train_seconds.append(train_seconds(item))

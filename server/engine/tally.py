@@ -32,6 +32,8 @@ class Tally:
     began: float
     sampled: int = 0  # messages sent (asynchronous: dispatched while this version was built)
     used: int = 0
+    #: the nodes of the used replies, in the order they landed
+    members: list[int] = field(default_factory=list)
     uplink: int = 0
     measurement: int = 0
     downlink: int = 0

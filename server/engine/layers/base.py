@@ -3,8 +3,16 @@
 Differential privacy, secure aggregation, the downlink codec, the update guard and the model
 average each change what every algorithm's steps send, receive or deliver, yet none of them is any
 algorithm's business. Each is one :class:`Layer`, one file in this package, and the engine calls
-every layer at the same points of a step, in registration order, the way PyTorch's
-``fp16_compress_wrapper`` wraps any DDP comm hook and a Flower mod wraps any ClientApp:
+every layer at the same points of a step, the way PyTorch's ``fp16_compress_wrapper`` wraps any DDP
+comm hook and a Flower mod wraps any ClientApp.
+
+Which layer runs before which follows from what each declares, never from a list's order: a layer
+names the facets of a step it ``provides`` (``SUM``: it produces the step's sum) and those it
+``needs`` done first (DP clips after the guard has bounded and weighed an update, and noises the
+sum secure aggregation unmasked). ``fedge.server.engine.layers.order_layers`` sorts the run's
+layers by these declarations, and refuses, before the run, two layers that provide one facet or a
+cycle. The step's aggregate travels between them as one typed value, a
+:class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`.
 
 ============  ============================================================================
 hook          when (and what it may do)
@@ -17,14 +25,17 @@ hook          when (and what it may do)
 ``choose``    choosing ``count`` of the free nodes for an asynchronous dispatch (same idea)
 ``exhausted`` before a synchronous step: whether the run must end now (a spent budget)
 ``open``      after the algorithm opened the step, before it configures messages: exchanges
-              of its own (key agreement), narrowing ``step.nodes``, wrapping
-              ``step.aggregate``; returns the nodes it dropped, as :class:`Failure`
+              of its own (key agreement), narrowing ``step.nodes``; returns the nodes it
+              dropped, as :class:`Failure`
 ``outgoing``  every message the algorithm built, before it is sent
 ``arrived``   every reply that passed the screen, before anything is decoded
 ``take``      a reply the layer consumes whole (a masked upload): True stops the door there
 ``update``    every decoded update, before the algorithm absorbs it: bound, clip, reweight
 ``missed``    a node gave no usable reply (its :class:`Failure` says why, by kind)
-``settle``    after the replies, before the algorithm closes the step (unmasking)
+``settle``    after the replies: the layer's own closing exchange (unmasking)
+``release``   the step's aggregate, a :class:`Partial`, on its way to the algorithm: a chain,
+              each layer returns the partial the next receives (secure aggregation puts the
+              unmasked sum in place of the clear one, DP noises it)
 ``close``     after the algorithm closed the step: rewrite the outcome, add the row's fields
 ``delivered`` the model the run delivers (evaluated, saved, exported)
 ============  ============================================================================
@@ -40,6 +51,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure
 from fedge.server.engine.algorithm import Outgoing, Reply, Step, StepOutcome, Update
 
@@ -51,7 +63,19 @@ if TYPE_CHECKING:
     from fedge.server.engine.tally import Tally
     from fedge.server.run.run_directory import RunDirectory
 
-__all__ = ["Exchange", "Failure", "Layer"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer"]
+
+#: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
+#: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
+SAMPLE = "sample"
+#: bounds and weighs each decoded update (``update``)
+BOUNDED = "bounded-update"
+#: puts the step's model into each message (``outgoing``)
+MODEL = "model"
+#: produces the step's sum in place of the clear one (``release``): secure aggregation
+SUM = "sum"
+#: adds noise to the released aggregate (``release``)
+NOISE = "noise"
 
 #: a layer's own message exchange: (messages, timeout seconds, group name) -> replies as they land
 Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
@@ -62,6 +86,11 @@ class Layer:
 
     #: the layer's name: its checkpoint key and its key in ``step.layers``
     key: ClassVar[str]
+    #: the facets this layer's hooks provide: two layers of one run never provide the same one (an
+    #: instance may narrow it: uniform selection only counts, it chooses nothing)
+    provides: frozenset[str] = frozenset()
+    #: the facets whose providers (when the run has them) must run before this layer's hooks
+    needs: frozenset[str] = frozenset()
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: RunDirectory | None = None) -> Layer | None:
@@ -106,6 +135,9 @@ class Layer:
 
     def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
         return []
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        return partial
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         pass

@@ -19,8 +19,14 @@ against the coordinator (``CoordinatorLedger``).
 As a layer of the engine (``fedge.server.engine.layers``): it replaces the step's sample (Poisson),
 ends the run before a step would overspend the budget, stamps each message with the round's
 clipping bound (``dp-clip``: the device clips in its upload layer), clips every decoded update and
-weighs it 1, wraps the step's aggregate so that the algorithm's mean is the noisy one, and records
-the round in the ledger. The algorithm (FedAvg) knows none of it.
+weighs it 1 (after the update guard: it ``needs`` ``BOUNDED``), noises the step's released
+:class:`~fedge.aggregation.partial.Partial` (after secure aggregation unmasked it: it ``needs``
+``SUM``), and records the round in the ledger. The algorithm (FedAvg) knows none of it.
+
+The released partial is always released, whatever the number of updates: a step with fewer than
+``min-replies`` updates, or none, still publishes a noised model. Releasing the previous model
+unnoised instead would let who took part decide whether noise is added, which the accountant
+(which records every round as a noised one) does not count.
 """
 
 from __future__ import annotations
@@ -29,19 +35,19 @@ import dataclasses
 import logging
 import os
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedge.aggregation.partial import Partial
 from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
 from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Step, StepOutcome, Update
-from fedge.server.engine.layers.base import Exchange, Failure, Layer
+from fedge.server.engine.layers.base import BOUNDED, NOISE, SAMPLE, SUM, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -74,6 +80,8 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
 
 class DifferentialPrivacyLayer(Layer):
     key = "dp"
+    provides = frozenset({SAMPLE, NOISE})
+    needs = frozenset({BOUNDED, SUM})
 
     def __init__(self, dp: CentralDP, clients_per_round: int, numel: int = 0, distributed: bool = False) -> None:
         self.dp = dp
@@ -129,12 +137,6 @@ class DifferentialPrivacyLayer(Layer):
             return True
         return False
 
-    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
-        if self.skellam is not None:
-            step.aggregate = _DistributedMean(step.aggregate, self.dp, step.connected, self.noise)
-        else:
-            step.aggregate = _NoisyMean(step.aggregate, self.dp, step.connected)
-        return []
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         for o in outgoing:  # this round's clipping bound, for the device's upload layer
@@ -145,6 +147,25 @@ class DifferentialPrivacyLayer(Layer):
         # the sensitivity bound holds whatever the device sent; every device counts once
         vector = self.dp.clip(update.vector, update.metrics.get(DP_FITTED))
         return dataclasses.replace(update, vector=vector, weight=1.0)
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        """The noised release: DP-FedAvg's (sum of clipped updates + noise) / (q N), or under
+        distributed DP the unmasked sum (which carries the survivors' noise) plus the coordinator's
+        top-up for the planned devices that dropped, / (q N). A round whose sum could not be
+        unmasked releases the previous model plus noise of the same scale drawn here (no device's
+        data is in it), so that whether noise appears, and how much, never depends on who answered."""
+        self.scratch(step, dict)["received"] = partial
+        count = partial.count
+        if self.skellam is None:
+            total = partial.mean() * count if count else torch.zeros(partial.numel)
+            noisy = self.dp.noisy_mean(total, step.connected)
+            expected = self.dp.rate * step.connected
+        else:
+            expected = max(self.dp.rate * step.connected, 1.0)
+            released = released_sum(partial.sum().numpy() if count else None, self.noise(partial.planned),
+                                     partial.planned, count, self.dp.rng)
+            noisy = torch.from_numpy(released.astype(np.float32)) / expected
+        return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         if self.skellam is not None:
@@ -160,13 +181,13 @@ class DifferentialPrivacyLayer(Layer):
         """Record the round (a round whose sum could not be unmasked released no device's data and
         spends nothing); the row's DP fields. Rows report RDP's epsilon only (no PLD for Skellam)."""
         assert self.skellam is not None and self.coordinator is not None
-        survivors = int(step.aggregate.count)
+        received: Partial = self.scratch(step, dict)["received"]  # the unmasked sum, before the noise
+        survivors, planned = received.count, received.planned
         q = self.dp.sampling_rate(step.connected, self.clients_per_round)
-        planned = int(step.aggregate.planned)
         if survivors >= 1:
             self.skellam.record(*self._skellam_round(step.connected))
             share = self.noise(planned)  # the coordinator knows its own top-up: only the devices' noise counts
-            self.coordinator.record(step.aggregate.members, survivors * share.local_variance, share.l1_bound,
+            self.coordinator.record(list(received.members), survivors * share.local_variance, share.l1_bound,
                                     share.l2_bound)
         epsilon = self.skellam.epsilon()
         against_coordinator, most = self.coordinator.worst()
@@ -198,54 +219,6 @@ class DifferentialPrivacyLayer(Layer):
         self.dp.load_state_dict(state)
 
 
-class _NoisyMean:
-    """A step's aggregate whose mean is DP-FedAvg's: (sum of clipped updates + noise) / (q N).
-
-    It is always released, whatever the number of updates (``ready``): a step with fewer than
-    ``min-replies`` updates, or none, still publishes a noised model. Releasing the previous model
-    unnoised instead would let who took part decide whether noise is added, which the accountant
-    (which records every round as a noised one) does not count."""
-
-    def __init__(self, inner: Any, dp: CentralDP, connected: int) -> None:
-        self.inner, self.dp, self.connected = inner, dp, connected
-
-    def __getattr__(self, name: str) -> Any:  # spec, count, add, streaming, chosen...
-        return getattr(self.inner, name)
-
-    def ready(self, minimum: int) -> bool:
-        return True
-
-    def result(self) -> torch.Tensor:
-        count = self.inner.count
-        total = self.inner.result() * count if count else torch.zeros(self.inner.numel)
-        return self.dp.noisy_mean(total, self.connected)
-
-
-class _DistributedMean:
-    """A step's aggregate under distributed DP: the unmasked sum carries the surviving devices'
-    noise; the coordinator adds the shares of the planned devices that dropped (``top_up``), so the
-    released sum carries Sk(V) whoever took part, and divides it by the expected number of devices
-    q N. A round whose sum could not be unmasked releases the previous model plus noise of the same
-    scale drawn here (no device's data is in it), so that whether noise appears, and how much,
-    never depends on who answered."""
-
-    def __init__(self, inner: Any, dp: CentralDP, connected: int, share: Callable[[int], SkellamParams]) -> None:
-        self.inner, self.dp, self.connected, self.share = inner, dp, connected, share
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def ready(self, minimum: int) -> bool:
-        return True
-
-    def result(self) -> torch.Tensor:
-        expected = max(self.dp.rate * self.connected, 1.0)
-        planned, count = int(self.inner.planned), int(self.inner.count)
-        total = released_sum(self.inner.sum().numpy() if count else None, self.share(planned), planned, count,
-                             self.dp._rng)
-        return torch.from_numpy(total.astype(np.float32)) / expected
-
-
 class CentralDP:
     def __init__(self, spec: DPSpec) -> None:
         self.spec = spec
@@ -262,6 +235,11 @@ class CentralDP:
         self.clip_bound = spec.clip
         self.fitted = 0.0
         self._expected = 1.0
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The noise's generator (seeded from the OS CSPRNG; the distributed release draws its top-up from it)."""
+        return self._rng
 
     def _count_noise_std(self, expected: float) -> float:
         """Andrew et al.'s sigma_b = m / 20 for m expected devices."""

@@ -47,7 +47,7 @@ from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOW
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.refusals import NEEDS_BASE
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.server.engine.layers.base import Failure, Layer
+from fedge.server.engine.layers.base import MODEL, Failure, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
@@ -168,6 +168,7 @@ class _StepTally:
 
 class DownlinkLayer(Layer):
     key = "downlink"
+    provides = frozenset({MODEL})
 
     def __init__(self, downlink: Downlink) -> None:
         self.downlink = downlink

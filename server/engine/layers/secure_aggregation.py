@@ -6,8 +6,9 @@ Around the algorithm's own step: before it configures, the layer runs the key ag
 train message with the plan and the shares for that device; each masked reply comes through the
 engine's one door like any other (screened, its metrics checked) and the layer takes it whole,
 after checking its size against the plan; after the replies it unmasks the survivors' sum and
-hands the algorithm, through ``step.aggregate``, their weighted mean and nothing else. The
-algorithm declares only that its step works from a mean or a sum (``Algorithm.aggregate``).
+releases it (``release``) as the step's :class:`~fedge.aggregation.partial.Partial`, in place of
+the clear one, which holds nothing. The algorithm declares only that its step works from a mean or
+a sum (``Algorithm.aggregate``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from fedge.aggregation.partial import Partial
 from fedge.privacy.credentials import CredentialError, load_issuer
 from fedge.privacy.distributed_dp import SkellamParams, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
@@ -27,7 +27,7 @@ from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
 from fedge.server.engine.dispatcher import Missing
-from fedge.server.engine.layers.base import Exchange, Failure, Layer
+from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
@@ -76,12 +76,18 @@ class _Round:
 
     secure: SecureRound | None = None
     uploads: dict[int, bytes] = field(default_factory=dict)
+    #: the devices planned into the round (under distributed DP each adds 1/planned of the noise)
+    planned: int = 0
+    #: the survivors' unmasked sum, once stage 4 succeeded
+    revealed: Partial | None = None
     notes: list[dict[str, Any]] = field(default_factory=list)
     reported: set[int] = field(default_factory=set)
 
 
 class SecureAggregationLayer(Layer):
     key = "secure-aggregation"
+    provides = frozenset({SUM})
+    needs = frozenset({MODEL})  # its record rides on the message that carries the model
 
     def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None,
                  dp_spec: DPSpec | None = None) -> None:
@@ -143,12 +149,11 @@ class SecureAggregationLayer(Layer):
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
         state: _Round = self.scratch(step, _Round)
-        step.aggregate = _RevealedMean(step.aggregate)
         try:
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
                                        self.pins, weighted=self.weighted, issuer=self.issuer,
                                        noise=self._noise(len(step.nodes)))
-            step.aggregate.planned = len(step.nodes)
+            state.planned = len(step.nodes)
             state.secure.advertise(_stages(exchange))
             step.nodes = state.secure.share(_stages(exchange))
         except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
@@ -179,19 +184,24 @@ class SecureAggregationLayer(Layer):
         return True
 
     def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
-        """Stage 4: unmask the survivors' sum; the algorithm's aggregate becomes their weighted mean."""
+        """Stage 4: unmask the survivors' sum (their weighted mean, their count and total weight)."""
         state: _Round = self.scratch(step, _Round)
         if state.secure is None or not step.nodes:
             return []
         try:
             survivors = state.secure.masked_inputs(state.uploads)
-            mean, count, _ = state.secure.unmask(_stages(exchange), survivors)
-            step.aggregate.reveal(mean, count, survivors)
-            tally.used = count
+            mean, count, weight = state.secure.unmask(_stages(exchange), survivors)
+            state.revealed = Partial.of_mean(mean, weight, count, members=tuple(survivors), planned=state.planned)
         except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
             self._abandon(step, state, error)
-            tally.used = 0
         return self._failures(state)
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        """The unmasked sum in place of the clear one (which holds nothing: every upload was masked);
+        an empty partial when the round could not unmask, so the step changes nothing."""
+        state: _Round = self.scratch(step, _Round)
+        assert not partial.count, "take() holds every reply of a secure round: none reaches the clear sum"
+        return state.revealed if state.revealed is not None else Partial.empty(partial.numel, planned=state.planned)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         state: _Round = self.scratch(step, _Round)
@@ -231,44 +241,3 @@ class SecureAggregationLayer(Layer):
         self.run_id = raw
         self.pins.clear()
         self.pins.update(pins)
-
-
-class _RevealedMean:
-    """A secure step's aggregate: no update is ever added in clear; the unmasked weighted mean of
-    the survivors is revealed once, after the replies."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.mean: torch.Tensor | None = None
-        self._count = 0
-        #: the nodes whose updates are in the unmasked sum (the coordinator knows them)
-        self.members: list[int] = []
-        #: the devices planned into the round (under distributed DP each adds 1/planned of the noise)
-        self.planned = 0
-
-    def __getattr__(self, name: str) -> Any:  # spec, streaming, capacity...
-        return getattr(self.inner, name)
-
-    def add(self, vector: torch.Tensor, weight: float) -> None:
-        raise Rejected("under secure aggregation no update is added in clear")
-
-    def reveal(self, mean: torch.Tensor, count: int, members: list[int]) -> None:
-        self.mean, self._count, self.members = mean, count, list(members)
-
-    @property
-    def count(self) -> int:
-        return self._count if self.mean is not None else 0
-
-    def ready(self, minimum: int) -> bool:
-        return self.count >= minimum
-
-    def result(self) -> torch.Tensor:
-        if self.mean is None:
-            raise ValueError("no sum was unmasked")
-        return self.mean
-
-    def sum(self) -> torch.Tensor:
-        return self.result() * self._count
-
-    def chosen(self) -> None:
-        return None

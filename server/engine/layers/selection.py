@@ -62,7 +62,7 @@ from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
 from fedge.protocol.resources import read_report
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.server.engine.layers.base import Failure, Layer
+from fedge.server.engine.layers.base import SAMPLE, Failure, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -118,6 +118,8 @@ class SelectionLayer(Layer):
 
     def __init__(self, rule: Oort | None, seed: int, per_step: int, clock: Any = time.monotonic) -> None:
         self.rule, self.seed, self.per_step, self.clock = rule, seed, per_step, clock
+        #: Oort chooses the step's devices; uniform selection only counts the engine's sample
+        self.provides = frozenset({SAMPLE}) if rule is not None else frozenset()
         self.devices: dict[int, _Device] = {}
         self.steps = 0  # selections made (steps, or asynchronous dispatches)
         self.fair = 0.0  # the sum over selections of k / connected: each device's fair count so far

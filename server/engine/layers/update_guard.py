@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome, Update
-from fedge.server.engine.layers.base import Layer
+from fedge.server.engine.layers.base import BOUNDED, Layer
 from fedge.server.engine.tally import Tally
 from fedge.server.engine.update_guard import UpdateGuard
 from fedge.server.settings import SettingsError
@@ -22,6 +22,7 @@ __all__ = ["UpdateGuardLayer"]
 
 class UpdateGuardLayer(Layer):
     key = "guard"
+    provides = frozenset({BOUNDED})
 
     def __init__(self, guard: UpdateGuard, weighted: bool) -> None:
         self.guard = guard
