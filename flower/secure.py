@@ -103,7 +103,7 @@ class SecureStrategy(Strategy):
             self.dp.numel = layout.numel
             all_nodes = list(grid.get_node_ids())
             connected = len(all_nodes)
-            if self.dp.exhausted(connected):
+            if self.dp.exhausted(self.dp.rate):
                 return []
             template = next(iter(self.strategy.configure_train(server_round, arrays, config, grid)), None)
             if template is None:
@@ -167,7 +167,8 @@ class SecureStrategy(Strategy):
                 log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
             self._note(server_round, secure)
         if self.dp is not None:  # the devices' noisy sum over q N, or noise alone: never a noiseless release
-            mean = self.dp.release(None if mean is None else mean * count, state.connected, members, state.planned)
+            mean = self.dp.release(None if mean is None else mean * count, self.dp.rate, state.connected, members,
+                                   state.planned, self.dp.rng)
         elif mean is None:
             return None, None
         stepped = state.layout.rebuild(state.layout.flatten(state.arrays) + mean, state.arrays)

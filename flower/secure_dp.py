@@ -3,7 +3,8 @@
 With ``differential_privacy="gaussian:noise=z,clip=C,delta=...,budget=..."`` every sampled device
 clips its update to L2 norm C, scales and rounds it, and adds Skellam noise before masking
 (``fedge.privacy.distributed_dp``, the device code Fedge's own runs use), so the coordinator never
-sees a noiseless sum; it only samples, divides and accounts. As in Fedge's engine:
+sees a noiseless sum; it only samples, divides and accounts, through the mechanism Fedge's engine
+uses (``fedge.privacy.distributed_release``); this module is its adapter:
 
 - Devices are sampled by Poisson sampling at rate q = the wrapped strategy's ``fraction_train``,
   from the OS CSPRNG: what the accountant's amplification assumes (the strategy's own sampler,
@@ -34,9 +35,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
-from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
+from fedge.privacy.distributed_release import DistributedRelease
+from fedge.privacy.dp_spec import parse_differential_privacy
 
 __all__ = ["DistributedDP", "parsed"]
 
@@ -55,56 +55,22 @@ def parsed(parse: Callable[[str], T | None], text: str, name: str) -> T:
     return value
 
 
-class DistributedDP:
-    """Sampling, noise parameters, noise-only releases and the ledger of one run."""
+class DistributedDP(DistributedRelease):
+    """The wrapper's adapter over the one distributed-DP mechanism (``fedge.privacy.distributed_release``,
+    which Fedge's engine uses too): the Poisson sample at the strategy's rate and the metrics' names."""
 
     def __init__(self, spec: str, rate: float, numel: int = 0) -> None:
-        spec_ = parsed(parse_differential_privacy, spec, "differential_privacy")
-        if spec_.adaptive:
-            raise ValueError("adaptive clipping needs each device's fitted bit in clear, which secure aggregation "
-                             "hides; use a fixed clip")
+        super().__init__(parsed(parse_differential_privacy, spec, "differential_privacy"), numel)
         if not 0 < rate <= 1:
             raise ValueError(f"Poisson sampling needs the strategy's fraction_train in (0, 1], got {rate}")
-        self.spec: DPSpec = spec_
         self.rate = float(rate)
-        self.numel = numel
-        self.ledger = SkellamLedger(spec_.delta)
-        self.coordinator = CoordinatorLedger(spec_.delta)
         self._sampler = random.SystemRandom()
-        self._rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        #: the top-up's and the noise-only release's generator, from the OS CSPRNG
+        self.rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
     def sample(self, nodes: list[int]) -> list[int]:
         """Each connected node independently with probability q (the OS CSPRNG)."""
         return [node for node in sorted(nodes) if self._sampler.random() < self.rate]
-
-    def expected(self, connected: int) -> float:
-        return max(self.rate * connected, 1.0)
-
-    def noise(self, planned: int) -> SkellamParams:
-        """Each of the ``planned`` nodes' share of the round's noise (in the secure round's plan)."""
-        return round_noise(self.spec, self.numel, planned)
-
-    def exhausted(self, connected: int) -> bool:
-        """Whether one more round would spend more than the budget (0: none)."""
-        if self.spec.budget <= 0:
-            return False
-        spent = self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, self.rate))
-        if spent:
-            log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); no more rounds",
-                     self.spec.budget, self.spec.delta)
-        return spent
-
-    def release(self, noisy_sum: np.ndarray | None, connected: int, members: list[int], planned: int) -> np.ndarray:
-        """The mean update released this round, recorded in the ledgers: the noisy sum of the
-        updates of ``members`` plus the shares of the ``planned`` nodes that dropped, over q N; or
-        (no sum) noise of the same scale drawn here, over q N."""
-        share = self.noise(planned)
-        if noisy_sum is None or not members:
-            noisy_sum = None
-        else:
-            self.ledger.record(*ledger_round(self.spec, self.numel, self.rate))
-            self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
-        return released_sum(noisy_sum, share, planned, len(members), self._rng) / self.expected(connected)
 
     def metrics(self) -> dict[str, float]:
         return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-epsilon-coordinator": self.coordinator.worst()[0],

@@ -13,11 +13,14 @@ sequence:
    → decode with the codec of its round → layers (the guard's bound and weight, DP's clip) → the
    algorithm. Timeouts, client errors, refusals and rejected replies become typed
    :class:`~fedge.server.engine.layers.Failure` entries, counted by kind;
-4. **close** (:meth:`Engine.conclude`): layers settle (unmasking), the step's aggregate, one typed
+4. **close** (:meth:`Engine.close`): layers settle (unmasking), the step's aggregate, one typed
    :class:`~fedge.aggregation.partial.Partial`, passes every layer's ``release`` (secure
-   aggregation's unmasked sum, DP's noise), the algorithm closes from it, layers close (ledger, downlink tally, guard report, model average); then measure the step's model on
-   held-out data or on devices, write one metrics row, then an atomic checkpoint, in that order
-   (after a crash in between, the step runs again and its row is replaced).
+   aggregation's unmasked sum, DP's noise), the algorithm closes from it, layers close (ledger,
+   downlink tally, guard report, model average);
+5. **publish** (:meth:`Engine.publish`): measure the step's model on held-out data or on devices,
+   write one metrics row, then an atomic checkpoint, in that order (after a crash in between, the
+   step runs again and its row is replaced). Closing and publishing are apart so that a step can
+   be closed without being published (a leaf coordinator forwards ``step.released``).
 
 The synchronous loop runs 1-4 once per round; the asynchronous loop keeps nodes busy, receives
 replies as they land and concludes a step whenever the algorithm is ready. ``uplink_bytes`` are the
@@ -44,7 +47,17 @@ from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, Protoco
 from fedge.protocol.config_keys import PLUGIN_HANDLER
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.refusals import read_refusal
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, RunContext, Step, Update, reply_metrics
+from fedge.server.engine.algorithm import (
+    Algorithm,
+    Outgoing,
+    Rejected,
+    Reply,
+    RunContext,
+    Step,
+    StepOutcome,
+    Update,
+    reply_metrics,
+)
 from fedge.server.engine.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
@@ -57,7 +70,7 @@ from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, numel_of
 from fedge.tasks.data_files import load_npz
 
-__all__ = ["Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
+__all__ = ["ClosedStep", "Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +130,17 @@ def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int
     count = min(count, len(nodes))
     rng = np.random.default_rng(derive_seed(seed, step, purpose="sample"))
     return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+
+
+@dataclass
+class ClosedStep:
+    """A step closed but not yet published: its accumulators (``step.released``: the partial
+    aggregate it released), how it ended, its accounting, and the devices that evaluate its model."""
+
+    step: Step
+    outcome: StepOutcome
+    tally: Tally
+    evaluators: list[int]
 
 
 class Engine:
@@ -183,7 +207,13 @@ class Engine:
         return result
 
     def step(self, grid: object, number: int, result: EngineResult | None = None) -> RoundRow:
-        """One synchronous step: open, send, absorb every reply as it lands, conclude."""
+        """One synchronous step: :meth:`run_step`, then :meth:`publish`."""
+        closed = self.run_step(grid, number)
+        return self.publish(grid, closed, result)
+
+    def run_step(self, grid: object, number: int) -> ClosedStep:
+        """One synchronous step up to its close, unpublished: open, send, absorb every reply as it
+        lands, :meth:`close`. (A leaf coordinator would forward ``step.released`` from here.)"""
         tally = Tally(self.clock())
         exchange = self._exchange(grid, number)
         nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
@@ -195,7 +225,7 @@ class Engine:
         tally.sampled = len(selected)  # those a layer dropped before training were sampled too
         for item in exchange(outgoing, self.settings.round_timeout, "train"):
             self._receive(state, item, tally)
-        return self.conclude(grid, state, tally, selected, result, exchange)
+        return ClosedStep(state, self.close(state, tally, exchange), tally, selected)
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
         """The nodes of a sampled step: a layer's sample (Poisson under DP) or the seeded one."""
@@ -205,10 +235,10 @@ class Engine:
                 return chosen
         return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
 
-    def conclude(self, grid: object, step: Step, tally: Tally, evaluators: list[int], result: EngineResult | None,
-                 exchange: Exchange) -> RoundRow:
-        """The one close sequence of every step: layers settle, the algorithm closes, layers close;
-        measure; one metrics row; then the checkpoint."""
+    def close(self, step: Step, tally: Tally, exchange: Exchange) -> StepOutcome:
+        """Close a step without publishing it: layers settle, the step's aggregate passes every
+        layer's ``release`` (``step.released``: what a leaf coordinator would forward), the algorithm
+        closes from it, layers close. Nothing is measured, written or checkpointed here."""
         for layer in self.layers:
             for failure in layer.settle(step, exchange, tally):
                 self._failed(step, failure, tally)
@@ -218,6 +248,12 @@ class Engine:
         outcome = self.algorithm.close(step)
         for layer in self.layers:
             layer.close(step, outcome, tally)
+        return outcome
+
+    def publish(self, grid: object, closed: ClosedStep, result: EngineResult | None) -> RoundRow:
+        """Publish a closed step: measure its model (central or federated, on ``closed.evaluators``),
+        write one metrics row, then the checkpoint."""
+        step, outcome, tally, evaluators = closed.step, closed.outcome, closed.tally, closed.evaluators
         metrics, extra = self.measure(grid, step.number, outcome.model, evaluators, tally)
         if tally.train_seconds:
             extra["client_train_seconds"] = max(tally.train_seconds)
@@ -241,7 +277,7 @@ class Engine:
         log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
                  "version" if self.algorithm.asynchronous else "round", step.number, row.evaluation, row.metric,
                  row.score, row.loss, tally.used, tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
-        self._publish(row, result)
+        self._write(row, result)
         return row
 
     def release(self, step: Step, tally: Tally) -> Partial:
@@ -353,8 +389,8 @@ class Engine:
                 self._receive(state, item, tally, started=began)
                 if alg.ready(state):
                     version += 1
-                    self.conclude(grid, state, tally, self._evaluators(grid, version), result,
-                                  self._exchange(grid, version))
+                    outcome = self.close(state, tally, self._exchange(grid, version))
+                    self.publish(grid, ClosedStep(state, outcome, tally, self._evaluators(grid, version)), result)
                     tally = Tally(self.clock())
                     state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
                                        self._exchange(grid, version + 1), tally)
@@ -471,7 +507,7 @@ class Engine:
             model = layer.delivered(model)
         return model
 
-    def _publish(self, row: RoundRow, result: EngineResult | None) -> None:
+    def _write(self, row: RoundRow, result: EngineResult | None) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
         between, the step runs again and its row is replaced)."""
         row.wall_seconds = self._wall + self.clock()

@@ -237,3 +237,19 @@ def test_model_average_is_what_the_run_measures_and_delivers_and_it_resumes(tmp_
 def test_model_average_is_refused_where_there_is_no_global_model(tmp_path) -> None:
     with pytest.raises(ValueError, match="model-average"):
         _engine(tmp_path, algorithm="gossip:topology=ring", model_average="ema")
+
+
+def test_a_step_closes_without_being_published(tmp_path) -> None:
+    """``run_step`` closes a step (what a leaf coordinator would forward: the released partial of
+    its devices' updates) and writes nothing; ``publish`` then writes its row and checkpoint."""
+    engine = _engine(tmp_path, rounds=1, clients_per_round=3)
+    grid = InProcessGrid(3)
+    engine._restore(_start(engine))
+    closed = engine.run_step(grid, 1)
+    released = closed.step.released
+    assert released is not None and released.count == closed.tally.used == 3
+    assert sorted(released.members) == sorted(grid.get_node_ids()) and not released.noised
+    assert engine.run_dir.metrics.read() == [] and engine.run_dir.checkpoints.load() is None
+    torch.testing.assert_close(closed.outcome.model, _start(engine) + released.mean())  # FedAvg's plain step
+    row = engine.publish(grid, closed, None)
+    assert row.clients_used == 3 and engine.run_dir.checkpoints.load().round == 1

@@ -89,8 +89,8 @@ def test_algorithms_know_nothing_of_the_layers() -> None:
 
 
 def test_the_engine_has_one_step_sequence() -> None:
-    """Synchronous, secure and asynchronous steps all end through ``Engine.conclude``: one place
-    closes the algorithm's step, builds a row and checkpoints."""
+    """Synchronous, secure and asynchronous steps all end through ``Engine.close`` and then
+    ``Engine.publish``: one place closes the algorithm's step, one builds a row and checkpoints."""
     loop = (ROOT / "server" / "engine" / "loop.py").read_text()
     assert loop.count("self.algorithm.close(") == 1
     assert loop.count("RoundRow(") == 1

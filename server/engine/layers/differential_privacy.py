@@ -41,8 +41,8 @@ import numpy as np
 import torch
 
 from fedge.aggregation.partial import Partial
-from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
-from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
+from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger
+from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -86,12 +86,15 @@ class DifferentialPrivacyLayer(Layer):
     def __init__(self, dp: CentralDP, clients_per_round: int, numel: int = 0, distributed: bool = False) -> None:
         self.dp = dp
         self.clients_per_round = clients_per_round
-        self.numel = numel
         #: with secure aggregation (distributed DP): the devices add the noise inside the ring
-        #: (Skellam), the coordinator only samples, divides and accounts in this ledger
-        self.skellam = SkellamLedger(dp.spec.delta) if distributed else None
-        #: and what each device has spent against the coordinator, which knows who took part
-        self.coordinator = CoordinatorLedger(dp.spec.delta) if distributed else None
+        #: (Skellam); the coordinator only samples (``dp``), releases and accounts, through the one
+        #: mechanism ``fedge.flower.secure`` uses too
+        self.distributed = DistributedRelease(dp.spec, numel) if distributed else None
+
+    @property
+    def coordinator(self) -> CoordinatorLedger | None:
+        """Under distributed DP: what each device has spent against the coordinator."""
+        return None if self.distributed is None else self.distributed.coordinator
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | None:
@@ -112,25 +115,14 @@ class DifferentialPrivacyLayer(Layer):
         distributed = settings.secure_aggregation != "none"
         return cls(dp, settings.clients_per_round, algorithm.ctx.numel, distributed)
 
-    def noise(self, planned: int) -> SkellamParams:
-        """Each of ``planned`` devices' share of a round's distributed noise (the secure layer puts
-        the same in its plan)."""
-        return round_noise(self.dp.spec, self.numel, planned)
-
-    def _skellam_round(self, connected: int) -> tuple[float, float, float, float]:
-        """What one round that released a sum spends: the released sum carries Sk(V) whoever took
-        part (the devices' shares plus the coordinator's top-up for those that dropped)."""
-        return ledger_round(self.dp.spec, self.numel, self.dp.sampling_rate(connected, self.clients_per_round))
-
     def select(self, number: int, nodes: list[int]) -> list[int]:
         """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
         return self.dp.sample(nodes, self.clients_per_round)
 
     def exhausted(self, connected: int) -> bool:
-        if self.skellam is not None:
-            spent = self.skellam.would_exceed(self.dp.spec.budget, self._skellam_round(connected))
-        else:
-            spent = self.dp.exhausted(connected, self.clients_per_round)
+        if self.distributed is not None:  # the mechanism logs it
+            return self.distributed.exhausted(self.dp.sampling_rate(connected, self.clients_per_round))
+        spent = self.dp.exhausted(connected, self.clients_per_round)
         if spent:
             log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete",
                      self.dp.spec.budget, self.dp.spec.delta)
@@ -156,19 +148,20 @@ class DifferentialPrivacyLayer(Layer):
         data is in it), so that whether noise appears, and how much, never depends on who answered."""
         self.scratch(step, dict)["received"] = partial
         count = partial.count
-        if self.skellam is None:
+        if self.distributed is None:
             total = partial.mean() * count if count else torch.zeros(partial.numel)
             noisy = self.dp.noisy_mean(total, step.connected)
             expected = self.dp.rate * step.connected
-        else:
+        else:  # recorded in the ledgers when a sum was unmasked
             expected = max(self.dp.rate * step.connected, 1.0)
-            released = released_sum(partial.sum().numpy() if count else None, self.noise(partial.planned),
-                                     partial.planned, count, self.dp.rng)
-            noisy = torch.from_numpy(released.astype(np.float32)) / expected
+            released = self.distributed.release(partial.sum().numpy() if count else None,
+                                                self.dp.rate, step.connected, list(partial.members),
+                                                partial.planned, self.dp.rng)
+            noisy = torch.from_numpy(released.astype(np.float32))
         return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
-        if self.skellam is not None:
+        if self.distributed is not None:
             outcome.extra.update(self._close_distributed(step))
         else:
             outcome.extra.update(self.dp.close_round())
@@ -178,41 +171,29 @@ class DifferentialPrivacyLayer(Layer):
         outcome.train_loss = None
 
     def _close_distributed(self, step: Step) -> dict[str, Any]:
-        """Record the round (a round whose sum could not be unmasked released no device's data and
-        spends nothing); the row's DP fields. Rows report RDP's epsilon only (no PLD for Skellam)."""
-        assert self.skellam is not None and self.coordinator is not None
+        """The row's DP fields (the release recorded the round; a round whose sum could not be
+        unmasked released no device's data and spent nothing). RDP's epsilon only (no PLD for Skellam)."""
+        assert self.distributed is not None
         received: Partial = self.scratch(step, dict)["received"]  # the unmasked sum, before the noise
         survivors, planned = received.count, received.planned
         q = self.dp.sampling_rate(step.connected, self.clients_per_round)
-        if survivors >= 1:
-            self.skellam.record(*self._skellam_round(step.connected))
-            share = self.noise(planned)  # the coordinator knows its own top-up: only the devices' noise counts
-            self.coordinator.record(list(received.members), survivors * share.local_variance, share.l1_bound,
-                                    share.l2_bound)
-        epsilon = self.skellam.epsilon()
-        against_coordinator, most = self.coordinator.worst()
+        epsilon = self.distributed.ledger.epsilon()
+        against_coordinator, most = self.distributed.coordinator.worst()
         return {"dp_epsilon": epsilon, "dp_epsilon_rdp": epsilon, "dp_delta": self.dp.spec.delta,
                 "dp_sampling_rate": q, "dp_noise_multiplier": self.dp.spec.noise, "dp_clip": self.dp.spec.clip,
                 "dp_mechanism": "skellam", "dp_topped_up_devices": planned - survivors if survivors else 0,
                 "dp_epsilon_coordinator": against_coordinator, "dp_coordinator_rounds": most}
 
     def state_dict(self) -> dict[str, Any]:
-        if self.skellam is not None:
-            assert self.coordinator is not None
-            return {**self.skellam.state_dict(), "coordinator": self.coordinator.state_dict()}
+        if self.distributed is not None:
+            return self.distributed.state_dict()
         return self.dp.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
-        if self.skellam is not None:
-            ledger = SkellamLedger.from_state(state)
-            if ledger.delta != self.dp.spec.delta:
-                raise ValueError(f"the checkpoint accounted at delta={ledger.delta}, this run at {self.dp.spec.delta}")
-            self.skellam = ledger
-            if "coordinator" in state:
-                self.coordinator = CoordinatorLedger.from_state(state["coordinator"])
-            else:  # a checkpoint from before the per-device ledger: its past rounds are not in it
+        if self.distributed is not None:
+            if not self.distributed.load_state_dict(state):
                 log.warning("the checkpoint has no per-device ledger: epsilon against the coordinator counts "
                             "only the rounds from here on")
             return
