@@ -29,19 +29,20 @@ from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 __all__ = ["received_model"]
 
 
-def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task) -> torch.Tensor:
-    """The flat model to start from, as the coordinator holds it."""
+def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task,
+                   model: torch.nn.Module | None = None) -> torch.Tensor:
+    """The flat model to start from, as the coordinator holds it. ``model``: the handler's one model
+    of this message (its layout; the full model is loaded into it); None: one is built here."""
+    model = task.build_model() if model is None else model
     if config.extra.get(DOWNLINK_CODEC, "none") == "none" or MODEL_RECORD in msg.content.array_records:
-        model = task.build_model()
         model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
         return flatten_state(model.state_dict())
-    return _lattice_copy(msg, config, store, task)
+    return _lattice_copy(msg, config, store, task, tensor_sizes(model.state_dict()))
 
 
-def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Task) -> torch.Tensor:
+def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Task, sizes: list[int]) -> torch.Tensor:
     read_payload(msg.content, DOWNLINK_RECORD)  # the record and its payload exist (checked in full below)
     record = msg.content.array_records[DOWNLINK_RECORD]
-    sizes = tensor_sizes(task.build_model().state_dict())
     numel = sum(sizes)
     base = _base(record, config, store, task, numel)
     meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
@@ -58,8 +59,8 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
 
 
 def _base(record, config: RoundConfig, store: NodeStore, task: Task, numel: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """The lattice's base: shipped with this message, shipped earlier and stored, or rebuilt from the
-    task and seed and checked against the coordinator's digest."""
+    """The lattice's base: shipped with this message, shipped or rebuilt earlier and stored, or
+    rebuilt from the task and seed and checked against the coordinator's digest."""
     expected = config.integer(DOWNLINK_BASE_DIGEST, 0)
     shipped = shipped_base(record, numel, expected)
     if shipped is not None:
@@ -72,4 +73,5 @@ def _base(record, config: RoundConfig, store: NodeStore, task: Task, numel: int)
     if model_digest(rebuilt) != expected:
         raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
                              "coordinator's (another torch build?); it must be sent once")
+    store.put_tensor("lattice.base", rebuilt)  # checked: later messages need not build the model again
     return rebuilt

@@ -54,21 +54,24 @@ def uses_device_layers(handler: _F) -> _F:
     return handler
 
 
-def start_model(msg: Message, config: RoundConfig, context: Context, task: Task) -> torch.Tensor:
-    """The flat model the message brings (full, or the device's lattice copy brought up to date)."""
-    return received_model(msg, config, local.store(context, "downlink"), task)
+def start_model(msg: Message, config: RoundConfig, context: Context, task: Task,
+                model: torch.nn.Module | None = None) -> torch.Tensor:
+    """The flat model the message brings (full, or the device's lattice copy brought up to date).
+    ``model``: the handler's one model of this message (a full model is loaded into it)."""
+    return received_model(msg, config, local.store(context, "downlink"), task, model)
 
 
 def upload(msg: Message, context: Context, config: RoundConfig, task: Task, update: torch.Tensor, *,
            examples: int, memory: NodeStore, generator: torch.Generator, started: float,
            metrics: dict[str, Any] | None = None, measure: torch.Tensor | None = None,
-           weighted: bool = True) -> Message:
+           weighted: bool = True, model: torch.nn.Module | None = None) -> Message:
     """The reply carrying ``update`` (a flat delta), through the device's layers.
 
     ``metrics`` are what the handler reports in clear beside its update (loss, distances, scores);
     under secure aggregation none of them leaves the device: the reply carries ``num-examples`` 1
     and its training time, the weight travels inside the masked sum (``examples``, or 1 for an
-    algorithm whose updates are not ``weighted``: EASGD's center moves by their sum).
+    algorithm whose updates are not ``weighted``: EASGD's center moves by their sum). ``model``: the
+    handler's one model of this message, whose layout the codec takes (none is built again).
     """
     metrics = dict(metrics or {})
     if DP_CLIP in config.extra:  # differential privacy: this device's contribution is bounded here
@@ -81,7 +84,7 @@ def upload(msg: Message, context: Context, config: RoundConfig, task: Task, upda
         payload, _ = masked_update(msg, context, update, examples if weighted else 1, memory, generator,
                                    error_feedback=config.error_feedback)
         return local.train_reply(msg, payload, {"num-examples": 1, **seconds}, started)
-    payload, residual = local.encode(update, config, task, memory, generator)
+    payload, residual = local.encode(update, config, task, memory, generator, model)
     return local.train_reply(msg, payload, {"num-examples": examples, **metrics, "residual-norm": residual,
                                             "update-norm": float(update.norm())}, started, measure=measure)
 

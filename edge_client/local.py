@@ -90,12 +90,14 @@ def store(context: Context, namespace: str) -> NodeStore:
     return NodeStore(context.state, namespace)
 
 
-def codec_for(spec: str, task: Task) -> Codec:
-    return make_codec(spec).for_model(tensor_sizes(task.build_model().state_dict()))
+def codec_for(spec: str, task: Task, model: torch.nn.Module | None = None) -> Codec:
+    """The codec ``spec`` for the task's model layout (``model``: the message's one model, if built)."""
+    return make_codec(spec).for_model(tensor_sizes((task.build_model() if model is None else model).state_dict()))
 
 
-def load_flat(task: Task, flat: torch.Tensor) -> torch.nn.Module:
-    model = task.build_model()
+def load_flat(task: Task, flat: torch.Tensor, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """``flat`` loaded into ``model`` (the message's one model), or into a new one."""
+    model = task.build_model() if model is None else model
     model.load_state_dict(unflatten_state(flat, model.state_dict()))
     return model
 
@@ -107,10 +109,10 @@ def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator:
 
 
 def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,
-           generator: torch.Generator) -> tuple[bytes, float]:
+           generator: torch.Generator, model: torch.nn.Module | None = None) -> tuple[bytes, float]:
     """The update encoded with the round's codec through the node's persistent compression memory."""
     storage = str(config.extra.get("memory-storage", "fp32"))
-    return encode_update(update, codec_for(config.codec, task), memory, server_round=config.round,
+    return encode_update(update, codec_for(config.codec, task, model), memory, server_round=config.round,
                          seed=config.seed, error_feedback=config.error_feedback, generator=generator,
                          storage=storage)
 

@@ -29,13 +29,14 @@ def train(msg: Message, context: Context) -> Message:
     config = local.round_config(msg)
     alpha = config.number(EASGD_ALPHA, low=0.0, high=1.0)
     task = local.task_of(config)
-    center = start_model(msg, config, context, task)
+    model = task.build_model()  # the one model of this message
+    center = start_model(msg, config, context, task, model)
     store = local.store(context, _NAMESPACE)
     x = store.get_tensor("local")
     if x is None or x.numel() != center.numel():
         x = center.clone()  # first round this node takes part in
     data, held_out = local.local_parts(context, config)  # one read of the node's data
-    model = local.load_flat(task, x)
+    local.load_flat(task, x, model)
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator)
     x = local.flat_of(model)
@@ -49,8 +50,9 @@ def train(msg: Message, context: Context) -> Message:
         # part when the run keeps one, else on the task's central split when the device has it.
         held_out = held_out if held_out is not None else task.test_data()
         if held_out is not None:
-            measured["local-score"] = float(evaluate(local.load_flat(task, x), held_out, task)[task.primary_metric])
+            measured["local-score"] = float(evaluate(local.load_flat(task, x, model), held_out,
+                                                     task)[task.primary_metric])
     return upload(msg, context, config, task, delta, examples=result.examples, memory=store, generator=generator,
-                  started=started, weighted=False,
+                  started=started, weighted=False, model=model,
                   metrics={"train-loss": result.loss, "train-seconds": result.seconds, "center-distance": distance,
                            **measured})

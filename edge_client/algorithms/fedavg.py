@@ -36,14 +36,15 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
         config = local.round_config(msg)
         task = local.task_of(config)
         data = local.local_data(context, config)
-        model = local.load_flat(task, start_model(msg, config, context, task))
-        start = local.flat_of(model)
+        model = task.build_model()  # the one model of this message: its layout, the start, the training
+        start = start_model(msg, config, context, task, model)
+        local.load_flat(task, start, model)
         generator = local.node_generator(config, context, "train")
         trained = adjust(config) if adjust is not None else config
         result = local.train(model, data, trained, generator, prox_mu=config.number(PROX_MU, low=0.0))
         return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
                       memory=local.store(context, namespace), generator=generator, started=started,
-                      metrics={"train-loss": result.loss, "train-seconds": result.seconds})
+                      metrics={"train-loss": result.loss, "train-seconds": result.seconds}, model=model)
 
     return train
 
