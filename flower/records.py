@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ["ARRAYS", "BASE_DIGEST_KEY", "BASE_RECORD", "CODEC_KEY", "DOWNLINK_DIGEST_KEY", "DOWNLINK_KEY",
            "DOWNLINK_RECORD", "DOWNLINK_VERSION_KEY", "LAYOUT_KEY", "LAYOUT_SPEC_KEY", "RAW_RECORD", "ROUND_KEY",
-           "SEED_KEY", "START_KEY", "UPDATE_RECORD", "WEIGHT_KEY"]
+           "SEED_KEY", "START_KEY", "UPDATE_RECORD", "UPLINK_KEYS", "WEIGHT_KEY"]
 
 #: the ArrayRecord key Flower's strategies put the model under (``Strategy.configure_train``)
 ARRAYS = "arrays"
@@ -15,6 +15,9 @@ CODEC_KEY = "fedge.uplink"
 LAYOUT_KEY = "fedge.layout"
 ROUND_KEY = "fedge.round"
 SEED_KEY = "fedge.seed"
+#: the uplink's own config keys (what secure aggregation removes: its masked ring is the uplink; the
+#: layout digest stays, the downlink checks it too)
+UPLINK_KEYS = (CODEC_KEY, ROUND_KEY, SEED_KEY)
 #: reply: the encoded update (one payload array), and the arrays that are not compressed
 UPDATE_RECORD = "fedge.update"
 RAW_RECORD = "fedge.raw"

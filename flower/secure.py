@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layout import Layout
-from fedge.flower.records import ARRAYS, UPDATE_RECORD, WEIGHT_KEY
+from fedge.flower.records import ARRAYS, UPDATE_RECORD, UPLINK_KEYS, WEIGHT_KEY
 from fedge.flower.secure_dp import DistributedDP, parsed
 from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.errors import SecAggError
@@ -50,11 +50,16 @@ log = logging.getLogger(__name__)
 
 
 def refuse_reason(strategy: Strategy) -> str | None:
-    """Why ``strategy`` cannot run on a securely aggregated sum (None: it can)."""
-    name = type(strategy).__name__
+    """Why ``strategy`` cannot run on a securely aggregated sum (None: it can). ``secure(compressed(s,
+    uplink="none", downlink="lattice:..."))`` composes: the lattice downlink ships the model, secure
+    aggregation is the uplink."""
     if isinstance(strategy, CompressedStrategy):
-        return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
-                "sees one to decode: wrap the strategy with secure(...) alone")
+        if strategy.uplink_codec.spec != "none":
+            return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
+                    "sees one to decode: give compressed() uplink=\"none\" (its downlink still applies), or wrap "
+                    "the strategy with secure(...) alone")
+        strategy = strategy.strategy
+    name = type(strategy).__name__
     if is_plain_mean(strategy) or isinstance(strategy, (FedOpt, FedAvgM)):
         return None  # the weighted mean, then (for these) a server step from it
     return (f"{name} aggregates each update itself (it ranks, trims or reweights them); secure aggregation "
@@ -63,6 +68,9 @@ def refuse_reason(strategy: Strategy) -> str | None:
 
 class SecureStrategy(Strategy):
     """``strategy`` over securely aggregated updates (see the module docstring)."""
+
+    #: what another wrapper asks before it wraps this one: updates leave the devices masked
+    masks_updates = True
 
     def __init__(self, strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
                  seed: int = 0, differential_privacy: str = "none") -> None:
@@ -80,6 +88,9 @@ class SecureStrategy(Strategy):
             if spec.ratio < 1:
                 raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
                                  "noise and the sensitivity cover the whole update; use ratio=1")
+            if isinstance(strategy, CompressedStrategy) and strategy.downlink.spec != "none":
+                raise ValueError("distributed DP samples nodes itself and re-addresses one train message to each, "
+                                 "which a per-node lattice downlink cannot be; use compressed(...) without one")
             self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
         #: every signature and share of this run is bound to it; no other run shares it
         self.run_id = os.urandom(16)
@@ -110,6 +121,10 @@ class SecureStrategy(Strategy):
                 return []
             messages = [Message(RecordDict(dict(template.content.items())), node, MessageType.TRAIN,
                                 group_id=str(server_round)) for node in self.dp.sample(all_nodes)]
+        if isinstance(self.strategy, CompressedStrategy):  # its downlink ships the model; the uplink is ours
+            for message in messages:
+                for key in UPLINK_KEYS:
+                    message.content.config_records["config"].pop(key, None)
         nodes = sorted({m.metadata.dst_node_id for m in messages})
         if self.dp is not None:
             noise = self.dp.noise(len(nodes))  # each planned node's share of the round's noise
@@ -175,7 +190,10 @@ class SecureStrategy(Strategy):
         key = getattr(self.strategy, "weighted_by_key", "num-examples")
         one = Message(RecordDict({ARRAYS: stepped, "metrics": MetricRecord({key: 1})}),
                       reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
-        aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
+        if isinstance(self.strategy, CompressedStrategy):  # its downlink settles on the real replies
+            aggregated, metrics = self.strategy.aggregate_released(server_round, replies, [one])
+        else:
+            aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
         metrics = MetricRecord(dict(metrics or {}))
         metrics["fedge-secagg-survivors"] = count
         metrics["fedge-uplink-bytes"] = sum(len(u) for u in uploads.values()) + (secure.uplink if secure else 0)

@@ -56,10 +56,15 @@ class CompressedStrategy(Strategy):
         if codec.shares_support and not downlink.startswith("lattice"):
             raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
                              "it needs a lattice downlink (downlink=\"lattice:...\")")
+        if getattr(strategy, "masks_updates", False):
+            raise ValueError("compressed(secure(...)) would decode masked uploads: secure aggregation is the uplink; "
+                             "wrap the other way, secure(compressed(strategy, uplink=\"none\", downlink=...)), to "
+                             "keep the lattice downlink")
         if streaming and not is_plain_mean(strategy):
             raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
                              f"{type(strategy).__name__} has its own aggregate_train")
         self.strategy, self.uplink, self.seed, self.streaming = strategy, uplink, int(seed), streaming
+        self.uplink_codec = codec
         self.downlink = ServerDownlink(downlink, start=start, track_supports=codec.shares_support)
         self._sent: tuple[int, Layout, np.ndarray, ArrayRecord] | None = None
         self._supports: dict[int, np.ndarray] = {}  # node -> the shared support of its round (tcs)
@@ -99,6 +104,17 @@ class CompressedStrategy(Strategy):
         metrics["fedge-uplink-bytes"] = uplink
         metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
         metrics["fedge-refused"] = len(self.refused) - refused_before
+        return arrays, metrics
+
+    def aggregate_released(self, server_round: int, replies: list[Message],
+                           released: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """An outer wrapper's round (``secure(compressed(...))``): the wrapped strategy aggregates
+        ``released`` (what the outer wrapper made of the replies: secure aggregation's one reply)
+        while this wrapper's downlink settles on the real ``replies``."""
+        self.downlink.settle(replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, released)
+        metrics = MetricRecord(dict(metrics or {}))
+        metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
         return arrays, metrics
 
     def decode_replies(self, server_round: int, replies: Iterable[Message]) -> list[Message]:

@@ -37,8 +37,8 @@ def _examples(node: int) -> int:
     return 5 * (node - 10)
 
 
-def _user_app(calls: list[int]) -> ClientApp:
-    app = ClientApp(mods=[secure_mod])
+def _user_app(calls: list[int], mods: tuple = (secure_mod,)) -> ClientApp:  # type: ignore[type-arg]
+    app = ClientApp(mods=list(mods))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out
@@ -316,3 +316,42 @@ def test_poisson_sampling_at_the_strategys_fraction() -> None:
 def test_distributed_dp_refusals(kwargs, why) -> None:
     with pytest.raises(ValueError, match=why):
         secure(FedAvg(fraction_train=0.5), **{"secure_aggregation": SPEC, **kwargs})
+
+
+def test_secure_over_compressed_keeps_the_lattice_downlink_and_masks_the_uplink() -> None:
+    """``secure(compressed(FedAvg(), uplink="none", downlink="lattice:..."))``: the model goes out as
+    lattice messages (the ClientApp's ``compression_mod`` rebuilds it before ``secure_mod`` masks the
+    update), and the revealed mean moves the strategy's exact model as the plain mean would."""
+    from fedge.flower import compression_mod
+    from fedge.flower.records import CODEC_KEY, DOWNLINK_RECORD
+
+    grid, arrays = Grid(), _model()
+    for node in NODES:  # the user's app with both mods: the downlink's first
+        grid.apps[node] = _user_app(grid.calls, (compression_mod, secure_mod))
+    strategy = secure(compressed(FedAvg(), uplink="none", downlink="lattice:ratio=0.05"), SPEC)
+    fp32 = sum(len(a.data) for a in arrays.values())
+    for server_round in (1, 2):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord({"lr": 0.1}), grid))
+        assert all(DOWNLINK_RECORD in m.content and "arrays" not in m.content for m in messages)
+        assert all(CODEC_KEY not in m.content.config_records["config"] for m in messages)
+        for m in messages:
+            m.metadata.__dict__["_group_id"] = str(server_round)
+        got, metrics = strategy.aggregate_train(server_round, grid.send_and_receive(messages))
+        assert metrics["fedge-secagg-survivors"] == len(NODES) and metrics["fedge-downlink-bytes"] > 0
+        if server_round > 1:  # a change, not the model: a fraction of the fp32 arrays to each node
+            assert metrics["fedge-downlink-bytes"] < len(NODES) * fp32 / 4
+        expected = _plain_mean(arrays, server_round, NODES)
+        for name, array in got.items():
+            if array.numpy().dtype.kind == "f":
+                assert np.abs(array.numpy() - expected[name]).max() <= _bound(NODES, carried=server_round > 1)
+        arrays = got
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda: compressed(secure(FedAvg(), SPEC)), "would decode masked uploads"),
+    (lambda: secure(compressed(FedAvg(), uplink="none", downlink="lattice:ratio=0.05"), SPEC, differential_privacy=DP),
+     "per-node lattice downlink"),
+])
+def test_orders_that_cannot_work_are_refused_when_wrapped(make, why) -> None:
+    with pytest.raises(ValueError, match=why):
+        make()
