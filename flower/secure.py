@@ -38,7 +38,6 @@ from fedge.flower.records import ARRAYS, UPDATE_RECORD, UPLINK_KEYS, WEIGHT_KEY
 from fedge.flower.secure_dp import DistributedDP, parsed
 from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.errors import SecAggError
-from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.records import ProtocolError, read_payload
 from fedge.protocol.secagg import SECAGG_RECORD
@@ -203,7 +202,6 @@ class SecureStrategy(Strategy):
 
     def _uploads(self, server_round: int, secure: SecureRound, replies: list[Message]) -> dict[int, bytes]:
         """The masked uploads that are what the plan expects, by node; the others refused, with why."""
-        expected = masked_size(secure.plan.length, secure.plan.bits)
         uploads: dict[int, bytes] = {}
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -212,22 +210,15 @@ class SecureStrategy(Strategy):
                 continue
             try:
                 metrics = next(iter(reply.content.metric_records.values()), MetricRecord())
-                if metrics.get("num-examples") != 1 or any("loss" in k for k in metrics):
-                    raise ProtocolError("a masked reply reports nothing about its data in clear")
-                payload = read_payload(reply.content, UPDATE_RECORD)
-                if len(payload) != expected:
-                    raise ProtocolError(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
+                uploads[node] = secure.check_upload(metrics, read_payload(reply.content, UPDATE_RECORD))
             except (ProtocolError, KeyError, ValueError) as error:
                 self._refuse(server_round, node, str(error))
-                continue
-            uploads[node] = bytes(payload)
         return uploads
 
     def _note(self, server_round: int, secure: SecureRound) -> None:
         """The nodes the protocol dropped this round, each once in :attr:`refused`."""
         noted = {n for r, n, _ in self.refused if r == server_round}
-        self.refused += [(server_round, node, reason) for node, reason in sorted(secure.missing.items())
-                         if node not in noted]
+        self.refused += [(server_round, node, reason) for node, reason in secure.dropped() if node not in noted]
 
     def _refuse(self, server_round: int, node: int, reason: str) -> None:
         log.warning("round %d: reply from node %d refused: %s", server_round, node, reason)

@@ -32,10 +32,12 @@ from fedge.privacy.credentials import verify_credential
 from fedge.privacy.distributed_dp import SkellamParams, centred, decode_sum
 from fedge.privacy.errors import SecAggError, UnmaskError
 from fedge.privacy.keys import RoundContext
+from fedge.privacy.messages import masked_size
 from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
+from fedge.protocol.records import ProtocolError
 from fedge.protocol.secagg import (
     SECAGG_RECORD,
     config_bytes,
@@ -113,6 +115,27 @@ class SecureRound:
         self._identities: dict[int, bytes] = {}  # device -> its pinned identity key
         self._credentials: dict[int, bytes] = {}  # device -> its credential from the operator's CA
         self._inbox: dict[int, dict[int, bytes]] = {}
+        self._reported: set[int] = set()
+
+    # -- what both coordinators check and report ------------------------------------------------
+    def check_upload(self, metrics: Any, payload: bytes | memoryview) -> bytes:
+        """A masked reply's upload, checked against the plan before it is held: exactly the size the
+        plan expects (its header and ring elements are decoded once, when the round unmasks), and
+        metrics that say nothing in clear about the device's data (``num-examples`` 1, no loss).
+        Raises :class:`ProtocolError` with the reason."""
+        if metrics.get("num-examples") != 1 or any("loss" in str(key) for key in metrics):
+            raise ProtocolError("a masked reply reports nothing about its data in clear: num-examples 1, no "
+                                "train-loss")
+        expected = masked_size(self.plan.length, self.plan.bits)
+        if len(payload) != expected:
+            raise ProtocolError(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
+        return bytes(payload)
+
+    def dropped(self) -> list[tuple[int, str]]:
+        """The nodes the protocol dropped since the last call, with why, each once."""
+        fresh = sorted((n, r) for n, r in self.missing.items() if n not in self._reported)
+        self._reported.update(n for n, _ in fresh)
+        return fresh
 
     # -- stage 1 ----------------------------------------------------------------------------------
     def advertise(self, exchange: StageExchange) -> None:

@@ -229,11 +229,16 @@ class Engine:
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
         """The nodes of a sampled step: a layer's sample (Poisson under DP) or the seeded one."""
+        return self._choose(nodes, self.settings.clients_per_round, step)
+
+    def _choose(self, nodes: list[int], count: int, key: int) -> list[int]:
+        """``count`` of ``nodes``: the first layer's choice (Poisson under DP, Oort), else a seeded
+        sample drawn from (seed, key) alone."""
         for layer in self.layers:
-            chosen = layer.select(step, nodes)
+            chosen = layer.select(nodes, count, key)
             if chosen is not None:
                 return chosen
-        return sample_nodes(nodes, self.settings.clients_per_round, self.settings.seed, step)
+        return sample_nodes(nodes, count, self.settings.seed, step=key)
 
     def close(self, step: Step, tally: Tally, exchange: Exchange) -> StepOutcome:
         """Close a step without publishing it: layers settle, the step's aggregate passes every
@@ -367,8 +372,7 @@ class Engine:
             # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
             # given order of replies (the order itself follows the devices' real speed).
             key = 10**6 * (version + 1) + dispatches
-            picked = next((c for c in (layer.choose(free, want, key) for layer in self.layers) if c is not None),
-                          None) or sample_nodes(free, want, self.settings.seed, step=key)
+            picked = self._choose(free, want, key)
             dispatches += 1
             outgoing = self._configure(state, picked, tally)
             dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),

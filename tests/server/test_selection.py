@@ -28,7 +28,7 @@ def _simulate(layer: SelectionLayer, clock: Clock, steps: int, slow: set[int], n
     """Steps of ``k`` of ``nodes``; a slow device replies in 50 s, the others in 10 s."""
     chosen = []
     for number in range(1, steps + 1):
-        picked = layer.select(number, nodes)
+        picked = layer.select(nodes, layer.per_step, number)
         assert len(picked) == k and len(set(picked)) == k
         layer.outgoing(None, [Outgoing(n, RecordDict(), "train") for n in picked])  # type: ignore[arg-type]
         start = clock.now
@@ -76,7 +76,7 @@ def _steps_with_a_slow_device(reports: bool, seed: int, liar: int | None = None)
     nodes, slow = list(range(16)), {0, 1, 2, 3}
     count = 0
     for number in range(1, 31):
-        picked = layer.select(number, nodes)
+        picked = layer.select(nodes, layer.per_step, number)
         count += bool(slow & set(picked))
         layer.outgoing(None, [Outgoing(n, RecordDict(), "train") for n in picked])  # type: ignore[arg-type]
         start = clock.now
@@ -128,7 +128,7 @@ def test_a_device_that_declined_rests_one_step_and_a_timeout_counts_the_whole_wa
     nodes = [1, 2, 3]
     _simulate(layer, clock, 3, set(), nodes, 2)
     layer.missed(None, Failure(1, "over-budget", "3 rounds today"))  # type: ignore[arg-type]
-    assert 1 not in layer.select(4, nodes)
+    assert 1 not in layer.select(nodes, layer.per_step, 4)
     layer.outgoing(None, [Outgoing(2, RecordDict(), "train")])  # type: ignore[arg-type]
     clock.now += 300.0
     layer.missed(None, Failure(2, "timeout", "no reply"))  # type: ignore[arg-type]
@@ -141,7 +141,7 @@ def test_state_round_trips_and_rule_specs_are_checked() -> None:
     _simulate(layer, clock, 5, {1}, [1, 2, 3, 4], 2)
     again = SelectionLayer(Oort(), seed=3, per_step=2, clock=clock)
     again.load_state_dict(layer.state_dict())
-    assert again.select(6, [1, 2, 3, 4]) == layer.select(6, [1, 2, 3, 4])
+    assert again.select([1, 2, 3, 4], 2, 6) == layer.select([1, 2, 3, 4], 2, 6)
     assert Oort.parse("uniform") is None and Oort.parse("oort:alpha=1,explore=0.1") == Oort(alpha=1.0, explore=0.1)
     for bad in ("random", "oort:beta=1", "oort:explore=2", "oort:min-share=2"):
         with pytest.raises(SettingsError):

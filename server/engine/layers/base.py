@@ -21,8 +21,9 @@ hook          when (and what it may do)
               when its setting is off; raises ``SettingsError`` with the reason when it
               cannot work with this algorithm (the one place its refusals live)
 ``start``     a fresh run, from the initial model (a resumed one loads ``state_dict``)
-``select``    choosing a step's nodes: may replace the engine's seeded sample (Poisson)
-``choose``    choosing ``count`` of the free nodes for an asynchronous dispatch (same idea)
+``select``    choosing ``count`` of the nodes for a step, or of the free nodes for an
+              asynchronous dispatch (``key``: the step or dispatch): may replace the engine's
+              seeded sample (Poisson under DP, Oort's rule)
 ``exhausted`` before a synchronous step: whether the run must end now (a spent budget)
 ``open``      after the algorithm opened the step, before it configures messages: exchanges
               of its own (key agreement), narrowing ``step.nodes``; returns the nodes it
@@ -106,10 +107,7 @@ class Layer:
         """A fresh run (no checkpoint) from the initial model ``params``."""
 
     # -- a step, in order ---------------------------------------------------------------------
-    def select(self, number: int, nodes: list[int]) -> list[int] | None:
-        return None
-
-    def choose(self, nodes: list[int], count: int, key: int) -> list[int] | None:
+    def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         return None
 
     def exhausted(self, connected: int) -> bool:

@@ -115,8 +115,9 @@ class DifferentialPrivacyLayer(Layer):
         distributed = settings.secure_aggregation != "none"
         return cls(dp, settings.clients_per_round, algorithm.ctx.numel, distributed)
 
-    def select(self, number: int, nodes: list[int]) -> list[int]:
-        """Poisson sampling from the OS CSPRNG: what the accountant assumes."""
+    def select(self, nodes: list[int], count: int, key: int) -> list[int]:
+        """Poisson sampling from the OS CSPRNG at rate clients-per-round / connected (what the
+        accountant assumes), whatever ``count`` and ``key`` (DP runs are synchronous)."""
         return self.dp.sample(nodes, self.clients_per_round)
 
     def exhausted(self, connected: int) -> bool:

@@ -23,9 +23,8 @@ from fedge.privacy.credentials import CredentialError, load_issuer
 from fedge.privacy.distributed_dp import SkellamParams, round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.errors import SecAggError
-from fedge.privacy.messages import masked_size
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Reply, Step, StepOutcome
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.server.engine.dispatcher import Missing
 from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
 from fedge.protocol.failures import FailureKind
@@ -81,7 +80,6 @@ class _Round:
     #: the survivors' unmasked sum, once stage 4 succeeded
     revealed: Partial | None = None
     notes: list[dict[str, Any]] = field(default_factory=list)
-    reported: set[int] = field(default_factory=set)
 
 
 class SecureAggregationLayer(Layer):
@@ -142,9 +140,7 @@ class SecureAggregationLayer(Layer):
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
         assert state.secure is not None
-        fresh = {n: r for n, r in state.secure.missing.items() if n not in state.reported}
-        state.reported.update(fresh)
-        return [Failure(node, FailureKind.SECAGG, reason) for node, reason in sorted(fresh.items())]
+        return [Failure(node, FailureKind.SECAGG, reason) for node, reason in state.secure.dropped()]
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
@@ -174,13 +170,7 @@ class SecureAggregationLayer(Layer):
         round unmasks; a bad one drops its device there)."""
         state: _Round = self.scratch(step, _Round)
         assert state.secure is not None
-        plan = state.secure.plan
-        if metrics.get("num-examples") != 1 or "train-loss" in metrics:
-            raise Rejected("a masked reply reports nothing about its data in clear: num-examples 1, no train-loss")
-        expected = masked_size(plan.length, plan.bits)
-        if len(payload) != expected:
-            raise Rejected(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
-        state.uploads[reply.node] = bytes(payload)
+        state.uploads[reply.node] = state.secure.check_upload(metrics, payload)
         return True
 
     def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:

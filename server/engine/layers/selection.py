@@ -144,10 +144,7 @@ class SelectionLayer(Layer):
         return cls(rule, settings.seed, settings.clients_per_round)
 
     # -- choosing -----------------------------------------------------------------------------
-    def select(self, number: int, nodes: list[int]) -> list[int] | None:
-        return self.choose(nodes, self.per_step, number)
-
-    def choose(self, nodes: list[int], count: int, key: int) -> list[int] | None:
+    def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         nodes = sorted(nodes)
         for node in nodes:  # every connected device counts in the fairness figure, chosen or not
             self.devices.setdefault(node, _Device())
