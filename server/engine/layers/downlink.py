@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, RecordDict
 
 from fedge.aggregation.broadcast import (
     SENT_CATCH_UP,
@@ -40,6 +40,7 @@ from fedge.protocol import (
     DOWNLINK_STEPS_KEY,
     MODEL_RECORD,
     PAYLOAD_KEY,
+    array_bytes,
     flat_array,
     payload_array,
 )
@@ -100,8 +101,9 @@ class Downlink:
                 tally.full = (params, ArrayRecord(unflatten_state(params, self.template)))
             return MODEL_RECORD, tally.full[1]
         message = self.broadcast.message_for(node)
-        tally.count(message)
-        return DOWNLINK_RECORD, self._record(message)
+        record = self._record(message)
+        tally.count(message, array_bytes(RecordDict({DOWNLINK_RECORD: record})))
+        return DOWNLINK_RECORD, record
 
     @staticmethod
     def _record(message: DownlinkMessage) -> ArrayRecord:
@@ -157,9 +159,8 @@ class _StepTally:
     #: the full model's record, shared by the step's messages (downlink-codec none)
     full: tuple[torch.Tensor, ArrayRecord] | None = None
 
-    def count(self, message: DownlinkMessage) -> None:
-        size = len(message.payload) + (0 if message.steps is None else 4 * message.steps.numel()) \
-            + (0 if message.base is None else 4 * message.base.numel())
+    def count(self, message: DownlinkMessage, size: int) -> None:
+        """One message of ``size`` bytes (``array_bytes`` of its record: the engine's one formula)."""
         self.messages[message.kind] += 1
         self.bytes[message.kind] += size
         if message.kind == SENT_CATCH_UP:
