@@ -39,6 +39,7 @@ from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.layers import refusal_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
+from fedge.edge_client.privacy_policy import privacy_policy_mod
 from fedge.edge_client.plugins import train as plugin_train
 from fedge.edge_client.resources import resource_mod
 from fedge.edge_client.slowdown import slowdown_mod
@@ -49,7 +50,8 @@ from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE
 
 __all__ = ["app", "handled_algorithms"]
 
-app = ClientApp(mods=[resource_mod, refusal_mod, eligibility_mod, plugins_mod, threads_mod, state_persistence_mod, slowdown_mod, fault_injection_mod])
+app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
+                      state_persistence_mod, slowdown_mod, fault_injection_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:

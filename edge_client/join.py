@@ -60,6 +60,8 @@ class JoinOptions:
     when: str = ""  # participation conditions, e.g. "charging,unmetered,idle" (edge_client.eligibility)
     max_rounds_per_day: int = 0  # 0: no budget
     max_mb_per_day: float = 0.0
+    #: refuse any round without secure aggregation, and federated evaluation (edge_client.privacy_policy)
+    require_secure_aggregation: bool = False
 
 
 def check_join(options: JoinOptions) -> str:
@@ -138,6 +140,8 @@ def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
         config["max-rounds-per-day"] = options.max_rounds_per_day
     if options.max_mb_per_day:
         config["max-mb-per-day"] = float(options.max_mb_per_day)
+    if options.require_secure_aggregation:
+        config["require-secure-aggregation"] = "true"
     if options.auth_key is not None and options.root_cert is not None:
         from fedge.deploy.certs import identity_node_config
 

@@ -9,7 +9,9 @@ its update (trained minus received arrays, the floating-point arrays flattened i
 order), and replies with only the masked upload: the update quantized on the round's shared grid,
 weighted by the reply's own example count inside the sum, with error feedback in the node's state.
 The reply says nothing in clear about the device's data: ``num-examples`` 1, no loss. A message
-without the record passes through (the server is not wrapped).
+without the record passes through (the server is not wrapped), unless the node's config requires
+secure aggregation (``require-secure-aggregation``, ``fedge.edge_client.privacy_policy``): then a
+train message without it, and any evaluate message, is refused before the user's code runs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.privacy_policy import check_privacy_policy
 from fedge.edge_client.secure_aggregation import masked_update, query
 from fedge.flower.layout import LayoutError
 from fedge.flower.records import UPDATE_RECORD, WEIGHT_KEY
@@ -38,6 +41,7 @@ _MEMORY = "fedge.flower.secagg"  # the node store's namespace for the error-feed
 
 
 def secure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    check_privacy_policy(msg, context)  # a node that requires secure aggregation refuses a round without it
     record = msg.content.config_records.get(SECAGG_RECORD)
     if record is None or not msg.metadata.message_type.startswith("train"):
         return call_next(msg, context)

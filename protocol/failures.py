@@ -42,6 +42,9 @@ class FailureKind(str, Enum):
     NOT_ELIGIBLE = "not-eligible"
     #: the device has spent its daily budget (declined, not failed)
     OVER_BUDGET = "over-budget"
+    #: the message breaks the privacy policy the device's operator pinned (a round without secure
+    #: aggregation on a device that requires it): a failure the operator must see, not a decline
+    POLICY = "policy"
 
     def __str__(self) -> str:  # the wire and row value, not ``FailureKind.TIMEOUT``
         return self.value
@@ -63,7 +66,8 @@ class FailureKind(str, Enum):
 #: refusals by the device's own policy: declined, not failed (the coordinator counts them apart)
 DECLINED = frozenset({FailureKind.NOT_ELIGIBLE, FailureKind.OVER_BUDGET})
 #: the kinds a device may name in a refusal reply; a reply naming another is malformed
-REFUSALS = frozenset({FailureKind.OUT_OF_SYNC, FailureKind.NEEDS_BASE, FailureKind.BAD_CONFIG}) | DECLINED
+REFUSALS = frozenset({FailureKind.OUT_OF_SYNC, FailureKind.NEEDS_BASE, FailureKind.BAD_CONFIG,
+                      FailureKind.POLICY}) | DECLINED
 
 
 @dataclass(frozen=True)

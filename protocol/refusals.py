@@ -25,6 +25,7 @@ __all__ = [
     "NOT_ELIGIBLE",
     "OUT_OF_SYNC",
     "OVER_BUDGET",
+    "POLICY",
     "REFUSAL_RECORD",
     "BadConfigRefusal",
     "DeviceRefusal",
@@ -32,6 +33,7 @@ __all__ = [
     "NotEligibleRefusal",
     "OutOfSyncError",
     "OverBudgetRefusal",
+    "PolicyRefusal",
     "read_refusal",
     "refusal_content",
 ]
@@ -45,6 +47,7 @@ NEEDS_BASE = FailureKind.NEEDS_BASE
 BAD_CONFIG = FailureKind.BAD_CONFIG
 NOT_ELIGIBLE = FailureKind.NOT_ELIGIBLE
 OVER_BUDGET = FailureKind.OVER_BUDGET
+POLICY = FailureKind.POLICY
 #: every kind a coordinator accepts in a refusal; a reply naming another is rejected as malformed
 KINDS = REFUSALS
 
@@ -79,6 +82,12 @@ class OverBudgetRefusal(DeviceRefusal):
     """The device has spent today's budget of rounds or megabytes."""
 
     kind = OVER_BUDGET
+
+
+class PolicyRefusal(DeviceRefusal):
+    """The message breaks the device's own privacy policy (``fedge.edge_client.privacy_policy``)."""
+
+    kind = POLICY
 
 
 class BadConfigRefusal(DeviceRefusal):

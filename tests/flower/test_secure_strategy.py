@@ -18,6 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedge.flower import compressed, secure, secure_mod
 from fedge.flower.records import UPDATE_RECORD
 from fedge.protocol.records import payload_record, read_payload
+from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
 from fedge.tasks import make_task
 from tests.flower.test_compressed_strategy import _flat  # the float arrays, flattened in the record's order
@@ -355,3 +356,21 @@ def test_secure_over_compressed_keeps_the_lattice_downlink_and_masks_the_uplink(
 def test_orders_that_cannot_work_are_refused_when_wrapped(make, why) -> None:
     with pytest.raises(ValueError, match=why):
         make()
+
+
+@pytest.mark.parametrize("value", [True, "true", "1", "yes"])
+def test_a_flower_apps_node_refuses_before_the_users_code_runs(value) -> None:
+    """``secure_mod`` in a user's ClientApp: a plain (unwrapped) strategy's train message to a node
+    that requires secure aggregation is refused (Flower's runtime replies with its error); the
+    user's body never runs."""
+    grid = Grid()
+    for node in grid.contexts:
+        grid.contexts[node] = Context(run_id=1, node_id=node, node_config={"require-secure-aggregation": value},
+                                      state=RecordDict(), run_config={})
+    messages = list(FedAvg().configure_train(1, _model(), ConfigRecord(), grid))
+    for message in messages:
+        message.metadata.__dict__["_message_id"] = message.object_id
+    node = messages[0].metadata.dst_node_id
+    with pytest.raises(PolicyRefusal, match="requires secure aggregation"):  # Flower replies with an error
+        grid.apps[node](messages[0], grid.contexts[node])
+    assert grid.calls == []

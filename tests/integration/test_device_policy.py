@@ -43,3 +43,19 @@ def test_a_device_over_budget_or_outside_its_conditions_declines_and_is_counted_
                             capture_output=True, text=True, check=True, timeout=60)
     today = json.loads(status.stdout)
     assert today["rounds"] == 1 and today["refused"] >= 1 and today["cpu_seconds"] > 0 and today["mb_down"] > 0.1
+
+
+def test_a_device_that_requires_secure_aggregation_refuses_a_round_without_it(
+        tmp_path: Path, assert_no_leftovers) -> None:
+    """Privacy audit 2, N1, on real processes: a coordinator runs a round without secure aggregation;
+    the two devices whose owners pinned it refuse with a typed ``policy`` refusal, counted as
+    failures, and only the third device's update is used."""
+    settings = RunSettings(rounds=1, clients_per_round=3, local_epochs=1, run_dir=str(tmp_path / "run"),
+                           round_timeout=120, wait_for_nodes=120)
+    policy = {"require-secure-aggregation": "true"}
+    result = launch(settings, engine="deployment", num_supernodes=3, timeout=300, node_config={0: policy, 1: policy})
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    (row,) = result.rows
+    assert (row["clients_used"], row["clients_failed"], row["clients_declined"]) == (1, 2, 0), row
+    assert row["failures"] == {"policy": 2}
+    assert all("requires secure aggregation" in entry["reason"] for entry in row["rejected"])

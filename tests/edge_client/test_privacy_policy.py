@@ -1,0 +1,60 @@
+"""A device that requires secure aggregation refuses what would make it send in clear, whatever the
+coordinator asks (privacy audit 2, N1): nothing about its data leaves it but the refusal."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import Message
+
+from tests.server.in_process_grid import InProcessGrid
+from tests.server.test_engine import _engine, _start
+
+POLICY = {"require-secure-aggregation": "true"}
+SECURE = "secagg:bits=8,clip=0.2,weight-cap=256"
+
+
+def _recording(grid: InProcessGrid) -> list[Message]:
+    """Every reply the coordinator pulls from ``grid``."""
+    seen: list[Message] = []
+    pull = grid.pull_messages
+
+    def recording_pull(ids: list[str]) -> list[Message]:
+        replies = pull(ids)
+        seen.extend(replies)
+        return replies
+
+    grid.pull_messages = recording_pull  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_round_without_secure_aggregation_gets_only_refusals(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=2, clients_per_round=3)
+    grid = InProcessGrid(3, node_config={i: POLICY for i in range(3)})
+    seen = _recording(grid)
+    start = _start(engine)
+    result = engine.run(grid, start)
+    for row in result.rows:
+        assert row.clients_used == 0 and row.uplink_bytes == 0
+        assert [entry["kind"] for entry in row.rejected] == ["policy"] * 3
+        assert row.extra["failures"] == {"policy": 3}
+    assert seen and all(set(reply.content.keys()) <= {"refusal", "resources"} for reply in seen)
+    assert torch.equal(result.model, start)  # nothing was learnt from these devices
+
+
+def test_the_same_devices_take_part_under_secure_aggregation(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=1, clients_per_round=3, secure_aggregation=SECURE)
+    grid = InProcessGrid(3, node_config={i: POLICY for i in range(3)})
+    seen = _recording(grid)
+    row = engine.run(grid, _start(engine)).rows[-1]
+    assert row.clients_used == 3 and not row.rejected
+    masked = [reply for reply in seen if "update" in reply.content]
+    assert len(masked) == 3 and all(reply.content["metrics"]["num-examples"] == 1 for reply in masked)
+
+
+def test_federated_evaluation_is_refused_under_the_policy(tmp_path) -> None:
+    engine = _engine(tmp_path, rounds=1, clients_per_round=3, secure_aggregation=SECURE, evaluate="both",
+                     holdout=0.2)
+    row = engine.run(InProcessGrid(3, node_config={i: POLICY for i in range(3)}), _start(engine)).rows[-1]
+    assert row.clients_used == 3
+    assert [entry["kind"] for entry in row.extra["federated_ignored"]] == ["policy"] * 3
+    assert row.extra["federated_replies"] == 0
