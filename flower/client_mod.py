@@ -29,18 +29,9 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.compression import make_codec
 from fedge.flower.layout import Layout
 from fedge.flower.receive import receive_downlink
-from fedge.flower.records import (
-    ARRAYS,
-    CODEC_KEY,
-    DOWNLINK_KEY,
-    LAYOUT_KEY,
-    RAW_RECORD,
-    ROUND_KEY,
-    SEED_KEY,
-    UPDATE_RECORD,
-)
+from fedge.protocol.config_keys import CODEC_KEY, DOWNLINK_CODEC, LAYOUT_KEY, ROUND_KEY, SEED_KEY
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, payload_record
 from fedge.flower.user_update import train_user_update
-from fedge.protocol.records import payload_record
 
 __all__ = ["compression_mod"]
 
@@ -53,7 +44,7 @@ _MEMORY_META = "fedge.flower.memory-meta"
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     config = msg.content.config_records.get("config")
     support = None  # the coordinates the downlink's change moved: a tcs uplink sends on them
-    if config is not None and DOWNLINK_KEY in config:  # a lattice downlink: the model it brings, first
+    if config is not None and DOWNLINK_CODEC in config:  # a lattice downlink: the model it brings, first
         support = receive_downlink(msg, context)
     if not msg.metadata.message_type.startswith("train") or config is None or CODEC_KEY not in config:
         return call_next(msg, context)
@@ -67,7 +58,7 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
     payload = memory.encode(delta, generator)
     _save_memory(context, spec, layout, memory.state_dict())
-    content = RecordDict({name: record for name, record in reply.content.items() if name != ARRAYS})
+    content = RecordDict({name: record for name, record in reply.content.items() if name != MODEL_RECORD})
     content[UPDATE_RECORD] = payload_record(payload)
     raw = ArrayRecord({name: trained[name] for name, _, _ in layout.entries
                        if name not in {n for n, _, _ in layout.floats}})

@@ -32,23 +32,23 @@ from fedge.aggregation.broadcast import SENT_SNAPSHOT, DownlinkSpec, VersionedBr
 from fedge.compression.lattice import change_support, model_digest
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import own_config
-from fedge.flower.records import (
-    ARRAYS,
-    BASE_DIGEST_KEY,
-    BASE_RECORD,
-    DOWNLINK_DIGEST_KEY,
-    DOWNLINK_KEY,
-    DOWNLINK_RECORD,
-    DOWNLINK_VERSION_KEY,
+from fedge.flower.start_model import parse_start
+from fedge.protocol.config_keys import (
+    DOWNLINK_BASE_DIGEST,
+    DOWNLINK_CODEC,
+    DOWNLINK_DIGEST,
+    DOWNLINK_VERSION,
     LAYOUT_KEY,
     LAYOUT_SPEC_KEY,
-    RAW_RECORD,
     START_KEY,
 )
-from fedge.flower.start_model import parse_start
 from fedge.protocol.records import (
+    BASE_RECORD,
+    DOWNLINK_RECORD,
     DOWNLINK_STEPS_KEY,
+    MODEL_RECORD,
     PAYLOAD_KEY,
+    RAW_RECORD,
     array_bytes,
     flat_array,
     payload_array,
@@ -112,7 +112,7 @@ class ServerDownlink:
         messages = list(messages)
         configs = [own_config(m) for m in messages]
         if self.broadcast is None or self.layout is None or self.base is None:
-            self.bytes += sum(array_bytes(m.content, (ARRAYS,)) for m in messages)
+            self.bytes += sum(array_bytes(m.content, (MODEL_RECORD,)) for m in messages)
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
         moved: dict[bytes, np.ndarray] = {}  # nodes one version behind share one change: decode it once
@@ -126,8 +126,8 @@ class ServerDownlink:
                     moved[lattice.payload] = change_support(lattice.payload, self.layout.numel)
                 self.supports[node] = moved[lattice.payload]
             content = message.content  # its own RecordDict (own_config)
-            if ARRAYS in content:
-                del content[ARRAYS]
+            if MODEL_RECORD in content:
+                del content[MODEL_RECORD]
             record = ArrayRecord({PAYLOAD_KEY: payload_array(lattice.payload)})
             if lattice.steps is not None:
                 record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
@@ -136,9 +136,9 @@ class ServerDownlink:
                 content[BASE_RECORD] = self.base
             if len(raw):
                 content[RAW_RECORD] = raw
-            config[DOWNLINK_KEY], config[LAYOUT_KEY] = self.spec, self.layout.digest
-            config[DOWNLINK_VERSION_KEY], config[DOWNLINK_DIGEST_KEY] = int(b.version), int(b.digest)
-            config[BASE_DIGEST_KEY] = int(b.base_digest)
+            config[DOWNLINK_CODEC], config[LAYOUT_KEY] = self.spec, self.layout.digest
+            config[DOWNLINK_VERSION], config[DOWNLINK_DIGEST] = int(b.version), int(b.digest)
+            config[DOWNLINK_BASE_DIGEST] = int(b.base_digest)
             if self.start is not None and lattice.base is None and lattice.kind == SENT_SNAPSHOT:
                 config[START_KEY] = self.start  # the constructor and seed a node builds the base with
                 self.bytes += len(self.start.encode())

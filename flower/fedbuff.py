@@ -44,8 +44,7 @@ from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
-from fedge.flower.records import ARRAYS, RAW_RECORD, UPDATE_RECORD
-from fedge.protocol.records import ProtocolError, array_bytes
+from fedge.protocol.records import MODEL_RECORD, ProtocolError, RAW_RECORD, UPDATE_RECORD, array_bytes
 
 __all__ = ["FedAsync", "FedBuff"]
 
@@ -194,7 +193,7 @@ class FedBuff:
         config = ConfigRecord(dict(train_config or {}))
         if self.uplink is not None:
             write_uplink(config, self.uplink, layout.digest, version, self.seed)
-        return Message(RecordDict({ARRAYS: arrays, "config": config}), dst_node_id=node,
+        return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
 
     def _update(self, reply: Message, flight: _InFlight, layout: Layout, codec: Codec | None,
@@ -210,11 +209,11 @@ class FedBuff:
                 payload = reply_payload(reply)
                 self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
                 delta = codec.for_round(flight.version, self.seed).decode(payload, layout.numel).numpy()
-            elif ARRAYS in reply.content.array_records:
-                self.uplink_bytes += array_bytes(reply.content, (ARRAYS,))
-                delta = layout.flatten(reply.content.array_records[ARRAYS]) - sent_models[flight.version]
+            elif MODEL_RECORD in reply.content.array_records:
+                self.uplink_bytes += array_bytes(reply.content, (MODEL_RECORD,))
+                delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[flight.version]
             else:
-                raise LayoutError(f"neither {UPDATE_RECORD!r} nor {ARRAYS!r} in the reply")
+                raise LayoutError(f"neither {UPDATE_RECORD!r} nor {MODEL_RECORD!r} in the reply")
             if not np.isfinite(delta).all():
                 raise LayoutError("the update holds NaN or infinite values")
         except REFUSED as err:

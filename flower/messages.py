@@ -10,8 +10,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedge.compression import PayloadError
 from fedge.flower.layout import LayoutError
-from fedge.flower.records import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY, UPDATE_RECORD
-from fedge.protocol.records import ProtocolError, read_payload
+from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
+from fedge.protocol.records import ProtocolError, UPDATE_RECORD, read_payload
 
 __all__ = ["REFUSED", "own_config", "reply_payload", "reply_weight", "with_raw", "write_uplink"]
 

@@ -19,21 +19,25 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 
 from fedge.compression.lattice import change_support, model_digest
 from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import (
-    ARRAYS,
-    BASE_DIGEST_KEY,
-    BASE_RECORD,
-    DOWNLINK_DIGEST_KEY,
-    DOWNLINK_RECORD,
-    DOWNLINK_VERSION_KEY,
+from fedge.flower.start_model import build_start
+from fedge.protocol.config_keys import (
+    DOWNLINK_BASE_DIGEST,
+    DOWNLINK_DIGEST,
+    DOWNLINK_VERSION,
     LAYOUT_KEY,
     LAYOUT_SPEC_KEY,
-    RAW_RECORD,
     START_KEY,
 )
-from fedge.flower.start_model import build_start
 from fedge.protocol.downlink import LatticeCopy, apply_downlink
-from fedge.protocol.records import PAYLOAD_KEY, ProtocolError, payload_bytes
+from fedge.protocol.records import (
+    BASE_RECORD,
+    DOWNLINK_RECORD,
+    MODEL_RECORD,
+    PAYLOAD_KEY,
+    RAW_RECORD,
+    ProtocolError,
+    payload_bytes,
+)
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 
 __all__ = ["receive_downlink"]
@@ -51,11 +55,11 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
     record = msg.content.array_records.get(DOWNLINK_RECORD)
     if record is None:
         raise ProtocolError(f"a lattice downlink message needs its {DOWNLINK_RECORD!r} ArrayRecord")
-    base_record = _base(msg, context, str(config[LAYOUT_KEY]), int(config[BASE_DIGEST_KEY]))
+    base_record = _base(msg, context, str(config[LAYOUT_KEY]), int(config[DOWNLINK_BASE_DIGEST]))
     layout = Layout(base_record)
     copy, updated = apply_downlink(record, layout.sizes(), torch.from_numpy(layout.flatten(base_record).copy()),
-                                   _held(context, layout), version=int(config[DOWNLINK_VERSION_KEY]),
-                                   digest=int(config[DOWNLINK_DIGEST_KEY]))
+                                   _held(context, layout), version=int(config[DOWNLINK_VERSION]),
+                                   digest=int(config[DOWNLINK_DIGEST]))
     context.state[_COPY] = ArrayRecord({"n": Array(np.frombuffer(updated.encode(), dtype=np.uint8).copy()),
                                         "steps": Array(updated.tensor_steps.numpy().copy())})
     context.state[_COPY_META] = ConfigRecord({"layout": layout.digest})
@@ -63,7 +67,7 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
     like = ArrayRecord({name: raw[name] if name in raw else base_record[name] for name in base_record})
     content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, BASE_RECORD,
                                                                                       RAW_RECORD)})
-    content[ARRAYS] = layout.rebuild(copy.numpy(), like)
+    content[MODEL_RECORD] = layout.rebuild(copy.numpy(), like)
     msg.content = content
     return change_support(payload_bytes(record[PAYLOAD_KEY], f"downlink[{PAYLOAD_KEY}]"), layout.numel)
 

@@ -34,12 +34,12 @@ from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layout import Layout
-from fedge.flower.records import ARRAYS, UPDATE_RECORD, UPLINK_KEYS, WEIGHT_KEY
+from fedge.protocol.config_keys import UPLINK_KEYS, WEIGHT_KEY
+from fedge.protocol.records import MODEL_RECORD, ProtocolError, UPDATE_RECORD, read_payload
 from fedge.flower.secure_dp import DistributedDP, parsed
 from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.protocol.records import ProtocolError, read_payload
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 
@@ -187,7 +187,7 @@ class SecureStrategy(Strategy):
             return None, None
         stepped = state.layout.rebuild(state.layout.flatten(state.arrays) + mean, state.arrays)
         key = getattr(self.strategy, "weighted_by_key", "num-examples")
-        one = Message(RecordDict({ARRAYS: stepped, "metrics": MetricRecord({key: 1})}),
+        one = Message(RecordDict({MODEL_RECORD: stepped, "metrics": MetricRecord({key: 1})}),
                       reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
         if isinstance(self.strategy, CompressedStrategy):  # its downlink settles on the real replies
             aggregated, metrics = self.strategy.aggregate_released(server_round, replies, [one])

@@ -28,9 +28,9 @@ from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.privacy_policy import check_privacy_policy
 from fedge.edge_client.secure_aggregation import masked_update, query
 from fedge.flower.layout import LayoutError
-from fedge.flower.records import UPDATE_RECORD, WEIGHT_KEY
+from fedge.protocol.config_keys import WEIGHT_KEY
+from fedge.protocol.records import UPDATE_RECORD, payload_record
 from fedge.flower.user_update import train_user_update
-from fedge.protocol.records import payload_record
 from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
 
 __all__ = ["secure_mod"]

@@ -36,8 +36,7 @@ from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
-from fedge.flower.records import ARRAYS, RAW_RECORD, UPDATE_RECORD
-from fedge.protocol.records import array_bytes
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 
 __all__ = ["CompressedStrategy", "compressed"]
 
@@ -135,7 +134,7 @@ class CompressedStrategy(Strategy):
                 continue
             content = RecordDict({name: record for name, record in reply.content.items()
                                   if name not in (UPDATE_RECORD, RAW_RECORD)})
-            content[ARRAYS] = model
+            content[MODEL_RECORD] = model
             reply.content = content
             out.append(reply)
         return out

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.flower.layout import Layout, LayoutError
-from fedge.flower.records import ARRAYS
+from fedge.protocol.records import MODEL_RECORD
 
 __all__ = ["UserUpdate", "train_user_update"]
 
@@ -34,17 +34,17 @@ def train_user_update(msg: Message, context: Context, call_next: ClientAppCallab
     """Run the user's body on ``msg``; its reply as it is when it is an error reply, else the update.
     ``purpose`` names the mod's use in errors ("compress", "mask"); ``digest``: the layout the server
     described, refused when the model differs."""
-    received = msg.content.array_records.get(ARRAYS)
+    received = msg.content.array_records.get(MODEL_RECORD)
     if received is None:
-        raise LayoutError(f"a train message to {purpose} needs the model in its {ARRAYS!r} ArrayRecord")
+        raise LayoutError(f"a train message to {purpose} needs the model in its {MODEL_RECORD!r} ArrayRecord")
     layout = Layout(received)
     if digest is not None and layout.digest != digest:
         raise LayoutError(f"the model's layout {layout.digest} is not the one the server described ({digest})")
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
-    trained = reply.content.array_records.get(ARRAYS)
+    trained = reply.content.array_records.get(MODEL_RECORD)
     if trained is None:
-        raise LayoutError(f"the train reply has no {ARRAYS!r} ArrayRecord to {purpose}")
+        raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to {purpose}")
     delta = torch.from_numpy(layout.flatten(trained) - layout.flatten(received)).to(torch.float32)
     return UserUpdate(reply, layout, received, trained, delta)

@@ -2,12 +2,15 @@
 defined once for both sides: the coordinator writes them, the device reads them.
 
 Grouped by who owns them: the engine's layers (differential privacy, the downlink), the algorithms
-(FedProx, EASGD, gossip), and the run (plugins, memory storage, a plugin algorithm's handler).
+(FedProx, EASGD, gossip), the run (plugins, memory storage, a plugin algorithm's handler), and a
+Flower app's train message (``fedge.flower``'s uplink and lattice keys). The downlink's keys are one
+vocabulary for both coordinators.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CODEC_KEY",
     "DOWNLINK_BASE_DIGEST",
     "DOWNLINK_CODEC",
     "DOWNLINK_DIGEST",
@@ -22,10 +25,17 @@ __all__ = [
     "GOSSIP_PEERS",
     "GOSSIP_POSITION",
     "GOSSIP_VERSION",
+    "LAYOUT_KEY",
+    "LAYOUT_SPEC_KEY",
     "MEMORY_STORAGE",
     "PLUGIN_HANDLER",
     "PLUGINS",
     "PROX_MU",
+    "ROUND_KEY",
+    "SEED_KEY",
+    "START_KEY",
+    "UPLINK_KEYS",
+    "WEIGHT_KEY",
 ]
 
 # -- layers -------------------------------------------------------------------------------------
@@ -33,12 +43,12 @@ __all__ = [
 DP_CLIP = "dp-clip"
 #: differential privacy, adaptive clipping: the device's metric, 1.0 when its update fitted under the bound
 DP_FITTED = "dp-fitted"
-#: the downlink codec of the message (``none``: the model rides in full in the ``arrays`` record)
-DOWNLINK_CODEC = "downlink-codec"
+#: the downlink codec of the message (``none`` or absent: the model rides in full in ``arrays``)
+DOWNLINK_CODEC = "fedge.downlink"
 #: lattice downlink: the version the message brings, its digest, and the digest of the lattice base
-DOWNLINK_VERSION = "downlink-version"
-DOWNLINK_DIGEST = "downlink-digest"
-DOWNLINK_BASE_DIGEST = "downlink-base-digest"
+DOWNLINK_VERSION = "fedge.downlink-version"
+DOWNLINK_DIGEST = "fedge.downlink-digest"
+DOWNLINK_BASE_DIGEST = "fedge.base-digest"
 
 # -- algorithms ---------------------------------------------------------------------------------
 #: FedAvg / FedBuff / FedAsync: FedProx's proximal weight on the device
@@ -61,3 +71,20 @@ PLUGINS = "plugins"
 MEMORY_STORAGE = "memory-storage"
 #: a plugin algorithm's messages: the name of the device handler its plugin registered
 PLUGIN_HANDLER = "handler"
+
+# -- a Flower app's train message (``fedge.flower``: namespaced, beside the user's own keys) -------
+#: the uplink codec the server asks for, the model layout's digest (the downlink checks it too), the
+#: round (or version) and the seed the codec derives its round's randomness from
+CODEC_KEY = "fedge.uplink"
+LAYOUT_KEY = "fedge.layout"
+ROUND_KEY = "fedge.round"
+SEED_KEY = "fedge.seed"
+#: the uplink's own keys (what secure aggregation removes: its masked ring is the uplink)
+UPLINK_KEYS = (CODEC_KEY, ROUND_KEY, SEED_KEY)
+#: with a snapshot: the model's names, shapes and dtypes (JSON), so a node builds the zero base
+LAYOUT_SPEC_KEY = "fedge.layout-spec"
+#: the start model a node builds itself (``module:callable@seed``), when the server named one
+START_KEY = "fedge.start"
+#: a secure round's train config: the metric of the reply that weighs the update (the wrapped
+#: strategy's ``weighted_by_key``; empty: every update weighs the same); the device masks it into the sum
+WEIGHT_KEY = "fedge.weight-key"

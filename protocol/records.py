@@ -7,17 +7,23 @@ reads records and validates what it reads as strictly on the device as on the co
 payload array of the wrong type or size, a model record with missing, extra, misshapen or
 non-finite tensors, each raise :class:`ProtocolError` (a ``ValueError``) with the reason.
 
-Messages (``record name: what``)::
+Messages (``record name: what``), one vocabulary for Fedge's engine and ``fedge.flower`` in a
+user's Flower app (the records that ride beside a user's own are namespaced ``fedge.``)::
 
-    server -> client   config     ConfigRecord: round, task, codec, hyper-parameters (see round_config)
-                       arrays     ArrayRecord: a full model (state dict), float32
-                       downlink   ArrayRecord{payload[, steps][, base]}: lattice change or snapshot of the
-                                  node's versioned copy of the model (FedAvg, FedBuff, EASGD's center)
-                       relay      ArrayRecord{<node id>: payload}: neighbours' encoded copy updates (gossip)
-                       public     ArrayRecord{<node id>: float32 vector}: full public copies (gossip resync)
-    client -> server   update     ArrayRecord{payload}: the encoded update (the only counted uplink)
-                       metrics    MetricRecord: num-examples, train-loss, payload-bytes, ...
-                       measure    ArrayRecord{model: float32 vector}: exact local model, measurement only
+    server -> client   config          ConfigRecord: round, task, codec, hyper-parameters (round_config);
+                                       its Fedge keys: config_keys.py
+                       arrays          ArrayRecord: a full model (state dict)
+                       fedge.downlink  ArrayRecord{payload[, steps][, base]}: lattice change or snapshot of
+                                       the node's versioned copy of the model (FedAvg, FedBuff, EASGD's
+                                       center; a Flower app's strategies)
+                       fedge.base      ArrayRecord: a Flower app's lattice base, the model's own arrays
+                       fedge.raw       ArrayRecord: a Flower app's integer buffers, as they are
+                       relay           ArrayRecord{<node id>: payload}: neighbours' encoded copy updates (gossip)
+                       public          ArrayRecord{<node id>: float32 vector}: full public copies (gossip resync)
+    client -> server   fedge.update    ArrayRecord{payload}: the encoded (or masked) update, the counted uplink
+                       fedge.raw       ArrayRecord: a Flower app's integer buffers, as trained
+                       metrics         MetricRecord: num-examples, train-loss, payload-bytes, ...
+                       measure         ArrayRecord{model: float32 vector}: exact local model, measurement only
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ __all__ = [
     "PAYLOAD_KEY",
     "PAYLOAD_STYPE",
     "PUBLIC_RECORD",
+    "RAW_RECORD",
+    "BASE_RECORD",
     "RELAY_RECORD",
     "UPDATE_RECORD",
     "ProtocolError",
@@ -57,9 +65,14 @@ __all__ = [
 ]
 
 MODEL_RECORD = "arrays"
-DOWNLINK_RECORD = "downlink"
+DOWNLINK_RECORD = "fedge.downlink"
 CONFIG_RECORD = "config"
-UPDATE_RECORD = "update"
+UPDATE_RECORD = "fedge.update"
+#: a Flower app's messages (``fedge.flower``): the arrays that are not floating point (integer
+#: buffers), sent as they are beside a payload or a lattice message; the lattice's base model as the
+#: model's own arrays, to a node that cannot build it
+RAW_RECORD = "fedge.raw"
+BASE_RECORD = "fedge.base"
 METRICS_RECORD = "metrics"
 MEASURE_RECORD = "measure"
 RELAY_RECORD = "relay"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from flwr.app import Message
 
+from fedge.protocol.records import UPDATE_RECORD
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 
@@ -47,7 +48,7 @@ def test_the_same_devices_take_part_under_secure_aggregation(tmp_path) -> None:
     seen = _recording(grid)
     row = engine.run(grid, _start(engine)).rows[-1]
     assert row.clients_used == 3 and not row.rejected
-    masked = [reply for reply in seen if "update" in reply.content]
+    masked = [reply for reply in seen if UPDATE_RECORD in reply.content]
     assert len(masked) == 3 and all(reply.content["metrics"]["num-examples"] == 1 for reply in masked)
 
 

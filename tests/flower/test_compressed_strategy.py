@@ -16,8 +16,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedge.compression import make_codec
 from fedge.flower import compressed, compression_mod
 from fedge.flower.layout import LayoutError
-from fedge.flower.records import CODEC_KEY, LAYOUT_KEY, UPDATE_RECORD
-from fedge.protocol.records import read_payload
+from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY
+from fedge.protocol.records import UPDATE_RECORD, read_payload
 from fedge.tasks import make_task
 
 NODES = [11, 12, 13]
@@ -173,7 +173,8 @@ def _public(wrapped) -> ArrayRecord:  # type: ignore[no-untyped-def]
 
 
 def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_aggregate_is_exact() -> None:
-    from fedge.flower.records import BASE_RECORD, DOWNLINK_RECORD, LAYOUT_SPEC_KEY
+    from fedge.protocol.config_keys import LAYOUT_SPEC_KEY
+    from fedge.protocol.records import BASE_RECORD, DOWNLINK_RECORD
 
     arrays, config, grid, spec = _model(), ConfigRecord({"lr": 0.1}), Grid(), "qsgd:bits=4"
     wrapped, plain = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05"), FedAvg()
@@ -237,7 +238,7 @@ def test_what_a_lattice_version_did_not_carry_stays_in_the_exact_model_and_goes_
 
 
 def test_a_node_that_lost_its_copy_refuses_and_gets_a_snapshot_next_round() -> None:
-    from fedge.flower.records import LAYOUT_SPEC_KEY
+    from fedge.protocol.config_keys import LAYOUT_SPEC_KEY
     from fedge.protocol.refusals import OutOfSyncError
 
     arrays, grid = _model(), Grid()
@@ -311,7 +312,8 @@ def _digits_start() -> torch.nn.Module:
 
 
 def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -> None:
-    from fedge.flower.records import BASE_RECORD, LAYOUT_SPEC_KEY, START_KEY
+    from fedge.protocol.config_keys import LAYOUT_SPEC_KEY, START_KEY
+    from fedge.protocol.records import BASE_RECORD
 
     start = f"{__name__}:_digits_start@7"
     torch.manual_seed(7)

@@ -15,8 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.aggregation.staleness import Staleness
 from fedge.flower import FedAsync, FedBuff
-from fedge.flower.records import UPDATE_RECORD
-from fedge.protocol.records import payload_record, read_payload
+from fedge.protocol.records import UPDATE_RECORD, payload_record, read_payload
 from tests.flower.test_compressed_strategy import _model, _user_app
 
 NODES = [11, 12, 13]
@@ -173,7 +172,7 @@ def test_with_the_lattice_downlink_nodes_train_from_the_public_copy_and_a_slow_o
     model); the downlink costs a fraction of fp32 and the run refuses nothing."""
     import fedge.flower.fedbuff as fedbuff_module
     from fedge.flower.downlink import ServerDownlink
-    from fedge.flower.records import DOWNLINK_RECORD
+    from fedge.protocol.records import DOWNLINK_RECORD
 
     sent: dict[int, list[np.ndarray]] = {}
     kinds: dict[int, list[str]] = {}

@@ -16,8 +16,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedMed
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.flower import compressed, secure, secure_mod
-from fedge.flower.records import UPDATE_RECORD
-from fedge.protocol.records import payload_record, read_payload
+from fedge.protocol.records import UPDATE_RECORD, payload_record, read_payload
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
 from fedge.tasks import make_task
@@ -324,7 +323,8 @@ def test_secure_over_compressed_keeps_the_lattice_downlink_and_masks_the_uplink(
     lattice messages (the ClientApp's ``compression_mod`` rebuilds it before ``secure_mod`` masks the
     update), and the revealed mean moves the strategy's exact model as the plain mean would."""
     from fedge.flower import compression_mod
-    from fedge.flower.records import CODEC_KEY, DOWNLINK_RECORD
+    from fedge.protocol.config_keys import CODEC_KEY
+    from fedge.protocol.records import DOWNLINK_RECORD
 
     grid, arrays = Grid(), _model()
     for node in NODES:  # the user's app with both mods: the downlink's first

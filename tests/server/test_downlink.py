@@ -11,7 +11,8 @@ from flwr.app import Message
 from fedge.edge_client import local
 from fedge.edge_client.downlink import received_model
 from fedge.edge_client.public_copy import OutOfSyncError
-from fedge.protocol import CONFIG_RECORD, ProtocolError
+from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, ProtocolError
+from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_DIGEST
 from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
@@ -66,23 +67,23 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     engine.algorithm.params = engine.algorithm.params + 0.01
     contents = _send_current(engine, grid, 2)
     config = contents[node].config_records[CONFIG_RECORD]
-    good = config["downlink-digest"]
-    config["downlink-digest"] = good ^ 1
+    good = config[DOWNLINK_DIGEST]
+    config[DOWNLINK_DIGEST] = good ^ 1
     with pytest.raises(OutOfSyncError, match="digest"):
         _receive(grid, node, contents[node])
-    config["downlink-digest"] = good
+    config[DOWNLINK_DIGEST] = good
     with pytest.raises(OutOfSyncError, match="no copy"):  # the other device never got version 1
         _receive(grid, other, contents[node])
-    contents[other].config_records[CONFIG_RECORD]["downlink-base-digest"] ^= 1  # as if this device's torch drew another initial model
+    contents[other].config_records[CONFIG_RECORD][DOWNLINK_BASE_DIGEST] ^= 1  # as if this device's torch drew another initial model
     with pytest.raises(OutOfSyncError, match="downlink base") as refused:
         _receive(grid, other, contents[other])
     # the device's refusal is typed: the coordinator ships the base because of its kind, not its words
     assert refused.value.kind == NEEDS_BASE
     downlink.missed(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
     shipped = _send(downlink, engine.algorithm, 2, [other])[other]
-    assert "base" in shipped.array_records["downlink"]
+    assert "base" in shipped.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, other, shipped), downlink.downlink.broadcast.public)
-    payload = shipped.array_records["downlink"]
+    payload = shipped.array_records[DOWNLINK_RECORD]
     payload["steps"] = payload["base"]  # a snapshot whose steps do not fit the model
     with pytest.raises(ProtocolError):
         _receive(grid, other, shipped)
@@ -100,5 +101,5 @@ def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     (node,) = grid.get_node_ids()
     engine.algorithm.start(start)
     content = _send(DownlinkLayer(downlink), engine.algorithm, 1, [node])[node]
-    assert "base" in content.array_records["downlink"]
+    assert "base" in content.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)

@@ -72,7 +72,7 @@ def test_valid_reply_is_accumulated(engine: Engine, step: FedAvgStep) -> None:
 @pytest.mark.parametrize(
     "payload,metrics,reason",
     [
-        (None, {"num-examples": 10}, "no 'update'"),
+        (None, {"num-examples": 10}, "no 'fedge.update'"),
         (b"FDGE" + bytes(40), {"num-examples": 10}, "format version"),
         ("good-truncated", {"num-examples": 10}, "truncated|length"),
         ("good", None, "no 'metrics'"),
