@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--require-secure-aggregation", action="store_true",
                       help="refuse any round without secure aggregation (the update would leave in clear) and "
                       "federated evaluation (metrics in clear), whatever the coordinator asks (docs/privacy.md)")
+    join.add_argument("--min-participants", type=int, default=0,
+                      help="take part only in secure rounds of at least this many devices (0: any)")
     join.add_argument("--check", action="store_true", help="validate everything, print the data summary, do not connect")
     status = sub.add_parser("status", help="what this device spent today: rounds, CPU-seconds, megabytes",
                             description="Sums the device's resource ledger (<state-dir>/resources.jsonl, one line "
@@ -108,7 +110,7 @@ def _join(args: argparse.Namespace) -> int:
         threads=args.threads, state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
         port=args.port, max_restarts=args.max_restarts, isolation=args.isolation, when=args.when,
         max_rounds_per_day=args.max_rounds_per_day, max_mb_per_day=args.max_mb_per_day,
-        require_secure_aggregation=args.require_secure_aggregation,
+        require_secure_aggregation=args.require_secure_aggregation, min_participants=args.min_participants,
     )
     try:
         summary = check_join(options)

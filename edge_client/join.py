@@ -62,6 +62,8 @@ class JoinOptions:
     max_mb_per_day: float = 0.0
     #: refuse any round without secure aggregation, and federated evaluation (edge_client.privacy_policy)
     require_secure_aggregation: bool = False
+    #: take part only in secure rounds of at least this many devices (0: any)
+    min_participants: int = 0
 
 
 def check_join(options: JoinOptions) -> str:
@@ -77,6 +79,8 @@ def check_join(options: JoinOptions) -> str:
         raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
     if options.threads < 1:
         raise JoinError(f"--threads must be >= 1, got {options.threads}")
+    if options.min_participants < 0:
+        raise JoinError("--min-participants must be >= 0 (0: any round size)")
     if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
         raise JoinError("--max-rounds-per-day and --max-mb-per-day must be >= 0 (0: no budget)")
     from fedge.edge_client.eligibility import Policy
@@ -142,6 +146,8 @@ def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
         config["max-mb-per-day"] = float(options.max_mb_per_day)
     if options.require_secure_aggregation:
         config["require-secure-aggregation"] = "true"
+    if options.min_participants:
+        config["min-participants"] = int(options.min_participants)
     if options.auth_key is not None and options.root_cert is not None:
         from fedge.deploy.certs import identity_node_config
 

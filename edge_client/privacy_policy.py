@@ -13,7 +13,9 @@ its data:
 
 The refusal is typed (``policy``, ``fedge.protocol.failures``): the coordinator counts it as a
 failure, and the reply carries only the refusal record. The secure-aggregation stages themselves
-(key exchange, unmasking) are answered. One check serves both coordinators: the Fedge ClientApp runs
+(key exchange, unmasking) are answered, unless the round is smaller than ``min-participants``
+(``fedge-edge join --min-participants N``): the sum of a two-device round minus a colluder's input
+is the other's update (audit N2), so a device can require more company before it takes part. One check serves both coordinators: the Fedge ClientApp runs
 it as :func:`privacy_policy_mod`, and ``fedge.flower.secure_mod`` calls :func:`check_privacy_policy`
 for a user's ClientApp.
 """
@@ -23,13 +25,16 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedge.privacy.plan import SecAggPlan
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD
 
-__all__ = ["REQUIRE_SECURE_AGGREGATION", "check_privacy_policy", "privacy_policy_mod", "requires_secure_aggregation"]
+__all__ = ["MIN_PARTICIPANTS", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy", "check_secure_plan",
+           "privacy_policy_mod", "requires_secure_aggregation"]
 
-#: the node config key (``fedge-edge join --require-secure-aggregation``)
+#: the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``)
 REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
+MIN_PARTICIPANTS = "min-participants"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -52,6 +57,19 @@ def check_privacy_policy(msg: Message, context: Context) -> None:
     if kind == "train" and SECAGG_RECORD not in msg.content.config_records:
         raise PolicyRefusal("this device requires secure aggregation (node config require-secure-aggregation) "
                             "and the round has none: its update would leave in clear")
+
+
+def check_secure_plan(plan: SecAggPlan, context: Context) -> None:
+    """Raise :class:`PolicyRefusal` when a secure round's plan has fewer participants than the
+    device's ``min-participants`` (checked at every stage the device answers)."""
+    value = dict(context.node_config).get(MIN_PARTICIPANTS, 0)
+    try:
+        least = int(value or 0)
+    except (TypeError, ValueError):
+        raise PolicyRefusal(f"node config {MIN_PARTICIPANTS} must be a whole number, got {value!r}") from None
+    if len(plan.participants) < least:
+        raise PolicyRefusal(f"the round plans {len(plan.participants)} participants; this device takes part in "
+                            f"rounds of at least {least} (node config {MIN_PARTICIPANTS})")
 
 
 def privacy_policy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

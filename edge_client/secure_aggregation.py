@@ -35,6 +35,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.deploy.certs import IDENTITY_NODE_CONFIG
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.privacy_policy import check_secure_plan
 from fedge.edge_client.resources import timed
 from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
 from fedge.privacy.distributed_dp import encode
@@ -176,6 +177,7 @@ def query(msg: Message, context: Context) -> Message:
     if record is None:
         raise ProtocolError("a query.secagg message without its secagg record")
     plan, stage = plan_from_record(record)
+    check_secure_plan(plan, context)
     node = _node_id(msg, context)
     identity = identity_of(context)
     issuer = _issuer(context)
@@ -231,6 +233,7 @@ def masked_update(msg: Message, context: Context, delta: torch.Tensor, examples:
     record = msg.content.config_records[SECAGG_RECORD]
     node = _node_id(msg, context)
     plan, _ = plan_from_record(record)
+    check_secure_plan(plan, context)
     device = _load(context, plan, node)
     if (plan.model_size or plan.dimension) != delta.numel():
         raise ProtocolError(f"the plan's model size {plan.model_size or plan.dimension} is not the model's {delta.numel()}")

@@ -38,6 +38,7 @@ from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
 from fedge.protocol.records import ProtocolError
+from fedge.protocol.refusals import read_refusal
 from fedge.protocol.secagg import (
     SECAGG_RECORD,
     config_bytes,
@@ -270,6 +271,10 @@ class SecureRound:
             node = item.metadata.src_node_id
             if item.has_error():
                 self._drop(node, f"{stage}: client error {item.error.code}: {item.error.reason}")
+                continue
+            refusal = read_refusal(item.content)
+            if refusal is not None:  # the device's own policy (a round too small for it, ...)
+                self._drop(node, f"{stage}: the device refused ({refusal[0]}): {refusal[1]}")
                 continue
             record = item.content.config_records.get(SECAGG_RECORD)
             if record is None:

@@ -59,3 +59,18 @@ def test_federated_evaluation_is_refused_under_the_policy(tmp_path) -> None:
     assert row.clients_used == 3
     assert [entry["kind"] for entry in row.extra["federated_ignored"]] == ["policy"] * 3
     assert row.extra["federated_replies"] == 0
+
+
+def test_a_device_refuses_a_secure_round_smaller_than_its_minimum(tmp_path) -> None:
+    """Audit N2's two-device round: with ``min-participants`` 4, devices refuse a round of 3 at its
+    first stage (the key advertisement: nothing of theirs is in it yet); the coordinator drops them
+    with the reason and no update is used. A round of 4 runs."""
+    small = _engine(tmp_path / "small", rounds=1, clients_per_round=3, secure_aggregation=SECURE)
+    policy = {**POLICY, "min-participants": 4}
+    row = small.run(InProcessGrid(3, node_config={i: policy for i in range(3)}), _start(small)).rows[-1]
+    assert row.clients_used == 0
+    assert {entry["kind"] for entry in row.rejected} == {"secagg"}
+    assert all("takes part in rounds of at least 4" in entry["reason"] for entry in row.rejected)
+    big = _engine(tmp_path / "big", rounds=1, clients_per_round=4, secure_aggregation=SECURE)
+    row = big.run(InProcessGrid(4, node_config={i: policy for i in range(4)}), _start(big)).rows[-1]
+    assert row.clients_used == 4 and not row.rejected
