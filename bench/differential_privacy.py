@@ -54,19 +54,17 @@ def main(argv: list[str] | None = None) -> None:
                 "noise_multiplier": z, "final_accuracy": last["accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
                 "epsilon_pld": last.get("dp_epsilon"), "epsilon_rdp": last.get("dp_epsilon_rdp"),
                 "rounds": len(rows), "mean_clients": sum(r["clients_used"] for r in rows) / len(rows),
-                "clipped_per_round": (sum(r.get("dp_clipped", 0) for r in rows) / len(rows)) if z else None,
                 "wall_seconds": time.perf_counter() - started,
             })
         print(results[-1], flush=True)
     print(f"\n{args.task}, {args.clients} clients, q = {args.per_round / args.clients:g} (Poisson), {args.rounds} rounds, "
           f"clip {args.clip:g}, delta {args.delta:g}, seed {args.seed}")
-    print("| noise z | epsilon (PLD) | epsilon (RDP) | final accuracy | best | clipped updates per round |")
-    print("|---|---|---|---|---|---|")
+    print("| noise z | epsilon (PLD) | epsilon (RDP) | final accuracy | best |")
+    print("|---|---|---|---|---|")
     for r in results:
         eps = f"{r['epsilon_pld']:.2f}" if r["epsilon_pld"] is not None else "∞ (no DP)"
         rdp = f"{r['epsilon_rdp']:.2f}" if r["epsilon_rdp"] is not None else "-"
-        clipped = f"{r['clipped_per_round']:.1f}" if r["clipped_per_round"] is not None else "-"
-        print(f"| {r['noise_multiplier']:g} | {eps} | {rdp} | {r['final_accuracy']:.2%} | {r['best_accuracy']:.2%} | {clipped} |")
+        print(f"| {r['noise_multiplier']:g} | {eps} | {rdp} | {r['final_accuracy']:.2%} | {r['best_accuracy']:.2%} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d %H:%M"),
                                     "machine": platform.platform(), "results": results}, indent=2) + "\n")

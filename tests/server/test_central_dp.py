@@ -154,3 +154,20 @@ def test_rows_under_dp_carry_no_training_loss_and_the_sample_is_the_os_csprngs(t
     rows = engine.run(InProcessGrid(6), initial_params(TASK, 42)).rows
     assert all(r.train_loss is None for r in rows)
     assert isinstance(dp._sampler, random.SystemRandom)
+
+
+def test_rows_carry_no_unnoised_count_of_clipped_updates(tmp_path) -> None:
+    """Privacy audit 2, N7: how many updates were clipped is a noiseless function of the devices'
+    data; the rows under DP do not carry it."""
+    rows = _engine(tmp_path, rounds=1).run(InProcessGrid(6), initial_params(TASK, 42)).rows
+    assert "dp_clipped" not in rows[0].extra and "dp_epsilon" in rows[0].extra
+
+
+def test_adaptive_clipping_runs_when_fewer_devices_connect_than_planned(tmp_path) -> None:
+    """Privacy audit 2, N8: z = 1.9 needs m > 19 expected devices for the count's share of the noise;
+    with 20 clients per round built in and 18 connected, each round used to raise mid-run
+    ("2 sigma_b = 1.8"). The count's sigma_b is now fixed when the run is built."""
+    engine = _engine(tmp_path, rounds=2, clients_per_round=20,
+                     differential_privacy="gaussian:noise=1.9,clip=1.0,delta=1e-5,adaptive=true,quantile=0.5")
+    rows = engine.run(InProcessGrid(18), initial_params(TASK, 42)).rows
+    assert [row.round for row in rows] == [1, 2] and all(row.extra["dp_epsilon"] > 0 for row in rows)

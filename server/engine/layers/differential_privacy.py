@@ -211,31 +211,39 @@ class CentralDP:
         #: the sample: straight from the OS CSPRNG (one draw per connected device)
         self._sampler = _system_random()
         self.rate = 0.0
-        self.clipped = 0
         #: the current clipping bound (moves each round when adaptive) and this round's sum of the
         #: devices' centred bits, +1/2 when a device's update fitted under the bound, -1/2 when not
         self.clip_bound = spec.clip
         self.fitted = 0.0
         self._expected = 1.0
+        #: adaptive clipping: the m of the count's noise sigma_b = m / 20, fixed when the run is
+        #: built (clients-per-round). The guarantee does not depend on m (the count's sensitivity is
+        #: 1/2 whatever it is); taking it from each round's connected devices let a round with fewer
+        #: of them than clients-per-round break z < 2 sigma_b mid-run (privacy audit 2, N8)
+        self.count_devices = 1.0
 
     @property
     def rng(self) -> np.random.Generator:
         """The noise's generator (seeded from the OS CSPRNG; the distributed release draws its top-up from it)."""
         return self._rng
 
-    def _count_noise_std(self, expected: float) -> float:
-        """Andrew et al.'s sigma_b = m / 20 for m expected devices."""
-        return max(expected, 1.0) / 20.0
+    def _count_noise_std(self) -> float:
+        """Andrew et al.'s sigma_b = m / 20 for the m expected devices the run was built for."""
+        return max(self.count_devices, 1.0) / 20.0
 
-    def update_noise_multiplier(self, expected: float) -> float:
-        """z for the update's noise: all of it, or (adaptive) what is left after the count's share."""
+    def update_noise_multiplier(self, expected: float | None = None) -> float:
+        """z for the update's noise: all of it, or (adaptive) what is left after the count's share.
+        ``expected``: set the count's m (when the run is built); refused when the noise cannot be split."""
         z = self.spec.noise
         if not self.spec.adaptive:
             return z
-        sigma_b = self._count_noise_std(expected)
+        if expected is not None:
+            self.count_devices = float(expected)
+        sigma_b = self._count_noise_std()
         if z >= 2 * sigma_b:
             raise SettingsError(f"adaptive clipping: noise {z:g} must stay below 2 sigma_b = {2 * sigma_b:g} "
-                                f"(m/10 for {expected:g} expected devices); sample more devices or use less noise")
+                                f"(m/10 for {self.count_devices:g} expected devices); sample more devices or use "
+                                "less noise")
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
 
     def sampling_rate(self, connected: int, clients_per_round: int) -> float:
@@ -261,14 +269,13 @@ class CentralDP:
             self.fitted += 0.5 if fitted in (1, 1.0, True) else -0.5
         norm = float(vector.norm())
         if norm > self.clip_bound:
-            self.clipped += 1
             return vector * (self.clip_bound / norm)
         return vector
 
     def noisy_mean(self, total: torch.Tensor, connected: int) -> torch.Tensor:
         """(sum of clipped updates + N(0, (z_update C)^2)) / (q N)."""
         self._expected = self.rate * connected
-        std = self.update_noise_multiplier(self._expected) * self.clip_bound
+        std = self.update_noise_multiplier() * self.clip_bound
         noise = self._rng.normal(0.0, std, size=total.numel()).astype(np.float32)
         return (total + torch.from_numpy(noise)) / self._expected
 
@@ -277,13 +284,13 @@ class CentralDP:
         self.ledger.record(self.rate, self.spec.noise)
         fields = {"dp_epsilon": self.ledger.epsilon_pld(), "dp_epsilon_rdp": self.ledger.epsilon_rdp(),
                   "dp_delta": self.spec.delta, "dp_sampling_rate": self.rate, "dp_noise_multiplier": self.spec.noise,
-                  "dp_clip": self.clip_bound, "dp_clipped": self.clipped}
+                  "dp_clip": self.clip_bound}  # not the count of clipped updates: unnoised (audit 2, N7)
         if self.spec.adaptive:  # the noisy fraction of devices under the bound, released and used
-            sigma_b = self._count_noise_std(self._expected)
+            sigma_b = self._count_noise_std()
             fraction = (self.fitted + self._rng.normal(0.0, sigma_b)) / self._expected + 0.5
             self.clip_bound *= float(np.exp(-self.spec.clip_lr * (fraction - self.spec.quantile)))
             fields["dp_fraction_under_clip"] = fraction
-        self.clipped, self.fitted = 0, 0.0
+        self.fitted = 0.0
         return fields
 
     def state_dict(self) -> dict[str, Any]:
