@@ -37,7 +37,14 @@ from fedge.deploy.certs import IDENTITY_NODE_CONFIG
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.privacy_policy import check_secure_plan
 from fedge.edge_client.resources import timed
-from fedge.privacy.credentials import bind_identity, load_issuer, load_node_key, verify_credential
+from fedge.privacy.credentials import (
+    Credential,
+    bind_identity,
+    check_distinct,
+    load_issuer,
+    load_node_key,
+    verify_credential,
+)
 from fedge.privacy.distributed_dp import encode
 from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
@@ -149,14 +156,19 @@ def _check_mode(plan: SecAggPlan, issuer: EllipticCurvePublicKey | None) -> None
                             "secure-aggregation needs issuer=<ca.crt>)")
 
 
-def _credentialed(delivered: dict[int, bytes], credentials: dict[int, bytes], issuer) -> dict[int, Ed25519PublicKey]:  # type: ignore[no-untyped-def]
-    """Peers' identity keys, each checked against its credential from the operator's CA."""
-    out = {}
+def _credentialed(delivered: dict[int, bytes], credentials: dict[int, bytes], issuer,  # type: ignore[no-untyped-def]
+                  own: Credential | None = None) -> dict[int, Ed25519PublicKey]:
+    """Peers' identity keys, each checked against its credential from the operator's CA, and no two
+    (nor one and this device's own) carrying one endorsed node key or name (audit 2, N2)."""
+    out, verified = {}, {}
     for node, raw in delivered.items():
         if node not in credentials:
             raise AdvertisementError(f"device {node}'s identity comes without a credential")
-        verify_credential(credentials[node], raw, issuer)
+        verified[node] = verify_credential(credentials[node], raw, issuer)
         out[node] = _identity_key(node, raw)
+    if own is not None:
+        verified[-1] = own
+    check_distinct(verified)
     return out
 
 
@@ -193,7 +205,9 @@ def query(msg: Message, context: Context) -> Message:
         ads = {n: KeyAdvertisement.from_bytes(b) for n, b in unpack_blobs(record["ad-from"], record["ads"]).items()}
         delivered = unpack_blobs(record["ad-from"], record["identities"])
         if issuer:
-            identities = _credentialed(delivered, unpack_blobs(record["ad-from"], record["credentials"]), issuer)
+            own = verify_credential(_credential(context, identity), _public(identity), issuer)
+            identities = _credentialed(delivered, unpack_blobs(record["ad-from"], record["credentials"]), issuer,
+                                       own=own)
         else:
             identities = _checked_identities(context, delivered)
         sealed = device.share_keys(ads, identities)

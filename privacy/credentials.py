@@ -121,6 +121,19 @@ def verify_credential(credential: bytes, identity_public: bytes, issuer: ec.Elli
     return Credential(name, spki)
 
 
+def check_distinct(credentials: dict[int, Credential]) -> None:
+    """Refuse two participants that carry one endorsed node key or one name: a node key can bind any
+    number of identities, and a colluder with many would pass every quorum alone (privacy audit 2,
+    N2). Raises :class:`CredentialError` naming both."""
+    seen: dict[object, int] = {}
+    for node, credential in sorted(credentials.items()):
+        for mark, what in (((0, credential.node_key), "endorsed node key"), ((1, credential.name), "name")):
+            if mark in seen:
+                raise CredentialError(f"devices {seen[mark]} and {node} carry the same {what} "
+                                      f"({credential.name!r}): one endorsement, one participant")
+            seen[mark] = node
+
+
 def load_issuer(path: str | Path) -> ec.EllipticCurvePublicKey:
     """The operator CA's public key from its PEM certificate; :class:`CredentialError` if unusable."""
     try:

@@ -143,6 +143,7 @@ class SecureRound:
         ads: dict[int, bytes] = {}
         identities: dict[int, Ed25519PublicKey] = {}
         raw_keys: dict[int, bytes] = {}
+        endorsed: dict[object, int] = {}  # each endorsed node key and name, and the node that brought it first
         for reply in self._ask(exchange, {n: {} for n in self.plan.participants}, "advertise"):
             node, record = reply
             raw = bytes(record.get("identity", b""))
@@ -150,11 +151,20 @@ class SecureRound:
                 try:
                     credential = bytes(record.get("credential", b""))
                     self._credentials[node] = credential
-                    name = verify_credential(credential, raw, self.issuer).name
-                    log.debug("round %d: node %d is %r, issued by the operator", self.plan.context.round, node, name)
+                    verified = verify_credential(credential, raw, self.issuer)
+                    log.debug("round %d: node %d is %r, issued by the operator", self.plan.context.round, node,
+                              verified.name)
                 except SecAggError as error:
                     self._drop(node, f"identity not issued by the operator: {error}")
                     continue
+                # one endorsement, one participant (audit 2, N2): a second identity bound by a node key
+                # or a name already in the round is refused
+                twin = endorsed.get((0, verified.node_key), endorsed.get((1, verified.name)))
+                if twin is not None:
+                    self._drop(node, f"carries the endorsed node key or name of node {twin} ({verified.name!r}): "
+                                     "one endorsement, one participant")
+                    continue
+                endorsed[(0, verified.node_key)] = endorsed[(1, verified.name)] = node
             pinned = self.pins.get(node)
             if pinned is not None and pinned != raw:
                 self._drop(node, "presented another identity key than the one pinned at its first round")

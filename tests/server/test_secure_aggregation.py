@@ -546,3 +546,31 @@ def test_under_distributed_dp_a_noisy_sum_beyond_its_bounds_is_discarded() -> No
     total[5] = bound + 1  # within the ring (2^bits >= 2 bound + 1), beyond what 4 devices can send
     with pytest.raises(UnmaskError, match="beyond"):
         check_noisy_range(plan, total.astype(np.uint32), 4)
+
+
+def test_one_endorsement_binds_one_participant(tmp_path) -> None:
+    """Privacy audit 2, N2: a node key can bind any number of identities. A colluding device that
+    joins twice with its one endorsement (two SuperNodes, one node key and name) is refused the
+    second time by the coordinator; a device shown two peers with one endorsement refuses the round."""
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedge.edge_client.secure_aggregation import _credentialed
+    from fedge.privacy.credentials import CredentialError, bind_identity, load_issuer, load_node_key
+
+    ca, config = _issued_federation(tmp_path, 5)
+    config[4] = dict(config[0])  # device 4 clones device 0's node key and endorsement
+    engine = _engine(tmp_path, rounds=1, secure_aggregation=f"{SECAGG},issuer={ca}")
+    grid = InProcessGrid(5, node_config=config)
+    row = engine.run(grid, initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 4
+    assert [r["node"] for r in row.rejected] == [grid.node_id(4)]
+    assert "one endorsement, one participant" in row.rejected[0]["reason"]
+    # a device's own check: two identities bound by one node key are refused, whoever forwards them
+    key, endorsement = load_node_key(config[0]["secagg-auth-key"]), Path(config[0]["secagg-endorsement"]).read_bytes()
+    raw = {n: Ed25519PrivateKey.generate().public_key().public_bytes_raw() for n in (7, 8)}
+    credentials = {n: bind_identity(key, endorsement, raw[n]) for n in raw}
+    with pytest.raises(CredentialError, match="same endorsed node key"):
+        _credentialed(raw, credentials, load_issuer(ca))
+    assert set(_credentialed({7: raw[7]}, {7: credentials[7]}, load_issuer(ca))) == {7}
