@@ -64,6 +64,10 @@ class JoinOptions:
     require_secure_aggregation: bool = False
     #: take part only in secure rounds of at least this many devices (0: any)
     min_participants: int = 0
+    #: take part only in secure rounds with distributed DP of at least this noise multiplier and at
+    #: most this clip (0: no requirement)
+    dp_min_noise: float = 0.0
+    dp_max_clip: float = 0.0
 
 
 def check_join(options: JoinOptions) -> str:
@@ -79,8 +83,8 @@ def check_join(options: JoinOptions) -> str:
         raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
     if options.threads < 1:
         raise JoinError(f"--threads must be >= 1, got {options.threads}")
-    if options.min_participants < 0:
-        raise JoinError("--min-participants must be >= 0 (0: any round size)")
+    if options.min_participants < 0 or options.dp_min_noise < 0 or options.dp_max_clip < 0:
+        raise JoinError("--min-participants, --dp-min-noise and --dp-max-clip must be >= 0 (0: no requirement)")
     if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
         raise JoinError("--max-rounds-per-day and --max-mb-per-day must be >= 0 (0: no budget)")
     from fedge.edge_client.eligibility import Policy
@@ -148,6 +152,10 @@ def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
         config["require-secure-aggregation"] = "true"
     if options.min_participants:
         config["min-participants"] = int(options.min_participants)
+    if options.dp_min_noise:
+        config["dp-min-noise"] = float(options.dp_min_noise)
+    if options.dp_max_clip:
+        config["dp-max-clip"] = float(options.dp_max_clip)
     if options.auth_key is not None and options.root_cert is not None:
         from fedge.deploy.certs import identity_node_config
 

@@ -15,12 +15,17 @@ The refusal is typed (``policy``, ``fedge.protocol.failures``): the coordinator 
 failure, and the reply carries only the refusal record. The secure-aggregation stages themselves
 (key exchange, unmasking) are answered, unless the round is smaller than ``min-participants``
 (``fedge-edge join --min-participants N``): the sum of a two-device round minus a colluder's input
-is the other's update (audit N2), so a device can require more company before it takes part. One check serves both coordinators: the Fedge ClientApp runs
+is the other's update (audit N2), so a device can require more company before it takes part. With
+``dp-min-noise`` (and optionally ``dp-max-clip``) the device refuses a secure round whose plan
+carries no distributed-DP noise, or less than that noise multiplier over the planned devices, or a
+larger clip (audit N5: the plan comes from the coordinator, which could set any noise, or none). One check serves both coordinators: the Fedge ClientApp runs
 it as :func:`privacy_policy_mod`, and ``fedge.flower.secure_mod`` calls :func:`check_privacy_policy`
 for a user's ClientApp.
 """
 
 from __future__ import annotations
+
+import math
 
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
@@ -29,12 +34,14 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD
 
-__all__ = ["MIN_PARTICIPANTS", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy", "check_secure_plan",
-           "privacy_policy_mod", "requires_secure_aggregation"]
+__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy",
+           "check_secure_plan", "privacy_policy_mod", "requires_secure_aggregation"]
 
 #: the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``)
 REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
 MIN_PARTICIPANTS = "min-participants"
+DP_MIN_NOISE = "dp-min-noise"
+DP_MAX_CLIP = "dp-max-clip"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -62,14 +69,39 @@ def check_privacy_policy(msg: Message, context: Context) -> None:
 def check_secure_plan(plan: SecAggPlan, context: Context) -> None:
     """Raise :class:`PolicyRefusal` when a secure round's plan has fewer participants than the
     device's ``min-participants`` (checked at every stage the device answers)."""
-    value = dict(context.node_config).get(MIN_PARTICIPANTS, 0)
-    try:
-        least = int(value or 0)
-    except (TypeError, ValueError):
-        raise PolicyRefusal(f"node config {MIN_PARTICIPANTS} must be a whole number, got {value!r}") from None
+    config = dict(context.node_config)
+    least = int(_number(config, MIN_PARTICIPANTS))
     if len(plan.participants) < least:
         raise PolicyRefusal(f"the round plans {len(plan.participants)} participants; this device takes part in "
                             f"rounds of at least {least} (node config {MIN_PARTICIPANTS})")
+    floor, ceiling = _number(config, DP_MIN_NOISE), _number(config, DP_MAX_CLIP)
+    if not (floor or ceiling):
+        return
+    noise = plan.noise
+    if noise is None:
+        raise PolicyRefusal(f"the round carries no distributed-DP noise; this device requires it (node config "
+                            f"{DP_MIN_NOISE}/{DP_MAX_CLIP})")
+    # the noise multiplier of the planned devices' noise together: their summed variance over the
+    # rounded vectors' L2 bound, in integer units (what skellam_params sized it by)
+    planned = math.sqrt(len(plan.participants) * noise.local_variance) / noise.l2_bound
+    if floor and planned < floor * (1 - 1e-9):
+        raise PolicyRefusal(f"the round's distributed-DP noise multiplier is {planned:.3g}; this device requires "
+                            f"at least {floor:g} (node config {DP_MIN_NOISE})")
+    if ceiling and noise.clip > ceiling:
+        raise PolicyRefusal(f"the round clips updates to {noise.clip:g}; this device allows at most {ceiling:g} "
+                            f"(node config {DP_MAX_CLIP})")
+
+
+def _number(config: dict[str, object], key: str) -> float:
+    """A node config number >= 0 (absent: 0, no requirement); a malformed one is a refusal."""
+    value = config.get(key, 0) or 0
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise PolicyRefusal(f"node config {key} must be a number >= 0, got {value!r}") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise PolicyRefusal(f"node config {key} must be a number >= 0, got {value!r}")
+    return number
 
 
 def privacy_policy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -230,7 +230,7 @@ _OTHER_WORDS = {
     "client-error", "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
     "not-eligible", "over-budget", "train-seconds",  # a device's refusals, a reply's metric
     "min-share", "max-share",  # parameters of selection=oort
-    "require-secure-aggregation", "min-participants",  # a device's node config (edge_client.privacy_policy)
+    "require-secure-aggregation", "min-participants", "dp-min-noise", "dp-max-clip",  # a device's node config
     "fedge-uplink-bytes", "fedge-downlink-bytes", "fedge-refused", "fedge-dropped-stale", "fedge-secagg-survivors", "fedge-dp-epsilon", "fedge-dp-epsilon-coordinator", "fedge-dp-delta",  # metrics fedge.flower adds to a Flower strategy's round
 }
 

@@ -74,3 +74,22 @@ def test_a_device_refuses_a_secure_round_smaller_than_its_minimum(tmp_path) -> N
     big = _engine(tmp_path / "big", rounds=1, clients_per_round=4, secure_aggregation=SECURE)
     row = big.run(InProcessGrid(4, node_config={i: policy for i in range(4)}), _start(big)).rows[-1]
     assert row.clients_used == 4 and not row.rejected
+
+
+def test_a_device_refuses_a_round_below_its_noise_floor(tmp_path) -> None:
+    """Audit N5: the plan's noise comes from the coordinator. A device with ``dp-min-noise`` 2 refuses
+    a distributed-DP round planned at z = 1 (and a secure round without noise); at a floor of 1 it
+    takes part."""
+    dp = "gaussian:noise=1.0,clip=1.0,delta=1e-5"
+    for floor, used in ((2.0, 0), (1.0, 3)):
+        engine = _engine(tmp_path / f"dp-{floor}", rounds=1, clients_per_round=3, secure_aggregation=SECURE,
+                         differential_privacy=dp)
+        grid = InProcessGrid(3, node_config={i: {"dp-min-noise": floor} for i in range(3)})
+        row = engine.run(grid, _start(engine)).rows[-1]
+        assert row.clients_used == used, (floor, row.rejected)
+        if not used:
+            assert all("noise multiplier is 1; this device requires at least 2" in r["reason"] for r in row.rejected)
+    engine = _engine(tmp_path / "no-dp", rounds=1, clients_per_round=3, secure_aggregation=SECURE)
+    row = engine.run(InProcessGrid(3, node_config={i: {"dp-min-noise": 1.0} for i in range(3)}),
+                     _start(engine)).rows[-1]
+    assert row.clients_used == 0 and all("no distributed-DP noise" in r["reason"] for r in row.rejected)
