@@ -61,6 +61,9 @@ _PINS = "fedge-secagg-pins"
 _IDENTITY_FILE = "secagg-identity.key"
 _PINS_FILE = "secagg-pins.json"
 _ROUND = "fedge-secagg-round"
+_STAGES = "fedge-secagg-stages"  # the node's state: the stages answered (without a state directory)
+_STAGES_DIR = "secagg-stages"  # the state directory: one marker file per answered stage
+_KEEP_ROUNDS = 4  # markers of older rounds are pruned
 _RAW = serialization.Encoding.Raw
 _NODE_KEY, _ENDORSEMENT, _ISSUER = IDENTITY_NODE_CONFIG
 
@@ -88,6 +91,36 @@ def identity_of(context: Context) -> Ed25519PrivateKey:
             atomic_write_bytes(path, raw, mode=0o600)
     context.state[_IDENTITY] = ConfigRecord({"key": raw})
     return key
+
+
+def _claim(context: Context, plan: SecAggPlan, stage: str) -> None:
+    """Answer ``stage`` of this round once. Flower starts a task per pulled message and the warm
+    executor forks each, all from one saved state: a coordinator that sends two consistency (or two
+    unmask) messages at once could otherwise get two survivor sets signed, or, trusting on first
+    use, both kinds of a device's shares (privacy audit 2, N10). The claim is an ``O_EXCL`` marker in
+    the state directory, taken before signing or revealing; a node without one keeps the markers in
+    its state. Raises :class:`ProtocolError` for a stage already answered."""
+    run, number = plan.context.run_id.hex(), plan.context.round
+    name = f"{run}-{number}-{stage}"
+    refused = ProtocolError(f"stage {stage} of round {number} was answered already: a second message for it is "
+                            "refused")
+    directory = _saved(context, _STAGES_DIR)
+    if directory is None:
+        record = context.state.config_records.get(_STAGES, ConfigRecord())
+        if name in record:
+            raise refused
+        kept = {k: v for k, v in record.items() if k.startswith(run) and int(k.split("-")[1]) > number - _KEEP_ROUNDS}
+        context.state[_STAGES] = ConfigRecord({**kept, name: 1})
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        raise refused from None
+    for old in directory.iterdir():
+        parts = old.name.split("-")
+        if len(parts) == 3 and (parts[0] != run or not parts[1].isdigit() or int(parts[1]) <= number - _KEEP_ROUNDS):
+            old.unlink(missing_ok=True)
 
 
 def _public(key: Ed25519PrivateKey) -> bytes:
@@ -215,11 +248,13 @@ def query(msg: Message, context: Context) -> Message:
         ids, blobs = pack_blobs(sealed)
         reply = ConfigRecord({"sealed-to": ids, "sealed": blobs})
     elif stage == "consistency":
+        _claim(context, plan, stage)
         device = _load(context, plan, node)
         signature = device.consistency(unpack_ids(record["survivors"]))
         _save(context, device)
         reply = ConfigRecord({"signature": signature})
     elif stage == "unmask":
+        _claim(context, plan, stage)
         device = _load(context, plan, node)
         del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
         signatures, identities = None, None

@@ -574,3 +574,38 @@ def test_one_endorsement_binds_one_participant(tmp_path) -> None:
     with pytest.raises(CredentialError, match="same endorsed node key"):
         _credentialed(raw, credentials, load_issuer(ca))
     assert set(_credentialed({7: raw[7]}, {7: credentials[7]}, load_issuer(ca))) == {7}
+
+
+def test_a_second_message_for_one_stage_is_refused(tmp_path) -> None:
+    """Privacy audit 2, N10: Flower starts a task per pulled message (the warm executor forks each)
+    from one saved state, so two consistency or unmask messages of one round could both be answered:
+    two survivor sets signed, or both kinds of a device's shares revealed. Each device here gets every
+    such message twice, the second on a copy of its state from before the first (a concurrent fork):
+    the marker in its state directory refuses the second, and the round still unmasks."""
+    from flwr.app import Context, RecordDict
+
+    from fedge.edge_client.app import app as fedge_app
+    from fedge.privacy.errors import ProtocolError
+    from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
+
+    ca, config = _issued_federation(tmp_path, 4)
+    for i in range(4):
+        config[i]["state-dir"] = str(tmp_path / f"device-{i}")
+    refused: list[str] = []
+
+    def twice(msg, context):  # type: ignore[no-untyped-def]
+        record = msg.content.config_records.get(SECAGG_RECORD)
+        stage = plan_from_record(record)[1] if record is not None else None
+        fork = Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                       state=RecordDict(dict(context.state.items())), run_config=context.run_config)
+        reply = fedge_app(msg, context)
+        if stage in ("consistency", "unmask"):
+            with pytest.raises(ProtocolError, match="answered already"):
+                fedge_app(msg, fork)
+            refused.append(stage)
+        return reply
+
+    engine = _engine(tmp_path, rounds=1, clients_per_round=4, secure_aggregation=f"{SECAGG},issuer={ca}")
+    row = engine.run(InProcessGrid(4, app=twice, node_config=config), initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 4 and not row.rejected
+    assert sorted(refused) == ["consistency"] * 4 + ["unmask"] * 4
