@@ -293,9 +293,9 @@ def released_sum(noisy_sum: np.ndarray | None, params: SkellamParams, planned: i
     the same whoever answered: the unmasked noisy sum of the ``survivors`` plus the coordinator's
     top-up for the ``planned`` devices that dropped; or, when no sum was unmasked (``None``), noise
     alone of the same variance V, drawn here (no device's data is in it), so that whether noise
-    appears never depends on who took part. Both coordinators (the engine's DP layer and
-    ``fedge.flower``'s) release through this."""
-    if noisy_sum is None:
-        std = math.sqrt(max(planned, 1) * params.local_variance) / params.scale  # all of V: the shares make it up
-        return rng.normal(0.0, std, size=params.dimension)
+    appears never depends on who took part. That noise is Skellam on the ring's lattice, as a sum's
+    is: a float Gaussian would tell a noise-only round apart from a sum (privacy audit 2, N4). Both
+    coordinators (the engine's DP layer and ``fedge.flower``'s) release through this."""
+    if noisy_sum is None:  # all of V: the planned devices' shares together
+        return _skellam(max(planned, 1) * params.local_variance, params.dimension, rng) / params.scale
     return noisy_sum + top_up(params, planned, survivors, rng) / params.scale

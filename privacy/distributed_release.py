@@ -53,11 +53,13 @@ class DistributedRelease:
         """The mean update a round releases, recorded in the ledgers: the unmasked noisy sum of the
         updates of ``members`` plus the coordinator's top-up for the ``planned`` devices that dropped,
         over the expected number of devices q N; or, when no sum was unmasked (``None``), noise of the
-        same scale drawn here over q N, which releases no device's data and spends nothing.
+        same scale drawn here, on the same lattice, over q N. Every round is charged in the amplified
+        ledger, with or without a sum: whether a round has one depends on the private sample (privacy
+        audit 2, N4); against the coordinator only the members' rounds count.
         ``rng`` must be unpredictable (seeded from the OS CSPRNG)."""
         share = self.noise(planned)
+        self.ledger.record(*ledger_round(self.spec, self.numel, q))
         if noisy_sum is not None and members:
-            self.ledger.record(*ledger_round(self.spec, self.numel, q))
             # the coordinator knows its own top-up: only the devices' noise counts against it
             self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
         else:

@@ -172,8 +172,8 @@ class DifferentialPrivacyLayer(Layer):
         outcome.train_loss = None
 
     def _close_distributed(self, step: Step) -> dict[str, Any]:
-        """The row's DP fields (the release recorded the round; a round whose sum could not be
-        unmasked released no device's data and spent nothing). RDP's epsilon only (no PLD for Skellam)."""
+        """The row's DP fields (the release recorded the round, charged with or without a sum; against
+        the coordinator only the members' rounds count). RDP's epsilon only (no PLD for Skellam)."""
         assert self.distributed is not None
         received: Partial = self.scratch(step, dict)["received"]  # the unmasked sum, before the noise
         survivors, planned = received.count, received.planned
