@@ -18,9 +18,10 @@ failure, and the reply carries only the refusal record. The secure-aggregation s
 is the other's update (audit N2), so a device can require more company before it takes part. With
 ``dp-min-noise`` (and optionally ``dp-max-clip``) the device refuses a secure round whose plan
 carries no distributed-DP noise, or less than that noise multiplier over the planned devices, or a
-larger clip (audit N5: the plan comes from the coordinator, which could set any noise, or none). One check serves both coordinators: the Fedge ClientApp runs
-it as :func:`privacy_policy_mod`, and ``fedge.flower.secure_mod`` calls :func:`check_privacy_policy`
-for a user's ClientApp.
+larger clip (audit N5: the plan comes from the coordinator, which could set any noise, or none).
+
+One check serves both coordinators: the Fedge ClientApp runs it as :func:`privacy_policy_mod`, and
+``fedge.flower.secure_mod`` calls :func:`check_privacy_policy` for a user's ClientApp.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from flwr.app import Message, RecordDict
 
 from fedge.compression import derive_seed
-from fedge.privacy.credentials import verify_credential
+from fedge.privacy.credentials import Credential, check_distinct, verify_credential
 from fedge.privacy.distributed_dp import SkellamParams, centred, decode_sum
 from fedge.privacy.errors import SecAggError, UnmaskError
 from fedge.privacy.keys import RoundContext
@@ -143,7 +143,7 @@ class SecureRound:
         ads: dict[int, bytes] = {}
         identities: dict[int, Ed25519PublicKey] = {}
         raw_keys: dict[int, bytes] = {}
-        endorsed: dict[object, int] = {}  # each endorsed node key and name, and the node that brought it first
+        endorsed: dict[int, Credential] = {}  # the verified credentials accepted so far
         for reply in self._ask(exchange, {n: {} for n in self.plan.participants}, "advertise"):
             node, record = reply
             raw = bytes(record.get("identity", b""))
@@ -157,14 +157,14 @@ class SecureRound:
                 except SecAggError as error:
                     self._drop(node, f"identity not issued by the operator: {error}")
                     continue
-                # one endorsement, one participant (audit 2, N2): a second identity bound by a node key
-                # or a name already in the round is refused
-                twin = endorsed.get((0, verified.node_key), endorsed.get((1, verified.name)))
-                if twin is not None:
-                    self._drop(node, f"carries the endorsed node key or name of node {twin} ({verified.name!r}): "
-                                     "one endorsement, one participant")
+                # one endorsement, one participant (audit 2, N2): the devices' own check, here refusing
+                # the later of two identities bound by one node key or name
+                try:
+                    check_distinct({**endorsed, node: verified})
+                except SecAggError as error:
+                    self._drop(node, str(error))
                     continue
-                endorsed[(0, verified.node_key)] = endorsed[(1, verified.name)] = node
+                endorsed[node] = verified
             pinned = self.pins.get(node)
             if pinned is not None and pinned != raw:
                 self._drop(node, "presented another identity key than the one pinned at its first round")
