@@ -162,3 +162,22 @@ def test_keys_refuse_overwrite_and_wrong_files(tmp_path: Path) -> None:
             load_public_key(path)
     with pytest.raises(KeyFileError):
         load_private_key(public)
+
+
+def test_the_accuracy_gate_never_asks_for_less_than_one_sample() -> None:
+    """On wine's 45 held-out samples one changed prediction is 2.2 points: a 1-point gate would refuse
+    any flip int8 rounding makes, so it allows one sample; digits' 360 samples keep the 1-point gate,
+    an explicit 0 stays strict, and a metric other than accuracy is untouched."""
+    from fedge.deploy.exporter import _allowed_drop
+
+    accuracy = make_task("digits")
+    assert _allowed_drop(accuracy, 1.0, 45) == pytest.approx(100 / 45)
+    assert 100.0 * (40 / 45 - 39 / 45) <= _allowed_drop(accuracy, 1.0, 45)  # one flip passes, as computed
+    assert _allowed_drop(accuracy, 1.0, 360) == 1.0
+    assert _allowed_drop(accuracy, 0.0, 45) == 0.0
+    assert _allowed_drop(accuracy, 5.0, 45) == 5.0
+
+    class Regression:
+        primary_metric = "mse"
+
+    assert _allowed_drop(Regression(), 1.0, 45) == 1.0  # type: ignore[arg-type]
