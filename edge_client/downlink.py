@@ -14,19 +14,21 @@ coordinator's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 
 from fedge.compression.lattice import model_digest
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, read_payload, read_state_dict
 from fedge.protocol.downlink import LatticeCopy, apply_downlink, shipped_base
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
-from fedge.protocol.refusals import MissingBaseError
+from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
-__all__ = ["received_model"]
+__all__ = ["lattice_copy", "received_model"]
 
 
 def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task,
@@ -42,15 +44,33 @@ def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Ta
 
 def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Task, sizes: list[int]) -> torch.Tensor:
     read_payload(msg.content, DOWNLINK_RECORD)  # the record and its payload exist (checked in full below)
-    record = msg.content.array_records[DOWNLINK_RECORD]
+
+    def rebuild() -> torch.Tensor:
+        rebuilt = seeded_initial_params(task, config.seed)
+        if model_digest(rebuilt) != config.integer(DOWNLINK_BASE_DIGEST, 0):
+            raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
+                                   "coordinator's (another torch build?); it must be sent once")
+        return rebuilt
+
+    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, sizes,
+                        version=config.integer(DOWNLINK_VERSION, 0), digest=config.integer(DOWNLINK_DIGEST, 0),
+                        base_digest=config.integer(DOWNLINK_BASE_DIGEST, 0), rebuild=rebuild)
+
+
+def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], *, version: int, digest: int,
+                 base_digest: int, rebuild: Callable[[], torch.Tensor | None]) -> torch.Tensor:
+    """The flat copy of ``version`` a downlink ``record`` brings, applied to the copy ``store`` holds
+    (and kept there): the one receiving end of Fedge's devices and of a Flower app's nodes
+    (``fedge.flower.receive``). The base is the one shipped with ``record``, else the one stored
+    (if it still has ``base_digest``), else ``rebuild()``'s: checked against ``base_digest``; None
+    (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it."""
     numel = sum(sizes)
-    base = _base(record, config, store, task, numel)
+    base = _base(record, store, numel, base_digest, rebuild)
     meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
     copy_held = None if meta is None or held is None or steps is None else LatticeCopy.decode(held, numel, steps)
     if copy_held is not None and copy_held.version != int(meta["version"]):  # type: ignore[index]
         copy_held = None  # the store's parts disagree: no copy to build on
-    copy, updated = apply_downlink(record, sizes, base, copy_held, version=config.integer(DOWNLINK_VERSION, 0),
-                                   digest=config.integer(DOWNLINK_DIGEST, 0))
+    copy, updated = apply_downlink(record, sizes, base, copy_held, version=version, digest=digest)
     # Stored compactly (the snapshot encoding); the digest check passed, so this is the copy.
     store.put_bytes("lattice.n", updated.encode())
     store.put_tensor("lattice.steps", updated.tensor_steps)
@@ -58,10 +78,11 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
     return copy
 
 
-def _base(record, config: RoundConfig, store: NodeStore, task: Task, numel: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def _base(record: ArrayRecord, store: NodeStore, numel: int, expected: int,
+          rebuild: Callable[[], torch.Tensor | None]) -> torch.Tensor:
     """The lattice's base: shipped with this message, shipped or rebuilt earlier and stored, or
-    rebuilt from the task and seed and checked against the coordinator's digest."""
-    expected = config.integer(DOWNLINK_BASE_DIGEST, 0)
+    rebuilt here and checked against the coordinator's digest (then stored: later messages need not
+    build the model again)."""
     shipped = shipped_base(record, numel, expected)
     if shipped is not None:
         store.put_tensor("lattice.base", shipped)
@@ -69,9 +90,10 @@ def _base(record, config: RoundConfig, store: NodeStore, task: Task, numel: int)
     stored = store.get_tensor("lattice.base")
     if stored is not None and stored.numel() == numel and model_digest(stored) == expected:
         return stored
-    rebuilt = seeded_initial_params(task, config.seed)
-    if model_digest(rebuilt) != expected:
-        raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
-                             "coordinator's (another torch build?); it must be sent once")
-    store.put_tensor("lattice.base", rebuilt)  # checked: later messages need not build the model again
+    rebuilt = rebuild()
+    if rebuilt is None:
+        raise OutOfSyncError("this node holds no base of the model's lattice; the coordinator must send it")
+    if rebuilt.numel() != numel or model_digest(rebuilt) != expected:
+        raise MissingBaseError("the downlink base built here differs from the coordinator's; it must be sent once")
+    store.put_tensor("lattice.base", rebuilt)
     return rebuilt

@@ -42,17 +42,8 @@ from fedge.protocol.config_keys import (
     LAYOUT_SPEC_KEY,
     START_KEY,
 )
-from fedge.protocol.records import (
-    BASE_RECORD,
-    DOWNLINK_RECORD,
-    DOWNLINK_STEPS_KEY,
-    MODEL_RECORD,
-    PAYLOAD_KEY,
-    RAW_RECORD,
-    array_bytes,
-    flat_array,
-    payload_array,
-)
+from fedge.protocol.downlink import downlink_record
+from fedge.protocol.records import DOWNLINK_RECORD, MODEL_RECORD, RAW_RECORD, array_bytes
 
 __all__ = ["ServerDownlink"]
 
@@ -70,7 +61,6 @@ class ServerDownlink:
         self.start = start  # the nodes build the start model themselves: it is the lattice's base
         self.broadcast: VersionedBroadcast | None = None
         self.layout: Layout | None = None
-        self.base: ArrayRecord | None = None
         self.published: int | None = None  # digest of the exact model last published
         self.sent: dict[int, int] = {}  # node -> version its latest message brought
         self.track_supports = track_supports
@@ -91,11 +81,10 @@ class ServerDownlink:
         layout = Layout(arrays)
         exact = torch.from_numpy(layout.flatten(arrays).copy())
         if self.broadcast is None and self.start is not None:  # the base is the start model each node builds
-            self.layout, self.base = layout, ArrayRecord({name: array for name, array in arrays.items()})
+            self.layout = layout
             self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=True)
         elif self.broadcast is None:  # a zero base every node builds; version 0 is the start model on the lattice
             self.layout = layout
-            self.base = layout.rebuild(np.zeros(layout.numel, dtype=np.float32), arrays)
             self.broadcast = VersionedBroadcast(self.parsed, torch.zeros(layout.numel), layout.sizes(), seeded=True,
                                                 start=exact)
         elif layout.digest != self.layout.digest:  # type: ignore[union-attr]
@@ -111,7 +100,7 @@ class ServerDownlink:
         message in place of the model (counted)."""
         messages = list(messages)
         configs = [own_config(m) for m in messages]
-        if self.broadcast is None or self.layout is None or self.base is None:
+        if self.broadcast is None or self.layout is None:
             self.bytes += sum(array_bytes(m.content, (MODEL_RECORD,)) for m in messages)
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
@@ -128,12 +117,8 @@ class ServerDownlink:
             content = message.content  # its own RecordDict (own_config)
             if MODEL_RECORD in content:
                 del content[MODEL_RECORD]
-            record = ArrayRecord({PAYLOAD_KEY: payload_array(lattice.payload)})
-            if lattice.steps is not None:
-                record[DOWNLINK_STEPS_KEY] = flat_array(lattice.steps)
-            content[DOWNLINK_RECORD] = record
-            if lattice.base is not None:  # a node that could not build the named start model
-                content[BASE_RECORD] = self.base
+            # the engine's record; a node that could not build the named start model gets the base in it
+            content[DOWNLINK_RECORD] = downlink_record(lattice.payload, lattice.steps, lattice.base)
             if len(raw):
                 content[RAW_RECORD] = raw
             config[DOWNLINK_CODEC], config[LAYOUT_KEY] = self.spec, self.layout.digest
@@ -142,11 +127,11 @@ class ServerDownlink:
             if self.start is not None and lattice.base is None and lattice.kind == SENT_SNAPSHOT:
                 config[START_KEY] = self.start  # the constructor and seed a node builds the base with
                 self.bytes += len(self.start.encode())
-            elif self.start is None and lattice.kind == SENT_SNAPSHOT:  # the layout of the zero base
+            elif lattice.base is not None or lattice.kind == SENT_SNAPSHOT:  # the layout of a zero or shipped base
                 config[LAYOUT_SPEC_KEY] = self.layout.spec
                 self.bytes += len(self.layout.spec.encode())
             self.sent[node] = b.version
-            self.bytes += array_bytes(content, (DOWNLINK_RECORD, BASE_RECORD, RAW_RECORD))
+            self.bytes += array_bytes(content, (DOWNLINK_RECORD, RAW_RECORD))
         return messages
 
     def settle(self, replies: list[Message]) -> None:

@@ -1,23 +1,26 @@
 """A node's side of the wrapper's lattice downlink: the model a message brings, as the ``ArrayRecord``
 the user's ``@app.train()`` / ``@app.evaluate()`` code expects.
 
-The node keeps, in its ``Context.state``, the lattice's base (zeros in the model's layout, built
-from the names, shapes and dtypes a snapshot carries, or shipped) and its lattice copy (version,
-integer coordinates, steps). A
-message's change or snapshot is applied by ``fedge.protocol.downlink`` (the same code as Fedge's own
-ClientApp) and checked against the digest the server sent; a copy that does not match, a change
-from another version, or no base raises :class:`OutOfSyncError` and the node answers with an
-error, which makes the server send a snapshot and the base next time. The user's code never sees
-a model that differs from the server's public copy.
+The change or snapshot is applied by the same code as Fedge's own devices
+(``fedge.edge_client.downlink.lattice_copy``: base, copy and checks), the copy kept in the node's
+``Context.state`` through a :class:`NodeStore`. What differs is only where the base and the layout
+come from: a Flower app's node knows no task, so its base is zeros in the layout a snapshot
+describes, or the start model the server names (``fedge.flower.start_model``), built from the app's
+own code, or the base the server ships. A copy that does not match, a change from another version,
+or no base raises :class:`OutOfSyncError` (:class:`MissingBaseError`) and the node answers with an
+error, which makes the server send a snapshot and the base next time. The user's code never sees a
+model that differs from the server's public copy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedge.compression.lattice import change_support, model_digest
+from fedge.compression.lattice import change_support
+from fedge.edge_client.downlink import lattice_copy
+from fedge.edge_client.node_store import NodeStore
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.start_model import build_start
 from fedge.protocol.config_keys import (
@@ -28,24 +31,12 @@ from fedge.protocol.config_keys import (
     LAYOUT_SPEC_KEY,
     START_KEY,
 )
-from fedge.protocol.downlink import LatticeCopy, apply_downlink
-from fedge.protocol.records import (
-    BASE_RECORD,
-    DOWNLINK_RECORD,
-    MODEL_RECORD,
-    PAYLOAD_KEY,
-    RAW_RECORD,
-    ProtocolError,
-    payload_bytes,
-)
-from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
+from fedge.protocol.records import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, RAW_RECORD, ProtocolError, payload_bytes
+from fedge.protocol.refusals import OutOfSyncError
 
 __all__ = ["receive_downlink"]
 
-_BASE = "fedge.flower.base"  # Context.state: the base model's arrays
-_BASE_META = "fedge.flower.base-meta"  # and the digest they were checked against
-_COPY = "fedge.flower.copy"  # Context.state: the lattice copy (n encoded, steps)
-_COPY_META = "fedge.flower.copy-meta"
+_NAMESPACE = "flower-downlink"  # this node's base, copy and layout, in Context.state
 
 
 def receive_downlink(msg: Message, context: Context) -> np.ndarray:
@@ -55,66 +46,43 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
     record = msg.content.array_records.get(DOWNLINK_RECORD)
     if record is None:
         raise ProtocolError(f"a lattice downlink message needs its {DOWNLINK_RECORD!r} ArrayRecord")
-    base_record = _base(msg, context, str(config[LAYOUT_KEY]), int(config[DOWNLINK_BASE_DIGEST]))
-    layout = Layout(base_record)
-    copy, updated = apply_downlink(record, layout.sizes(), torch.from_numpy(layout.flatten(base_record).copy()),
-                                   _held(context, layout), version=int(config[DOWNLINK_VERSION]),
-                                   digest=int(config[DOWNLINK_DIGEST]))
-    context.state[_COPY] = ArrayRecord({"n": Array(np.frombuffer(updated.encode(), dtype=np.uint8).copy()),
-                                        "steps": Array(updated.tensor_steps.numpy().copy())})
-    context.state[_COPY_META] = ConfigRecord({"layout": layout.digest})
+    store = NodeStore(context.state, _NAMESPACE)
+    layout, start = _layout(config, store)
+
+    def rebuild() -> torch.Tensor | None:  # the start model, or the zero base of the layout a snapshot sent
+        if START_KEY in config:
+            return torch.from_numpy(layout.flatten(start or build_start(str(config[START_KEY]))).copy())
+        return torch.zeros(layout.numel) if LAYOUT_SPEC_KEY in config else None
+
+    copy = lattice_copy(record, store, layout.sizes(), version=int(config[DOWNLINK_VERSION]),
+                        digest=int(config[DOWNLINK_DIGEST]), base_digest=int(config[DOWNLINK_BASE_DIGEST]),
+                        rebuild=rebuild)
     raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
-    like = ArrayRecord({name: raw[name] if name in raw else base_record[name] for name in base_record})
-    content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, BASE_RECORD,
-                                                                                      RAW_RECORD)})
+    zeros = Layout.zeros(layout.spec)
+    like = ArrayRecord({name: raw[name] if name in raw else zeros[name] for name in zeros})
+    content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, RAW_RECORD)})
     content[MODEL_RECORD] = layout.rebuild(copy.numpy(), like)
     msg.content = content
     return change_support(payload_bytes(record[PAYLOAD_KEY], f"downlink[{PAYLOAD_KEY}]"), layout.numel)
 
 
-def _base(msg: Message, context: Context, layout_digest: str, digest: int) -> ArrayRecord:
-    """The base shipped with this message, kept from an earlier one (its digest was checked when it
-    was kept, and is not computed again), or built here from the start model or the layout."""
-    shipped = msg.content.array_records.get(BASE_RECORD)
-    if shipped is not None:
-        if Layout(shipped).digest != layout_digest:
-            raise LayoutError(f"the shipped base has layout {Layout(shipped).digest}, the server described "
-                              f"{layout_digest}")
-        if not _fits(shipped, layout_digest, digest):
-            raise ProtocolError("the shipped downlink base does not match its digest")
-        return _keep(context, ArrayRecord({name: array for name, array in shipped.items()}), digest)
-    kept, meta = context.state.array_records.get(_BASE), context.state.config_records.get(_BASE_META)
-    if kept is not None and meta is not None and meta.get("digest") == digest and Layout(kept).digest == layout_digest:
-        return kept
-    config = msg.content.config_records["config"]
-    if START_KEY in config:  # the start model, built from the app's own code and the server's seed
+def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord | None]:
+    """The model's layout (names, shapes, dtypes): the one this message describes, the one kept, or
+    the named start model's (then also that model, the base to build); checked against the server's."""
+    digest, start = str(config[LAYOUT_KEY]), None
+    kept = str((store.get_meta("layout") or {}).get("spec", ""))
+    if LAYOUT_SPEC_KEY in config:
+        spec = str(config[LAYOUT_SPEC_KEY])
+    elif kept and Layout(Layout.zeros(kept)).digest == digest:
+        spec = kept
+    elif START_KEY in config:
         start = build_start(str(config[START_KEY]))
-        if _fits(start, layout_digest, digest):
-            return _keep(context, start, digest)
-        raise MissingBaseError(f"the start model {config[START_KEY]} built here differs from the server's; "
-                               "it must be sent once")
-    if LAYOUT_SPEC_KEY in config:  # a snapshot: build the zero base in the layout it describes
-        zeros = Layout.zeros(str(config[LAYOUT_SPEC_KEY]))
-        if _fits(zeros, layout_digest, digest):
-            return _keep(context, zeros, digest)
-    raise OutOfSyncError("this node holds no base of the model's lattice; the server must send it")
-
-
-def _fits(record: ArrayRecord, layout_digest: str, digest: int) -> bool:
-    """Whether ``record`` has the server's layout and, flattened, the server's digest."""
-    layout = Layout(record)
-    return layout.digest == layout_digest and model_digest(torch.from_numpy(layout.flatten(record).copy())) == digest
-
-
-def _keep(context: Context, base: ArrayRecord, digest: int) -> ArrayRecord:
-    context.state[_BASE] = base
-    context.state[_BASE_META] = ConfigRecord({"digest": int(digest)})
-    return base
-
-
-def _held(context: Context, layout: Layout) -> LatticeCopy | None:
-    record, meta = context.state.array_records.get(_COPY), context.state.config_records.get(_COPY_META)
-    if record is None or meta is None or meta.get("layout") != layout.digest:
-        return None
-    steps = torch.from_numpy(np.array(record["steps"].numpy(), dtype=np.float32, copy=True))
-    return LatticeCopy.decode(bytes(record["n"].numpy().tobytes()), layout.numel, steps)
+        spec = Layout(start).spec
+    else:
+        raise OutOfSyncError("this node holds no base of the model's lattice, nor its layout; the server must "
+                             "send a snapshot")
+    layout = Layout(Layout.zeros(spec))
+    if layout.digest != digest:
+        raise LayoutError(f"the model's layout here is {layout.digest}, the server described {digest}")
+    store.put_meta("layout", {"spec": spec})
+    return layout, start

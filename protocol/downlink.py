@@ -33,12 +33,14 @@ from fedge.protocol.records import (
     DOWNLINK_STEPS_KEY,
     PAYLOAD_KEY,
     ProtocolError,
+    flat_array,
+    payload_array,
     payload_bytes,
     read_flat,
 )
 from fedge.protocol.refusals import OutOfSyncError
 
-__all__ = ["LatticeCopy", "apply_downlink", "shipped_base"]
+__all__ = ["LatticeCopy", "apply_downlink", "downlink_record", "shipped_base"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,17 @@ class LatticeCopy:
         if tensor_steps.dim() != 1 or not bool((tensor_steps > 0).all()):
             return None
         return cls(int(version), torch.from_numpy(values.copy()), tensor_steps)
+
+
+def downlink_record(payload: bytes, steps: torch.Tensor | None, base: torch.Tensor | None) -> ArrayRecord:
+    """The one downlink record both coordinators send: the lattice message's ``payload``, with a
+    snapshot its per-tensor ``steps``, and the flat ``base`` for a node that cannot build it."""
+    arrays = {PAYLOAD_KEY: payload_array(payload)}
+    if steps is not None:
+        arrays[DOWNLINK_STEPS_KEY] = flat_array(steps)
+    if base is not None:
+        arrays[DOWNLINK_BASE_KEY] = flat_array(base)
+    return ArrayRecord(arrays)
 
 
 def shipped_base(record: ArrayRecord, numel: int, digest: int) -> torch.Tensor | None:

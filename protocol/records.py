@@ -16,7 +16,6 @@ user's Flower app (the records that ride beside a user's own are namespaced ``fe
                        fedge.downlink  ArrayRecord{payload[, steps][, base]}: lattice change or snapshot of
                                        the node's versioned copy of the model (FedAvg, FedBuff, EASGD's
                                        center; a Flower app's strategies)
-                       fedge.base      ArrayRecord: a Flower app's lattice base, the model's own arrays
                        fedge.raw       ArrayRecord: a Flower app's integer buffers, as they are
                        relay           ArrayRecord{<node id>: payload}: neighbours' encoded copy updates (gossip)
                        public          ArrayRecord{<node id>: float32 vector}: full public copies (gossip resync)
@@ -47,7 +46,6 @@ __all__ = [
     "PAYLOAD_STYPE",
     "PUBLIC_RECORD",
     "RAW_RECORD",
-    "BASE_RECORD",
     "RELAY_RECORD",
     "UPDATE_RECORD",
     "ProtocolError",
@@ -69,10 +67,8 @@ DOWNLINK_RECORD = "fedge.downlink"
 CONFIG_RECORD = "config"
 UPDATE_RECORD = "fedge.update"
 #: a Flower app's messages (``fedge.flower``): the arrays that are not floating point (integer
-#: buffers), sent as they are beside a payload or a lattice message; the lattice's base model as the
-#: model's own arrays, to a node that cannot build it
+#: buffers), sent as they are beside a payload or a lattice message
 RAW_RECORD = "fedge.raw"
-BASE_RECORD = "fedge.base"
 METRICS_RECORD = "metrics"
 MEASURE_RECORD = "measure"
 RELAY_RECORD = "relay"

@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.compression import make_codec
 from fedge.flower import compressed, compression_mod
-from fedge.flower.layout import LayoutError
+from fedge.flower.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY
 from fedge.protocol.records import UPDATE_RECORD, read_payload
 from fedge.tasks import make_task
@@ -168,13 +168,13 @@ def test_an_unknown_codec_is_refused_when_wrapping() -> None:
 
 
 def _public(wrapped) -> ArrayRecord:  # type: ignore[no-untyped-def]
-    layout, base = wrapped.downlink.layout, wrapped.downlink.base
-    return layout.rebuild(wrapped.downlink.broadcast.public.numpy(), base)
+    layout = wrapped.downlink.layout  # the digits CNN: floating-point arrays only
+    return layout.rebuild(wrapped.downlink.broadcast.public.numpy(), Layout.zeros(layout.spec))
 
 
 def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_aggregate_is_exact() -> None:
     from fedge.protocol.config_keys import LAYOUT_SPEC_KEY
-    from fedge.protocol.records import BASE_RECORD, DOWNLINK_RECORD
+    from fedge.protocol.records import DOWNLINK_BASE_KEY, DOWNLINK_RECORD
 
     arrays, config, grid, spec = _model(), ConfigRecord({"lr": 0.1}), Grid(), "qsgd:bits=4"
     wrapped, plain = compressed(FedAvg(), uplink=spec, downlink="lattice:ratio=0.05"), FedAvg()
@@ -187,7 +187,7 @@ def test_with_the_lattice_downlink_nodes_get_the_servers_public_copy_and_the_agg
         assert not wrapped.downlink.supports  # only a tcs uplink needs the changes' supports
         # no model goes out in fp32: the first message is a snapshot on a zero base with the model's
         # layout (names, shapes, dtypes); later rounds carry only a change
-        assert not any(BASE_RECORD in m.content for m in messages)
+        assert not any(DOWNLINK_BASE_KEY in m.content[DOWNLINK_RECORD] for m in messages)
         assert all((LAYOUT_SPEC_KEY in m.content["config"]) == (server_round == 1) for m in messages)
         public = _public(wrapped)
         replies = _exchange(messages, apps, contexts)
@@ -313,7 +313,7 @@ def _digits_start() -> torch.nn.Module:
 
 def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -> None:
     from fedge.protocol.config_keys import LAYOUT_SPEC_KEY, START_KEY
-    from fedge.protocol.records import BASE_RECORD
+    from fedge.protocol.records import DOWNLINK_BASE_KEY, DOWNLINK_RECORD
 
     start = f"{__name__}:_digits_start@7"
     torch.manual_seed(7)
@@ -322,7 +322,7 @@ def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -
     wrapped = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05", start=start)
     apps, contexts, grid = {n: _user_app(seen=seen) for n in NODES}, _contexts(), Grid()
     messages = list(wrapped.configure_train(1, arrays, ConfigRecord(), grid))
-    assert all(m.content["config"][START_KEY] == start and BASE_RECORD not in m.content
+    assert all(m.content["config"][START_KEY] == start and DOWNLINK_BASE_KEY not in m.content[DOWNLINK_RECORD]
                and LAYOUT_SPEC_KEY not in m.content["config"] for m in messages)
     fp32 = sum(len(a.data) for a in arrays.values())
     replies = _exchange(messages, apps, contexts)
@@ -348,11 +348,12 @@ def test_with_a_named_start_model_nodes_build_it_and_no_model_goes_out_whole() -
     wrapped_bad.aggregate_train(1, [failed])
     again = [m for m in wrapped_bad.configure_train(2, arrays, ConfigRecord(), grid)
              if m.metadata.dst_node_id == message.metadata.dst_node_id]
-    assert len(again) == 1 and BASE_RECORD in again[0].content and START_KEY not in again[0].content["config"]
+    assert len(again) == 1 and DOWNLINK_BASE_KEY in again[0].content[DOWNLINK_RECORD]
+    assert START_KEY not in again[0].content["config"] and LAYOUT_SPEC_KEY in again[0].content["config"]
     again[0].metadata.__dict__["_message_id"] = again[0].object_id
     context = _contexts()[message.metadata.dst_node_id]
     reply = _user_app()(again[0], context)  # it builds its copy on the shipped start model
-    assert not reply.has_error() and "fedge.flower.base" in context.state.array_records
+    assert not reply.has_error() and "fedge/flower-downlink/lattice.base" in context.state.array_records
     with pytest.raises(ValueError, match="module:callable@seed"):
         compressed(FedAvg(), downlink="lattice:ratio=0.05", start="not a spec")
 

@@ -33,17 +33,8 @@ from fedge.aggregation.broadcast import (
     VersionedBroadcast,
     parse_downlink,
 )
-from fedge.protocol import (
-    CONFIG_RECORD,
-    DOWNLINK_BASE_KEY,
-    DOWNLINK_RECORD,
-    DOWNLINK_STEPS_KEY,
-    MODEL_RECORD,
-    PAYLOAD_KEY,
-    array_bytes,
-    flat_array,
-    payload_array,
-)
+from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, array_bytes
+from fedge.protocol.downlink import downlink_record
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.refusals import NEEDS_BASE
@@ -101,18 +92,9 @@ class Downlink:
                 tally.full = (params, ArrayRecord(unflatten_state(params, self.template)))
             return MODEL_RECORD, tally.full[1]
         message = self.broadcast.message_for(node)
-        record = self._record(message)
+        record = downlink_record(message.payload, message.steps, message.base)
         tally.count(message, array_bytes(RecordDict({DOWNLINK_RECORD: record})))
         return DOWNLINK_RECORD, record
-
-    @staticmethod
-    def _record(message: DownlinkMessage) -> ArrayRecord:
-        arrays = {PAYLOAD_KEY: payload_array(message.payload)}
-        if message.steps is not None:
-            arrays[DOWNLINK_STEPS_KEY] = flat_array(message.steps)
-        if message.base is not None:
-            arrays[DOWNLINK_BASE_KEY] = flat_array(message.base)
-        return ArrayRecord(arrays)
 
     def replied(self, node: int, version: int) -> None:
         if self.broadcast is not None:
