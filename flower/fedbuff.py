@@ -7,8 +7,11 @@ is turned into an update (the Fedge payload ``compression_mod`` sends, decoded w
 version its message named, or, from a client without the mod, its arrays minus the model it was
 sent), weighted by its example count and the staleness rule s(τ) of ``fedge.aggregation.staleness``
 (τ = versions published since its message left; staler than ``max_staleness``: dropped and
-counted), and buffered. After ``buffer`` updates the buffer's weighted mean moves the model by
-``server_lr`` and a new version is published; the node that replied gets the new model at once.
+counted), and added to the buffer: the engine's aggregation rule (``aggregator``, default the
+streaming mean, O(model) memory; a robust rule of ``fedge.aggregation.robust`` holds its updates).
+After ``buffer`` updates the buffer's weighted mean moves the model by ``server_lr`` and a new
+version is published; the node that replied gets the new model at once. Messages and replies go
+through the engine's dispatcher (``fedge.protocol.dispatcher``), so timeouts are counted the same way.
 ``FedAsync`` is ``buffer=1`` with a mixing rate: x ← x + α·s(τ)·Δ (Xie et al. 2019).
 
 With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
@@ -32,18 +35,21 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, RAW_RECORD, UPDATE_RECORD, array_bytes
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -52,10 +58,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _InFlight:
-    node: int
-    version: int
-    sent: float
+class _Buffer:
+    """One version's buffer: the aggregation rule's accumulator (the engine's: O(model) for the
+    mean), the staleness of each update in it and the records its metrics come from."""
+
+    mean: Aggregator
+    staleness: list[int] = field(default_factory=list)
+    contents: list[RecordDict] = field(default_factory=list)
 
 
 class FedBuff:
@@ -64,7 +73,7 @@ class FedBuff:
     def __init__(self, concurrency: int = 8, buffer: int = 4, uplink: str | None = "qsgd:bits=4",
                  staleness: Staleness | None = None, server_lr: float = 1.0,
                  weighted_by_key: str = "num-examples", seed: int = 0, reply_timeout: float = 600.0,
-                 poll_interval: float = 0.1, downlink: str = "none", start: str | None = None) -> None:
+                 downlink: str = "none", start: str | None = None, aggregator: str = "mean") -> None:
         if concurrency < 1 or buffer < 1:
             raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
         if uplink is not None:
@@ -75,13 +84,14 @@ class FedBuff:
             if codec.shares_support:
                 raise ValueError(f"uplink codec {uplink!r} sends on a support shared with the last downlink change, "
                                  "which FedBuff's asynchronous versions do not keep per node; use it with compressed()")
-        ServerDownlink(downlink, start=start)  # an unknown downlink is refused here, not mid-run
-        if not (server_lr > 0 and reply_timeout > 0 and poll_interval > 0):
-            raise ValueError("server_lr, reply_timeout and poll_interval must be positive")
+        ServerDownlink(downlink, start=start)  # an unknown downlink or rule is refused here, not mid-run
+        make_aggregator(aggregator, 1, capacity=buffer)
+        if not (server_lr > 0 and reply_timeout > 0):
+            raise ValueError("server_lr and reply_timeout must be positive")
         self.concurrency, self.buffer, self.uplink = int(concurrency), int(buffer), uplink
         self.staleness = staleness or Staleness()
         self.server_lr, self.weighted_by_key, self.seed = float(server_lr), weighted_by_key, int(seed)
-        self.reply_timeout, self.poll_interval = float(reply_timeout), float(poll_interval)
+        self.reply_timeout, self.aggregator = float(reply_timeout), aggregator
         self.downlink_spec, self.start_spec = downlink, start
         self.downlink_bytes = 0  # model records sent (fp32 arrays, or lattice, base and raw arrays)
         self.refused: list[tuple[int, int, str]] = []  # (version, node, reason)
@@ -103,7 +113,9 @@ class FedBuff:
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
               timeout: float = 3600.0, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Result:
-        """Publish ``num_versions`` versions; Flower's :class:`Result`, indexed by version."""
+        """Publish ``num_versions`` versions; Flower's :class:`Result`, indexed by version. Messages
+        go out and replies come back through the engine's :class:`Dispatcher` (a reply the moment
+        it is pulled; a :class:`Missing` at its node's ``reply_timeout``)."""
         layout = Layout(initial_arrays)
         codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
@@ -114,78 +126,79 @@ class FedBuff:
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
         rng = random.Random(self.seed)
-        version, flights = 0, {}  # message id -> _InFlight
-        buffered: list[tuple[np.ndarray, float, int]] = []  # (update, example weight, staleness)
-        metrics_seen: list[RecordDict] = []
+        dispatcher = Dispatcher(grid, clock=clock, sleep=sleep)
+        version, busy = 0, {}  # node -> the version its message started from
+        buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
         deadline = clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
-        while version < num_versions:
-            if clock() > deadline:
-                raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
-            busy = {f.node for f in flights.values()}
+
+        def fill() -> None:
+            nonlocal published
             idle = [n for n in grid.get_node_ids() if n not in busy]
             rng.shuffle(idle)
-            wanted = idle[: max(0, self.concurrency - len(flights))]
-            if wanted:
-                arrays = result.arrays  # the current version, built once when it was published
-                if published is None or published[0] != version:  # with a lattice: the copy nodes train from
-                    published = (version, downlink.public(arrays))
-                public = published[1]
-                messages = [self._message(node, arrays, layout, version, train_config) for node in wanted]
-                messages = downlink.attach(messages, arrays)
-                for mid, message in zip(grid.push_messages(messages), messages, strict=True):
-                    node = message.metadata.dst_node_id
-                    if mid:
-                        flights[str(mid)] = _InFlight(node, version, clock())
-                    else:
-                        downlink.lost(node)
-                sent_models.setdefault(version, model if public is None else public)
-                self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
-            replies = list(grid.pull_messages(list(flights))) if flights else []
-            for reply in replies:
-                flight = flights.pop(reply.metadata.reply_to_message_id, None)
-                if flight is None:
-                    continue
-                downlink.settle_reply(reply)
-                update = self._update(reply, flight, layout, codec, sent_models)
-                if update is None:
-                    continue
-                tau = version - flight.version
-                if self.staleness.dropped(tau):
-                    self.dropped_stale += 1
-                    log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, flight.node)
-                    continue
-                delta, weight, metrics = update
-                buffered.append((delta, weight, tau))
-                metrics_seen.append(metrics)
-                if len(buffered) >= self.buffer:  # Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine
-                    total = sum(w for _, w, _ in buffered)
-                    mean = sum(self.staleness.weight(t) * w * d for d, w, t in buffered) / total
-                    model = (model + self.mix(mean, [t for _, _, t in buffered])).astype(np.float32)
-                    version += 1
-                    like = self._like(like, metrics_seen)
-                    arrays = layout.rebuild(model, like)
-                    result.arrays = arrays
-                    result.train_metrics_clientapp[version] = self._train_metrics(metrics_seen, buffered)
-                    log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, len(buffered),
-                             float(np.mean([t for _, _, t in buffered])))
-                    if evaluate_fn is not None:
-                        self._evaluate(evaluate_fn, version, arrays, result)
-                    buffered, metrics_seen = [], []
-                    if version >= num_versions:
-                        break
-            now = clock()
-            for mid, flight in list(flights.items()):
-                if now - flight.sent > self.reply_timeout:
-                    del flights[mid]
-                    downlink.lost(flight.node)
-                    self.refused.append((version, flight.node, f"no reply within {self.reply_timeout:g} s"))
-            live = {f.version for f in flights.values()} | {version}
-            for old in [v for v in sent_models if v not in live]:
-                del sent_models[old]
-            if not replies:
-                sleep(self.poll_interval)
+            wanted = idle[: max(0, self.concurrency - len(busy))]
+            if not wanted:
+                return
+            arrays = result.arrays  # the current version, built once when it was published
+            if published is None or published[0] != version:  # with a lattice: the copy nodes train from
+                published = (version, downlink.public(arrays))
+            messages = downlink.attach([self._message(n, arrays, layout, version, train_config) for n in wanted],
+                                       arrays)
+            dispatcher.push(messages, self.reply_timeout)
+            busy.update({n: version for n in wanted})
+            sent_models.setdefault(version, model if published[1] is None else published[1])
+            self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
+
+        fill()
+        for item in dispatcher.replies():
+            if clock() > deadline:
+                raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
+            node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
+            started = busy.pop(node, version)
+            if isinstance(item, Missing):
+                downlink.lost(node)
+                self.refused.append((version, node, item.reason))
+            else:
+                downlink.settle_reply(item)
+                self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
+            if buffer.mean.count >= self.buffer:
+                model = (model + self.mix(buffer.mean.result().numpy(), buffer.staleness)).astype(np.float32)
+                version += 1
+                like = self._like(like, buffer.contents)
+                result.arrays = layout.rebuild(model, like)
+                result.train_metrics_clientapp[version] = self._train_metrics(buffer)
+                log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
+                         float(np.mean(buffer.staleness)))
+                if evaluate_fn is not None:
+                    self._evaluate(evaluate_fn, version, result.arrays, result)
+                buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
+                if version >= num_versions:
+                    break
+                for old in [v for v in sent_models if v not in set(busy.values()) | {version}]:
+                    del sent_models[old]
+            if not dispatcher.batch_left:
+                fill()
+        if version < num_versions:
+            raise TimeoutError(f"FedBuff: {version} of {num_versions} versions, and no node left to ask")
         return result
+
+    def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
+                codec: Codec | None, sent_models: dict[int, np.ndarray]) -> None:
+        """One reply into the buffer: decoded, dropped if staler than the bound, else added with its
+        example weight times s(τ) (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine)."""
+        update = self._update(reply, node, started, layout, codec, sent_models)
+        if update is None:
+            return
+        tau = version - started
+        if self.staleness.dropped(tau):
+            self.dropped_stale += 1
+            log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
+            return
+        delta, weight, content = update
+        scale = self.staleness.weight(tau)
+        buffer.mean.add(torch.from_numpy(delta * scale if scale != 1.0 else delta), weight)
+        buffer.staleness.append(tau)
+        buffer.contents.append(content)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
@@ -196,7 +209,7 @@ class FedBuff:
         return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
 
-    def _update(self, reply: Message, flight: _InFlight, layout: Layout, codec: Codec | None,
+    def _update(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
                 sent_models: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
         """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`)."""
         try:
@@ -208,17 +221,17 @@ class FedBuff:
                     raise LayoutError("a compressed update, but this strategy asked for none")
                 payload = reply_payload(reply)
                 self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
-                delta = codec.for_round(flight.version, self.seed).decode(payload, layout.numel).numpy()
+                delta = codec.for_round(started, self.seed).decode(payload, layout.numel).numpy()
             elif MODEL_RECORD in reply.content.array_records:
                 self.uplink_bytes += array_bytes(reply.content, (MODEL_RECORD,))
-                delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[flight.version]
+                delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[started]
             else:
                 raise LayoutError(f"neither {UPDATE_RECORD!r} nor {MODEL_RECORD!r} in the reply")
             if not np.isfinite(delta).all():
                 raise LayoutError("the update holds NaN or infinite values")
         except REFUSED as err:
-            log.warning("[FedBuff] refused the reply of node %d: %s", flight.node, err)
-            self.refused.append((flight.version, flight.node, str(err)))
+            log.warning("[FedBuff] refused the reply of node %d: %s", node, err)
+            self.refused.append((started, node, str(err)))
             return None
         return delta.astype(np.float32), weight, RecordDict({"metrics": metrics, **(
             {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
@@ -232,17 +245,16 @@ class FedBuff:
                 return with_raw(like, content.array_records[RAW_RECORD])
         return like
 
-    def _train_metrics(self, metrics_seen: list[RecordDict], buffered: list[tuple[np.ndarray, float, int]]) \
-            -> MetricRecord:
+    def _train_metrics(self, buffer: _Buffer) -> MetricRecord:
         """The example-weighted mean of the buffered replies' numeric metrics, and the staleness."""
         out: dict[str, float] = {}
-        weights = [float(c.metric_records["metrics"].get(self.weighted_by_key, 1)) for c in metrics_seen]
-        keys = set.intersection(*(set(c.metric_records["metrics"].keys()) for c in metrics_seen))
+        weights = [float(c.metric_records["metrics"].get(self.weighted_by_key, 1)) for c in buffer.contents]
+        keys = set.intersection(*(set(c.metric_records["metrics"].keys()) for c in buffer.contents))
         for key in sorted(keys - {self.weighted_by_key}):
-            values = [c.metric_records["metrics"][key] for c in metrics_seen]
+            values = [c.metric_records["metrics"][key] for c in buffer.contents]
             if all(isinstance(v, (int, float)) for v in values):
                 out[key] = float(np.average(values, weights=weights))
-        out["staleness-mean"] = float(np.mean([t for _, _, t in buffered]))
+        out["staleness-mean"] = float(np.mean(buffer.staleness))
         out["fedge-uplink-bytes"] = float(self.uplink_bytes)
         out["fedge-downlink-bytes"] = float(self.downlink_bytes)
         out["fedge-dropped-stale"] = float(self.dropped_stale)

@@ -58,7 +58,7 @@ from fedge.server.engine.algorithm import (
     Update,
     reply_metrics,
 )
-from fedge.server.engine.dispatcher import Dispatcher, Missing
+from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.reply_screen import screen_reply

@@ -149,6 +149,29 @@ def test_fedasync_mixes_every_update_in_and_refuses_bad_parameters() -> None:
         FedBuff(uplink="nonsense")
 
 
+def test_the_buffer_is_the_engines_aggregation_rule_and_a_robust_one_resists_a_bad_update() -> None:
+    """``aggregator=`` names one of the engine's rules: the streaming mean by default, or a robust
+    one; with the coordinate-wise median one node's huge (finite) update cannot drag the version."""
+    def boost(node: int, reply: Message) -> None:
+        if node == 13:
+            from fedge.flower.layout import Layout
+
+            arrays = reply.content.array_records["arrays"]
+            flat = Layout(arrays).flatten(arrays) + 1e3
+            reply.content["arrays"] = Layout(arrays).rebuild(flat.astype(np.float32), arrays)
+
+    start = _model()
+    norms = {}
+    for rule in ("mean", "median"):
+        clock = Clock()
+        grid = LatencyGrid({n: _user_app(with_mod=False) for n in NODES}, {n: 1.0 for n in NODES}, clock, boost)
+        result = _run(FedBuff(concurrency=3, buffer=3, uplink=None, aggregator=rule), grid, 1, clock, start)
+        norms[rule] = max(float(np.abs(result.arrays[k].numpy() - start[k].numpy()).max()) for k in start)
+    assert norms["mean"] > 100 and norms["median"] < 10, norms
+    with pytest.raises(ValueError, match="aggregator"):
+        FedBuff(aggregator="nonsense")
+
+
 def test_the_servers_evaluate_fn_runs_for_every_version() -> None:
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {n: 1.0 for n in NODES}, clock)

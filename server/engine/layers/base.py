@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from flwr.app import Message
 
     from fedge.server.engine.algorithm import Algorithm
-    from fedge.server.engine.dispatcher import Missing
+    from fedge.protocol.dispatcher import Missing
     from fedge.server.engine.tally import Tally
     from fedge.server.run.run_directory import RunDirectory
 

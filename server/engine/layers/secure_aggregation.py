@@ -25,7 +25,7 @@ from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.server.engine.dispatcher import Missing
+from fedge.protocol.dispatcher import Missing
 from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
