@@ -13,13 +13,18 @@ export RAY_USAGE_STATS_ENABLED := 0
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test test-slow bench install clean help
+# The Flower releases Fedge supports (fedge.protocol.flower_release.SUPPORTED); `make flower-compat`
+# runs the tests that touch Flower against each, in its own environment (ops/flower-compat).
+FLOWER_RELEASES ?= 1.41.0 1.42.0
+
+.PHONY: demo test test-slow bench install clean help flower-compat
 
 help:
 	@echo "make demo    - federated demo on the embedded digits task (simulation engine)"
 	@echo "make test    - the test suite (unit, property, integration with real processes)"
 	@echo "make test-slow - also the slow tests"
 	@echo "make bench   - benchmarks (not run in CI)"
+	@echo "make flower-compat - the Flower-facing tests on each supported Flower release ($(FLOWER_RELEASES))"
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "Fedge needs Python 3.10 or newer; set PYTHON=python3.X")'
@@ -44,7 +49,7 @@ demo: $(STAMP)
 # longest first (tests/conftest.py); they mostly wait on Flower and Ray, and the in-process tests
 # fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group (loadgroup).
 test: $(STAMP)
-	@$(PY) -m compileall -q -j 0 -x '/(\.venv|\.git|runs|build|templates)/' . >/dev/null
+	@$(PY) -m compileall -q -j 0 -x '/(\.venv[^/]*|\.git|runs|build|templates)/' . >/dev/null
 	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --durations=20
 
 test-slow: $(STAMP)
@@ -54,5 +59,8 @@ bench: $(STAMP)
 	@ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+flower-compat:
+	@for release in $(FLOWER_RELEASES); do PYTHON=$(PYTHON) ops/flower-compat $$release || exit 1; done
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-flwr-* .pytest_cache .hypothesis

@@ -45,11 +45,13 @@ from fedge.edge_client.resources import resource_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
+from fedge.protocol.flower_release import check_flower
 from fedge.protocol.plugins import PLUGIN_ACTION
 from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE
 
 __all__ = ["app", "handled_algorithms"]
 
+check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
                       state_persistence_mod, slowdown_mod, fault_injection_mod])
 

@@ -16,11 +16,15 @@ round over Fedge's secure aggregation: the strategy aggregates only the survivor
 (``fedge.flower.secure``). Nothing here imports Fedge's coordinator (``fedge.server``).
 """
 
-from fedge.flower.client_mod import compression_mod
-from fedge.flower.fedbuff import FedAsync, FedBuff
-from fedge.flower.secure import SecureStrategy, secure
-from fedge.flower.secure_mod import secure_mod
-from fedge.flower.strategy import CompressedStrategy, compressed
+from fedge.protocol.flower_release import check_flower
+
+check_flower()  # before anything reads Flower: another release gets a clear error, not a mid-run one
+
+from fedge.flower.client_mod import compression_mod  # noqa: E402
+from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
+from fedge.flower.secure import SecureStrategy, secure  # noqa: E402
+from fedge.flower.secure_mod import secure_mod  # noqa: E402
+from fedge.flower.strategy import CompressedStrategy, compressed  # noqa: E402
 
 __all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "SecureStrategy", "compressed", "compression_mod", "secure",
            "secure_mod"]

@@ -18,6 +18,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.deploy.model_file import ModelFile, save_model_file
+from fedge.protocol.flower_release import check_flower
 from fedge.protocol.plugins import load_plugins
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.loop import Engine, make_context
@@ -31,6 +32,7 @@ __all__ = ["app", "configure_logging"]
 
 log = logging.getLogger(__name__)
 
+check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ServerApp()
 
 

@@ -207,3 +207,21 @@ def test_the_installed_wheel_runs_anywhere(fedge_install: tuple[str, Path], tmp_
     *missing, location = json.loads(done.stdout)
     assert all(missing), f"a generic top-level name is importable: {dict(zip(LAYERS, missing))}"
     assert location.startswith(str(venv) if kind == "wheel" else str(ROOT))
+
+
+def test_installing_fedge_beside_the_current_flower_keeps_that_flower(tmp_path: Path) -> None:
+    """An app environment that already has a supported Flower (this one: 1.42.0 as constraints.txt
+    pins it, or the release `make flower-compat` installed) gets Fedge and nothing else: pip resolves every requirement against what is
+    installed, offline, and would have to replace Flower if the pin excluded it."""
+    from importlib.metadata import version
+
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                           "--quiet", "--report", str(report), f"{ROOT}[platform]"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    would_install = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert set(would_install) == {"fedge"}, would_install
+    from fedge.protocol.flower_release import SUPPORTED
+
+    assert ".".join(version("flwr").split(".")[:2]) in SUPPORTED  # `make test`: 1.42; `make flower-compat`: each
