@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from fedge.privacy.errors import ProtocolError
 
-__all__ = ["auto_neighbours", "default_threshold", "harary_neighbours"]
+__all__ = ["auto_neighbours", "default_threshold", "harary_neighbours", "max_colluders"]
 
 
 def auto_neighbours(devices: int) -> int:
@@ -30,11 +30,26 @@ def auto_neighbours(devices: int) -> int:
     return min(devices - 1, 2 * math.ceil(2 * math.log2(devices)))
 
 
-def default_threshold(neighbours: int) -> int:
-    """A strict majority of a device's neighbours: the coordinator can never hold both a device's
-    seed shares and its key shares (each honest neighbour reveals one kind), and up to
-    ``neighbours - threshold`` neighbours may drop."""
-    return neighbours // 2 + 1
+def default_threshold(neighbours: int, *, active: bool = False) -> int:
+    """The Shamir threshold for a device with ``neighbours`` neighbours; up to ``neighbours -
+    threshold`` of them may drop.
+
+    Against a coordinator that is honest but curious, a strict majority: it can never hold both a
+    device's seed shares and its key shares, since each honest neighbour reveals one kind. Against
+    one that may lie (``active``, the consistency round), more than two thirds (Bonawitz et al.
+    2017's active-adversary parameter): a coordinator that shows two groups different survivor
+    sets collects one kind from each group, and colluding neighbours reveal both kinds, so it needs
+    2t <= neighbours + colluders; with t > 2k/3 that takes more than k/3 colluders, not two (privacy
+    audit 2, N3)."""
+    return 2 * neighbours // 3 + 1 if active else neighbours // 2 + 1
+
+
+def max_colluders(neighbours: int, threshold: int) -> int:
+    """The most colluding neighbours of a device whose update a lying coordinator still cannot
+    unmask by equivocation: it needs ``threshold`` seed shares and ``threshold`` key shares, each
+    honest neighbour gives one kind and each colluder both, so c colluders suffice once
+    ``neighbours + c >= 2 * threshold``."""
+    return max(0, 2 * threshold - neighbours - 1)
 
 
 def harary_neighbours(devices: Sequence[int], degree: int, seed: int) -> dict[int, tuple[int, ...]]:

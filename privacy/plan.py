@@ -61,6 +61,10 @@ class SecAggPlan:
         if 2 * self.reconstruction_threshold <= degree:
             raise ProtocolError(f"threshold {self.reconstruction_threshold} of {degree} neighbours is not a "
                                 "majority: a coordinator could collect both a device's seed and key shares")
+        if self.consistency and 3 * self.reconstruction_threshold <= 2 * degree:
+            raise ProtocolError(f"threshold {self.reconstruction_threshold} of {degree} neighbours is not above "
+                                "two thirds: against a coordinator that may lie, two colluding neighbours would "
+                                "let it collect both kinds of a device's shares by equivocation")
         if self.model_size and self.model_size < self.dimension:
             raise ProtocolError(f"a support of {self.dimension} coordinates out of {self.model_size} is impossible")
         if self.noise is not None and (self.noise.dimension != self.dimension or self.model_size):
@@ -84,10 +88,11 @@ class SecAggPlan:
 
     @property
     def consistency_quorum(self) -> int:
-        """Signatures over one survivor set a device needs before it unmasks: a strict majority of the
-        round's participants. Two sets cannot both gather one without a device signing both, and an
-        honest device signs one set per round."""
-        return len(self.participants) // 2 + 1
+        """Signatures over one survivor set a device needs before it unmasks: more than two thirds of
+        the round's participants (Bonawitz et al. 2017, active adversary). An honest device signs one
+        set per round, so two sets both gather a quorum only if more than n/3 devices sign both: a
+        strict majority fell to two colluders of six (privacy audit 2, N3)."""
+        return 2 * len(self.participants) // 3 + 1
 
     @property
     def configured_degree(self) -> int:
@@ -105,7 +110,7 @@ class SecAggPlan:
 
     @property
     def reconstruction_threshold(self) -> int:
-        return self.threshold or default_threshold(self.degree)
+        return self.threshold or default_threshold(self.degree, active=self.consistency)
 
     @property
     def bits(self) -> int:

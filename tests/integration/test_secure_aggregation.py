@@ -47,7 +47,9 @@ def test_over_tls_identities_are_issued_and_a_device_the_operator_did_not_issue_
     secure-aggregation identity is bound to its node key and endorsed by the federation's CA
     (``issuer=`` is set by the launcher), and the consistency round runs. SuperNode 3 presents an
     endorsement from another CA (its node key is registered, so Flower lets it in): the coordinator
-    refuses its identity and the other three devices' sum is unmasked."""
+    refuses its identity and the other four devices' sum is unmasked. (Five devices: against a
+    coordinator that may lie the threshold is above two thirds of the neighbours, t = 3 of 4, so a
+    round of four could not lose one.)"""
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
     from fedge.deploy.certs import init_ca
@@ -55,18 +57,18 @@ def test_over_tls_identities_are_issued_and_a_device_the_operator_did_not_issue_
     from fedge.privacy.credentials import endorse, load_node_key
 
     run = tmp_path / "run"
-    security = LoopbackSecurity.create(run / "tls", 4)
+    security = LoopbackSecurity.create(run / "tls", 5)
     init_ca(tmp_path / "rogue-ca")
     rogue_ca = load_pem_private_key((tmp_path / "rogue-ca" / "ca.key").read_bytes(), None)
     rogue = tmp_path / "node-3.endorsement"  # node 3's own key, endorsed by another CA
     rogue.write_bytes(endorse(rogue_ca, "node-3", load_node_key(security.node_key(3)).public_key()))
-    settings = RunSettings(rounds=1, clients_per_round=4, min_replies=3, local_epochs=1, run_dir=str(run),
+    settings = RunSettings(rounds=1, clients_per_round=5, min_replies=4, local_epochs=1, run_dir=str(run),
                            secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", round_timeout=240,
                            wait_for_nodes=120)
-    result = launch(settings, engine="deployment", num_supernodes=4, tls=True, timeout=400,
+    result = launch(settings, engine="deployment", num_supernodes=5, tls=True, timeout=400,
                     node_config={3: {"secagg-endorsement": str(rogue)}})
     assert_no_leftovers(result.run_dir / "flwr-home")
     (row,) = result.rows
     assert row["secagg_consistency"] is True and "issuer=" in row["secure_aggregation"]
-    assert row["clients_used"] == 3, row["rejected"]
+    assert row["clients_used"] == 4, row["rejected"]
     assert len(row["rejected"]) == 1 and "not endorsed by the operator's CA" in row["rejected"][0]["reason"]

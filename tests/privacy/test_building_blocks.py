@@ -135,3 +135,14 @@ def test_the_threshold_is_a_strict_majority_of_every_devices_real_neighbours(dev
     with pytest.raises(ProtocolError, match="not a majority"):  # an explicit threshold of half is refused
         SecAggPlan(RoundContext(b"r", 1), tuple(range(1, devices + 1)), SharedGrid(4, 1.0), 10, graph_seed=3,
                    neighbours=neighbours, threshold=plan.degree // 2)
+    # against a coordinator that may lie (the consistency round): above two thirds, by default and
+    # checked, and the quorum too (privacy audit 2, N3)
+    issued = SecAggPlan(RoundContext(b"r", 1), tuple(range(1, devices + 1)), SharedGrid(4, 1.0), 10, graph_seed=3,
+                        neighbours=neighbours, consistency=True)
+    for node in issued.participants:
+        assert 3 * issued.reconstruction_threshold > 2 * len(issued.neighbours_of(node)), node
+    assert 3 * issued.consistency_quorum > 2 * devices
+    if 2 * issued.degree // 3 > issued.degree // 2:  # a majority that is not two thirds exists
+        with pytest.raises(ProtocolError, match="two thirds"):
+            SecAggPlan(RoundContext(b"r", 1), tuple(range(1, devices + 1)), SharedGrid(4, 1.0), 10, graph_seed=3,
+                       neighbours=neighbours, threshold=2 * issued.degree // 3, consistency=True)

@@ -177,9 +177,44 @@ def test_without_a_quorum_the_coordinator_aborts_before_asking_anyone() -> None:
     plan = make_plan(6, 16, consistency=True)
     devices, server, uploads, levels, keys = _masked(plan)
     survivors = server.receive_masked(uploads)
-    signed = {n: devices[n].consistency(survivors) for n in survivors[:3]}
-    with pytest.raises(ConsistencyError, match="quorum 4"):
+    signed = {n: devices[n].consistency(survivors) for n in survivors[:4]}  # a majority is not enough
+    with pytest.raises(ConsistencyError, match="quorum 5"):
         server.receive_consistency(signed)
+
+
+def test_two_colluders_of_six_no_longer_unmask_a_device_by_equivocation() -> None:
+    """Privacy audit 2, N3, at the default parameters. Six devices, degree 5; x and a are shown
+    "x survived" (to collect x's seed shares), b1 and b2 "x dropped" (to collect its key shares),
+    and the colluders c1, c2 sign both sets and hand over both kinds of their shares of x. With
+    strict majorities (t = 3, quorum 4) both sets gathered four signatures and x's update came out
+    exactly. Now the quorum is five of six and t four of five: every honest device refuses to
+    reveal, and what the colluders hold (two shares of each kind) is short of t."""
+    from fedge.privacy.neighbourhood import max_colluders
+
+    plan = make_plan(6, 32, consistency=True)
+    assert (plan.consistency_quorum, plan.reconstruction_threshold, plan.degree) == (5, 4, 5)
+    assert max_colluders(plan.degree, plan.reconstruction_threshold) == 2
+    devices, server, uploads, levels, keys = _masked(plan)
+    x, a, b1, b2, c1, c2 = sorted(plan.participants)
+    with_x, without_x = sorted(plan.participants), [n for n in sorted(plan.participants) if n != x]
+    # each colluder signs both sets (two copies of its saved state, one per set)
+    signatures: dict[str, dict[int, bytes]] = {"with": {}, "without": {}}
+    for n in (x, a):
+        signatures["with"][n] = devices[n].consistency(with_x)
+    for n in (b1, b2):
+        signatures["without"][n] = devices[n].consistency(without_x)
+    for c in (c1, c2):
+        signatures["with"][c] = _saved(devices[c], plan, keys[c]).consistency(with_x)
+        signatures["without"][c] = _saved(devices[c], plan, keys[c]).consistency(without_x)
+    assert len(signatures["with"]) == len(signatures["without"]) == 4  # the old quorum, reached twice
+    public = {n: keys[n].public_key() for n in plan.participants}
+    for n, shown, kind in ((x, with_x, "with"), (a, with_x, "with"), (b1, without_x, "without"),
+                           (b2, without_x, "without")):
+        with pytest.raises(ConsistencyError, match="quorum"):
+            devices[n].unmask(shown, signatures[kind], public)
+    for kind in ("with", "without"):  # nor does the coordinator ask anyone
+        with pytest.raises(ConsistencyError, match="quorum 5"):
+            SecAggServer(plan, public).receive_consistency(signatures[kind])
 
 
 # -- SECURITY.md's claims, on the saved-and-restored path ------------------------------------------
