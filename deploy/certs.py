@@ -183,9 +183,11 @@ def issue_server_certificate(directory: str | os.PathLike[str], hosts: list[str]
     return ServerCertificate(cert_path, key_path, tuple(hosts), not_after)
 
 
-def make_node_key(directory: str | os.PathLike[str], name: str, *, force: bool = False) -> NodeKey:
+def make_node_key(directory: str | os.PathLike[str], name: str, *, force: bool = False,
+                  days: float = 365) -> NodeKey:
     """``<name>`` (OpenSSH private key, 0600) and ``<name>.pub`` for one SuperNode, and, when the
-    CA's key is in ``directory``, ``<name>.endorsement`` (the CA's signature over both)."""
+    CA's key is in ``directory``, ``<name>.endorsement`` (the CA's signature over both and an
+    expiry ``days`` from now)."""
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
         raise CertificateError(f"node name must be letters, digits, '-', '_' or '.', got {name!r}")
     out = Path(directory)
@@ -201,8 +203,28 @@ def make_node_key(directory: str | os.PathLike[str], name: str, *, force: bool =
 
         _, ca_key = _load_ca(out)
         endorsement = endorsement_path(private)
-        atomic_write_bytes(endorsement, endorse(ca_key, name, key.public_key()), mode=0o644)
+        atomic_write_bytes(endorsement, endorse(ca_key, name, key.public_key(), valid_days=days), mode=0o644)
     return NodeKey(private, public, fingerprint(line), endorsement)
+
+
+def revoke_node(directory: str | os.PathLike[str], name: str) -> Path:
+    """Revoke node ``name``'s endorsement before it expires: its public key (``<name>.pub`` in
+    ``directory``) joins the CA-signed list beside ``ca.crt`` (``revocations.fedge``), written
+    atomically. Give the list to the coordinator and every device with ``ca.crt``: each refuses a
+    credential it lists from then on."""
+    from fedge.privacy.credentials import REVOCATIONS_FILE, revoke
+
+    out = Path(directory)
+    _, ca_key = _load_ca(out)
+    public = out / f"{name}.pub"
+    try:
+        node_public = serialization.load_ssh_public_key(public.read_bytes().split(b" fedge-")[0].strip())
+    except (OSError, ValueError) as error:
+        raise CertificateError(f"cannot read node {name!r}'s public key {public}: {error}") from None
+    der = node_public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    path = out / REVOCATIONS_FILE
+    atomic_write_bytes(path, revoke(ca_key, path, name, der), mode=0o644)
+    return path
 
 
 def endorsement_path(node_key: Path) -> Path:

@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
@@ -39,6 +38,7 @@ from fedge.edge_client.privacy_policy import check_secure_plan
 from fedge.edge_client.resources import timed
 from fedge.privacy.credentials import (
     Credential,
+    Issuer,
     bind_identity,
     check_distinct,
     load_issuer,
@@ -159,7 +159,7 @@ def _identity_key(node: int, raw: bytes) -> Ed25519PublicKey:
         raise AdvertisementError(f"device {node}'s identity key is malformed: {error}") from None
 
 
-def _issuer(context: Context) -> EllipticCurvePublicKey | None:
+def _issuer(context: Context) -> Issuer | None:
     """The operator's CA key when the operator issued this device its identity (node config
     ``secagg-auth-key``, ``secagg-endorsement``, ``secagg-issuer``); None: trust on first use."""
     if not all(context.node_config.get(k) for k in IDENTITY_NODE_CONFIG):
@@ -178,7 +178,7 @@ def _credential(context: Context, identity: Ed25519PrivateKey) -> bytes:
     return bind_identity(load_node_key(str(context.node_config[_NODE_KEY])), raw, _public(identity))
 
 
-def _check_mode(plan: SecAggPlan, issuer: EllipticCurvePublicKey | None) -> None:
+def _check_mode(plan: SecAggPlan, issuer: Issuer | None) -> None:
     """A device issued an identity never trusts on first use; one without cannot check issued peers."""
     if plan.consistency and issuer is None:
         raise ProtocolError("this round trusts only identities issued by the operator, and this device has "

@@ -14,12 +14,24 @@ trusted on first use:
 
 A coordinator holding no CA key cannot make a credential, so it cannot enrol identities of its
 own; an operator who issues extra nodes can (see SECURITY.md, "Not protected").
+
+An endorsement carries an expiry (``fedge certs node --days``, default 365), signed with the rest,
+and the operator can revoke one before then (``fedge certs revoke``): the CA signs a list of
+revoked node keys and names, ``revocations.fedge``, kept beside ``ca.crt``. Whoever loads the issuer
+(the coordinator, every device) reads the list from there and refuses an expired or revoked
+credential; a list whose signature does not verify is an error, never an empty list (privacy audit
+2, N9). Version 1 endorsements, which had no expiry, are refused: issue the node again.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import hashlib
+import json
 import struct
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -29,15 +41,19 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedge.privacy.errors import AdvertisementError
 
-__all__ = ["CredentialError", "Credential", "endorse", "bind_identity", "verify_credential", "load_issuer",
-           "load_node_key"]
+__all__ = ["REVOCATIONS_FILE", "CredentialError", "Credential", "Issuer", "endorse", "bind_identity",
+           "verify_credential", "load_issuer", "load_node_key", "revocation_list", "revoke"]
 
-_ENDORSE_LABEL = b"fedge-node-endorsement-v1|"
+_ENDORSE_LABEL = b"fedge-node-endorsement-v2|"
 _BIND_LABEL = b"fedge-secagg-identity-v1|"
-_MAGIC_ENDORSEMENT = b"FNE1"
-_MAGIC_CREDENTIAL = b"FSC1"
-_HEADER = struct.Struct("<4sHHH")  # magic and three field lengths
+_REVOKE_LABEL = b"fedge-revocations-v1|"
+_MAGIC_ENDORSEMENT = b"FNE2"  # name, node key, expiry, CA signature
+_MAGIC_ENDORSEMENT_V1 = b"FNE1"  # no expiry: refused
+_MAGIC_CREDENTIAL = b"FSC1"  # endorsement, binding, (empty)
+_EXPIRY = struct.Struct("<Q")  # seconds since the epoch, UTC
 _MAX_FIELD = 4096
+#: the operator's signed list of revoked endorsements, beside the CA certificate
+REVOCATIONS_FILE = "revocations.fedge"
 _SIGN = ec.ECDSA(hashes.SHA384())
 _SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
@@ -47,37 +63,51 @@ class CredentialError(AdvertisementError):
 
 
 def _pack(magic: bytes, *fields: bytes) -> bytes:
-    return _HEADER.pack(magic, *(len(f) for f in fields)) + b"".join(fields)
+    return struct.pack(f"<4s{len(fields)}H", magic, *(len(f) for f in fields)) + b"".join(fields)
 
 
-def _unpack(magic: bytes, data: bytes, what: str) -> tuple[bytes, bytes, bytes]:
+def _unpack(magic: bytes, data: bytes, what: str, count: int) -> list[bytes]:
     data = bytes(data)
-    if len(data) < _HEADER.size:
+    header = struct.Struct(f"<4s{count}H")
+    if len(data) >= 4 and data[:4] == _MAGIC_ENDORSEMENT_V1 and magic == _MAGIC_ENDORSEMENT:
+        raise CredentialError(f"{what}: a version 1 endorsement, which never expires; issue the node again "
+                              "(fedge certs node)")
+    if len(data) < header.size:
         raise CredentialError(f"{what}: {len(data)} bytes, too short for its header")
-    said, *lengths = _HEADER.unpack_from(data)
+    said, *lengths = header.unpack_from(data)
     if said != magic:
         raise CredentialError(f"{what}: wrong magic {said!r}")
-    if any(n > _MAX_FIELD for n in lengths) or _HEADER.size + sum(lengths) != len(data):
+    if any(n > _MAX_FIELD for n in lengths) or header.size + sum(lengths) != len(data):
         raise CredentialError(f"{what}: field lengths {lengths} do not add up to its {len(data)} bytes")
-    at, out = _HEADER.size, []
+    at, out = header.size, []
     for n in lengths:
         out.append(data[at:at + n])
         at += n
-    return out[0], out[1], out[2]
+    return out
 
 
-def endorse(ca_key: ec.EllipticCurvePrivateKey, name: str, node_public: ec.EllipticCurvePublicKey) -> bytes:
-    """The CA's endorsement of one node's authentication key (what ``fedge certs node`` writes)."""
+def _endorsed(raw_name: bytes, spki: bytes, expiry: bytes) -> bytes:
+    """What the CA signs: the name, the node key and the expiry, each bound to its place."""
+    return _ENDORSE_LABEL + struct.pack("<H", len(raw_name)) + raw_name + struct.pack("<H", len(spki)) + spki + expiry
+
+
+def endorse(ca_key: ec.EllipticCurvePrivateKey, name: str, node_public: ec.EllipticCurvePublicKey, *,
+            valid_days: float = 365, now: float | None = None) -> bytes:
+    """The CA's endorsement of one node's authentication key, valid ``valid_days`` from ``now``
+    (what ``fedge certs node`` writes)."""
+    if not valid_days > 0:
+        raise ValueError(f"an endorsement must be valid for a positive number of days, got {valid_days}")
     spki = node_public.public_bytes(*_SPKI)
     raw_name = name.encode()
-    signature = ca_key.sign(_ENDORSE_LABEL + struct.pack("<H", len(raw_name)) + raw_name + spki, _SIGN)
-    return _pack(_MAGIC_ENDORSEMENT, raw_name, spki, signature)
+    expiry = _EXPIRY.pack(int((time.time() if now is None else now) + valid_days * 86400))
+    signature = ca_key.sign(_endorsed(raw_name, spki, expiry), _SIGN)
+    return _pack(_MAGIC_ENDORSEMENT, raw_name, spki, expiry, signature)
 
 
 def bind_identity(node_key: ec.EllipticCurvePrivateKey, endorsement: bytes, identity_public: bytes) -> bytes:
     """The device's credential: its endorsement plus its authentication key's signature over its
     secure-aggregation identity. Refuses an endorsement of another key (a mix-up on the device)."""
-    _, spki, _ = _unpack(_MAGIC_ENDORSEMENT, endorsement, "the endorsement")
+    _, spki, _, _ = _unpack(_MAGIC_ENDORSEMENT, endorsement, "the endorsement", 4)
     if spki != node_key.public_key().public_bytes(*_SPKI):
         raise CredentialError("the endorsement is for another authentication key than this node's")
     binding = node_key.sign(_BIND_LABEL + bytes(identity_public), _SIGN)
@@ -86,27 +116,49 @@ def bind_identity(node_key: ec.EllipticCurvePrivateKey, endorsement: bytes, iden
 
 @dataclass(frozen=True)
 class Credential:
-    """What a verified credential says: the node's name and its authentication key (DER)."""
+    """What a verified credential says: the node's name, its authentication key (DER) and when its
+    endorsement expires (seconds since the epoch)."""
 
     name: str
     node_key: bytes
+    expires: int = 0
 
 
-def verify_credential(credential: bytes, identity_public: bytes, issuer: ec.EllipticCurvePublicKey) -> Credential:
-    """Check that ``identity_public`` was bound by a node key that ``issuer`` endorsed; raises
-    :class:`CredentialError` naming what failed."""
-    endorsement, binding, rest = _unpack(_MAGIC_CREDENTIAL, credential, "the identity credential")
+@dataclass(frozen=True)
+class Issuer:
+    """The operator's CA as a verifier: its key and the endorsements it revoked (node keys by the
+    SHA-256 of their DER encoding, and names)."""
+
+    key: ec.EllipticCurvePublicKey
+    revoked_keys: frozenset[str] = field(default_factory=frozenset)
+    revoked_names: frozenset[str] = field(default_factory=frozenset)
+
+
+def verify_credential(credential: bytes, identity_public: bytes, issuer: Issuer, *,
+                      now: float | None = None) -> Credential:
+    """Check that ``identity_public`` was bound by a node key that ``issuer`` endorsed, that the
+    endorsement has not expired (at ``now``) and was not revoked; raises :class:`CredentialError`
+    naming what failed."""
+    endorsement, binding, rest = _unpack(_MAGIC_CREDENTIAL, credential, "the identity credential", 3)
     if rest:
         raise CredentialError("the identity credential has trailing fields")
-    raw_name, spki, ca_signature = _unpack(_MAGIC_ENDORSEMENT, endorsement, "the endorsement")
+    raw_name, spki, expiry, ca_signature = _unpack(_MAGIC_ENDORSEMENT, endorsement, "the endorsement", 4)
     try:
         name = raw_name.decode()
     except UnicodeDecodeError:
         raise CredentialError("the endorsement's node name is not text") from None
+    if len(expiry) != _EXPIRY.size:
+        raise CredentialError(f"node {name!r}: the endorsement's expiry is {len(expiry)} bytes, not {_EXPIRY.size}")
     try:
-        issuer.verify(ca_signature, _ENDORSE_LABEL + struct.pack("<H", len(raw_name)) + raw_name + spki, _SIGN)
+        issuer.key.verify(ca_signature, _endorsed(raw_name, spki, expiry), _SIGN)
     except InvalidSignature:
         raise CredentialError(f"node {name!r}'s authentication key is not endorsed by the operator's CA") from None
+    (expires,) = _EXPIRY.unpack(expiry)
+    if (time.time() if now is None else now) >= expires:
+        raise CredentialError(f"node {name!r}'s endorsement expired on {_date(expires)}; the operator must issue "
+                              "it again")
+    if hashlib.sha256(spki).hexdigest() in issuer.revoked_keys or name in issuer.revoked_names:
+        raise CredentialError(f"node {name!r}'s endorsement was revoked by the operator ({REVOCATIONS_FILE})")
     try:
         node_key = serialization.load_der_public_key(spki)
     except ValueError as error:
@@ -118,7 +170,11 @@ def verify_credential(credential: bytes, identity_public: bytes, issuer: ec.Elli
     except InvalidSignature:
         raise CredentialError(f"node {name!r}'s secure-aggregation identity is not the one its "
                               "authentication key signed") from None
-    return Credential(name, spki)
+    return Credential(name, spki, expires)
+
+
+def _date(seconds: int) -> str:
+    return dt.datetime.fromtimestamp(min(seconds, 253402300799), dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def check_distinct(credentials: dict[int, Credential]) -> None:
@@ -134,15 +190,58 @@ def check_distinct(credentials: dict[int, Credential]) -> None:
             seen[mark] = node
 
 
-def load_issuer(path: str | Path) -> ec.EllipticCurvePublicKey:
-    """The operator CA's public key from its PEM certificate; :class:`CredentialError` if unusable."""
+def load_issuer(path: str | Path) -> Issuer:
+    """The operator's CA from its PEM certificate, with the revocations beside it
+    (:data:`REVOCATIONS_FILE`, when the operator revoked any); :class:`CredentialError` if either is
+    unusable, a list that is not the CA's included."""
     try:
         key = x509.load_pem_x509_certificate(Path(path).read_bytes()).public_key()
     except (OSError, ValueError) as error:
         raise CredentialError(f"the identity issuer {path}: not a readable PEM certificate ({error})") from None
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise CredentialError(f"the identity issuer {path}: not an EC certificate (`fedge certs init` makes one)")
-    return key
+    revocations = Path(path).with_name(REVOCATIONS_FILE)
+    if not revocations.exists():
+        return Issuer(key)
+    entries = revocation_list(revocations, key)
+    return Issuer(key, frozenset(e["node_key_sha256"] for e in entries), frozenset(e["name"] for e in entries))
+
+
+def revocation_list(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> list[dict[str, str]]:
+    """The revoked endorsements of a signed list (each ``{"name", "node_key_sha256", "revoked"}``);
+    :class:`CredentialError` if the file is malformed or not signed by ``ca_public``."""
+    try:
+        document = json.loads(Path(path).read_text())
+        payload, signature = document["list"], base64.b64decode(document["signature"], validate=True)
+        entries = payload["revoked"]
+        if not (isinstance(entries, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                                  and isinstance(e.get("node_key_sha256"), str) for e in entries)):
+            raise ValueError("entries must each name a node and its key's sha256")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CredentialError(f"the revocation list {path} is malformed: {error}") from None
+    try:
+        ca_public.verify(signature, _REVOKE_LABEL + _canonical(payload), _SIGN)
+    except InvalidSignature:
+        raise CredentialError(f"the revocation list {path} is not signed by the operator's CA") from None
+    return entries
+
+
+def revoke(ca_key: ec.EllipticCurvePrivateKey, path: str | Path, name: str, node_public_der: bytes,
+           *, now: float | None = None) -> bytes:
+    """The signed list at ``path`` (empty if none) with one more endorsement revoked: the bytes to
+    write there (``fedge certs revoke`` writes them atomically)."""
+    entries = revocation_list(path, ca_key.public_key()) if Path(path).exists() else []
+    digest = hashlib.sha256(node_public_der).hexdigest()
+    if not any(e["node_key_sha256"] == digest for e in entries):
+        entries.append({"name": name, "node_key_sha256": digest,
+                        "revoked": _date(int(time.time() if now is None else now))})
+    payload = {"version": 1, "revoked": entries}
+    signature = ca_key.sign(_REVOKE_LABEL + _canonical(payload), _SIGN)
+    return (json.dumps({"list": payload, "signature": base64.b64encode(signature).decode()}, indent=1) + "\n").encode()
+
+
+def _canonical(payload: object) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
 
 
 def load_node_key(path: str | Path) -> ec.EllipticCurvePrivateKey:

@@ -4,6 +4,7 @@
     fedge certs server   --dir certs --host coordinator.example.org --host 10.0.0.5
     fedge certs node     --dir certs --name device-1               # device-1 (private) + device-1.pub
     fedge certs register certs/device-1.pub --superlink coordinator.example.org:9093 --root-cert certs/ca.crt
+    fedge certs revoke   --dir certs --name device-1               # certs/revocations.fedge, signed by the CA
 
 ``register`` runs Flower's own ``flwr supernode register`` against the running SuperLink.
 """
@@ -33,6 +34,11 @@ def add_certs_parser(sub: argparse._SubParsersAction) -> None:
                         help="a DNS name or IP address devices dial (repeatable)")
     server.add_argument("--days", type=int, default=397, help="the server certificate's validity (default: 397)")
     node.add_argument("--name", required=True, help="the node's name (the file name of its key)")
+    node.add_argument("--days", type=float, default=365,
+                      help="how long the node's endorsement (its secure-aggregation identity) is valid (default: 365)")
+    revoke = actions.add_parser("revoke", help="revoke a node's endorsement (the CA-signed revocations.fedge)")
+    revoke.add_argument("--dir", required=True, help="the certificate directory (with ca.key and <name>.pub)")
+    revoke.add_argument("--name", required=True, help="the node to revoke")
     register = actions.add_parser("register", help="register a node's public key with a running SuperLink")
     register.add_argument("public_key", help="<name>.pub from `fedge certs node`")
     register.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink")
@@ -41,7 +47,7 @@ def add_certs_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_certs(args: argparse.Namespace) -> int:
-    from fedge.deploy.certs import init_ca, issue_server_certificate, make_node_key
+    from fedge.deploy.certs import init_ca, issue_server_certificate, make_node_key, revoke_node
 
     if args.certs_command == "init":
         path = init_ca(args.dir, name=args.name, days=args.days, force=args.force)
@@ -52,13 +58,17 @@ def run_certs(args: argparse.Namespace) -> int:
         print(f"server certificate: {issued.certificate} for {', '.join(issued.hosts)} "
               f"(valid until {issued.not_after:%Y-%m-%d})\nserver key: {issued.key} (the coordinator only)")
     elif args.certs_command == "node":
-        key = make_node_key(args.dir, args.name, force=args.force)
+        key = make_node_key(args.dir, args.name, force=args.force, days=args.days)
         print(f"node key: {key.private_key} (copy to the device only)\npublic key: {key.public_key} "
               f"({key.fingerprint}); register it: fedge certs register {key.public_key} --superlink HOST:PORT "
               f"--root-cert {Path(args.dir) / 'ca.crt'}")
         if key.endorsement is not None:
             print(f"endorsement: {key.endorsement} (copy to the device next to its key: its secure-aggregation "
                   "identity is then issued by this CA)")
+    elif args.certs_command == "revoke":
+        path = revoke_node(args.dir, args.name)
+        print(f"revoked {args.name}: {path} (copy it next to ca.crt on the coordinator and every device; "
+              "each refuses this node's identity from then on)")
     else:
         from fedge.launcher.environment import flower_environment
         from fedge.launcher.federation import register_node, write_connection

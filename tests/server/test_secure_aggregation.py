@@ -576,6 +576,33 @@ def test_one_endorsement_binds_one_participant(tmp_path) -> None:
     assert set(_credentialed({7: raw[7]}, {7: credentials[7]}, load_issuer(ca))) == {7}
 
 
+def test_a_revoked_device_is_refused_by_the_coordinator_and_by_its_peers(tmp_path) -> None:
+    """Privacy audit 2, N9: an endorsement worked forever. The operator revokes device 2
+    (``fedge certs revoke``): the coordinator, reading the CA-signed list beside ``ca.crt``,
+    refuses its identity and the others' round runs; a device that is forwarded the revoked
+    credential refuses it too."""
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedge.deploy.certs import revoke_node
+    from fedge.edge_client.secure_aggregation import _credentialed
+    from fedge.privacy.credentials import CredentialError, bind_identity, load_issuer, load_node_key
+
+    ca, config = _issued_federation(tmp_path, 5)
+    revoke_node(ca.parent, "device-2")
+    engine = _engine(tmp_path, rounds=1, secure_aggregation=f"{SECAGG},issuer={ca}")
+    grid = InProcessGrid(5, node_config=config)
+    row = engine.run(grid, initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 4
+    assert [r["node"] for r in row.rejected] == [grid.node_id(2)]
+    assert "revoked by the operator" in row.rejected[0]["reason"]
+    key, endorsement = load_node_key(config[2]["secagg-auth-key"]), Path(config[2]["secagg-endorsement"]).read_bytes()
+    raw = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+    with pytest.raises(CredentialError, match="revoked"):
+        _credentialed({9: raw}, {9: bind_identity(key, endorsement, raw)}, load_issuer(ca))
+
+
 def test_a_second_message_for_one_stage_is_refused(tmp_path) -> None:
     """Privacy audit 2, N10: Flower starts a task per pulled message (the warm executor forks each)
     from one saved state, so two consistency or unmask messages of one round could both be answered:
