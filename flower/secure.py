@@ -218,7 +218,7 @@ class SecureStrategy(Strategy):
     def _note(self, server_round: int, secure: SecureRound) -> None:
         """The nodes the protocol dropped this round, each once in :attr:`refused`."""
         noted = {n for r, n, _ in self.refused if r == server_round}
-        self.refused += [(server_round, node, reason) for node, reason in secure.dropped() if node not in noted]
+        self.refused += [(server_round, f.node, f.reason) for f in secure.dropped() if f.node not in noted]
 
     def _refuse(self, server_round: int, node: int, reason: str) -> None:
         log.warning("round %d: reply from node %d refused: %s", server_round, node, reason)

@@ -37,6 +37,7 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
+from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
 from fedge.protocol.secagg import (
@@ -112,6 +113,8 @@ class SecureRound:
         self.uplink = 0
         self.downlink = 0
         self.missing: dict[int, str] = {}
+        #: the kind of each drop that is not the protocol's own (a device's typed refusal: its policy)
+        self.kinds: dict[int, FailureKind] = {}
         self._routed_ads: dict[int, dict] = {}  # device -> its neighbours' accepted advertisements
         self._identities: dict[int, bytes] = {}  # device -> its pinned identity key
         self._credentials: dict[int, bytes] = {}  # device -> its credential from the operator's CA
@@ -132,11 +135,12 @@ class SecureRound:
             raise ProtocolError(f"malformed masked upload: {len(payload)} bytes, the plan expects {expected}")
         return bytes(payload)
 
-    def dropped(self) -> list[tuple[int, str]]:
-        """The nodes the protocol dropped since the last call, with why, each once."""
+    def dropped(self) -> list[Failure]:
+        """The nodes the protocol dropped since the last call, with why, each once: kind ``secagg``,
+        or the kind a device's refusal named (``policy``: a round its operator's policy forbids)."""
         fresh = sorted((n, r) for n, r in self.missing.items() if n not in self._reported)
         self._reported.update(n for n, _ in fresh)
-        return fresh
+        return [Failure(n, self.kinds.get(n, FailureKind.SECAGG), r) for n, r in fresh]
 
     # -- stage 1 ----------------------------------------------------------------------------------
     def advertise(self, exchange: StageExchange) -> None:
@@ -285,6 +289,7 @@ class SecureRound:
             refusal = read_refusal(item.content)
             if refusal is not None:  # the device's own policy (a round too small for it, ...)
                 self._drop(node, f"{stage}: the device refused ({refusal[0]}): {refusal[1]}")
+                self.kinds[node] = FailureKind.of(refusal[0])
                 continue
             record = item.content.config_records.get(SECAGG_RECORD)
             if record is None:

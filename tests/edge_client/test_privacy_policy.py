@@ -69,7 +69,7 @@ def test_a_device_refuses_a_secure_round_smaller_than_its_minimum(tmp_path) -> N
     policy = {**POLICY, "min-participants": 4}
     row = small.run(InProcessGrid(3, node_config={i: policy for i in range(3)}), _start(small)).rows[-1]
     assert row.clients_used == 0
-    assert {entry["kind"] for entry in row.rejected} == {"secagg"}
+    assert {entry["kind"] for entry in row.rejected} == {"policy"}  # the device's typed refusal, kept
     assert all("takes part in rounds of at least 4" in entry["reason"] for entry in row.rejected)
     big = _engine(tmp_path / "big", rounds=1, clients_per_round=4, secure_aggregation=SECURE)
     row = big.run(InProcessGrid(4, node_config={i: policy for i in range(4)}), _start(big)).rows[-1]

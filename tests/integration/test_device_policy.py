@@ -59,3 +59,58 @@ def test_a_device_that_requires_secure_aggregation_refuses_a_round_without_it(
     assert (row["clients_used"], row["clients_failed"], row["clients_declined"]) == (1, 2, 0), row
     assert row["failures"] == {"policy": 2}
     assert all("requires secure aggregation" in entry["reason"] for entry in row["rejected"])
+
+
+_LYING_COORDINATOR = '''"""A coordinator that lies (privacy audit 2, N2): it lets one endorsement in twice, as a colluding
+device's two SuperNodes would ask. Loaded as a plugin by every process; only the coordinator's
+check is replaced, each device keeps its own."""
+import fedge.protocol.secure_round as secure_round
+
+secure_round.check_distinct = lambda credentials: None
+'''
+
+
+@pytest.mark.timeout(600)
+def test_devices_refuse_a_coordinator_that_multiplies_one_identity(tmp_path: Path, assert_no_leftovers,
+                                                                  monkeypatch) -> None:
+    """Privacy audit 2, N2(a), on real processes over TLS with issued identities: SuperNode 4 holds
+    SuperNode 0's node key and endorsement (a colluder with two SuperNodes), and the coordinator,
+    patched to lie, lets both in. Every device is shown the two participants with one endorsement
+    at the share stage and refuses the round: no share is dealt, no train message goes out, so no
+    update, example count or metric leaves any device."""
+    from fedge.launcher.federation import LoopbackSecurity
+
+    (tmp_path / "lying_coordinator.py").write_text(_LYING_COORDINATOR)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    security = LoopbackSecurity.create(run / "tls", 5)
+    settings = RunSettings(rounds=1, clients_per_round=5, min_replies=2, local_epochs=1, run_dir=str(run),
+                           secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", round_timeout=120,
+                           wait_for_nodes=120, plugins="lying_coordinator", export_bundle="")
+    result = launch(settings, engine="deployment", num_supernodes=5, tls=True, timeout=500,
+                    node_config={4: security.node_identity(0)})
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    (row,) = result.rows
+    # what went up were the stage replies (keys, refusals): no update, no metric, no example count
+    assert row["clients_used"] == 0 and row["train_loss"] is None, row
+    reasons = [entry["reason"] for entry in row["rejected"]]
+    # each device's own check, at the share stage (the coordinator's was patched out)
+    assert len(reasons) == 5 and all(r.startswith("share:") and "one endorsement, one participant" in r
+                                     for r in reasons), reasons
+
+
+def test_devices_refuse_a_round_smaller_than_their_minimum(tmp_path: Path, assert_no_leftovers) -> None:
+    """Privacy audit 2, N2(b), on real processes: the coordinator plans a two-device secure round
+    (the sum minus a colluder's input would be the other's update); both devices' owners pinned
+    ``min-participants = 3`` and refuse at the first stage, with a typed ``policy`` refusal, before
+    any key, share or update leaves them."""
+    settings = RunSettings(rounds=1, clients_per_round=2, min_replies=2, local_epochs=1,
+                           run_dir=str(tmp_path / "run"), secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256",
+                           round_timeout=120, wait_for_nodes=120, export_bundle="")
+    policy = {"min-participants": 3}
+    result = launch(settings, engine="deployment", num_supernodes=2, timeout=300, node_config={0: policy, 1: policy})
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    (row,) = result.rows
+    assert row["clients_used"] == 0 and row["train_loss"] is None, row
+    assert len(row["rejected"]) == 2 and all(e["kind"] == "policy" for e in row["rejected"]), row["rejected"]
+    assert all("at least 3" in e["reason"] for e in row["rejected"])

@@ -27,7 +27,6 @@ from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.dispatcher import Missing
 from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
-from fedge.protocol.failures import FailureKind
 from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 from fedge.server.engine.tally import Tally
@@ -140,7 +139,7 @@ class SecureAggregationLayer(Layer):
     def _failures(self, state: _Round) -> list[Failure]:
         """Nodes the protocol dropped since the last report, once each."""
         assert state.secure is not None
-        return [Failure(node, FailureKind.SECAGG, reason) for node, reason in state.secure.dropped()]
+        return state.secure.dropped()
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
