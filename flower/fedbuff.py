@@ -56,6 +56,8 @@ __all__ = ["FedAsync", "FedBuff"]
 
 log = logging.getLogger(__name__)
 
+_NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
+
 
 @dataclass
 class _Buffer:
@@ -149,37 +151,41 @@ class FedBuff:
             sent_models.setdefault(version, model if published[1] is None else published[1])
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
 
-        fill()
-        for item in dispatcher.replies():
+        while version < num_versions:
             if clock() > deadline:
                 raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
-            node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
-            started = busy.pop(node, version)
-            if isinstance(item, Missing):
-                downlink.lost(node)
-                self.refused.append((version, node, item.reason))
-            else:
-                downlink.settle_reply(item)
-                self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
-            if buffer.mean.count >= self.buffer:
-                model = (model + self.mix(buffer.mean.result().numpy(), buffer.staleness)).astype(np.float32)
-                version += 1
-                like = self._like(like, buffer.contents)
-                result.arrays = layout.rebuild(model, like)
-                result.train_metrics_clientapp[version] = self._train_metrics(buffer)
-                log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
-                         float(np.mean(buffer.staleness)))
-                if evaluate_fn is not None:
-                    self._evaluate(evaluate_fn, version, result.arrays, result)
-                buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
-                if version >= num_versions:
-                    break
-                for old in [v for v in sent_models if v not in set(busy.values()) | {version}]:
-                    del sent_models[old]
-            if not dispatcher.batch_left:
-                fill()
-        if version < num_versions:
-            raise TimeoutError(f"FedBuff: {version} of {num_versions} versions, and no node left to ask")
+            fill()
+            if not busy:  # no node connected yet: wait for one, as the engine does
+                sleep(_NODE_WAIT)
+                continue
+            for item in dispatcher.replies():
+                if clock() > deadline:
+                    raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
+                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
+                started = busy.pop(node, version)
+                if isinstance(item, Missing):
+                    downlink.lost(node)
+                    self.refused.append((version, node, item.reason))
+                else:
+                    downlink.settle_reply(item)
+                    self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
+                if buffer.mean.count >= self.buffer:
+                    model = (model + self.mix(buffer.mean.result().numpy(), buffer.staleness)).astype(np.float32)
+                    version += 1
+                    like = self._like(like, buffer.contents)
+                    result.arrays = layout.rebuild(model, like)
+                    result.train_metrics_clientapp[version] = self._train_metrics(buffer)
+                    log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
+                             float(np.mean(buffer.staleness)))
+                    if evaluate_fn is not None:
+                        self._evaluate(evaluate_fn, version, result.arrays, result)
+                    buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
+                    if version >= num_versions:
+                        break
+                    for old in [v for v in sent_models if v not in set(busy.values()) | {version}]:
+                        del sent_models[old]
+                if not dispatcher.batch_left:
+                    fill()
         return result
 
     def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,

@@ -172,6 +172,21 @@ def test_the_buffer_is_the_engines_aggregation_rule_and_a_robust_one_resists_a_b
         FedBuff(aggregator="nonsense")
 
 
+def test_it_waits_for_nodes_that_connect_late_and_times_out_without_any() -> None:
+    """A ServerApp may start before its SuperNodes connect: FedBuff waits for a node (on the run's
+    clock) instead of ending the run, and gives up at ``timeout`` if none ever comes."""
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {n: 1.0 for n in NODES}, clock)
+    connected = grid.get_node_ids
+    grid.get_node_ids = lambda: connected() if clock() >= 5.0 else []  # type: ignore[method-assign]
+    result = _run(FedBuff(concurrency=3, buffer=3), grid, 2, clock)
+    assert sorted(result.train_metrics_clientapp) == [1, 2] and min(grid.sent) in NODES
+    nobody = LatencyGrid({}, {}, Clock())
+    with pytest.raises(TimeoutError, match="0 of 2 versions within 30 s"):
+        FedBuff(concurrency=3, buffer=3).start(nobody, _model(), 2, timeout=30, clock=nobody.clock,
+                                               sleep=nobody.clock.sleep)
+
+
 def test_the_servers_evaluate_fn_runs_for_every_version() -> None:
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {n: 1.0 for n in NODES}, clock)
