@@ -16,19 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedge.compression.lattice import model_digest
+from fedge.compression import make_codec
+from fedge.compression.lattice import change_support, model_digest
 from fedge.edge_client.node_store import NodeStore
-from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, read_payload, read_state_dict
+from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, payload_bytes, read_payload, read_state_dict
 from fedge.protocol.downlink import LatticeCopy, apply_downlink, shipped_base
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
-__all__ = ["lattice_copy", "received_model"]
+__all__ = ["held_support", "lattice_copy", "received_model"]
 
 
 def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task,
@@ -54,16 +56,19 @@ def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Tas
 
     return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, sizes,
                         version=config.integer(DOWNLINK_VERSION, 0), digest=config.integer(DOWNLINK_DIGEST, 0),
-                        base_digest=config.integer(DOWNLINK_BASE_DIGEST, 0), rebuild=rebuild)
+                        base_digest=config.integer(DOWNLINK_BASE_DIGEST, 0), rebuild=rebuild,
+                        keep_support=make_codec(config.codec).shares_support)
 
 
 def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], *, version: int, digest: int,
-                 base_digest: int, rebuild: Callable[[], torch.Tensor | None]) -> torch.Tensor:
+                 base_digest: int, rebuild: Callable[[], torch.Tensor | None],
+                 keep_support: bool = False) -> torch.Tensor:
     """The flat copy of ``version`` a downlink ``record`` brings, applied to the copy ``store`` holds
     (and kept there): the one receiving end of Fedge's devices and of a Flower app's nodes
     (``fedge.flower.receive``). The base is the one shipped with ``record``, else the one stored
     (if it still has ``base_digest``), else ``rebuild()``'s: checked against ``base_digest``; None
-    (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it."""
+    (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it. With
+    ``keep_support`` the coordinates the change moved are kept too (:func:`held_support`)."""
     numel = sum(sizes)
     base = _base(record, store, numel, base_digest, rebuild)
     meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
@@ -75,7 +80,17 @@ def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], *, ver
     store.put_bytes("lattice.n", updated.encode())
     store.put_tensor("lattice.steps", updated.tensor_steps)
     store.put_meta("lattice.meta", {"version": updated.version})
+    if keep_support:  # the coordinates this change moved (none after a snapshot): a tcs uplink sends on them
+        support = change_support(payload_bytes(record[PAYLOAD_KEY], f"downlink[{PAYLOAD_KEY}]"), numel)
+        store.put_bytes("lattice.support", np.asarray(support, dtype=np.int64).tobytes())
     return copy
+
+
+def held_support(store: NodeStore) -> np.ndarray | None:
+    """The coordinates the last downlink change this device applied moved (kept by
+    :func:`lattice_copy` with ``keep_support``), or None when it kept none."""
+    data = store.get_bytes("lattice.support")
+    return None if data is None else np.frombuffer(data, dtype=np.int64).copy()
 
 
 def _base(record: ArrayRecord, store: NodeStore, numel: int, expected: int,

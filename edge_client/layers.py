@@ -29,7 +29,7 @@ from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.edge_client import local
-from fedge.edge_client.downlink import received_model
+from fedge.edge_client.downlink import held_support, received_model
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.secure_aggregation import masked_update
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
@@ -84,7 +84,8 @@ def upload(msg: Message, context: Context, config: RoundConfig, task: Task, upda
         payload, _ = masked_update(msg, context, update, examples if weighted else 1, memory, generator,
                                    error_feedback=config.error_feedback)
         return local.train_reply(msg, payload, {"num-examples": 1, **seconds}, started)
-    payload, residual = local.encode(update, config, task, memory, generator, model)
+    support = held_support(local.store(context, "downlink"))  # kept only under a tcs uplink
+    payload, residual = local.encode(update, config, task, memory, generator, model, support=support)
     return local.train_reply(msg, payload, {"num-examples": examples, **metrics, "residual-norm": residual,
                                             "update-norm": float(update.norm())}, started, measure=measure)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch.utils.data import Dataset
@@ -109,12 +110,14 @@ def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator:
 
 
 def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,
-           generator: torch.Generator, model: torch.nn.Module | None = None) -> tuple[bytes, float]:
-    """The update encoded with the round's codec through the node's persistent compression memory."""
+           generator: torch.Generator, model: torch.nn.Module | None = None,
+           support: np.ndarray | None = None) -> tuple[bytes, float]:
+    """The update encoded with the round's codec through the node's persistent compression memory
+    (``support``: what the last downlink change moved, for a ``tcs`` codec)."""
     storage = str(config.extra.get("memory-storage", "fp32"))
     return encode_update(update, codec_for(config.codec, task, model), memory, server_round=config.round,
                          seed=config.seed, error_feedback=config.error_feedback, generator=generator,
-                         storage=storage)
+                         storage=storage, support=support)
 
 
 def train_reply(msg: Message, payload: bytes, metrics: dict[str, Any], started: float,

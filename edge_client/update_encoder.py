@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from fedge.compression import Codec
@@ -46,11 +47,15 @@ def encode_update(
     error_feedback: bool,
     generator: torch.Generator | None = None,
     storage: str = "fp32",
+    support: np.ndarray | None = None,
 ) -> tuple[bytes, float]:
     """Return the payload for ``delta`` (encoded with ``codec.for_round``) and the L2 norm of what
     the memory carries over to the next round. ``storage`` is how the memory is kept between rounds
-    (``fp32``, ``fp16`` or ``int8``: see :meth:`NodeStore.put_tensors`)."""
+    (``fp32``, ``fp16`` or ``int8``: see :meth:`NodeStore.put_tensors`); ``support``: the
+    coordinates the last downlink change moved, which a ``tcs`` codec sends on."""
     wire = codec.for_round(server_round, seed)
+    if wire.shares_support:
+        wire = wire.with_support(support)
     if not error_feedback:
         return wire.encode(delta, generator), 0.0
     numel = delta.numel()

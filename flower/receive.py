@@ -18,8 +18,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedge.compression.lattice import change_support
-from fedge.edge_client.downlink import lattice_copy
+from fedge.edge_client.downlink import held_support, lattice_copy
 from fedge.edge_client.node_store import NodeStore
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.start_model import build_start
@@ -31,7 +30,7 @@ from fedge.protocol.config_keys import (
     LAYOUT_SPEC_KEY,
     START_KEY,
 )
-from fedge.protocol.records import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, RAW_RECORD, ProtocolError, payload_bytes
+from fedge.protocol.records import DOWNLINK_RECORD, MODEL_RECORD, RAW_RECORD, ProtocolError
 from fedge.protocol.refusals import OutOfSyncError
 
 __all__ = ["receive_downlink"]
@@ -56,14 +55,16 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
 
     copy = lattice_copy(record, store, layout.sizes(), version=int(config[DOWNLINK_VERSION]),
                         digest=int(config[DOWNLINK_DIGEST]), base_digest=int(config[DOWNLINK_BASE_DIGEST]),
-                        rebuild=rebuild)
+                        rebuild=rebuild, keep_support=True)
     raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
     zeros = Layout.zeros(layout.spec)
     like = ArrayRecord({name: raw[name] if name in raw else zeros[name] for name in zeros})
     content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, RAW_RECORD)})
     content[MODEL_RECORD] = layout.rebuild(copy.numpy(), like)
     msg.content = content
-    return change_support(payload_bytes(record[PAYLOAD_KEY], f"downlink[{PAYLOAD_KEY}]"), layout.numel)
+    support = held_support(store)
+    assert support is not None  # kept just now
+    return support
 
 
 def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord | None]:

@@ -95,14 +95,9 @@ class RunContext:
 
     @cached_property
     def codec(self) -> Codec:
-        """The run's uplink codec, built once for the model's layout. A codec that sends on a support
-        shared with the downlink's last change (``tcs``) is refused: only ``fedge.flower``'s
-        ``compressed()`` keeps each node's."""
-        codec = make_codec(self.settings.codec)
-        if codec.shares_support:
-            raise SettingsError(f"codec {self.settings.codec!r} sends on a support shared with the last downlink "
-                                "change, which only fedge.flower's compressed() keeps per node; Fedge's engine does not")
-        return codec.for_model(tensor_sizes(self.template))
+        """The run's uplink codec, built once for the model's layout (a ``tcs`` codec is bound to each
+        reply's support by the downlink layer, which also refuses it where no support is shared)."""
+        return make_codec(self.settings.codec).for_model(tensor_sizes(self.template))
 
     @property
     def holdout(self) -> float:

@@ -61,6 +61,7 @@ from fedge.server.engine.algorithm import (
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
+from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
@@ -311,7 +312,12 @@ class Engine:
         if any(layer.take(step, reply, payload, metrics) for layer in self.layers):
             return
         alg.admit(step, reply)
-        vector = alg.reply_codec(step, reply).decode(payload, self.ctx.numel)
+        codec = alg.reply_codec(step, reply)
+        if codec.shares_support:  # tcs: on the support of the change this node's message carried
+            downlink = self.layer("downlink")
+            assert isinstance(downlink, DownlinkLayer)  # every run has one; it refused tcs without a lattice
+            codec = downlink.bind(codec, reply.node)
+        vector = codec.decode(payload, self.ctx.numel)
         update = Update(node=reply.node, vector=vector, weight=1.0, metrics=metrics, payload=bytes(payload),
                         content=reply.content, started=reply.started)
         for layer in self.layers:

@@ -103,3 +103,22 @@ def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     content = _send(DownlinkLayer(downlink), engine.algorithm, 1, [node])[node]
     assert "base" in content.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedbuff:concurrency=3,buffer=3"])
+def test_a_tcs_uplink_sends_on_the_change_each_device_received(tmp_path, algorithm) -> None:
+    """The engine keeps, per node, the coordinates its latest lattice message moved; the device keeps
+    the same from the change it applied; each update is decoded on its own node's support (a payload
+    decoded on another support is refused by name, so a used update proves the two agreed). The
+    uplink is smaller than the same values codec's dense payload, and the model trains."""
+    spec = "tcs:extra=0.01+qsgd:bits=4"
+    engine = _engine(tmp_path, rounds=10, codec=spec, downlink_codec="lattice:ratio=0.05", algorithm=algorithm)
+    grid = InProcessGrid(3)
+    start = _start(engine)
+    result = engine.run(grid, start)
+    rows = result.rows
+    assert all(row.clients_used >= 2 and not row.rejected for row in rows), [r.rejected for r in rows]
+    assert all(row.uplink_bytes < row.clients_used * engine.ctx.numel // 4 for row in rows)  # under 2 bits each
+    assert engine.evaluate(result.model)["accuracy"] > engine.evaluate(start)["accuracy"] + 0.3
+    layer = engine.layer("downlink")
+    assert isinstance(layer, DownlinkLayer) and len(layer.downlink.supports) == 3

@@ -115,7 +115,13 @@ def test_sparse_mean_through_the_engine_undoes_the_dilution_of_sparse_updates(tm
     assert float(sparse.norm()) > 1.5 * float(plain.norm())  # 3 devices, mostly different top 5%
 
 
-def test_a_tcs_uplink_is_refused_by_the_engine() -> None:
-    """Fedge's own engine keeps no per-node shared support: the codec is refused before the run."""
-    with pytest.raises(SettingsError, match="compressed"):
+def test_a_tcs_uplink_needs_the_lattice_downlink_and_a_fedavg_device() -> None:
+    """``tcs`` sends on the coordinates the device's last downlink change moved: without a lattice
+    downlink there is no change, and EASGD's and gossip's devices do not send an update from the
+    model the change brought. Both are refused before the run, with the reason."""
+    with pytest.raises(SettingsError, match="needs a lattice downlink"):
         preflight(RunSettings(codec="tcs:extra=0.01+qsgd:bits=4"))
+    with pytest.raises(SettingsError, match="easgd's devices"):
+        preflight(RunSettings(codec="tcs:extra=0.01+qsgd:bits=4", algorithm="easgd",
+                              downlink_codec="lattice:ratio=0.05"))
+    preflight(RunSettings(codec="tcs:extra=0.01+qsgd:bits=4", downlink_codec="lattice:ratio=0.05"))

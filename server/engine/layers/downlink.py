@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
@@ -33,6 +34,8 @@ from fedge.aggregation.broadcast import (
     VersionedBroadcast,
     parse_downlink,
 )
+from fedge.compression import Codec
+from fedge.compression.lattice import change_support
 from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, array_bytes
 from fedge.protocol.downlink import downlink_record
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
@@ -52,9 +55,14 @@ log = logging.getLogger(__name__)
 class Downlink:
     """One run's downlink. ``template``/``seed``/``init`` say what the lattice's base is."""
 
-    def __init__(self, spec: str, task: Task, template: dict[str, torch.Tensor], seed: int, init: str) -> None:
+    def __init__(self, spec: str, task: Task, template: dict[str, torch.Tensor], seed: int, init: str,
+                 track_supports: bool = False) -> None:
         self.parsed = parse_downlink(spec)
         self.template = template
+        #: node -> the coordinates its latest lattice message moved (a ``tcs`` uplink sends on them);
+        #: one message in flight per node, also asynchronously, so its reply is from that message
+        self.track_supports = track_supports
+        self.supports: dict[int, np.ndarray] = {}
         self.broadcast: VersionedBroadcast | None = None
         if self.parsed is not None:  # from a model file, the base is that model (set in start())
             base = flatten_state(template) if init else seeded_initial_params(task, seed)
@@ -94,6 +102,10 @@ class Downlink:
         message = self.broadcast.message_for(node)
         record = downlink_record(message.payload, message.steps, message.base)
         tally.count(message, array_bytes(RecordDict({DOWNLINK_RECORD: record})))
+        if self.track_supports:  # nodes one version behind share one change: decoded once per step
+            if message.payload not in tally.supports:
+                tally.supports[message.payload] = change_support(message.payload, self.broadcast.numel)
+            self.supports[node] = tally.supports[message.payload]
         return DOWNLINK_RECORD, record
 
     def replied(self, node: int, version: int) -> None:
@@ -140,6 +152,8 @@ class _StepTally:
     catch_up_sizes: list[tuple[int, int]] = field(default_factory=list)
     #: the full model's record, shared by the step's messages (downlink-codec none)
     full: tuple[torch.Tensor, ArrayRecord] | None = None
+    #: a change's payload -> the coordinates it moved (tcs)
+    supports: dict[bytes, np.ndarray] = field(default_factory=dict)
 
     def count(self, message: DownlinkMessage, size: int) -> None:
         """One message of ``size`` bytes (``array_bytes`` of its record: the engine's one formula)."""
@@ -160,10 +174,25 @@ class DownlinkLayer(Layer):
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DownlinkLayer:
         """Every run has one (``none`` ships full models); a malformed spec is refused here."""
         ctx, s = algorithm.ctx, algorithm.ctx.settings
+        shares_support = ctx.codec.shares_support
+        if shares_support and not s.downlink_codec.startswith("lattice"):
+            raise SettingsError(f"codec {s.codec!r} sends on the coordinates the downlink's last change moved; it "
+                                "needs a lattice downlink (downlink-codec = \"lattice:...\")")
+        if shares_support and (algorithm.device_handler or algorithm.name) != "fedavg":
+            raise SettingsError(f"codec {s.codec!r} sends on the support of the model change each device received; "
+                                f"{algorithm.name}'s devices do not send an update from that model (FedAvg, FedProx "
+                                "and FedBuff do)")
         try:
-            return cls(Downlink(s.downlink_codec, ctx.task, ctx.template, s.seed, s.init))
+            return cls(Downlink(s.downlink_codec, ctx.task, ctx.template, s.seed, s.init, shares_support))
         except ValueError as err:
             raise SettingsError(f"downlink-codec: {err}") from None
+
+    def bind(self, codec: Codec, node: int) -> Codec:
+        """``codec`` bound to the support of the change ``node``'s latest message carried (``tcs``;
+        any other codec as it is)."""
+        if not codec.shares_support:
+            return codec
+        return codec.with_support(self.downlink.supports.get(node))
 
     def start(self, params: torch.Tensor) -> None:
         """A fresh run from ``params`` (a model file's: the lattice's base)."""
