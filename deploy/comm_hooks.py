@@ -33,27 +33,31 @@ class CodecHookState:
 
 
 def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Encode this rank's bucket (on the host: the codecs are CPU code), all-gather every rank's
+    payload on the bucket's own device (what the backend carries: CUDA tensors for NCCL, which
+    refuses CPU ones, CPU tensors for gloo), and decode their average back onto that device."""
     grad = bucket.buffer()
+    wire = grad.device  # where the collectives' tensors must live
     world = dist.get_world_size(state.process_group)
     ef = ErrorFeedback(state.codec, grad.numel(), state.residuals.get(bucket.index()))
-    payload = ef.encode(grad.detach().float(), state.generator)
+    payload = ef.encode(grad.detach().float().cpu(), state.generator)
     state.residuals[bucket.index()] = ef.residual
     state.bytes_sent += len(payload)
 
     data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     # Sparse payloads differ in length across ranks: agree on the longest, pad, gather, trim.
-    length = torch.tensor([data.numel()], dtype=torch.long)
+    length = torch.tensor([data.numel()], dtype=torch.long, device=wire)
     lengths = [torch.zeros_like(length) for _ in range(world)]
     dist.all_gather(lengths, length, group=state.process_group)
     longest = int(max(int(n) for n in lengths))
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[: data.numel()] = data
-    gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    padded = torch.zeros(longest, dtype=torch.uint8, device=wire)
+    padded[: data.numel()] = data.to(wire)
+    gathered = [torch.empty(longest, dtype=torch.uint8, device=wire) for _ in range(world)]
     dist.all_gather(gathered, padded, group=state.process_group)
 
     mean = torch.zeros(grad.numel(), dtype=torch.float32)
     for received, n in zip(gathered, lengths):
-        state.codec.decode_into(received[: int(n)].numpy().tobytes(), mean, 1.0 / world)
+        state.codec.decode_into(received[: int(n)].cpu().numpy().tobytes(), mean, 1.0 / world)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(mean.to(grad.dtype).view_as(grad))
+    future.set_result(mean.to(device=grad.device, dtype=grad.dtype).view_as(grad))
     return future

@@ -67,6 +67,9 @@ class ExportOptions:
     name: str = ""  # model name for anti-rollback; default: the task spec
     round: int | None = None  # default: the model file's training round
     seed: int = 0
+    #: the worst primary metric a bundle may have (None: for accuracy, better than always answering
+    #: the held-out set's most common class; other metrics, no floor)
+    min_quality: float | None = None
 
     def __post_init__(self) -> None:
         if self.quantize not in QUANTIZE_MODES:
@@ -123,6 +126,25 @@ def _allowed_drop(task: Task, max_drop: float, samples: int) -> float:
         return max_drop
     step = 100.0 / samples
     return max(max_drop, step * (1 + 1e-9)) if max_drop > 0 else max_drop
+
+
+def _check_floor(task: Task, score: float, targets: np.ndarray, floor: float | None) -> None:
+    """Refuse a model no better than ``floor``: by default, for accuracy, the rate of always
+    answering the held-out set's most common class. A run whose learning rate was scaled past what
+    the model takes ends at chance (10% on Fashion-MNIST), and the gate between int8 and fp32 alone
+    signed it; a model at chance is never signed."""
+    metric = task.primary_metric
+    if floor is None and metric == "accuracy" and targets.size and np.issubdtype(targets.dtype, np.integer):
+        floor = float(np.bincount(targets.astype(np.int64).ravel()).max()) / targets.size
+        what = "the rate of always answering the held-out set's most common class"
+    elif floor is None:
+        return
+    else:
+        what = "--min-quality"
+    bad = score <= floor if task.maximize else score >= floor
+    if bad:
+        raise AccuracyGateError(f"the model's {metric} {score:.4g} is no better than {floor:.4g} ({what}): it did "
+                                "not learn; no bundle written (check the run's learning rate and warm-up)")
 
 
 def _worse_by(task: Task, fp32: float, final: float) -> float:
@@ -186,6 +208,7 @@ def export_bundle(
         raise ExportError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")
     x_test, y_test = test.x.numpy(), test.y.numpy()
     fp32_score = onnx_metrics(make_session(fp32.data), x_test, y_test, task)[metric]
+    _check_floor(task, fp32_score, y_test, options.min_quality)
 
     final = fp32.data
     quantization: dict[str, Any] = {"mode": options.quantize}

@@ -40,7 +40,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from fedge.deploy.atomic import atomic_torch_save, atomic_write_text
 from fedge.deploy.model_file import ModelFile, save_model_file
 
-__all__ = ["main", "parse_args"]
+__all__ = ["DEVICE_CHOICES", "DeviceError", "choose_device", "main", "parse_args"]
+
+#: ``--device``: where each process trains
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 log = logging.getLogger("fedge.deploy.train")
 
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--local-sgd-warmup", type=int, default=20, metavar="STEPS",
                         help="steps of plain gradient allreduce before local SGD starts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                        help="auto: one GPU per process where CUDA is (NCCL), else the CPU (gloo); cpu: gloo "
+                        "on the CPU even on a GPU machine; cuda: refuse to run without a GPU per process")
     parser.add_argument("--out", required=True, help="output directory (checkpoint, metrics, model.pt)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     args = parser.parse_args(argv)
@@ -75,18 +81,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _setup() -> tuple[int, int, torch.device, str]:
+class DeviceError(ValueError):
+    """The processes asked for cannot each have the device they need; says what to run instead."""
+
+
+def choose_device(choice: str, local_rank: int, local_world: int, gpus: int) -> tuple[torch.device, str]:
+    """(device, backend) for the process of ``local_rank`` among ``local_world`` on a machine with
+    ``gpus`` CUDA devices: one GPU per process with NCCL, or the CPU with gloo. Two processes on one
+    GPU would fight over it (and NCCL refuses them); rank 1 of two on a one-GPU machine used to ask
+    for ``cuda:1`` and crash, so that is refused here, before any process group, with what to run."""
+    if choice not in DEVICE_CHOICES:
+        raise DeviceError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, got {choice!r}")
+    if choice == "cpu" or (choice == "auto" and gpus == 0):
+        return torch.device("cpu"), "gloo"
+    if gpus == 0:
+        raise DeviceError("--device cuda, but this machine has no CUDA device; use --device cpu (gloo)")
+    if local_world > gpus:
+        raise DeviceError(f"{local_world} processes on this node but {gpus} GPU{'s' if gpus > 1 else ''}: run "
+                          f"--nproc-per-node {gpus} (one process per GPU), or --device cpu for {local_world} "
+                          "gloo processes on the CPU")
+    return torch.device("cuda", local_rank), "nccl"
+
+
+def _setup(choice: str = "auto") -> tuple[int, int, torch.device, str]:
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this torch build")
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
     if "RANK" not in os.environ:  # plain `python -m deploy.train`: a world of one
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
-    dist.init_process_group(backend=backend)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if cuda:
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device, backend = choose_device(choice, local_rank, local_world, gpus)
+    dist.init_process_group(backend=backend)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     return dist.get_rank(), dist.get_world_size(), device, backend
 
@@ -170,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from fedge.tasks import evaluate, make_task
 
-    rank, world, device, backend = _setup()
+    try:
+        rank, world, device, backend = _setup(args.device)
+    except DeviceError as err:
+        log.error("%s", err)
+        return 2
     out = Path(args.out)
     task = make_task(args.task)
     torch.manual_seed(args.seed)

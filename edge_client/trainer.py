@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from fedge.edge_client.resources import timed
 from fedge.tasks import Task, batches
+from fedge.tasks.device import model_device, to_device
 
 __all__ = ["LocalTrainResult", "train_local"]
 
@@ -73,10 +74,11 @@ def train_local(
     params = [p for p in model.parameters() if p.requires_grad]
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
     model.train()
+    device = model_device(model)  # the batches go where the model is (fedge.tasks.device)
     total_loss, steps = 0.0, 0
     for _ in range(epochs):
         for x, y in batches(data, batch_size, shuffle=True, generator=generator):
-            loss = task.loss(model(x), y)
+            loss = task.loss(model(to_device(x, device)), to_device(y, device))
             objective = loss
             if anchor is not None:
                 drift = sum((p - a).pow(2).sum() for p, a in zip(model.parameters(), anchor))

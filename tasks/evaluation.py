@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from fedge.tasks.base import Task, TensorData
+from fedge.tasks.device import model_device, to_device, to_host
 
 __all__ = ["batches", "evaluate", "predict"]
 
@@ -38,14 +39,16 @@ def batches(data: Dataset, batch_size: int, *, shuffle: bool = False,
 
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's outputs on every sample of ``data`` and the targets, in order."""
+    """The model's outputs on every sample of ``data`` and the targets, in order, on the CPU (the
+    batches are sent to the model's device, :mod:`fedge.tasks.device`)."""
     if len(data) == 0:  # type: ignore[arg-type]
         raise ValueError("cannot evaluate on an empty data set")
     was_training = model.training
     model.eval()
+    device = model_device(model)  # batches go where the model is; outputs come back to the host
     outputs, targets = [], []
     for x, y in batches(data, batch_size):
-        outputs.append(model(x))
+        outputs.append(to_host(model(to_device(x, device))))
         targets.append(y)
     model.train(was_training)
     return torch.cat(outputs), torch.cat(targets)

@@ -36,6 +36,9 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--out", required=True, help="bundle directory to write")
     export.add_argument("--max-accuracy-drop", type=float, default=1.0,
                         help="accuracy points, or percent of the fp32 value for another metric such as MSE (default: 1.0)")
+    export.add_argument("--min-quality", type=float, default=None,
+                        help="the worst primary metric a bundle may have (default: for accuracy, better than "
+                        "always answering the held-out set's most common class; no floor for other metrics)")
     export.add_argument("--fine-tune-epochs", type=int, default=3, help="after each pruning step (default: 3)")
     export.add_argument("--calibration-samples", type=int, default=256,
                         help="training samples that calibrate static int8 activations (default: 256)")
@@ -62,7 +65,7 @@ def run_export(args: argparse.Namespace) -> int:
     options = ExportOptions(
         prune=args.prune, quantize=args.quantize, max_accuracy_drop=args.max_accuracy_drop,
         fine_tune_epochs=args.fine_tune_epochs, calibration_samples=args.calibration_samples,
-        valid_days=args.valid_days, name=args.name, round=args.round,
+        valid_days=args.valid_days, name=args.name, round=args.round, min_quality=args.min_quality,
     )
     key = load_private_key(args.sign_key)
     try:

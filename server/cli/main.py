@@ -271,12 +271,34 @@ def cloud_train_command(args: argparse.Namespace) -> list[str]:
     return [*command, "-m", "fedge.deploy.train", *train_args]
 
 
+def _check_devices(args: argparse.Namespace) -> None:
+    """Refuse, before torchrun starts, more processes on this node than it has GPUs for (each would
+    crash inside its rank): the same rule every rank applies (``fedge.deploy.train.choose_device``)."""
+    import torch
+
+    from fedge.deploy.train import DeviceError, choose_device
+
+    train_args = [a for a in args.train_args if a != "--"]
+    choice = "auto"
+    for i, arg in enumerate(train_args):
+        if arg == "--device" and i + 1 < len(train_args):
+            choice = train_args[i + 1]
+        elif arg.startswith("--device="):
+            choice = arg.split("=", 1)[1]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        choose_device(choice, 0, args.nproc_per_node, gpus)
+    except DeviceError as err:
+        raise SettingsError(f"cloud-train: {err}") from None
+
+
 def _cloud_train(args: argparse.Namespace) -> int:
     import shlex
     import subprocess
 
     if "--out" not in args.train_args:
         raise SettingsError("cloud-train needs --out DIR among the deploy.train arguments")
+    _check_devices(args)
     command = cloud_train_command(args)
     print(shlex.join(command))
     if args.print_only:

@@ -23,9 +23,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def _torchrun(out: Path, *args: str, nproc: int = 2) -> dict:
+def _torchrun(out: Path, *args: str, nproc: int = 2, device: str = "cpu") -> dict:
+    """Gloo on the CPU unless ``device`` says otherwise: these tests mean the CPU path, and two
+    processes on a one-GPU machine would (rightly) be refused under ``--device auto``."""
     command = [TORCHRUN, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "-m", "fedge.deploy.train", "--out", str(out), *args]
+               "--master-port", str(free_port()), "-m", "fedge.deploy.train", "--out", str(out),
+               "--device", device, *args]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
@@ -86,7 +89,7 @@ def test_every_hook_trains_digits_and_resumes_from_the_checkpoint(tmp_path, hook
 def test_powersgd_on_gloo_refuses_several_buckets(tmp_path) -> None:
     command = [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
                str(free_port()), "-m", "fedge.deploy.train", "--out", str(tmp_path), "--hook", "powersgd",
-               "--bucket-cap-mb", "0.05"]
+               "--bucket-cap-mb", "0.05", "--device", "cpu"]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     assert "PowerSGD on gloo needs a single gradient bucket" in done.stderr + done.stdout
@@ -125,7 +128,7 @@ def test_two_nodes_rendezvous_through_fedge_cloud_train(tmp_path) -> None:
     launchers = [
         subprocess.Popen([fedge, "cloud-train", "--nnodes", "2", "--node-rank", str(rank),
                           "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--",
-                          "--out", str(tmp_path), "--epochs", "3"],
+                          "--out", str(tmp_path), "--epochs", "3", "--device", "cpu"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for rank in range(2)
     ]
@@ -150,7 +153,7 @@ NO_GPU = "needs a CUDA GPU (NCCL backend, bf16 hook and bf16 autocast); this mac
 @pytest.mark.parametrize("hook", ["allreduce", "fp16", "powersgd:rank=4,start=10", "qsgd:bits=4"])
 def test_cuda_path_selects_nccl_and_trains(tmp_path, hook: str) -> None:
     nproc = min(2, torch.cuda.device_count())
-    summary = _torchrun(tmp_path, "--epochs", "8", "--hook", hook, nproc=nproc)
+    summary = _torchrun(tmp_path, "--epochs", "8", "--hook", hook, nproc=nproc, device="cuda")
     assert summary["backend"] == "nccl" and summary["replicas_identical"], summary
     assert summary["accuracy"] >= 0.95, summary
 
@@ -168,7 +171,7 @@ def test_a_users_sequence_task_pretrains_with_torchrun_and_ships_as_a_bundle(tmp
     shutil.copy(Path(__file__).parents[1] / "tasks" / "user_tasks.py", tmp_path / "seq_tasks.py")
     command = [TORCHRUN, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                "-m", "fedge.deploy.train", "--out", str(tmp_path / "out"), "--task", "seq_tasks:SineTask",
-               "--epochs", "6", "--batch-size", "16", "--lr", "0.1"]
+               "--epochs", "6", "--batch-size", "16", "--lr", "0.1", "--device", "cpu"]
     done = subprocess.run(command, cwd=tmp_path, check=False, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -190,3 +193,36 @@ def test_a_users_sequence_task_pretrains_with_torchrun_and_ships_as_a_bundle(tmp
     device = EdgeModel.load(tmp_path / "bundle", [public], state=tmp_path / "device.json")
     x = torch.sin(torch.arange(12, dtype=torch.float32) * 0.4).reshape(1, 12).repeat(3, 1).numpy()
     assert device.predict(x).shape == (3,)
+
+
+@pytest.mark.parametrize("choice, local_world, gpus, expected", [
+    ("auto", 2, 0, ("cpu", "gloo")),
+    ("cpu", 2, 8, ("cpu", "gloo")),
+    ("auto", 2, 2, ("cuda", "nccl")),
+    ("cuda", 1, 1, ("cuda", "nccl")),
+])
+def test_each_process_gets_its_own_device_or_the_cpu(choice, local_world, gpus, expected) -> None:
+    from fedge.deploy.train import choose_device
+
+    device, backend = choose_device(choice, local_world - 1, local_world, gpus)
+    assert (device.type, backend) == expected
+    if device.type == "cuda":
+        assert device.index == local_world - 1
+
+
+def test_more_processes_than_gpus_are_refused_with_what_to_run_instead(monkeypatch, capsys) -> None:
+    """The GPU issue: on a one-GPU machine rank 1 of two asked for cuda:1 and crashed inside its rank.
+    Each rank now refuses before any process group, and ``fedge cloud-train`` before torchrun starts."""
+    from fedge.deploy.train import DeviceError, choose_device
+    from fedge.server.cli.main import main
+
+    with pytest.raises(DeviceError, match="2 processes on this node but 1 GPU: run --nproc-per-node 1"):
+        choose_device("auto", 1, 2, 1)
+    with pytest.raises(DeviceError, match="no CUDA device"):
+        choose_device("cuda", 0, 1, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["cloud-train", "--nproc-per-node", "4", "--print", "--", "--out", "runs/cloud"]) != 0
+    assert "or --device cpu for 4 gloo processes on the CPU" in capsys.readouterr().err
+    assert main(["cloud-train", "--nproc-per-node", "4", "--print", "--", "--out", "runs/cloud",
+                 "--device", "cpu"]) == 0

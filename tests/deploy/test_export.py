@@ -181,3 +181,25 @@ def test_the_accuracy_gate_never_asks_for_less_than_one_sample() -> None:
         primary_metric = "mse"
 
     assert _allowed_drop(Regression(), 1.0, 45) == 1.0  # type: ignore[arg-type]
+
+
+def test_a_model_at_chance_is_never_signed(keypair, tmp_path: Path) -> None:
+    """The GPU issue: a run whose scaled learning rate was too high ended at chance, and the gate
+    (int8 against fp32 only) signed it. An untrained model answers no better than the held-out
+    set's most common class: refused by default; ``min_quality`` sets the floor explicitly."""
+    from fedge.deploy.model_file import ModelFile, save_model_file
+
+    task = make_task("digits")
+    torch.manual_seed(0)
+    untrained = task.build_model()
+    with torch.no_grad():
+        for p in untrained.parameters():
+            p.zero_()  # every input gets the same logits: one class for everything
+    path = tmp_path / "untrained.pt"
+    save_model_file(path, ModelFile(task=task.spec, state_dict=untrained.state_dict(), metadata={"round": 0}))
+    with pytest.raises(AccuracyGateError, match="no better than .* most common class"):
+        export_bundle(path, tmp_path / "refused", load_private_key(keypair[0]), ExportOptions(fine_tune_epochs=0))
+    assert not (tmp_path / "refused" / ENVELOPE_FILE).exists()
+    with pytest.raises(AccuracyGateError, match="--min-quality"):
+        export_bundle(path, tmp_path / "refused", load_private_key(keypair[0]),
+                      ExportOptions(fine_tune_epochs=0, min_quality=0.5))

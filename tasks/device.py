@@ -1,0 +1,35 @@
+"""Where a model and its batches live: one rule for the trainers, evaluation and export.
+
+A model on a GPU fed CPU batches fails at its first layer ("Input type (torch.FloatTensor) and
+weight type (torch.cuda.FloatTensor) should be the same"); that was every GPU run's first held-out
+evaluation. So whoever runs a model asks :func:`model_device` where it is and sends each batch
+there with :func:`to_device`; outputs that metrics read come back with :func:`to_host`. CPU tests
+catch a batch sent to the wrong place by putting a model's parameters on the ``meta`` device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["model_device", "to_device", "to_host"]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); the CPU for a model with neither."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` (itself when it is there already); the copy from pinned memory to a
+    GPU does not block the host."""
+    if tensor.device == device:
+        return tensor
+    return tensor.to(device, non_blocking=device.type == "cuda")
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU, detached: what metrics and the exporter read."""
+    return tensor.detach().cpu() if tensor.device.type != "cpu" else tensor.detach()
