@@ -9,9 +9,9 @@ sequence:
 2. **send**: the algorithm's messages, passed through every layer (the downlink ships the model,
    DP stamps the clipping bound, secure aggregation staples its plan);
 3. **receive**: each reply the moment it is pulled, through one door (:meth:`Engine.absorb_reply`):
-   screen → metrics → layers that take a reply whole (a masked upload) → the algorithm's admission
-   → decode with the codec of its round → layers (the guard's bound and weight, DP's clip) → the
-   algorithm. Timeouts, client errors, refusals and rejected replies become typed
+   screen → metrics → every layer's ``arrived`` (one may take a reply whole: a masked upload) → the
+   algorithm's admission → decode with the codec of its round → layers (the guard's bound and
+   weight, DP's clip) → the algorithm. Timeouts, client errors, refusals and rejected replies become typed
    :class:`~fedge.server.engine.layers.Failure` entries, counted by kind;
 4. **close** (:meth:`Engine.close`): layers settle (unmasking), the step's aggregate, one typed
    :class:`~fedge.aggregation.partial.Partial`, passes every layer's ``release`` (secure
@@ -299,17 +299,16 @@ class Engine:
 
     def absorb_reply(self, step: Step, reply: Reply) -> None:
         """The one door of every update, secure or clear: screen the whole reply, check the metrics
-        every reply carries, let a layer take it whole (a masked upload), let the algorithm admit
-        it, decode it with the codec of its round (validated in full before anything moves), pass
+        every reply carries, show it to every layer (one may take it whole: a masked upload), let
+        the algorithm admit it, decode it with the codec of its round (validated in full before anything moves), pass
         it through the layers (bound, weight, clip) and hand it to the algorithm. Raises
         :class:`Rejected`, ``PayloadError`` or ``ProtocolError``."""
         alg = self.algorithm
         screen_reply(reply.content, self.ctx.fp32_bytes)
-        for layer in self.layers:
-            layer.arrived(step, reply)
         metrics = reply_metrics(reply.content)
         payload = read_payload(reply.content, UPDATE_RECORD)
-        if any(layer.take(step, reply, payload, metrics) for layer in self.layers):
+        taken = [layer.arrived(step, reply, payload, metrics) for layer in self.layers]  # every layer sees it
+        if any(taken):  # a layer consumed it whole (a masked upload)
             return
         alg.admit(step, reply)
         codec = alg.reply_codec(step, reply)

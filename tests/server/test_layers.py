@@ -32,8 +32,9 @@ class CountingLayer(Layer):
     def build(cls, algorithm: Any, run_dir: Any = None) -> CountingLayer:
         return cls()
 
-    def arrived(self, step: Step, reply: Reply) -> None:
+    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
         self.scratch(step, list).append(reply.node)
+        return False
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         seen = self.scratch(step, list)

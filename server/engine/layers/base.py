@@ -29,8 +29,9 @@ hook          when (and what it may do)
               of its own (key agreement), narrowing ``step.nodes``; returns the nodes it
               dropped, as :class:`Failure`
 ``outgoing``  every message the algorithm built, before it is sent
-``arrived``   every reply that passed the screen, before anything is decoded
-``take``      a reply the layer consumes whole (a masked upload): True stops the door there
+``arrived``   every reply that passed the screen, with its checked metrics and its payload,
+              before anything is decoded; every layer sees it, and one that consumes it whole
+              (a masked upload) returns True, which ends the door there
 ``update``    every decoded update, before the algorithm absorbs it: bound, clip, reweight
 ``missed``    a node gave no usable reply (its :class:`Failure` says why, by kind)
 ``settle``    after the replies: the layer's own closing exchange (unmasking)
@@ -119,10 +120,7 @@ class Layer:
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         pass
 
-    def arrived(self, step: Step, reply: Reply) -> None:
-        pass
-
-    def take(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
         return False
 
     def update(self, step: Step, update: Update) -> Update:

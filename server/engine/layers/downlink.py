@@ -210,9 +210,10 @@ class DownlinkLayer(Layer):
             name, record = self.downlink.model_record(o.model, o.node, tally)
             o.content[name] = record
 
-    def arrived(self, step: Step, reply: Reply) -> None:
+    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
         """The node holds the copy its message brought (asynchronous: the version it started from)."""
         self.downlink.replied(reply.node, step.number if reply.started is None else reply.started + 1)
+        return False
 
     def missed(self, step: Step, failure: Failure) -> None:
         if failure.node is not None and failure.kind != FailureKind.STALE:  # a stale update did apply its message

@@ -163,7 +163,7 @@ class SecureAggregationLayer(Layer):
         for o in outgoing:
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
 
-    def take(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
         """A masked upload, already screened with its metrics checked: its size must be exactly what
         the plan expects before it is held (its header and ring elements are decoded once, when the
         round unmasks; a bad one drops its device there)."""
@@ -189,7 +189,7 @@ class SecureAggregationLayer(Layer):
         """The unmasked sum in place of the clear one (which holds nothing: every upload was masked);
         an empty partial when the round could not unmask, so the step changes nothing."""
         state: _Round = self.scratch(step, _Round)
-        assert not partial.count, "take() holds every reply of a secure round: none reaches the clear sum"
+        assert not partial.count, "arrived() takes every reply of a secure round: none reaches the clear sum"
         return state.revealed if state.revealed is not None else Partial.empty(partial.numel, planned=state.planned)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:

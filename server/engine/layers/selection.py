@@ -230,19 +230,21 @@ class SelectionLayer(Layer):
             self.outside.append(trip - report.wall_seconds)
         return max(report.wall_seconds, trip - self._outside())
 
-    def arrived(self, step: Step, reply: Reply) -> None:
+    def arrived(self, step: Step, reply: Reply, payload: memoryview | None = None,
+                metrics: dict[str, float] | None = None) -> bool:
         sent = self.sent.pop(reply.node, None)
-        metrics = reply.content.metric_records.get(METRICS_RECORD)
+        record = reply.content.metric_records.get(METRICS_RECORD)
         utility = None
-        if metrics is not None:
-            loss, examples = metrics.get("train-loss"), metrics.get("num-examples")
+        if record is not None:
+            loss, examples = record.get("train-loss"), record.get("num-examples")
             if isinstance(loss, (int, float)) and isinstance(examples, (int, float)) and math.isfinite(loss) \
                     and loss >= 0 and examples > 0:
                 utility = float(examples) * float(loss)
         if self.rule is None or sent is None:  # uniform learns nothing from speed
             self._observe(reply.node, None, utility)
-            return
+            return False
         self._observe(reply.node, self._device_seconds(max(0.0, self.clock() - sent), reply), utility)
+        return False
 
     def missed(self, step: Step, failure: Failure) -> None:
         if failure.node is None:
