@@ -587,16 +587,25 @@ def test_a_revoked_device_is_refused_by_the_coordinator_and_by_its_peers(tmp_pat
 
     from fedge.deploy.certs import revoke_node
     from fedge.edge_client.secure_aggregation import _credentialed
-    from fedge.privacy.credentials import CredentialError, bind_identity, load_issuer, load_node_key
+    from fedge.privacy.credentials import REVOCATIONS_FILE, CredentialError, bind_identity, load_issuer, load_node_key
 
     ca, config = _issued_federation(tmp_path, 5)
-    revoke_node(ca.parent, "device-2")
-    engine = _engine(tmp_path, rounds=1, secure_aggregation=f"{SECAGG},issuer={ca}")
+    engine = _engine(tmp_path, rounds=2, secure_aggregation=f"{SECAGG},issuer={ca}")
+
+    publish = engine.publish
+
+    def revoke_after_the_first_round(grid, closed, result):  # type: ignore[no-untyped-def]
+        publish(grid, closed, result)  # the operator revokes device 2 while the run goes on
+        if not (ca.parent / REVOCATIONS_FILE).exists():
+            revoke_node(ca.parent, "device-2")
+
+    engine.publish = revoke_after_the_first_round  # type: ignore[method-assign]
     grid = InProcessGrid(5, node_config=config)
-    row = engine.run(grid, initial_params(TASK, 42)).rows[0]
-    assert row.clients_used == 4
-    assert [r["node"] for r in row.rejected] == [grid.node_id(2)]
-    assert "revoked by the operator" in row.rejected[0]["reason"]
+    first, second = engine.run(grid, initial_params(TASK, 42)).rows
+    assert first.clients_used == 5 and not first.rejected
+    assert second.clients_used == 4  # no restart: the coordinator reads the list every round
+    assert [r["node"] for r in second.rejected] == [grid.node_id(2)]
+    assert "revoked by the operator" in second.rejected[0]["reason"]
     key, endorsement = load_node_key(config[2]["secagg-auth-key"]), Path(config[2]["secagg-endorsement"]).read_bytes()
     raw = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
     with pytest.raises(CredentialError, match="revoked"):

@@ -145,6 +145,8 @@ class SecureAggregationLayer(Layer):
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
         state: _Round = self.scratch(step, _Round)
         try:
+            if self.spec.issuer:  # the operator's revocations as they stand now: a revoked device is out
+                self.issuer = load_issuer(self.spec.issuer)  # from this round on, without a restart
             state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
                                        self.pins, weighted=self.weighted, issuer=self.issuer,
                                        noise=self._noise(len(step.nodes)))
