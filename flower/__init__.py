@@ -22,9 +22,9 @@ check_flower()  # before anything reads Flower: another release gets a clear err
 
 from fedge.flower.client_mod import compression_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
-from fedge.flower.secure import SecureStrategy, secure  # noqa: E402
+from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
 from fedge.flower.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.strategy import CompressedStrategy, compressed  # noqa: E402
 
-__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "SecureStrategy", "compressed", "compression_mod", "secure",
-           "secure_mod"]
+__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "SecureStrategy", "compressed", "compression_mod",
+           "distributed_dp", "secure", "secure_mod"]

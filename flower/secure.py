@@ -43,7 +43,7 @@ from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 
-__all__ = ["SecureStrategy", "refuse_reason", "secure"]
+__all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +283,17 @@ def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2
     inside the ring (``fedge.flower.secure_dp``); nodes are Poisson-sampled at the strategy's
     ``fraction_train``."""
     return SecureStrategy(strategy, secure_aggregation, seed, differential_privacy)
+
+
+def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrategy:
+    """Distributed DP as a wrapper of its own: ``distributed_dp(secure(FedAvg(...)), "gaussian:noise=z,
+    clip=C,...")`` is ``secure(FedAvg(...), differential_privacy=...)``. The devices add the noise
+    inside secure aggregation's ring, so only a ``secure(...)`` can carry it; anything else is
+    refused here, with the reason."""
+    if not isinstance(strategy, SecureStrategy):
+        raise ValueError(f"distributed DP adds its noise inside secure aggregation's ring: wrap secure(...) first, "
+                         f"distributed_dp(secure({type(strategy).__name__}(...)), ...); for central DP use Flower's "
+                         "DifferentialPrivacyServerSideFixedClipping")
+    if strategy.dp is not None:
+        raise ValueError("this secure(...) already carries distributed DP")
+    return SecureStrategy(strategy.strategy, strategy.spec.spec, strategy.seed, differential_privacy)

@@ -377,3 +377,21 @@ def test_a_flower_apps_node_refuses_before_the_users_code_runs(value) -> None:
     with pytest.raises(PolicyRefusal, match="requires secure aggregation"):  # Flower replies with an error
         grid.apps[node](messages[0], grid.contexts[node])
     assert grid.calls == []
+
+
+def test_distributed_dp_is_a_wrapper_of_its_own_around_secure_aggregation_only() -> None:
+    """The "One coordinator" issue: DP was a constructor argument of SecureStrategy, not a wrapper.
+    ``distributed_dp(secure(s), spec)`` is the same strategy as ``secure(s, differential_privacy=spec)``;
+    around anything but ``secure(...)`` (the noise goes inside its ring), or twice, it is refused
+    when wrapped, with the reason."""
+    from fedge.flower import distributed_dp
+
+    spec = "gaussian:noise=1.0,clip=0.5,delta=1e-5"
+    wrapped = distributed_dp(secure(FedAvg(fraction_train=0.5)), spec)
+    direct = secure(FedAvg(fraction_train=0.5), differential_privacy=spec)
+    assert wrapped.dp is not None and direct.dp is not None
+    assert (wrapped.dp.spec, wrapped.dp.rate, wrapped.spec) == (direct.dp.spec, direct.dp.rate, direct.spec)
+    with pytest.raises(ValueError, match=r"wrap secure\(\.\.\.\) first"):
+        distributed_dp(FedAvg(fraction_train=0.5), spec)
+    with pytest.raises(ValueError, match="already carries distributed DP"):
+        distributed_dp(wrapped, spec)
