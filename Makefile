@@ -17,7 +17,7 @@ export HF_DATASETS_OFFLINE := 1
 # runs the tests that touch Flower against each, in its own environment (ops/flower-compat).
 FLOWER_RELEASES ?= 1.41.0 1.42.0
 
-.PHONY: demo test test-slow bench install clean help flower-compat
+.PHONY: demo test test-slow bench install clean help flower-compat gpu-check
 
 help:
 	@echo "make demo    - federated demo on the embedded digits task (simulation engine)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test-slow - also the slow tests"
 	@echo "make bench   - benchmarks (not run in CI)"
 	@echo "make flower-compat - the Flower-facing tests on each supported Flower release ($(FLOWER_RELEASES))"
+	@echo "make gpu-check - on a CUDA machine: the CUDA tests and the cloud trainer on the GPU vs its CPUs (one JSON)"
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 10) else "Fedge needs Python 3.10 or newer; set PYTHON=python3.X")'
@@ -58,6 +59,9 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	@ls bench/*.py >/dev/null 2>&1 || { echo "no benchmarks yet"; exit 0; }
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py
 
 flower-compat:
 	@for release in $(FLOWER_RELEASES); do PYTHON=$(PYTHON) ops/flower-compat $$release || exit 1; done

@@ -1,0 +1,103 @@
+"""The GPU check: one command that runs, on a CUDA machine, what this project can only run there.
+
+    make gpu-check            # or: .venv/bin/python bench/gpu_check.py --out bench/results/gpu-check.json
+
+1. the CUDA tests (``tests/deploy/test_ddp_training.py -k cuda``; they skip elsewhere) and the
+   device-placement tests, with their outcome and time;
+2. the cloud trainer on one GPU (``--device cuda``, NCCL, bf16 autocast) against gloo on the same
+   machine's CPUs (``--device cpu``, one process per core up to 8), the same task, batch and
+   epochs, with ``allreduce`` and ``qsgd:bits=4`` on the GPU: samples/s, held-out accuracy, step time;
+3. one JSON with the card's name, the versions and every figure, and a table to paste into
+   docs/cloud.md.
+
+Without a CUDA device it says so and exits 0: nothing here is measured on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(command: list[str], timeout: float) -> tuple[int, float, str]:
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    return done.returncode, time.perf_counter() - started, (done.stdout + done.stderr)[-3000:]
+
+
+def _train(task: str, device: str, nproc: int, hook: str, epochs: int, batch: int, timeout: float) -> dict:
+    """One cloud-train run; its last metrics row and summary (or the failure's tail)."""
+    with tempfile.TemporaryDirectory() as out:
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        command = [torchrun, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", "--master-port=29571",
+                   "-m", "fedge.deploy.train", "--task", task, "--epochs", str(epochs), "--batch-size", str(batch),
+                   "--base-batch", str(batch * nproc), "--hook", hook, "--device", device, "--out", out]
+        code, seconds, tail = _run(command, timeout)
+        result: dict = {"device": device, "processes": nproc, "hook": hook, "exit": code, "wall_s": round(seconds, 1)}
+        rows = Path(out) / "metrics.jsonl"
+        if code != 0 or not rows.exists():
+            return {**result, "error": tail}
+        last = json.loads(rows.read_text().splitlines()[-1])
+        keep = ("samples_per_s", "step_s", "forward_s", "accuracy", "test_loss", "train_loss", "backend")
+        return {**result, **{k: last.get(k) for k in keep}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="fashion", help="the task (fashion when its data is installed, else digits)")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu-check.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device on this machine; nothing to measure (run it where a GPU is)")
+        return 0
+    from fedge.tasks import make_task
+
+    task = args.task
+    try:
+        make_task(task).train_pool()
+    except Exception as err:  # the Fashion-MNIST data package is not everywhere
+        print(f"gpu-check: task {task!r} unavailable ({err}); using digits")
+        task = "digits"
+    report: dict = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+        "card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "cpus": os.cpu_count(), "task": task, "epochs": args.epochs, "batch_size": args.batch_size,
+        "command": " ".join([".venv/bin/python", "bench/gpu_check.py", *(argv or sys.argv[1:])]),
+    }
+    code, seconds, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                "tests/deploy/test_ddp_training.py", "tests/tasks/test_device.py", "-k",
+                                "cuda or device"], timeout=1800)
+    report["cuda_tests"] = {"exit": code, "seconds": round(seconds, 1), "tail": tail[-800:]}
+    runs = [_train(task, "cuda", 1, hook, args.epochs, args.batch_size, 3600) for hook in ("allreduce", "qsgd:bits=4")]
+    runs.append(_train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", args.epochs, args.batch_size, 7200))
+    report["runs"] = runs
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{report['card']} x{report['gpus']}, torch {report['torch']} (CUDA {report['cuda']}), {report['date']}")
+    print(f"CUDA tests: exit {code} in {seconds:.0f} s")
+    print("| device | processes | hook | samples/s | accuracy | step (ms) | exit |\n|---|---|---|---|---|---|---|")
+    for r in runs:
+        step = f"{1000 * r['step_s']:.2f}" if r.get("step_s") else "-"
+        print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r.get('samples_per_s') or 0:,.0f} | "
+              f"{r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
+    print(f"written: {args.out}\nreproduce: {report['command']}")
+    return 0 if code == 0 and all(r["exit"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
