@@ -119,6 +119,34 @@ def _setup(choice: str = "auto") -> tuple[int, int, torch.device, str]:
     return dist.get_rank(), dist.get_world_size(), device, backend
 
 
+def not_learning(accuracies: list[float], chance: float | None, train_loss: float, epoch: int,
+                 warmed_up: bool) -> str | None:
+    """Why a run should stop rather than go on (None: it is learning). A learning rate scaled past
+    what the model takes (``--batch-size 256`` with the defaults: 0.4) ends at chance, and the run
+    used to finish and save that model: a non-finite loss, held-out accuracy back at chance after it
+    had learned, or still at chance two epochs after the warm-up, stops it. ``chance``: always
+    answering the held-out set's most common class (None: no accuracy to watch)."""
+    if not math.isfinite(train_loss):
+        return f"the training loss is {train_loss}"
+    if chance is None or not accuracies:
+        return None
+    current, best = accuracies[-1], max(accuracies)
+    if best > chance + 0.05 and current <= chance + 0.01:
+        return (f"held-out accuracy fell back to chance ({current:.3f}; one class for everything scores "
+                f"{chance:.3f}) after reaching {best:.3f}")
+    if warmed_up and epoch >= 2 and best <= chance + 0.01:
+        return f"held-out accuracy is still at chance ({current:.3f}) after {epoch + 1} epochs"
+    return None
+
+
+def _chance(task: Any, held_out: Any) -> float | None:
+    """Always answering the held-out set's most common class, for an accuracy task on in-memory data."""
+    targets = getattr(held_out, "y", None)
+    if task.primary_metric != "accuracy" or targets is None or targets.numel() == 0 or targets.is_floating_point():
+        return None
+    return float(torch.bincount(targets.long().reshape(-1)).max()) / targets.numel()
+
+
 def _free_port() -> int:
     import socket
 
@@ -248,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         step, first_epoch = int(saved["step"]), int(saved["epoch"]) + 1
         log.info("rank %d resumed after epoch %d (step %d)", rank, first_epoch - 1, step)
 
+    chance = _chance(task, held_out) if rank == 0 else None
+    accuracies: list[float] = []
+    stopped: str | None = None
     metrics = out / "metrics.jsonl"
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
@@ -309,8 +340,19 @@ def main(argv: list[str] | None = None) -> int:
             })
             log.info("epoch %d: loss %.4f %s %.0f samples/s", epoch, row["train_loss"],
                      " ".join(f"{k} {v:.4f}" for k, v in measured.items()), row["samples_per_s"] or 0)
+            if "accuracy" in measured:
+                accuracies.append(float(measured["accuracy"]))
+            why = not_learning(accuracies, chance, float(row["train_loss"]), epoch, step >= args.warmup_steps)
+            if why is not None:
+                stopped = (f"stopped at epoch {epoch}: the model is not learning: {why}. The learning rate is "
+                           f"{peak_lr:g} = --lr {args.lr:g} x global batch {global_batch} / --base-batch "
+                           f"{args.base_batch}: lower --lr, set --base-batch {global_batch} (the batch --lr is "
+                           f"meant for), or lengthen --warmup-steps ({args.warmup_steps})")
+        decision = [stopped]
+        dist.broadcast_object_list(decision, src=0)  # every rank stops together
+        stopped = decision[0]
         dist.barrier()
-        if args.max_steps and step >= args.max_steps:
+        if stopped is not None or (args.max_steps and step >= args.max_steps):
             break
 
     if averager is not None:
@@ -326,7 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     # Replicas must hold identical parameters: every rank hashes its own, rank 0 records them all.
     digests: list[str | None] = [None] * world
     dist.all_gather_object(digests, _parameter_digest(model))
-    if rank == 0:
+    if rank == 0 and stopped is not None:  # no model.pt: nothing downstream may start from it
+        log.error("%s", stopped)
+        atomic_write_text(out / "summary.json", json.dumps(
+            {"stopped": stopped, "steps": step, "world_size": world, "hook": hook_spec, "backend": backend,
+             "parameter_digests": digests, "replicas_identical": len(set(digests)) == 1}, indent=2) + "\n")
+    elif rank == 0:
         measured = measure()
         save_model_file(out / "model.pt", ModelFile(
             task=task.spec, state_dict=model.state_dict(),
@@ -342,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     gc.collect()
-    return 0
+    return 3 if stopped is not None else 0
 
 
 if __name__ == "__main__":

@@ -226,3 +226,28 @@ def test_more_processes_than_gpus_are_refused_with_what_to_run_instead(monkeypat
     assert "or --device cpu for 4 gloo processes on the CPU" in capsys.readouterr().err
     assert main(["cloud-train", "--nproc-per-node", "4", "--print", "--", "--out", "runs/cloud",
                  "--device", "cpu"]) == 0
+
+
+def test_a_run_that_stops_learning_stops_and_names_the_setting(tmp_path) -> None:
+    """The GPU issue: ``--batch-size 256`` with the default rate scaling (0.05 x 256 / 32 = 0.4) sent
+    the model back to chance, and the run finished and saved it. It now stops at the epoch where the
+    held-out accuracy falls back, exits 3, names the setting to change and writes no model.pt."""
+    done = subprocess.run([sys.executable, "-m", "fedge.deploy.train", "--task", "digits", "--epochs", "6",
+                           "--batch-size", "256", "--device", "cpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "not learning" in done.stderr and "set --base-batch 256" in done.stderr
+    assert not (tmp_path / "model.pt").exists()
+    assert "fell back to chance" in json.loads((tmp_path / "summary.json").read_text())["stopped"]
+
+
+def test_the_learning_watch_rules() -> None:
+    from fedge.deploy.train import not_learning
+
+    assert not_learning([0.3, 0.6], 0.1, 1.2, 1, True) is None  # learning
+    assert "training loss is nan" in str(not_learning([0.3], 0.1, float("nan"), 0, False))
+    assert "fell back" in str(not_learning([0.3, 0.6, 0.1], 0.1, 2.3, 2, True))
+    assert not_learning([0.1, 0.1], 0.1, 2.3, 1, True) is None  # too early to say
+    assert "still at chance" in str(not_learning([0.1, 0.1, 0.105], 0.1, 2.3, 2, True))
+    assert not_learning([0.1, 0.1, 0.1], 0.1, 2.3, 2, False) is None  # still warming up
+    assert not_learning([], None, 0.5, 4, True) is None  # no accuracy to watch: only the loss
