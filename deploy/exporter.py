@@ -35,7 +35,7 @@ from fedge.deploy.onnx_export import (
 )
 from fedge.deploy.prune import apply_pruning
 from fedge.deploy.quantize import QuantizationError, quantize_dynamic_int8, quantize_static_int8
-from fedge.tasks import Task, TensorData, as_tensor_data, evaluate, make_task
+from fedge.tasks import Task, TensorData, as_tensor_data, chance_accuracy, evaluate, make_task
 from fedge.tasks.base import subset
 
 __all__ = ["EXPORT_REFUSALS", "AccuracyGateError", "ExportOptions", "bundle_facts", "export_bundle", "onnx_accuracy",
@@ -128,19 +128,17 @@ def _allowed_drop(task: Task, max_drop: float, samples: int) -> float:
     return max(max_drop, step * (1 + 1e-9)) if max_drop > 0 else max_drop
 
 
-def _check_floor(task: Task, score: float, targets: np.ndarray, floor: float | None) -> None:
+def _check_floor(task: Task, score: float, targets: torch.Tensor, floor: float | None) -> None:
     """Refuse a model no better than ``floor``: by default, for accuracy, the rate of always
     answering the held-out set's most common class. A run whose learning rate was scaled past what
     the model takes ends at chance (10% on Fashion-MNIST), and the gate between int8 and fp32 alone
     signed it; a model at chance is never signed."""
-    metric = task.primary_metric
-    if floor is None and metric == "accuracy" and targets.size and np.issubdtype(targets.dtype, np.integer):
-        floor = float(np.bincount(targets.astype(np.int64).ravel()).max()) / targets.size
+    metric, what = task.primary_metric, "--min-quality"
+    if floor is None:
+        floor = chance_accuracy(task, targets)
         what = "the rate of always answering the held-out set's most common class"
-    elif floor is None:
-        return
-    else:
-        what = "--min-quality"
+        if floor is None:
+            return
     bad = score <= floor if task.maximize else score >= floor
     if bad:
         raise AccuracyGateError(f"the model's {metric} {score:.4g} is no better than {floor:.4g} ({what}): it did "
@@ -208,7 +206,7 @@ def export_bundle(
         raise ExportError(f"ONNX export differs from PyTorch by {parity:.3g}: refusing to ship it")
     x_test, y_test = test.x.numpy(), test.y.numpy()
     fp32_score = onnx_metrics(make_session(fp32.data), x_test, y_test, task)[metric]
-    _check_floor(task, fp32_score, y_test, options.min_quality)
+    _check_floor(task, fp32_score, test.y, options.min_quality)
 
     final = fp32.data
     quantization: dict[str, Any] = {"mode": options.quantize}

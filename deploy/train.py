@@ -139,14 +139,6 @@ def not_learning(accuracies: list[float], chance: float | None, train_loss: floa
     return None
 
 
-def _chance(task: Any, held_out: Any) -> float | None:
-    """Always answering the held-out set's most common class, for an accuracy task on in-memory data."""
-    targets = getattr(held_out, "y", None)
-    if task.primary_metric != "accuracy" or targets is None or targets.numel() == 0 or targets.is_floating_point():
-        return None
-    return float(torch.bincount(targets.long().reshape(-1)).max()) / targets.numel()
-
-
 def _free_port() -> int:
     import socket
 
@@ -224,7 +216,7 @@ def _gradient_bytes(model: nn.Module) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from fedge.tasks import evaluate, make_task
+    from fedge.tasks import chance_accuracy, evaluate, make_task
 
     try:
         rank, world, device, backend = _setup(args.device)
@@ -276,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         step, first_epoch = int(saved["step"]), int(saved["epoch"]) + 1
         log.info("rank %d resumed after epoch %d (step %d)", rank, first_epoch - 1, step)
 
-    chance = _chance(task, held_out) if rank == 0 else None
+    targets = getattr(held_out, "y", None)  # in-memory held-out data: the accuracy a model at chance has
+    chance = chance_accuracy(task, targets) if rank == 0 and targets is not None else None
     accuracies: list[float] = []
     stopped: str | None = None
     metrics = out / "metrics.jsonl"

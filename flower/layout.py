@@ -26,7 +26,10 @@ class Layout:
     """Which arrays of a record are flattened (floating point), in order, with their shapes."""
 
     def __init__(self, record: ArrayRecord) -> None:
-        self.entries = [(name, tuple(array.shape), array.dtype) for name, array in record.items()]
+        self._set([(name, tuple(array.shape), array.dtype) for name, array in record.items()])
+
+    def _set(self, entries: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
+        self.entries = entries
         self.floats = [(name, shape, dtype) for name, shape, dtype in self.entries
                        if np.issubdtype(dtype, np.floating)]
         self.numel = int(sum(int(np.prod(shape)) for _, shape, _ in self.floats))
@@ -42,21 +45,28 @@ class Layout:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
-    def zeros(cls, spec: str) -> ArrayRecord:
-        """An ``ArrayRecord`` of zeros in the layout ``spec`` describes (checked: a malformed spec
+    def from_spec(cls, spec: str) -> Layout:
+        """The layout ``spec`` describes, without building its arrays (checked: a malformed spec
         raises :class:`LayoutError`)."""
         try:
-            entries = json.loads(spec)
-            record = ArrayRecord()
-            for name, shape, dtype in entries:
+            entries = []
+            for name, shape, dtype in json.loads(spec):
                 if not (isinstance(name, str) and all(isinstance(s, int) and 0 <= s < 2**31 for s in shape)):
                     raise ValueError(f"bad entry {name!r} {shape!r}")
                 if int(np.prod(shape)) > 2**31:
                     raise ValueError(f"{name!r} is too large")
-                record[name] = Array(np.zeros(shape, dtype=np.dtype(dtype)))
+                entries.append((name, tuple(shape), np.dtype(dtype)))
         except (ValueError, TypeError) as err:
             raise LayoutError(f"the layout the server sent is malformed: {err}") from None
-        return record
+        layout = cls.__new__(cls)
+        layout._set(entries)
+        return layout
+
+    @classmethod
+    def zeros(cls, spec: str) -> ArrayRecord:
+        """An ``ArrayRecord`` of zeros in the layout ``spec`` describes (checked, as :meth:`from_spec`)."""
+        entries = cls.from_spec(spec).entries
+        return ArrayRecord({name: Array(np.zeros(shape, dtype=dtype)) for name, shape, dtype in entries})
 
     def sizes(self) -> list[int]:
         return [int(np.prod(shape)) for _, shape, _ in self.floats]

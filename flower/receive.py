@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedge.edge_client.downlink import held_support, lattice_copy
 from fedge.edge_client.node_store import NodeStore
@@ -57,8 +57,9 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
                         digest=int(config[DOWNLINK_DIGEST]), base_digest=int(config[DOWNLINK_BASE_DIGEST]),
                         rebuild=rebuild, keep_support=True)
     raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
-    zeros = Layout.zeros(layout.spec)
-    like = ArrayRecord({name: raw[name] if name in raw else zeros[name] for name in zeros})
+    floats = {name for name, _, _ in layout.floats}  # rebuilt from the copy; the others travel in RAW_RECORD
+    like = ArrayRecord({name: raw[name] if name in raw else Array(np.zeros(shape, dtype=dtype))
+                        for name, shape, dtype in layout.entries if name not in floats})
     content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, RAW_RECORD)})
     content[MODEL_RECORD] = layout.rebuild(copy.numpy(), like)
     msg.content = content
@@ -74,7 +75,7 @@ def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord
     kept = str((store.get_meta("layout") or {}).get("spec", ""))
     if LAYOUT_SPEC_KEY in config:
         spec = str(config[LAYOUT_SPEC_KEY])
-    elif kept and Layout(Layout.zeros(kept)).digest == digest:
+    elif kept and Layout.from_spec(kept).digest == digest:
         spec = kept
     elif START_KEY in config:
         start = build_start(str(config[START_KEY]))
@@ -82,7 +83,7 @@ def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord
     else:
         raise OutOfSyncError("this node holds no base of the model's lattice, nor its layout; the server must "
                              "send a snapshot")
-    layout = Layout(Layout.zeros(spec))
+    layout = Layout.from_spec(spec)
     if layout.digest != digest:
         raise LayoutError(f"the model's layout here is {layout.digest}, the server described {digest}")
     store.put_meta("layout", {"spec": spec})

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 from fedge.tasks.base import Task, TensorData
 from fedge.tasks.device import model_device, to_device, to_host
 
-__all__ = ["batches", "evaluate", "predict"]
+__all__ = ["batches", "chance_accuracy", "evaluate", "predict"]
 
 
 def batches(data: Dataset, batch_size: int, *, shuffle: bool = False,
@@ -64,3 +64,12 @@ def evaluate(model: nn.Module, data: Dataset, task: Task, batch_size: int = 512)
     if "loss" in metrics:
         raise ValueError(f"task {task.spec!r}: 'loss' is reported by Fedge itself; name the metric otherwise")
     return {"loss": loss, **metrics}
+
+
+def chance_accuracy(task: Task, targets: torch.Tensor) -> float | None:
+    """The accuracy of always answering the most common class of ``targets``: what a model that
+    learned nothing scores (the cloud trainer stops at it, the exporter refuses it). None for a
+    task whose metric is not accuracy, or targets that are not class labels."""
+    if task.primary_metric != "accuracy" or targets.numel() == 0 or targets.is_floating_point():
+        return None
+    return float(torch.bincount(targets.long().reshape(-1)).max()) / targets.numel()

@@ -276,15 +276,9 @@ def _check_devices(args: argparse.Namespace) -> None:
     crash inside its rank): the same rule every rank applies (``fedge.deploy.train.choose_device``)."""
     import torch
 
-    from fedge.deploy.train import DeviceError, choose_device
+    from fedge.deploy.train import DeviceError, choose_device, parse_args
 
-    train_args = [a for a in args.train_args if a != "--"]
-    choice = "auto"
-    for i, arg in enumerate(train_args):
-        if arg == "--device" and i + 1 < len(train_args):
-            choice = train_args[i + 1]
-        elif arg.startswith("--device="):
-            choice = arg.split("=", 1)[1]
+    choice = parse_args([a for a in args.train_args if a != "--"]).device  # deploy.train's own parser
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
         choose_device(choice, 0, args.nproc_per_node, gpus)
