@@ -39,7 +39,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedge.compression.lattice import CHANGE, MAX_VALUE, SNAPSHOT, encode_lattice, lattice_model, model_digest
+from fedge.compression.lattice import (
+    CHANGE,
+    MAX_VALUE,
+    SNAPSHOT,
+    change_support,
+    encode_lattice,
+    lattice_model,
+    model_digest,
+)
 from fedge.compression.spec import parse_spec
 
 __all__ = ["DownlinkMessage", "DownlinkSpec", "VersionedBroadcast", "lattice_model", "model_digest", "parse_downlink"]
@@ -136,8 +144,13 @@ class VersionedBroadcast:
     """The coordinator's side: the public copy, its versions, the cache, and who holds what."""
 
     def __init__(self, spec: DownlinkSpec, base: torch.Tensor, sizes: list[int], *, seeded: bool = True,
-                 start: torch.Tensor | None = None) -> None:
+                 start: torch.Tensor | None = None, track_supports: bool = False) -> None:
         self.spec = spec
+        #: with ``track_supports`` (a ``tcs`` uplink sends on them): node -> the coordinates its latest
+        #: message moved (none after a snapshot); one message in flight per node, so its reply is from it
+        self.track_supports = track_supports
+        self.supports: dict[int, np.ndarray] = {}
+        self._moved: dict[bytes, np.ndarray] = {}  # a message's payload -> what it moved: decoded once
         self.sizes = list(sizes)
         self.base = base.detach().to(torch.float32).clone()
         self.seeded = seeded  # False: devices cannot rebuild the base (a model file started the run)
@@ -216,7 +229,18 @@ class VersionedBroadcast:
         return encode_lattice(CHANGE, self.numel, held, self.version, dn, idx)
 
     def message_for(self, node: int) -> DownlinkMessage:
-        """The smallest message that brings ``node`` to the current version."""
+        """The smallest message that brings ``node`` to the current version (and, when tracking,
+        the coordinates it moves, in :attr:`supports`)."""
+        message = self._message_for(node)
+        if self.track_supports:
+            if message.payload not in self._moved:
+                if len(self._moved) > 64:
+                    self._moved.clear()
+                self._moved[message.payload] = change_support(message.payload, self.numel)
+            self.supports[node] = self._moved[message.payload]
+        return message
+
+    def _message_for(self, node: int) -> DownlinkMessage:
         held = self.held.get(node)
         shipped = node in self.needs_base or (not self.seeded and node not in self.has_base)
         base = self.base if shipped else None

@@ -17,7 +17,7 @@ wrapped strategy's exact model, and what a version did not carry stays in the di
 the two and goes out in a later one (error feedback on the server). A node that replies holds the
 version its message brought; one that fails or does not reply is forgotten and gets a snapshot
 next time. With ``track_supports`` (a ``tcs`` uplink, which sends on them) the coordinates each
-node's message moved are kept for the round (:attr:`ServerDownlink.supports`).
+node's message moved are kept (:attr:`ServerDownlink.supports`, the broadcast's).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.broadcast import SENT_SNAPSHOT, DownlinkSpec, VersionedBroadcast, parse_downlink
-from fedge.compression.lattice import change_support, model_digest
+from fedge.compression.lattice import model_digest
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import own_config
 from fedge.flower.start_model import parse_start
@@ -64,8 +64,12 @@ class ServerDownlink:
         self.published: int | None = None  # digest of the exact model last published
         self.sent: dict[int, int] = {}  # node -> version its latest message brought
         self.track_supports = track_supports
-        self.supports: dict[int, np.ndarray] = {}  # node -> the coordinates its latest message moved
         self.bytes = 0  # downlink records sent (model, lattice, base and raw arrays), as Flower serializes them
+
+    @property
+    def supports(self) -> dict[int, np.ndarray]:
+        """node -> the coordinates its latest lattice message moved (``track_supports``)."""
+        return {} if self.broadcast is None else self.broadcast.supports
 
     @property
     def spec(self) -> str:
@@ -82,10 +86,12 @@ class ServerDownlink:
         exact = torch.from_numpy(layout.flatten(arrays).copy())
         if self.broadcast is None and self.start is not None:  # the base is the start model each node builds
             self.layout = layout
-            self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=True)
+            self.broadcast = VersionedBroadcast(self.parsed, exact, layout.sizes(), seeded=True,
+                                                track_supports=self.track_supports)
         elif self.broadcast is None:  # a zero base every node builds; version 0 is the start model on the lattice
             self.layout = layout
             self.broadcast = VersionedBroadcast(self.parsed, torch.zeros(layout.numel), layout.sizes(), seeded=True,
+                                                track_supports=self.track_supports,
                                                 start=exact)
         elif layout.digest != self.layout.digest:  # type: ignore[union-attr]
             raise LayoutError("the strategy's model changed its layout during the run")
@@ -104,16 +110,10 @@ class ServerDownlink:
             self.bytes += sum(array_bytes(m.content, (MODEL_RECORD,)) for m in messages)
             return messages
         b, floats = self.broadcast, {name for name, _, _ in self.layout.floats}
-        moved: dict[bytes, np.ndarray] = {}  # nodes one version behind share one change: decode it once
-        self.supports = {}
         raw = ArrayRecord({name: array for name, array in arrays.items() if name not in floats})
         for message, config in zip(messages, configs, strict=True):
             node = message.metadata.dst_node_id
-            lattice = b.message_for(node)
-            if self.track_supports:
-                if lattice.payload not in moved:
-                    moved[lattice.payload] = change_support(lattice.payload, self.layout.numel)
-                self.supports[node] = moved[lattice.payload]
+            lattice = b.message_for(node)  # with track_supports, b.supports[node]: what it moves
             content = message.content  # its own RecordDict (own_config)
             if MODEL_RECORD in content:
                 del content[MODEL_RECORD]

@@ -121,4 +121,4 @@ def test_a_tcs_uplink_sends_on_the_change_each_device_received(tmp_path, algorit
     assert all(row.uplink_bytes < row.clients_used * engine.ctx.numel // 4 for row in rows)  # under 2 bits each
     assert engine.evaluate(result.model)["accuracy"] > engine.evaluate(start)["accuracy"] + 0.3
     layer = engine.layer("downlink")
-    assert isinstance(layer, DownlinkLayer) and len(layer.downlink.supports) == 3
+    assert isinstance(layer, DownlinkLayer) and len(layer.downlink.broadcast.supports) == 3

@@ -22,7 +22,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
@@ -35,7 +34,6 @@ from fedge.aggregation.broadcast import (
     parse_downlink,
 )
 from fedge.compression import Codec
-from fedge.compression.lattice import change_support
 from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, array_bytes
 from fedge.protocol.downlink import downlink_record
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
@@ -59,14 +57,11 @@ class Downlink:
                  track_supports: bool = False) -> None:
         self.parsed = parse_downlink(spec)
         self.template = template
-        #: node -> the coordinates its latest lattice message moved (a ``tcs`` uplink sends on them);
-        #: one message in flight per node, also asynchronously, so its reply is from that message
-        self.track_supports = track_supports
-        self.supports: dict[int, np.ndarray] = {}
         self.broadcast: VersionedBroadcast | None = None
         if self.parsed is not None:  # from a model file, the base is that model (set in start())
             base = flatten_state(template) if init else seeded_initial_params(task, seed)
-            self.broadcast = VersionedBroadcast(self.parsed, base, tensor_sizes(template), seeded=not init)
+            self.broadcast = VersionedBroadcast(self.parsed, base, tensor_sizes(template), seeded=not init,
+                                                track_supports=track_supports)
         self._init = init
 
     @property
@@ -76,7 +71,8 @@ class Downlink:
     def start(self, params: torch.Tensor) -> None:
         """A run started from a model file: the lattice's base is that model (shipped to devices)."""
         if self.broadcast is not None and self._init:
-            self.broadcast = VersionedBroadcast(self.broadcast.spec, params, tensor_sizes(self.template), seeded=False)
+            self.broadcast = VersionedBroadcast(self.broadcast.spec, params, tensor_sizes(self.template), seeded=False,
+                                                track_supports=self.broadcast.track_supports)
 
     def config_keys(self) -> dict[str, Any]:
         """Keys every message of the current version carries in its config record."""
@@ -102,10 +98,6 @@ class Downlink:
         message = self.broadcast.message_for(node)
         record = downlink_record(message.payload, message.steps, message.base)
         tally.count(message, array_bytes(RecordDict({DOWNLINK_RECORD: record})))
-        if self.track_supports:  # nodes one version behind share one change: decoded once per step
-            if message.payload not in tally.supports:
-                tally.supports[message.payload] = change_support(message.payload, self.broadcast.numel)
-            self.supports[node] = tally.supports[message.payload]
         return DOWNLINK_RECORD, record
 
     def replied(self, node: int, version: int) -> None:
@@ -152,8 +144,6 @@ class _StepTally:
     catch_up_sizes: list[tuple[int, int]] = field(default_factory=list)
     #: the full model's record, shared by the step's messages (downlink-codec none)
     full: tuple[torch.Tensor, ArrayRecord] | None = None
-    #: a change's payload -> the coordinates it moved (tcs)
-    supports: dict[bytes, np.ndarray] = field(default_factory=dict)
 
     def count(self, message: DownlinkMessage, size: int) -> None:
         """One message of ``size`` bytes (``array_bytes`` of its record: the engine's one formula)."""
@@ -192,7 +182,8 @@ class DownlinkLayer(Layer):
         any other codec as it is)."""
         if not codec.shares_support:
             return codec
-        return codec.with_support(self.downlink.supports.get(node))
+        broadcast = self.downlink.broadcast
+        return codec.with_support(None if broadcast is None else broadcast.supports.get(node))
 
     def start(self, params: torch.Tensor) -> None:
         """A fresh run from ``params`` (a model file's: the lattice's base)."""
