@@ -5,8 +5,11 @@
 1. the CUDA tests (``tests/deploy/test_ddp_training.py -k cuda``; they skip elsewhere) and the
    device-placement tests, with their outcome and time;
 2. the cloud trainer on one GPU (``--device cuda``, NCCL, bf16 autocast) against gloo on the same
-   machine's CPUs (``--device cpu``, one process per core up to 8), the same task, batch and
-   epochs, with ``allreduce`` and ``qsgd:bits=4`` on the GPU: samples/s, held-out accuracy, step time;
+   machine's CPUs (``--device cpu``, one process per core up to 8), the same task and epochs: on the
+   GPU batches from a DataLoader (the loader-bound path) and from device-held data, at the CPU
+   runs' batch and at ``--large-batch`` (its rate scaled, warm-up auto; with ``--compile`` and
+   ``--channels-last`` once), with ``allreduce`` and ``qsgd:bits=4``: samples/s over each epoch's
+   wall time, the share of it the GPU spent in steps, held-out accuracy, step time;
 3. one JSON with the card's name, the versions and every figure, and a table to paste into
    docs/cloud.md.
 
@@ -35,20 +38,24 @@ def _run(command: list[str], timeout: float) -> tuple[int, float, str]:
     return done.returncode, time.perf_counter() - started, (done.stdout + done.stderr)[-3000:]
 
 
-def _train(task: str, device: str, nproc: int, hook: str, epochs: int, batch: int, timeout: float) -> dict:
+def _train(task: str, device: str, nproc: int, hook: str, epochs: int, batch: int, timeout: float,
+           *extra: str, base_batch: int | None = None) -> dict:
     """One cloud-train run; its last metrics row and summary (or the failure's tail)."""
     with tempfile.TemporaryDirectory() as out:
         torchrun = str(Path(sys.executable).parent / "torchrun")
         command = [torchrun, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", "--master-port=29571",
                    "-m", "fedge.deploy.train", "--task", task, "--epochs", str(epochs), "--batch-size", str(batch),
-                   "--base-batch", str(batch * nproc), "--hook", hook, "--device", device, "--out", out]
+                   "--base-batch", str(base_batch or batch * nproc), "--hook", hook, "--device", device, "--out", out,
+                   *extra]
         code, seconds, tail = _run(command, timeout)
-        result: dict = {"device": device, "processes": nproc, "hook": hook, "exit": code, "wall_s": round(seconds, 1)}
+        result: dict = {"device": device, "processes": nproc, "hook": hook, "batch": batch, "options": " ".join(extra),
+                        "exit": code, "wall_s": round(seconds, 1)}
         rows = Path(out) / "metrics.jsonl"
         if code != 0 or not rows.exists():
             return {**result, "error": tail}
         last = json.loads(rows.read_text().splitlines()[-1])
-        keep = ("samples_per_s", "step_s", "forward_s", "accuracy", "test_loss", "train_loss", "backend")
+        keep = ("samples_per_s", "step_s", "forward_s", "data_wait_s", "gpu_busy", "data", "amp", "accuracy",
+                "test_loss", "train_loss", "backend")
         return {**result, **{k: last.get(k) for k in keep}}
 
 
@@ -57,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="fashion", help="the task (fashion when its data is installed, else digits)")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--large-batch", type=int, default=1024,
+                        help="the large-batch runs' batch (their rate scaled from --batch-size's)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu-check.json")
     args = parser.parse_args(argv)
     import torch
@@ -83,18 +92,29 @@ def main(argv: list[str] | None = None) -> int:
                                 "tests/deploy/test_ddp_training.py", "tests/tasks/test_device.py", "-k",
                                 "cuda or device"], timeout=1800)
     report["cuda_tests"] = {"exit": code, "seconds": round(seconds, 1), "tail": tail[-800:]}
-    runs = [_train(task, "cuda", 1, hook, args.epochs, args.batch_size, 3600) for hook in ("allreduce", "qsgd:bits=4")]
-    runs.append(_train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", args.epochs, args.batch_size, 7200))
+    b, e, big = args.batch_size, args.epochs, args.large_batch
+    runs = [  # the loader-bound path the issue measured, then the device-held batches, then a large batch
+        _train(task, "cuda", 1, "allreduce", e, b, 3600, "--data", "loader"),
+        _train(task, "cuda", 1, "allreduce", e, b, 3600, "--data", "device"),
+        _train(task, "cuda", 1, "qsgd:bits=4", e, b, 3600, "--data", "device"),
+        _train(task, "cuda", 1, "allreduce", e, big, 3600, "--data", "device", base_batch=b),
+        _train(task, "cuda", 1, "allreduce", e, big, 3600, "--data", "device", "--channels-last", "--compile",
+               base_batch=b),
+        _train(task, "cuda", 1, "qsgd:bits=4", e, big, 3600, "--data", "device", base_batch=b),
+        _train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", e, b, 7200),
+    ]
     report["runs"] = runs
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['card']} x{report['gpus']}, torch {report['torch']} (CUDA {report['cuda']}), {report['date']}")
     print(f"CUDA tests: exit {code} in {seconds:.0f} s")
-    print("| device | processes | hook | samples/s | accuracy | step (ms) | exit |\n|---|---|---|---|---|---|---|")
+    print("| device | processes | hook | batch | options | samples/s | GPU busy | accuracy | step (ms) | exit |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         step = f"{1000 * r['step_s']:.2f}" if r.get("step_s") else "-"
-        print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r.get('samples_per_s') or 0:,.0f} | "
-              f"{r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
+        busy = f"{r['gpu_busy']:.0%}" if r.get("gpu_busy") is not None else "-"
+        print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r['batch']} | {r['options'] or '-'} | "
+              f"{r.get('samples_per_s') or 0:,.0f} | {busy} | {r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
     print(f"written: {args.out}\nreproduce: {report['command']}")
     return 0 if code == 0 and all(r["exit"] == 0 for r in runs) else 1
 

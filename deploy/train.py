@@ -4,8 +4,14 @@
 
 torchrun does process management and rendezvous (multi-node: ``--nnodes/--node-rank/--rdzv-endpoint``).
 The backend follows the device: NCCL on CUDA, gloo on CPU. A DistributedSampler shards the data;
-the learning rate follows the linear scaling rule (Goyal et al. 2017, https://arxiv.org/abs/1706.02677):
-``lr = base_lr * global_batch / base_batch`` with a linear warm-up over ``--warmup-steps``.
+the rate is ``--lr``, warmed up linearly over ``--warmup-steps``; with ``--base-batch`` (the global
+batch ``--lr`` was tuned for) it follows the linear scaling rule (Goyal et al. 2017,
+https://arxiv.org/abs/1706.02677), ``lr = base_lr * global_batch / base_batch``.
+
+On a GPU the batches are sliced from the training data held on the device (``--data``,
+``fedge.deploy.batches``), the forward pass runs in bf16 (``--amp``), and ``--compile`` and
+``--channels-last`` are there for convolutional models; each epoch's row reports samples/s over the
+epoch's wall time (data included) and, on CUDA, the share of it the GPU spent in steps (``gpu_busy``).
 
 Gradient communication (``--hook``): ``allreduce`` (DDP default), ``fp16`` (bf16 on NCCL),
 ``powersgd:rank=R,start=S`` (Vogels et al. 2019; on gloo only with a single bucket, because several
@@ -35,15 +41,28 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from fedge.deploy.atomic import atomic_torch_save, atomic_write_text
+from fedge.deploy.batches import DATA_CHOICES, make_batches
 from fedge.deploy.model_file import ModelFile, save_model_file
+from fedge.tasks.device import to_device
 
-__all__ = ["DEVICE_CHOICES", "DeviceError", "choose_device", "main", "parse_args"]
+__all__ = ["AMP_CHOICES", "DEVICE_CHOICES", "DeviceError", "choose_device", "main", "parse_args", "peak_rate"]
 
 #: ``--device``: where each process trains
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+#: ``--amp``: the forward pass's precision
+AMP_CHOICES = ("auto", "bf16", "off")
+
+
+def peak_rate(lr: float, global_batch: int, base_batch: int) -> float:
+    """The rate after warm-up: ``lr`` itself, or scaled linearly from ``base_batch`` to
+    ``global_batch`` when the user says which batch ``lr`` was tuned for. Scaling was the default
+    (from a base of 32) and turned ``--batch-size 256`` into a rate of 0.4 that sent the model to
+    chance, on a GPU and on 8 CPU processes alike; a longer warm-up did not save it (digits, 40
+    epochs: 1 seed of 3 learned). So it is opt-in, as in mmengine's ``auto_scale_lr``."""
+    return lr * global_batch / base_batch if base_batch > 0 else lr
 
 log = logging.getLogger("fedge.deploy.train")
 
@@ -55,8 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0 = no limit)")
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
-    parser.add_argument("--lr", type=float, default=0.05, help="base learning rate for --base-batch samples")
-    parser.add_argument("--base-batch", type=int, default=32, help="reference global batch of --lr")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="the learning rate (of the global batch, or of --base-batch samples when given)")
+    parser.add_argument("--base-batch", type=int, default=0,
+                        help="the global batch --lr was tuned for: scale the rate linearly to the actual global "
+                        "batch (Goyal et al. 2017); 0 (default): no scaling")
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--hook", default="allreduce")
@@ -70,6 +92,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                         help="auto: one GPU per process where CUDA is (NCCL), else the CPU (gloo); cpu: gloo "
                         "on the CPU even on a GPU machine; cuda: refuse to run without a GPU per process")
+    parser.add_argument("--data", choices=DATA_CHOICES, default="auto",
+                        help="device: batches sliced from the training data held on the device (tasks in memory "
+                        "that fit); loader: a DataLoader; auto: device where it applies")
+    parser.add_argument("--amp", choices=AMP_CHOICES, default="auto",
+                        help="bf16: autocast the forward pass to bfloat16; auto: bf16 on CUDA, off on the CPU")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (after a first slow step)")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="channels-last memory format for convolutional models (faster on tensor cores)")
     parser.add_argument("--out", required=True, help="output directory (checkpoint, metrics, model.pt)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     args = parser.parse_args(argv)
@@ -227,15 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     task = make_task(args.task)
     torch.manual_seed(args.seed)
     model = task.build_model().to(device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     gradient_mb = _gradient_bytes(model) / 2**20
     buckets = max(1, math.ceil(gradient_mb / args.bucket_cap_mb))
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     hook_spec = (f"local-sgd:period={args.local_sgd},warmup={args.local_sgd_warmup}" if args.local_sgd
                  else args.hook)
     hook_state = _register_hook(ddp, hook_spec, backend, buckets)
+    forward = torch.compile(ddp) if args.compile else ddp  # DDP's own graph breaks at its buckets
 
     global_batch = args.batch_size * world
-    peak_lr = args.lr * global_batch / args.base_batch
+    peak_lr = peak_rate(args.lr, global_batch, args.base_batch)
+    warmup = args.warmup_steps
     optimizer: torch.optim.Optimizer = torch.optim.SGD(ddp.parameters(), lr=peak_lr, momentum=args.momentum)
     averager = None
     if args.local_sgd:
@@ -257,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         return {"test_loss": figures.pop("loss"), **figures}
 
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    try:
+        loader, data_path = make_batches(args.data, dataset, sampler, args.batch_size, device, args.channels_last)
+    except ValueError as err:
+        log.error("%s", err)
+        dist.destroy_process_group()
+        return 2
 
     step, first_epoch = 0, 0
     checkpoint_path = out / "checkpoint.pt"
@@ -277,34 +316,48 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         if not args.resume:
             metrics.unlink(missing_ok=True)
-    use_autocast = device.type == "cuda"  # bf16 autocast on GPUs; fp32 on CPU
+    use_autocast = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
+    gpu_timed = device.type == "cuda"  # each step's span on the GPU's own clock: how busy it kept
     for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         ddp.train()
         seen, loss_sum, compute_s, total_s = 0, 0.0, 0.0, 0.0
         bytes_before = getattr(hook_state, "bytes_sent", 0)
         averaged_before = _averagings(averager, step)
-        epoch_steps = 0
+        epoch_steps, data_s, spans = 0, 0.0, []
+        epoch_started = fetched = time.perf_counter()
+        loss_total = torch.zeros((), device=device)
         for x, y in loader:
             if args.max_steps and step >= args.max_steps:
                 break
             started = time.perf_counter()
+            data_s += started - fetched
             for group in optimizer.param_groups:  # linear warm-up to the scaled rate
-                group["lr"] = peak_lr * min(1.0, (step + 1) / max(1, args.warmup_steps))
-            x, y = x.to(device), y.to(device)
+                group["lr"] = peak_lr * min(1.0, (step + 1) / max(1, warmup))
+            x, y = to_device(x, device), to_device(y, device)
+            if args.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            if gpu_timed:
+                spans.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                spans[-1][0].record()
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_autocast):
-                loss = task.loss(ddp(x), y)
+                loss = task.loss(forward(x), y)
             forward_done = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # gradient communication overlaps with this call
             optimizer.step()
-            finished = time.perf_counter()
+            if gpu_timed:
+                spans[-1][1].record()
+            fetched = time.perf_counter()
             compute_s += forward_done - started
-            total_s += finished - started
+            total_s += fetched - started
             seen += x.shape[0] * world
-            loss_sum += float(loss.detach())
+            loss_total += loss.detach()  # read once per epoch: a .item() per step waits for the GPU
             step += 1
             epoch_steps += 1
+        loss_sum = float(loss_total)  # waits for the epoch's last step
+        wall_s = time.perf_counter() - epoch_started
+        gpu_busy = sum(a.elapsed_time(b) for a, b in spans) / 1000 / wall_s if spans and wall_s else None
         # held-out evaluation and writes happen on rank 0 only
         if rank == 0:
             measured = measure()
@@ -313,7 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "epoch": epoch, "step": step, "world_size": world, "backend": backend, "hook": hook_spec,
                 "train_loss": loss_sum / max(1, epoch_steps), **measured,
-                "samples_per_s": seen / total_s if total_s else None,
+                # over the epoch's wall time, data included (host time alone flatters an asynchronous GPU)
+                "samples_per_s": seen / wall_s if wall_s and seen else None,
+                "data": data_path, "amp": "bf16" if use_autocast else "off", "compiled": args.compile,
+                "data_wait_s": data_s / max(1, epoch_steps), "gpu_busy": gpu_busy,
                 "step_s": total_s / max(1, epoch_steps),
                 "forward_s": compute_s / max(1, epoch_steps),
                 "backward_comm_optimizer_s": (total_s - compute_s) / max(1, epoch_steps),
@@ -335,12 +391,16 @@ def main(argv: list[str] | None = None) -> int:
                      " ".join(f"{k} {v:.4f}" for k, v in measured.items()), row["samples_per_s"] or 0)
             if "accuracy" in measured:
                 accuracies.append(float(measured["accuracy"]))
-            why = not_learning(accuracies, chance, float(row["train_loss"]), epoch, step >= args.warmup_steps)
-            if why is not None:
+            why = not_learning(accuracies, chance, float(row["train_loss"]), epoch, step >= warmup)
+            if why is not None and args.base_batch:
                 stopped = (f"stopped at epoch {epoch}: the model is not learning: {why}. The learning rate is "
                            f"{peak_lr:g} = --lr {args.lr:g} x global batch {global_batch} / --base-batch "
                            f"{args.base_batch}: lower --lr, set --base-batch {global_batch} (the batch --lr is "
-                           f"meant for), or lengthen --warmup-steps ({args.warmup_steps})")
+                           f"meant for) or leave it out (no scaling), or lengthen --warmup-steps ({warmup})")
+            elif why is not None:
+                stopped = (f"stopped at epoch {epoch}: the model is not learning: {why}. The learning rate is "
+                           f"--lr {peak_lr:g} at a global batch of {global_batch}: lower --lr, or lengthen "
+                           f"--warmup-steps ({warmup})")
         decision = [stopped]
         dist.broadcast_object_list(decision, src=0)  # every rank stops together
         stopped = decision[0]

@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--auth-key", default=None, help="this node's private key (`fedge certs node`), registered on the SuperLink")
     join.add_argument("--insecure", action="store_true", help="plaintext (test federations on a trusted network only)")
     join.add_argument("--threads", type=int, default=1, help="CPU threads for training (default: 1)")
+    join.add_argument("--device", default="auto", help="where training runs: auto (the GPU where CUDA is, else the "
+                      "CPU), cpu, cuda or cuda:N (default: auto)")
     join.add_argument("--state-dir", default=None, help="error-feedback memory, logs, Flower's app cache "
                       "(default: $XDG_STATE_HOME/fedge-edge)")
     join.add_argument("--port", type=int, default=0, help="local port of the SuperNode's ClientApp API (default: any free)")
@@ -111,7 +113,7 @@ def _join(args: argparse.Namespace) -> int:
         superlink=args.superlink, data=Path(args.data), task=args.task,
         root_cert=Path(args.root_cert) if args.root_cert else None,
         auth_key=Path(args.auth_key) if args.auth_key else None, insecure=args.insecure,
-        threads=args.threads, state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
+        threads=args.threads, device=args.device, state_dir=Path(args.state_dir) if args.state_dir else default_state_dir(),
         port=args.port, max_restarts=args.max_restarts, isolation=args.isolation, when=args.when,
         max_rounds_per_day=args.max_rounds_per_day, max_mb_per_day=args.max_mb_per_day,
         require_secure_aggregation=args.require_secure_aggregation, min_participants=args.min_participants,

@@ -3,7 +3,7 @@
 It checks everything it can before connecting (the data file against the task, the key, the CA
 certificate), then runs Flower's own ``flower-supernode`` with the Fedge ClientApp's node config::
 
-    data="<own.npz>" threads=N state-dir="<dir>"
+    data="<own.npz>" threads=N state-dir="<dir>" [device="cpu|cuda|cuda:N"]
 
 and supervises it. By default the SuperNode runs with Flower's ``--isolation process`` next to one warm
 process (``fedge.edge_client.warm_executor``) that runs each message in a child forked from its
@@ -53,6 +53,7 @@ class JoinOptions:
     auth_key: Path | None = None
     insecure: bool = False
     threads: int = 1
+    device: str = "auto"  # where training runs (fedge.tasks.device.resolve_device)
     state_dir: Path = Path("fedge-edge-state")
     port: int = 0
     max_restarts: int = -1  # -1: keep trying
@@ -83,6 +84,12 @@ def check_join(options: JoinOptions) -> str:
         raise JoinError(f"--superlink must be HOST:PORT, got {options.superlink!r}")
     if options.threads < 1:
         raise JoinError(f"--threads must be >= 1, got {options.threads}")
+    from fedge.tasks.device import DeviceUnavailable, resolve_device
+
+    try:
+        resolve_device(options.device)
+    except DeviceUnavailable as err:
+        raise JoinError(f"--device: {err}") from None
     if options.min_participants < 0 or options.dp_min_noise < 0 or options.dp_max_clip < 0:
         raise JoinError("--min-participants, --dp-min-noise and --dp-max-clip must be >= 0 (0: no requirement)")
     if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
@@ -142,6 +149,8 @@ def _check_endorsement(options: JoinOptions, key) -> None:  # type: ignore[no-un
 def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
     config: dict[str, str | int | float] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
                                             "state-dir": str(Path(options.state_dir).resolve())}
+    if options.device != "auto":
+        config["device"] = options.device
     if options.when:
         config["when"] = options.when
     if options.max_rounds_per_day:

@@ -31,6 +31,7 @@ from fedge.protocol import (
 )
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
+from fedge.tasks.device import DeviceUnavailable, resolve_device
 
 __all__ = [
     "codec_for",
@@ -39,6 +40,7 @@ __all__ = [
     "local_data",
     "local_heldout",
     "local_parts",
+    "node_device",
     "node_generator",
     "round_config",
     "store",
@@ -103,10 +105,29 @@ def load_flat(task: Task, flat: torch.Tensor, model: torch.nn.Module | None = No
     return model
 
 
+def node_device(context: Context) -> torch.device:
+    """Where this node trains: its node config's ``device`` (``auto``, the default: the GPU where
+    CUDA is, else the CPU; ``cpu``; ``cuda``; ``cuda:N``). Asked in the message's own process (a
+    warm executor's forked child), never in the parent: see ``fedge.tasks.device.resolve_device``."""
+    try:
+        return resolve_device(str(context.node_config.get("device", "auto")))
+    except DeviceUnavailable as err:
+        raise ProtocolError(f"node config: {err}") from None
+
+
 def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator: torch.Generator,
-          prox_mu: float = 0.0) -> LocalTrainResult:
-    return train_local(model, data, task_of(config), epochs=config.local_epochs, lr=config.lr, batch_size=config.batch_size,
-                       momentum=config.momentum, prox_mu=prox_mu, generator=generator)
+          prox_mu: float = 0.0, device: torch.device | None = None) -> LocalTrainResult:
+    """Local training on ``device`` (default the CPU); the model comes back to the CPU, where its
+    update is taken and encoded, so nothing after training depends on where it ran."""
+    elsewhere = device is not None and device.type != "cpu"
+    if elsewhere:
+        model.to(device)
+    try:
+        return train_local(model, data, task_of(config), epochs=config.local_epochs, lr=config.lr,
+                           batch_size=config.batch_size, momentum=config.momentum, prox_mu=prox_mu, generator=generator)
+    finally:
+        if elsewhere:
+            model.to("cpu")
 
 
 def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,

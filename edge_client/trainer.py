@@ -7,6 +7,7 @@ plain FedAvg local SGD.
 
 from __future__ import annotations
 
+import math
 import time
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torch.optim.sgd import sgd as functional_sgd
 from torch.utils.data import Dataset
 
 from fedge.edge_client.resources import timed
-from fedge.tasks import Task, batches
+from fedge.tasks import Task, TensorData, batches
 from fedge.tasks.device import model_device, to_device
 
 __all__ = ["LocalTrainResult", "train_local"]
@@ -75,7 +76,12 @@ def train_local(
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
     model.train()
     device = model_device(model)  # the batches go where the model is (fedge.tasks.device)
-    total_loss, steps = 0.0, 0
+    if device.type != "cpu" and isinstance(data, TensorData):  # a GPU: the partition goes there once
+        data = TensorData(data.x.to(device), data.y.to(device))
+    # Summed in float64 where the loss is, read once: a .item() per step would wait for a GPU every
+    # step; float64 adds the float32 losses exactly as Python floats did, bit for bit.
+    total: torch.Tensor | None = None
+    steps = 0
     for _ in range(epochs):
         for x, y in batches(data, batch_size, shuffle=True, generator=generator):
             loss = task.loss(model(to_device(x, device)), to_device(y, device))
@@ -87,9 +93,11 @@ def train_local(
                 p.grad = None
             objective.backward()
             _sgd_step(params, momentum_buffers, lr=lr, momentum=momentum, weight_decay=weight_decay)
-            total_loss += loss.item()
+            term = loss.detach().double()
+            total = term if total is None else total + term
             steps += 1
-    if not torch.isfinite(torch.tensor(total_loss)):
+    total_loss = 0.0 if total is None else float(total)
+    if not math.isfinite(total_loss):
         raise FloatingPointError("local training diverged (non-finite loss); lower the learning rate")
     return LocalTrainResult(loss=total_loss / max(steps, 1), steps=steps, examples=len(data),  # type: ignore[arg-type]
                             seconds=time.perf_counter() - started)

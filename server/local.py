@@ -29,11 +29,11 @@ from fedge.launcher.sequence import FlowerLaunch, LaunchError
 from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
-from fedge.server.settings import RunSettings
+from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.partition import CACHE_ENV, partition_indices
 
-__all__ = ["EngineError", "LaunchResult", "launch"]
+__all__ = ["EngineError", "LaunchResult", "gpu_share", "launch"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,19 @@ class LaunchResult:
     logs: dict[str, Path] = field(default_factory=dict)
 
 
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_share(slots: int, gpus: int) -> float:
+    """Each simulated ClientApp's share of ``gpus`` GPUs (0: none): the ``slots`` that run at once
+    split them, at most one whole GPU each (Flower's ``client-resources-num-gpus``; Ray hides the
+    GPUs from an actor that asks for none, so ``--client-device cpu`` simply asks for none)."""
+    return 0.0 if gpus <= 0 else min(1.0, round(gpus / max(1, slots), 4))
+
+
 def launch(
     settings: RunSettings,
     *,
@@ -66,6 +79,7 @@ def launch(
     app_dir: Path | None = None,
     ray_address: str | None = None,
     isolation: str = "warm",
+    client_device: str = "auto",
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -98,6 +112,11 @@ def launch(
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
     if ray_address and engine != "simulation":
         raise ValueError("ray_address applies to the simulation engine")
+    if client_device not in CLIENT_DEVICES:
+        raise ValueError(f"client_device must be one of {', '.join(CLIENT_DEVICES)}, got {client_device!r}")
+    gpus_here = _gpus() if client_device != "cpu" else 0
+    if client_device == "cuda" and not gpus_here:
+        raise EngineError("--client-device cuda, but this machine has no CUDA device; use auto or cpu")
     run_dir = Path(settings.run_dir).resolve()
     RunDirectory(run_dir).prepare_launch()
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
@@ -126,7 +145,9 @@ def launch(
                 # cache-dir: each node reads its partition from a small .npz instead of rebuilding
                 # it (scikit-learn, datasets) in every ClientApp process (edge_client/node_data.py).
                 config = {"partition-id": i, "num-partitions": num_supernodes,
-                          "cache-dir": str(run_dir / "node-cache"), **((node_config or {}).get(i) or {})}
+                          "cache-dir": str(run_dir / "node-cache"),
+                          **({"device": client_device} if client_device != "auto" else {}),
+                          **((node_config or {}).get(i) or {})}
                 auth_key = None
                 if security:
                     config = {**security.node_identity(i), **config}
@@ -140,6 +161,9 @@ def launch(
                 # Ray schedules one actor per logical CPU it is told about (Flower takes whole
                 # CPUs only): more logical CPUs than cores means more ClientApps at once.
                 federation_config["init-args-num-cpus"] = max(1, os.cpu_count() or 1, parallel_clients)
+            share = gpu_share(federation_config.get("init-args-num-cpus") or os.cpu_count() or 1, gpus_here)
+            if share:  # Ray hides the GPUs from an actor that asks for none
+                federation_config["client-resources-num-gpus"] = share
         runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins), run_config,
                                federation_config=federation_config, cwd=run_dir)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)

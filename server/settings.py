@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALGORITHM_KEYS", "OPTIONS", "Option", "RunSettings", "SettingsError"]
+__all__ = ["ALGORITHM_KEYS", "CLIENT_DEVICES", "OPTIONS", "Option", "RunSettings", "SettingsError"]
+
+#: ``--client-device`` of ``fedge demo`` and ``local-cluster``: where the clients train (``auto``: the
+#: GPU where CUDA is, else the CPU); a launch option, not a run setting (devices choose their own)
+CLIENT_DEVICES = ("auto", "cpu", "cuda")
 
 
 #: Settings only some round algorithms use; each algorithm lists the ones it uses

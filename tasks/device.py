@@ -12,7 +12,35 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["model_device", "to_device", "to_host"]
+__all__ = ["DeviceUnavailable", "model_device", "resolve_device", "to_device", "to_host"]
+
+
+class DeviceUnavailable(ValueError):
+    """A device was asked for that this machine does not have; says what there is."""
+
+
+def resolve_device(choice: str) -> torch.device:
+    """The device named by ``choice``: ``auto`` (the first GPU where CUDA is, else the CPU), ``cpu``,
+    ``cuda`` or ``cuda:N``. Called where training happens (a ClientApp's message process, the
+    coordinator), never in a warm executor's parent: CUDA does not survive a ``fork`` after the
+    parent initialised it, so only the forked children ask."""
+    choice = str(choice).strip().lower()
+    if choice == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if choice == "auto":
+        return torch.device("cuda", 0) if available else torch.device("cpu")
+    if not choice.startswith("cuda"):
+        raise DeviceUnavailable(f"device must be auto, cpu, cuda or cuda:N, got {choice!r}")
+    try:
+        device = torch.device(choice)
+    except RuntimeError as err:
+        raise DeviceUnavailable(f"device {choice!r}: {err}") from None
+    count = torch.cuda.device_count() if available else 0
+    index = device.index or 0
+    if index >= count:
+        raise DeviceUnavailable(f"device {choice!r}, but this machine has {count} CUDA device(s); use auto or cpu")
+    return torch.device("cuda", index)
 
 
 def model_device(model: nn.Module) -> torch.device:

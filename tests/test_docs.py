@@ -223,7 +223,7 @@ def test_setting_names_in_prose_and_examples_are_settings() -> None:
 #: the daemon's [service] keys (added below), spec parameters and values, metric and message names
 _OTHER_WORDS = {
     "fedge-edge", "flower-superlink", "flower-supernode", "flwr-clientapp", "flwr-serverapp", "flwr-simulation",
-    "local-cluster",
+    "local-cluster", "client-resources-num-gpus",
     "flwr-datasets", "dataset-fashion-mnist", "dp-accounting",
     "clip-lr", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
     "bidirectional-full", "num-examples", "train-loss", "pull-messages", "out-of-sync", "needs-base", "bad-config",

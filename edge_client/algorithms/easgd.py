@@ -38,7 +38,7 @@ def train(msg: Message, context: Context) -> Message:
     data, held_out = local.local_parts(context, config)  # one read of the node's data
     local.load_flat(task, x, model)
     generator = local.node_generator(config, context, "train")
-    result = local.train(model, data, config, generator)
+    result = local.train(model, data, config, generator, device=local.node_device(context))
     x = local.flat_of(model)
     distance = float((x - center).norm())
     delta = alpha * (x - center)

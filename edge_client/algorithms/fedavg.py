@@ -41,7 +41,8 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
         local.load_flat(task, start, model)
         generator = local.node_generator(config, context, "train")
         trained = adjust(config) if adjust is not None else config
-        result = local.train(model, data, trained, generator, prox_mu=config.number(PROX_MU, low=0.0))
+        result = local.train(model, data, trained, generator, prox_mu=config.number(PROX_MU, low=0.0),
+                             device=local.node_device(context))
         return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
                       memory=local.store(context, namespace), generator=generator, started=started,
                       metrics={"train-loss": result.loss, "train-seconds": result.seconds}, model=model)

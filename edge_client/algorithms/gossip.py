@@ -102,7 +102,8 @@ def train(msg: Message, context: Context) -> Message:
 
     model.load_state_dict(unflatten_state(x, template))
     generator = local.node_generator(config, context, "train")
-    result = local.train(model, local.local_data(context, config), config, generator)
+    result = local.train(model, local.local_data(context, config), config, generator,
+                         device=local.node_device(context))
     x = local.flat_of(model)
     store.put_tensor("model", x)
     payload = codec.for_round(config.round, config.seed).encode(x - own, generator)

@@ -20,7 +20,7 @@ from fedge.server.cli.deploy_commands import add_deploy_parsers, run_export, run
 from fedge.deploy.certs import CertificateError
 from fedge.launcher.federation import RegistrationError
 from fedge.protocol.plugins import PluginError
-from fedge.server.settings import OPTIONS, RunSettings, SettingsError
+from fedge.server.settings import CLIENT_DEVICES, OPTIONS, RunSettings, SettingsError
 
 __all__ = ["main"]
 
@@ -80,6 +80,12 @@ def _add_run_options(parser: argparse.ArgumentParser, overrides: dict[str, Any])
         group.add_argument(f"--{option.key}", **kwargs)
 
 
+def _add_client_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--client-device", choices=CLIENT_DEVICES, default="auto",
+                        help="where clients train: auto (default: the GPU where CUDA is, a share of it per "
+                        "simulated client; the CPU elsewhere), cpu, or cuda (refused without a GPU)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedge",
@@ -102,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--ray-address", default="", metavar="HOST:PORT",
                       help="run the simulated clients on an existing Ray cluster (`ray start --head` here, "
                       "`ray start --address` on every other machine); default: a local Ray instance")
+    _add_client_device(demo)
     _add_run_options(demo, {"export-bundle": "auto"})
 
     cluster = sub.add_parser(
@@ -120,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--tls", action="store_true",
                          help="TLS and SuperNode authentication on: a CA, server certificate and node keys "
                          "are made in <run-dir>/tls and every node key is registered before it connects")
+    _add_client_device(cluster)
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
     cloud = sub.add_parser(
@@ -249,7 +257,7 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
                             timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir,
                             ray_address=getattr(args, "ray_address", "") or None,
-                            isolation=getattr(args, "isolation", "warm"))
+                            isolation=getattr(args, "isolation", "warm"), client_device=args.client_device)
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1

@@ -106,7 +106,10 @@ class RunContext:
 
     @cached_property
     def _evaluation_model(self) -> torch.nn.Module:
-        return self.task.build_model()
+        """Built once, on the GPU where CUDA is (the batches follow it, ``fedge.tasks.device``)."""
+        from fedge.tasks.device import resolve_device
+
+        return self.task.build_model().to(resolve_device("auto"))
 
     def evaluate(self, flat: torch.Tensor) -> dict[str, float]:
         """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty

@@ -230,10 +230,11 @@ def test_more_processes_than_gpus_are_refused_with_what_to_run_instead(monkeypat
 
 def test_a_run_that_stops_learning_stops_and_names_the_setting(tmp_path) -> None:
     """The GPU issue: ``--batch-size 256`` with the default rate scaling (0.05 x 256 / 32 = 0.4) sent
-    the model back to chance, and the run finished and saved it. It now stops at the epoch where the
-    held-out accuracy falls back, exits 3, names the setting to change and writes no model.pt."""
+    the model back to chance, and the run finished and saved it. Scaling is now opt-in; asked for
+    (``--base-batch 32``), that rate still stops at the epoch where the held-out accuracy falls
+    back, exits 3, names the setting to change and writes no model.pt."""
     done = subprocess.run([sys.executable, "-m", "fedge.deploy.train", "--task", "digits", "--epochs", "6",
-                           "--batch-size", "256", "--device", "cpu", "--out", str(tmp_path)],
+                           "--batch-size", "256", "--base-batch", "32", "--device", "cpu", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 3, done.stderr[-2000:]
     assert "not learning" in done.stderr and "set --base-batch 256" in done.stderr

@@ -75,3 +75,19 @@ def test_train_local_does_not_import_torch_dynamo() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "False"
+
+
+def test_a_node_trains_where_its_node_config_says_or_is_refused() -> None:
+    from flwr.app import Context, RecordDict
+
+    from fedge.edge_client.local import node_device
+    from fedge.protocol import ProtocolError
+
+    def context(config: dict) -> Context:
+        return Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert node_device(context({})) == (torch.device("cuda", 0) if gpus else torch.device("cpu"))
+    assert node_device(context({"device": "cpu"})) == torch.device("cpu")
+    with pytest.raises(ProtocolError, match=f"node config: device 'cuda:{gpus}'"):
+        node_device(context({"device": f"cuda:{gpus}"}))

@@ -27,3 +27,12 @@ def test_own_flwr_home_per_process_is_still_found_and_stopped(tmp_path: Path) ->
     finally:
         group.stop(grace=5.0)
     assert processes_with_env("FLWR_HOME", str(home), under=True) == []
+
+
+def test_simulated_clients_share_the_gpus_and_get_none_without_one() -> None:
+    from fedge.server.local import gpu_share
+
+    assert gpu_share(8, gpus=0) == 0.0
+    assert gpu_share(8, gpus=1) == 0.125  # eight ClientApps at once on one GPU
+    assert gpu_share(2, gpus=4) == 1.0  # never more than a whole GPU each
+    assert gpu_share(0, gpus=1) == 1.0

@@ -6,12 +6,16 @@ held-out evaluation."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
 import torch
 from torch import nn
 
 from fedge.edge_client.trainer import train_local
 from fedge.tasks import TensorData, evaluate, make_task
-from fedge.tasks.device import model_device, to_device, to_host
+from fedge.tasks.device import DeviceUnavailable, model_device, resolve_device, to_device, to_host
 
 
 class _Elsewhere(nn.Module):
@@ -67,3 +71,34 @@ def test_the_helpers_leave_tensors_in_place_when_they_are_there() -> None:
     assert to_device(x, torch.device("cpu")) is x and to_host(x).data_ptr() == x.data_ptr()
     assert model_device(nn.Sequential()) == torch.device("cpu")
     assert to_device(x, torch.device("meta")).device.type == "meta"
+
+
+def test_a_device_is_named_or_refused_with_what_this_machine_has() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert resolve_device("auto") == (torch.device("cuda", 0) if gpus else torch.device("cpu"))
+    with pytest.raises(DeviceUnavailable, match="auto, cpu, cuda or cuda:N"):
+        resolve_device("tpu")
+    with pytest.raises(DeviceUnavailable, match=f"this machine has {gpus} CUDA device"):
+        resolve_device(f"cuda:{gpus}")
+
+
+def test_the_warm_parent_imports_and_warms_up_without_touching_cuda() -> None:
+    """CUDA does not survive a fork after the parent initialised it: the warm executor's parent
+    must import and warm up everything a message needs without one call into torch.cuda; each
+    forked child asks for its own device (``resolve_device``). Every entry to CUDA raises here."""
+    script = """
+import torch
+def refuse(*a, **k):
+    raise AssertionError("the warm parent called into torch.cuda")
+for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device"):
+    setattr(torch.cuda, name, refuse)
+from fedge.edge_client.warm_executor import WarmExecutor, WarmNode
+executor = WarmExecutor([WarmNode.parse("127.0.0.1:1")])
+executor.warm_up()
+assert not torch.cuda.is_initialized()
+print("warm without cuda")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0 and "warm without cuda" in done.stdout, done.stderr[-2000:]
