@@ -10,7 +10,10 @@
    runs' batch and at ``--large-batch`` (its rate scaled, warm-up auto; with ``--compile`` and
    ``--channels-last`` once), with ``allreduce`` and ``qsgd:bits=4``: samples/s over each epoch's
    wall time, the share of it the GPU spent in steps, held-out accuracy, step time;
-3. one JSON with the card's name, the versions and every figure, and a table to paste into
+3. federated rounds on the deployment engine (``fedge local-cluster``, 5 local epochs) with every
+   client on the GPU (``--client-device cuda``) and on the CPU: the mean round time after the first
+   and the held-out accuracy;
+4. one JSON with the card's name, the versions and every figure, and a table to paste into
    docs/cloud.md.
 
 Without a CUDA device it says so and exits 0: nothing here is measured on a CPU-only machine.
@@ -59,6 +62,25 @@ def _train(task: str, device: str, nproc: int, hook: str, epochs: int, batch: in
         return {**result, **{k: last.get(k) for k in keep}}
 
 
+def _federated(task: str, device: str, supernodes: int, rounds: int, local_epochs: int, timeout: float) -> dict:
+    """One ``fedge local-cluster`` run with every client on ``device``: the mean round time after
+    the first (start-up excluded) and the final held-out accuracy."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "fedge.server.cli", "local-cluster", "--supernodes", str(supernodes),
+                   "--clients-per-round", str(supernodes), "--rounds", str(rounds), "--task", task,
+                   "--local-epochs", str(local_epochs), "--client-device", device, "--export-bundle", "",
+                   "--run-dir", str(Path(out) / "run")]
+        code, seconds, tail = _run(command, timeout)
+        result: dict = {"client_device": device, "supernodes": supernodes, "rounds": rounds,
+                        "local_epochs": local_epochs, "exit": code, "wall_s": round(seconds, 1)}
+        rows_path = Path(out) / "run" / "metrics.jsonl"
+        if code != 0 or not rows_path.exists():
+            return {**result, "error": tail}
+        rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+        later = [r["seconds"] for r in rows[1:] if isinstance(r.get("seconds"), (int, float))]
+        return {**result, "round_s": sum(later) / len(later) if later else None, "accuracy": rows[-1].get("accuracy")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="fashion", help="the task (fashion when its data is installed, else digits)")
@@ -66,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--large-batch", type=int, default=1024,
                         help="the large-batch runs' batch (their rate scaled from --batch-size's)")
+    parser.add_argument("--supernodes", type=int, default=4, help="SuperNodes of the federated runs")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the federated runs (5 local epochs each)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu-check.json")
     args = parser.parse_args(argv)
     import torch
@@ -104,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         _train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", e, b, 7200),
     ]
     report["runs"] = runs
+    report["federated"] = [_federated(task, device, args.supernodes, args.rounds, 5, 3600) for device in ("cuda", "cpu")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['card']} x{report['gpus']}, torch {report['torch']} (CUDA {report['cuda']}), {report['date']}")
@@ -115,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         busy = f"{r['gpu_busy']:.0%}" if r.get("gpu_busy") is not None else "-"
         print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r['batch']} | {r['options'] or '-'} | "
               f"{r.get('samples_per_s') or 0:,.0f} | {busy} | {r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
+    print("| clients on | SuperNodes | local epochs | round (s, after the first) | accuracy | exit |\n"
+          "|---|---|---|---|---|---|")
+    for r in report["federated"]:
+        round_s = f"{r['round_s']:.2f}" if r.get("round_s") else "-"
+        print(f"| {r['client_device']} | {r['supernodes']} | {r['local_epochs']} | {round_s} | "
+              f"{r.get('accuracy') or 0:.4f} | {r['exit']} |")
     print(f"written: {args.out}\nreproduce: {report['command']}")
-    return 0 if code == 0 and all(r["exit"] == 0 for r in runs) else 1
+    return 0 if code == 0 and all(r["exit"] == 0 for r in runs + report["federated"]) else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ daily budgets: a typed ``not-eligible`` / ``over-budget`` refusal; ``edge_client
 leaves as a ``refusal`` record the coordinator counts by kind; ``edge_client.layers``), ``plugins_mod`` (the run's plugins imported first: codecs, algorithms
 from outside Fedge), ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
 per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
-(``slowdown=F``, stragglers on purpose) and ``fault_injection_mod`` (``fault='bitflip'``, chaos).
+(``slowdown=F``, stragglers on purpose), ``fault_injection_mod`` (``fault='bitflip'``, chaos) and,
+innermost, ``secure_stage_mod`` (secure aggregation's own exchanges, ``train`` messages with the
+``secagg`` record, answered before any handler; ``edge_client.secure_aggregation``).
 Data comes from the node config too (``edge_client/node_data.py``: ``data=own.npz`` or a cached
 partition).
 """
@@ -33,7 +35,6 @@ from typing import Any
 from flwr.clientapp import ClientApp
 
 import fedge.edge_client.algorithms as _handlers
-from fedge.edge_client import secure_aggregation
 from fedge.edge_client.eligibility import eligibility_mod
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.layers import refusal_mod
@@ -42,18 +43,18 @@ from fedge.edge_client.plugins import plugins_mod
 from fedge.edge_client.privacy_policy import privacy_policy_mod
 from fedge.edge_client.plugins import train as plugin_train
 from fedge.edge_client.resources import resource_mod
+from fedge.edge_client.secure_aggregation import secure_stage_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
 from fedge.protocol.flower_release import check_flower
 from fedge.protocol.plugins import PLUGIN_ACTION
-from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE
 
 __all__ = ["app", "handled_algorithms"]
 
 check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
-                      state_persistence_mod, slowdown_mod, fault_injection_mod])
+                      state_persistence_mod, slowdown_mod, fault_injection_mod, secure_stage_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:
@@ -83,5 +84,4 @@ def _register(client_app: ClientApp) -> list[str]:
 handled_algorithms = [*_register(app), PLUGIN_ACTION]
 # every plugin algorithm's messages: the handler its plugin registered (fedge.protocol.plugins)
 app.train(PLUGIN_ACTION)(plugin_train)
-# secure aggregation's key-exchange stages (``query.secagg``; fedge.protocol.secagg)
-app.query(SECAGG_MESSAGE_TYPE.partition(".")[2])(secure_aggregation.query)
+

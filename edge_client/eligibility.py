@@ -46,6 +46,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.edge_client.resources import day_totals
 from fedge.protocol.refusals import BadConfigRefusal, NotEligibleRefusal, OverBudgetRefusal
+from fedge.protocol.secagg import secure_stage
 
 __all__ = ["CONDITIONS", "Policy", "eligibility_mod", "is_charging", "is_idle", "is_unmetered"]
 
@@ -181,6 +182,6 @@ class Policy:
 
 def eligibility_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Refuse a train or evaluate message the device's owner does not allow now (typed refusal)."""
-    if msg.metadata.message_type.split(".")[0] in _CHECKED_TYPES:
+    if msg.metadata.message_type.split(".")[0] in _CHECKED_TYPES and secure_stage(msg) is None:
         Policy.from_node_config(dict(context.node_config)).check()
     return call_next(msg, context)

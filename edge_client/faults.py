@@ -22,6 +22,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record, read_payload
 from fedge.protocol.faulty_clients import FAULTS, faulty_partition, parse_faulty_clients
+from fedge.protocol.secagg import secure_stage
 
 __all__ = ["FAULTS", "corrupt", "fault_injection_mod", "fault_of"]
 
@@ -55,7 +56,7 @@ def fault_of(context: Context) -> str:
 
 def fault_injection_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     fault = fault_of(context)
-    if not fault or not msg.metadata.message_type.startswith("train"):
+    if not fault or not msg.metadata.message_type.startswith("train") or secure_stage(msg):
         return call_next(msg, context)
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")

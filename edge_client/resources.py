@@ -35,6 +35,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.protocol.refusals import REFUSAL_RECORD
 from fedge.protocol.resources import RESOURCES_RECORD, ResourceReport
+from fedge.protocol.secagg import secure_stage
 
 __all__ = ["LEDGER", "day_totals", "message_bytes", "resource_mod", "timed"]
 
@@ -159,7 +160,9 @@ def _append_ledger(context: Context, msg: Message, report: ResourceReport, reply
     state_dir = context.node_config.get("state-dir")
     if not state_dir:
         return
+    stage = secure_stage(msg)  # a secure round's own exchange: a message, not a round
     entry = {"time": time.time(), "run": msg.metadata.run_id, "type": msg.metadata.message_type,
+             **({"stage": stage} if stage else {}),
              "outcome": "error" if reply.has_error() else ("refused" if REFUSAL_RECORD in reply.content.config_records
                                                            else "done"),
              "cpu": report.cpu_seconds, "wall": report.wall_seconds, "bytes_down": report.bytes_down,
@@ -191,7 +194,8 @@ def day_totals(state_dir: Path, day: datetime.date | None = None) -> dict[str, A
             continue
         totals["messages"] += 1
         outcome = entry.get("outcome")
-        totals["rounds"] += int(outcome == "done" and str(entry.get("type", "")).startswith("train"))
+        totals["rounds"] += int(outcome == "done" and str(entry.get("type", "")).startswith("train")
+                                and not entry.get("stage"))
         totals["refused"] += int(outcome == "refused")
         totals["errors"] += int(outcome == "error")
         totals["cpu_seconds"] += float(entry.get("cpu", 0.0))

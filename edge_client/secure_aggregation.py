@@ -1,4 +1,5 @@
-"""Secure aggregation on the device: the ``query.secagg`` stages and the masked train reply.
+"""Secure aggregation on the device: the protocol's exchanges (:func:`secure_stage_mod`) and the
+masked train reply; one device side for Fedge's coordinator and ``fedge.flower.secure`` alike.
 
 The device keeps a long-lived Ed25519 identity key. Given an identity issued by the operator (node
 config ``secagg-auth-key``, ``secagg-endorsement`` and ``secagg-issuer``, which ``fedge-edge join``
@@ -30,6 +31,7 @@ import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.deploy.certs import IDENTITY_NODE_CONFIG
@@ -50,7 +52,7 @@ from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
 from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state
-from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, unpack_blobs, unpack_ids
+from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, secure_stage, unpack_blobs, unpack_ids
 
 __all__ = ["identity_of", "masked_update", "query"]
 
@@ -216,11 +218,21 @@ def _load(context: Context, plan: SecAggPlan, node: int) -> SecAggDevice:
     return restore_state(plan, node, identity_of(context), dict(state))
 
 
+def secure_stage_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Answer a secure round's own exchanges (``train`` messages whose ``secagg`` record names a
+    stage other than ``masked``, :func:`fedge.protocol.secagg.secure_stage`) here; everything else,
+    the masked train message included, goes on to the handler. The innermost mod of Fedge's
+    ClientApp, and what :func:`fedge.flower.secure_mod` does for a user's."""
+    if secure_stage(msg) is None:
+        return call_next(msg, context)
+    return query(msg, context)
+
+
 def query(msg: Message, context: Context) -> Message:
-    """The key-exchange stages: ``advertise``, ``share``, ``unmask``."""
+    """The protocol's exchanges: ``advertise``, ``share``, ``consistency``, ``unmask``."""
     record = msg.content.config_records.get(SECAGG_RECORD)
     if record is None:
-        raise ProtocolError("a query.secagg message without its secagg record")
+        raise ProtocolError("a secure-aggregation stage without its secagg record")
     plan, stage = plan_from_record(record)
     check_secure_plan(plan, context)
     node = _node_id(msg, context)

@@ -38,6 +38,7 @@ import time
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedge.protocol.secagg import secure_stage
 from fedge.protocol.stragglers import parse_stragglers
 
 __all__ = ["process_age", "slowdown_mod", "slowdown_of"]
@@ -96,7 +97,7 @@ def _work_seconds(handler_seconds: float) -> tuple[float, str]:
 
 def slowdown_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     factor = slowdown_of(context)
-    if factor == 1.0 or not msg.metadata.message_type.startswith("train"):
+    if factor == 1.0 or not msg.metadata.message_type.startswith("train") or secure_stage(msg):
         return call_next(msg, context)
     started = time.perf_counter()
     reply = call_next(msg, context)

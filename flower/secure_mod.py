@@ -31,7 +31,7 @@ from fedge.flower.layout import LayoutError
 from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.protocol.records import UPDATE_RECORD, payload_record
 from fedge.flower.user_update import train_user_update
-from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
+from fedge.protocol.secagg import SECAGG_RECORD, secure_stage
 
 __all__ = ["secure_mod"]
 
@@ -42,12 +42,10 @@ _MEMORY = "fedge.flower.secagg"  # the node store's namespace for the error-feed
 
 def secure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     check_privacy_policy(msg, context)  # a node that requires secure aggregation refuses a round without it
-    record = msg.content.config_records.get(SECAGG_RECORD)
-    if record is None or not msg.metadata.message_type.startswith("train"):
-        return call_next(msg, context)
-    _, stage = plan_from_record(record)
-    if stage != "masked":  # advertise, share, consistency, unmask: the protocol's own exchanges
+    if secure_stage(msg) is not None:  # advertise, share, consistency, unmask: the protocol's own exchanges
         return query(msg, context)
+    if SECAGG_RECORD not in msg.content.config_records or not msg.metadata.message_type.startswith("train"):
+        return call_next(msg, context)
     update = train_user_update(msg, context, call_next, "mask")
     if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
         return update

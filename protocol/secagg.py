@@ -1,11 +1,19 @@
 """Secure aggregation's messages on Flower's Message API: the agreement between the two sides.
 
-A round with ``secure-aggregation`` on takes four exchanges instead of one, all on the round engine:
+A round with ``secure-aggregation`` on takes four exchanges instead of one (five with the
+consistency check), every one a ``train`` message carrying the ``secagg`` record, the convention of
+Flower's own SecAgg+ (``secaggplus_mod``), in Fedge's coordinator and in ``fedge.flower.secure``
+alike:
 
-    query.secagg  stage=advertise  ->  ad (signed keys), identity (the device's Ed25519 public key)
-    query.secagg  stage=share      ->  sealed shares for each neighbour (the coordinator routes them)
-    train         + secagg record  ->  update: the masked upload (bit-packed ring elements)
-    query.secagg  stage=unmask     ->  reveals: one share per neighbour (seed if it survived, else key)
+    train + secagg stage=advertise    ->  ad (signed keys), identity (the device's Ed25519 public key)
+    train + secagg stage=share        ->  sealed shares for each neighbour (the coordinator routes them)
+    train + secagg stage=masked       ->  update: the masked upload (bit-packed ring elements)
+    train + secagg stage=consistency  ->  a signature over the survivors (against an equivocating coordinator)
+    train + secagg stage=unmask       ->  reveals: one share per neighbour (seed if it survived, else key)
+
+The device answers the stages other than ``masked`` itself, before any training code runs
+(:func:`secure_stage` tells them apart); device mods that act on training (eligibility, budgets,
+injected faults, slowdowns) leave them alone: a device that joined a round answers its stages.
 
 Every message carries the round's public plan (participants, grid, ring, graph seed) in its
 ``secagg`` ConfigRecord, so a device rebuilds the same :class:`SecAggPlan` the coordinator uses and
@@ -18,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from flwr.app import ConfigRecord, MessageType
+from flwr.app import ConfigRecord, Message, MessageType
 
 from fedge.privacy.distributed_dp import SkellamParams
 from fedge.privacy.errors import ProtocolError as SecAggProtocolError
@@ -29,7 +37,7 @@ from fedge.privacy.shared_grid import SharedGrid
 
 __all__ = [
     "SECAGG_RECORD",
-    "SECAGG_MESSAGE_TYPE",
+    "MASKED_STAGE",
     "plan_record",
     "plan_from_record",
     "pack_ids",
@@ -37,11 +45,25 @@ __all__ = [
     "pack_blobs",
     "unpack_blobs",
     "config_bytes",
+    "secure_stage",
 ]
 
 SECAGG_RECORD = "secagg"
-SECAGG_MESSAGE_TYPE = f"{MessageType.QUERY}.secagg"
+#: the stage of the train message that carries the masked update; every other stage is an exchange
+MASKED_STAGE = "masked"
 _MAX_BLOBS = 1 << 16
+
+
+def secure_stage(msg: Message) -> str | None:
+    """The secure-aggregation exchange ``msg`` asks for (``advertise``, ``share``, ``consistency``,
+    ``unmask``), or None for a message that trains (in clear or masked) or evaluates."""
+    if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+        return None
+    record = msg.content.config_records.get(SECAGG_RECORD)
+    if record is None:
+        return None
+    stage = str(record.get("stage", ""))
+    return None if stage == MASKED_STAGE else stage
 
 
 def pack_ids(ids: Sequence[int]) -> bytes:

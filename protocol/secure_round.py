@@ -41,6 +41,7 @@ from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
 from fedge.protocol.secagg import (
+    MASKED_STAGE,
     SECAGG_RECORD,
     config_bytes,
     pack_blobs,
@@ -55,8 +56,8 @@ log = logging.getLogger(__name__)
 
 #: One stage: send each (node, content) and wait at most the timeout (seconds); the label names the
 #: stage in logs. Yields each reply, or (node, why) for one that did not come. Behind it, the engine's
-#: dispatcher (``query.secagg`` messages) or a user's Flower ``Grid`` (``train`` messages, the
-#: convention of Flower's SecAgg+: a user's ClientApp needs no handler of its own for them).
+#: dispatcher or a user's Flower ``Grid``; the messages are ``train`` messages either way (the
+#: convention of Flower's SecAgg+: a ClientApp needs no handler of its own for them).
 StageExchange = Callable[[list[tuple[int, RecordDict]], float, str], Iterable["Message | tuple[int, str]"]]
 
 
@@ -214,7 +215,7 @@ class SecureRound:
     def train_record(self, node: int):  # type: ignore[no-untyped-def]
         """The secagg record a stage-3 train message carries: the plan and the shares dealt to ``node``."""
         ids, blobs = pack_blobs(self._inbox.get(node, {}))
-        record = plan_record(self.plan, "masked", **{"shares-from": ids, "shares": blobs})
+        record = plan_record(self.plan, MASKED_STAGE, **{"shares-from": ids, "shares": blobs})
         self.downlink += config_bytes(record)
         return record
 

@@ -110,12 +110,16 @@ def test_a_train_message_outside_the_conditions_gets_a_typed_refusal(tmp_path: P
         trained.append(msg)
         return Message(RecordDict(), reply_to=msg)
 
-    def call(message_type: str) -> Message:
-        msg = Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=1, message_type=message_type)
+    def call(message_type: str, stage: str | None = None) -> Message:
+        content = RecordDict({"config": ConfigRecord({}), **({"secagg": ConfigRecord({"stage": stage})} if stage else {})})
+        msg = Message(content, dst_node_id=1, message_type=message_type)
         msg.metadata.__dict__["_message_id"] = msg.object_id
         return refusal_mod(msg, context, lambda m, c: eligibility.eligibility_mod(m, c, handler))
 
     reply = call("train.easgd")
     assert read_refusal(reply.content)[0] == NotEligibleRefusal.kind and not trained
-    call("query.secagg")  # a stage of a round it already joined is answered
+    call("train", stage="unmask")  # a stage of a round it already joined is answered
+    assert len(trained) == 1
+    reply = call("train", stage="masked")  # the masked round trains: the owner's conditions hold for it
+    assert read_refusal(reply.content)[0] == NotEligibleRefusal.kind
     assert len(trained) == 1

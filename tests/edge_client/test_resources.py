@@ -132,3 +132,15 @@ def test_the_row_summary_is_the_median_and_the_95th_percentile_over_devices() ->
     assert summary["devices"] == 20
     assert summary["cpu_seconds"] == {"median": 10.5, "p95": 19.0}
     assert resource_summary([]) == {}
+
+
+def test_a_secure_rounds_exchanges_are_messages_not_rounds_in_the_ledger(tmp_path: Path) -> None:
+    """Secure aggregation's stages are train messages too (Flower's SecAgg+ convention); a daily
+    round budget counts the round the device trained in, not each of its exchanges."""
+    context = _context({"resource-report": "false", "state-dir": str(tmp_path)})
+    for stage in ("advertise", "share", "masked", "unmask"):
+        msg = _message()
+        msg.content["secagg"] = ConfigRecord({"stage": stage})
+        resources.resource_mod(msg, context, lambda m, c: Message(RecordDict(), reply_to=m))
+    totals = resources.day_totals(tmp_path)
+    assert totals["messages"] == 4 and totals["rounds"] == 1

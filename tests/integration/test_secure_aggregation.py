@@ -30,7 +30,7 @@ def test_secure_aggregation_survives_a_fifth_of_the_devices_dropping(tmp_path, a
 
 @pytest.mark.slow
 def test_secure_aggregation_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
-    """The key-exchange stages through a real SuperLink to three SuperNodes (query.secagg messages)."""
+    """The key-exchange stages through a real SuperLink to three SuperNodes (train messages with the secagg record)."""
     settings = RunSettings(rounds=2, clients_per_round=3, min_replies=3, local_epochs=2, run_dir=str(tmp_path / "run"),
                            secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", round_timeout=240,
                            wait_for_nodes=120)

@@ -17,6 +17,7 @@ from fedge.server.engine.loop import Engine
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import SettingsError
 from fedge.tasks import make_task
+from fedge.protocol.secagg import secure_stage
 from tests.server.engines import build_engine
 from tests.server.in_process_grid import InProcessGrid
 
@@ -38,7 +39,7 @@ def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
 
     def recording(msg: Message, context: Context) -> Message:
         reply = fedge_app(msg, context)
-        if msg.metadata.message_type == "train":
+        if msg.metadata.message_type == "train" and secure_stage(msg) is None:  # the masked round
             sent.append(reply)
         return reply
 
@@ -51,7 +52,9 @@ def test_secure_rounds_train_and_send_only_masked_uploads(tmp_path) -> None:
     assert row.clients_used == 5 and not row.rejected, row.rejected
     assert row.accuracy > before + 0.2
     kinds = [m.metadata.message_type for m in grid.pushed]
-    assert kinds.count("query.secagg") == 2 * 3 * 5 and kinds.count("train") == 2 * 5
+    stages = [secure_stage(m) for m in grid.pushed]
+    # every message a train message (Flower's SecAgg+ convention): 3 exchanges and the masked round
+    assert set(kinds) == {"train"} and len(stages) - stages.count(None) == 2 * 3 * 5 and stages.count(None) == 2 * 5
     # the uplink holds the masked uploads (ring of 8 + 3 bits per coordinate) and the key exchange
     ring = row.extra["secagg_ring_bits"]
     assert ring == 11
@@ -164,7 +167,8 @@ def _tampering(node_of_partition: int, change: Callable[[RecordDict], None]) -> 
 
     def app(msg: Message, context: Context) -> Message:
         reply = fedge_app(msg, context)
-        if context.node_config["partition-id"] == node_of_partition and msg.metadata.message_type == "train":
+        if (context.node_config["partition-id"] == node_of_partition and msg.metadata.message_type == "train"
+                and secure_stage(msg) is None):  # the masked round, not one of the exchanges
             change(reply.content)
         return reply
     return app
@@ -219,7 +223,8 @@ def test_a_plugin_algorithm_masks_through_the_device_layers_exactly_as_fedavg(tm
     grid = InProcessGrid(5)
     got = decaying.run(grid, start)
     kinds = [m.metadata.message_type for m in grid.pushed]
-    assert kinds.count("train.plugin") == 2 * 5 and kinds.count("query.secagg") == 2 * 3 * 5
+    stages = [secure_stage(m) for m in grid.pushed if secure_stage(m) is not None]
+    assert kinds.count("train.plugin") == 2 * 5 and kinds.count("train") == len(stages) == 2 * 3 * 5
     assert all(r.clients_used == 5 and not r.rejected for r in got.rows)
     expected = fedavg.run(InProcessGrid(5), start)
     assert torch.equal(got.model, expected.model)
@@ -359,9 +364,9 @@ def test_with_an_issuer_identities_are_checked_and_the_consistency_round_runs(tm
         assert row.clients_used == 4 and row.extra["secagg_consistency"] is True
         assert [r["node"] for r in row.rejected] == [grid.node_id(2)]
         assert "not endorsed by the operator's CA" in row.rejected[0]["reason"]
-    kinds = [m.metadata.message_type for m in grid.pushed]
+    stages = [secure_stage(m) for m in grid.pushed if secure_stage(m) is not None]
     # advertise (5), share, consistency and unmask (4 each), per round
-    assert kinds.count("query.secagg") == 2 * (5 + 3 * 4)
+    assert len(stages) == 2 * (5 + 3 * 4) and stages.count("consistency") == 2 * 4
     assert result.rows[-1].accuracy > engine.evaluate(start)["accuracy"] + 0.2
 
 

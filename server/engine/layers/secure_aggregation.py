@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from flwr.app import MessageType
+
 from fedge.aggregation.partial import Partial
 from fedge.privacy.credentials import CredentialError, load_issuer
 from fedge.privacy.distributed_dp import SkellamParams, round_noise
@@ -27,7 +29,7 @@ from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.dispatcher import Missing
 from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
-from fedge.protocol.secagg import SECAGG_MESSAGE_TYPE, SECAGG_RECORD
+from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
@@ -59,10 +61,11 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
 
 
 def _stages(exchange: Exchange) -> StageExchange:
-    """The protocol's stages over the engine's dispatcher (``query.secagg`` messages)."""
+    """The protocol's stages over the engine's dispatcher (``train`` messages with the ``secagg``
+    record, as in a Flower app: one convention, ``fedge.protocol.secagg``)."""
 
     def run(asks: list[tuple[int, Any]], timeout: float, label: str):  # type: ignore[no-untyped-def]
-        for item in exchange([Outgoing(node, content, SECAGG_MESSAGE_TYPE) for node, content in asks], timeout, label):
+        for item in exchange([Outgoing(node, content, MessageType.TRAIN) for node, content in asks], timeout, label):
             yield (item.node, item.reason) if isinstance(item, Missing) else item
 
     return run
