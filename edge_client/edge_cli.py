@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "federated evaluation (metrics in clear), whatever the coordinator asks (docs/privacy.md)")
     join.add_argument("--min-participants", type=int, default=0,
                       help="take part only in secure rounds of at least this many devices (0: any)")
+    join.add_argument("--min-threshold", type=float, default=0.0,
+                      help="take part only in secure rounds whose share threshold is above this fraction of a "
+                      "device's neighbours (0.67 against a coordinator that may lie; 0: any)")
     join.add_argument("--dp-min-noise", type=float, default=0.0,
                       help="take part only in secure rounds with distributed DP of at least this noise multiplier")
     join.add_argument("--dp-max-clip", type=float, default=0.0,
@@ -117,6 +120,7 @@ def _join(args: argparse.Namespace) -> int:
         port=args.port, max_restarts=args.max_restarts, isolation=args.isolation, when=args.when,
         max_rounds_per_day=args.max_rounds_per_day, max_mb_per_day=args.max_mb_per_day,
         require_secure_aggregation=args.require_secure_aggregation, min_participants=args.min_participants,
+        min_threshold=args.min_threshold,
         dp_min_noise=args.dp_min_noise, dp_max_clip=args.dp_max_clip,
     )
     try:

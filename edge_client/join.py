@@ -65,6 +65,8 @@ class JoinOptions:
     require_secure_aggregation: bool = False
     #: take part only in secure rounds of at least this many devices (0: any)
     min_participants: int = 0
+    #: take part only in secure rounds whose share threshold is above this fraction of the neighbours
+    min_threshold: float = 0.0
     #: take part only in secure rounds with distributed DP of at least this noise multiplier and at
     #: most this clip (0: no requirement)
     dp_min_noise: float = 0.0
@@ -90,6 +92,8 @@ def check_join(options: JoinOptions) -> str:
         resolve_device(options.device)
     except DeviceUnavailable as err:
         raise JoinError(f"--device: {err}") from None
+    if not 0 <= options.min_threshold <= 1:
+        raise JoinError(f"--min-threshold is a fraction of the neighbours in [0, 1], got {options.min_threshold}")
     if options.min_participants < 0 or options.dp_min_noise < 0 or options.dp_max_clip < 0:
         raise JoinError("--min-participants, --dp-min-noise and --dp-max-clip must be >= 0 (0: no requirement)")
     if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
@@ -161,6 +165,8 @@ def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
         config["require-secure-aggregation"] = "true"
     if options.min_participants:
         config["min-participants"] = int(options.min_participants)
+    if options.min_threshold:
+        config["min-threshold"] = float(options.min_threshold)
     if options.dp_min_noise:
         config["dp-min-noise"] = float(options.dp_min_noise)
     if options.dp_max_clip:

@@ -15,7 +15,10 @@ The refusal is typed (``policy``, ``fedge.protocol.failures``): the coordinator 
 failure, and the reply carries only the refusal record. The secure-aggregation stages themselves
 (key exchange, unmasking) are answered, unless the round is smaller than ``min-participants``
 (``fedge-edge join --min-participants N``): the sum of a two-device round minus a colluder's input
-is the other's update (audit N2), so a device can require more company before it takes part. With
+is the other's update (audit N2), so a device can require more company before it takes part, and
+with ``min-threshold F`` (``--min-threshold``) a share threshold of more than ``F`` of its
+neighbours (0.67: Bonawitz et al.'s bound against a coordinator that may lie; the plan itself only
+insists on a majority without issued identities, and the coordinator chooses it). With
 ``dp-min-noise`` (and optionally ``dp-max-clip``) the device refuses a secure round whose plan
 carries no distributed-DP noise, or less than that noise multiplier over the planned devices, or a
 larger clip (audit N5: the plan comes from the coordinator, which could set any noise, or none).
@@ -35,12 +38,13 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD
 
-__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy",
+__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy",
            "check_secure_plan", "privacy_policy_mod", "requires_secure_aggregation"]
 
 #: the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``)
 REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
 MIN_PARTICIPANTS = "min-participants"
+MIN_THRESHOLD = "min-threshold"
 DP_MIN_NOISE = "dp-min-noise"
 DP_MAX_CLIP = "dp-max-clip"
 
@@ -69,12 +73,20 @@ def check_privacy_policy(msg: Message, context: Context) -> None:
 
 def check_secure_plan(plan: SecAggPlan, context: Context) -> None:
     """Raise :class:`PolicyRefusal` when a secure round's plan has fewer participants than the
-    device's ``min-participants`` (checked at every stage the device answers)."""
+    device's ``min-participants``, a share threshold not above its ``min-threshold`` fraction of
+    the neighbours, or less noise than its DP floor (checked at every stage the device answers)."""
     config = dict(context.node_config)
     least = int(_number(config, MIN_PARTICIPANTS))
     if len(plan.participants) < least:
         raise PolicyRefusal(f"the round plans {len(plan.participants)} participants; this device takes part in "
                             f"rounds of at least {least} (node config {MIN_PARTICIPANTS})")
+    fraction = _number(config, MIN_THRESHOLD)
+    if fraction > 1:
+        raise PolicyRefusal(f"node config {MIN_THRESHOLD} is a fraction of the neighbours in [0, 1], got {fraction:g}")
+    if fraction and plan.reconstruction_threshold <= fraction * plan.degree:
+        raise PolicyRefusal(f"the round reconstructs from {plan.reconstruction_threshold} of {plan.degree} "
+                            f"neighbours; this device requires more than {fraction:g} of them (node config "
+                            f"{MIN_THRESHOLD}: that many colluding neighbours and the coordinator could unmask it)")
     floor, ceiling = _number(config, DP_MIN_NOISE), _number(config, DP_MAX_CLIP)
     if not (floor or ceiling):
         return

@@ -93,3 +93,37 @@ def test_a_device_refuses_a_round_below_its_noise_floor(tmp_path) -> None:
     row = engine.run(InProcessGrid(3, node_config={i: {"dp-min-noise": 1.0} for i in range(3)}),
                      _start(engine)).rows[-1]
     assert row.clients_used == 0 and all("no distributed-DP noise" in r["reason"] for r in row.rejected)
+
+
+def test_a_device_refuses_a_share_threshold_below_its_floor(tmp_path) -> None:
+    """Audit N3 without issued identities: the plan only insists on a majority of the neighbours,
+    and the coordinator picks it. With ``min-threshold`` 0.67, the majority of 4 of 6 neighbours
+    is refused at the first stage (two colluders and the coordinator could gather 4 shares); a
+    threshold of 5 takes part."""
+    for threshold, used in ((4, 0), (5, 7)):
+        engine = _engine(tmp_path / f"t{threshold}", rounds=1, clients_per_round=7,
+                         secure_aggregation=f"{SECURE},neighbours=6,threshold={threshold}")
+        grid = InProcessGrid(7, node_config={i: {"min-threshold": 0.67} for i in range(7)})
+        row = engine.run(grid, _start(engine)).rows[-1]
+        assert row.clients_used == used, (threshold, row.rejected)
+        if not used:
+            assert {entry["kind"] for entry in row.rejected} == {"policy"}
+            assert all("reconstructs from 4 of 6 neighbours" in entry["reason"] for entry in row.rejected)
+
+
+def test_an_honest_coordinators_run_is_the_same_run_with_the_whole_policy_on(tmp_path) -> None:
+    """The policy only refuses: against an honest coordinator whose settings meet it, every sampled
+    device takes part in every round and the ledger charges what it charges without one, so what
+    distributed DP reaches without the policy it reaches with it. (The Poisson sample itself is
+    drawn from secret randomness, so two runs differ in who is sampled, policy or not.)"""
+    dp = "gaussian:noise=1.0,clip=1.0,delta=1e-5"
+    policy = {**POLICY, "min-participants": 2, "min-threshold": 0.5, "dp-min-noise": 1.0, "dp-max-clip": 1.0}
+    epsilons = {}
+    for name, config in (("open", {}), ("policy", policy)):
+        engine = _engine(tmp_path / name, rounds=3, clients_per_round=8, secure_aggregation=SECURE,
+                         differential_privacy=dp)  # q = 0.8 of 10: a sample below 2 once in 10^5 rounds
+        rows = engine.run(InProcessGrid(10, node_config={i: config for i in range(10)}), _start(engine)).rows
+        assert all(r.clients_used == r.clients_sampled >= 2 and not r.rejected for r in rows), \
+            [(r.clients_sampled, r.clients_used, r.rejected) for r in rows]
+        epsilons[name] = [r.extra["dp_epsilon"] for r in rows]
+    assert epsilons["open"] == epsilons["policy"]
