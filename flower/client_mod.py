@@ -4,8 +4,10 @@ The user's ``@app.train()`` body is untouched: it receives the model and returns
 ``ArrayRecord`` as always. When the train message carries the wrapper's codec config
 (``fedge.flower.strategy``), the mod replaces the reply's arrays by one Fedge payload: the update
 (trained minus received, the floating-point arrays flattened in the record's order) encoded with
-the codec the server asked for. The error-feedback memory (what compression held back) lives in the
-node's ``Context.state``, so it carries over to the node's next round. A message without that config
+the codec the server asked for, through the one device-side encoder Fedge's own devices use
+(``fedge.edge_client.update_encoder.encode_update``: error feedback, DGC's momentum aged over the
+rounds a node missed), with its memory in the node's ``Context.state``, so it carries over to the
+node's next round. A message without that config
 passes through unchanged (the server is not wrapped); a model whose layout differs from what the
 server described is refused with an error reply, never encoded against the wrong arrays.
 
@@ -21,12 +23,13 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.compression import make_codec
+from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.update_encoder import encode_update
 from fedge.flower.layout import Layout
 from fedge.flower.receive import receive_downlink
 from fedge.protocol.config_keys import CODEC_KEY, DOWNLINK_CODEC, LAYOUT_KEY, ROUND_KEY, SEED_KEY
@@ -37,8 +40,7 @@ __all__ = ["compression_mod"]
 
 log = logging.getLogger(__name__)
 
-_MEMORY = "fedge.flower.memory"  # Context.state: the residual, and what it was built for
-_MEMORY_META = "fedge.flower.memory-meta"
+_MEMORY = "flower-uplink"  # the node store's namespace of the compression memory
 
 
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -52,12 +54,10 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
     if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
         return update
     reply, layout, trained, delta = update.reply, update.layout, update.trained, update.delta
-    spec, server_round, seed = str(config[CODEC_KEY]), int(config[ROUND_KEY]), int(config[SEED_KEY])
-    wire = make_codec(spec).for_model(layout.sizes()).for_round(server_round, seed).with_support(support)
-    memory = wire.make_memory(wire, layout.numel, _load_memory(context, spec, layout))
+    codec = make_codec(str(config[CODEC_KEY])).for_model(layout.sizes())
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    payload = memory.encode(delta, generator)
-    _save_memory(context, spec, layout, memory.state_dict())
+    payload, _ = encode_update(delta, codec, NodeStore(context.state, _MEMORY), server_round=int(config[ROUND_KEY]),
+                               seed=int(config[SEED_KEY]), error_feedback=True, generator=generator, support=support)
     content = RecordDict({name: record for name, record in reply.content.items() if name != MODEL_RECORD})
     content[UPDATE_RECORD] = payload_record(payload)
     raw = ArrayRecord({name: trained[name] for name, _, _ in layout.entries
@@ -66,16 +66,3 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
         content[RAW_RECORD] = raw
     reply.content = content
     return reply
-
-
-def _load_memory(context: Context, spec: str, layout: Layout) -> dict[str, torch.Tensor] | None:
-    meta = context.state.config_records.get(_MEMORY_META)
-    record = context.state.array_records.get(_MEMORY)
-    if meta is None or record is None or meta.get("codec") != spec or meta.get("layout") != layout.digest:
-        return None  # first round, or another codec or model: start with no residual
-    return {name: torch.from_numpy(np.array(array.numpy(), copy=True)) for name, array in record.items()}
-
-
-def _save_memory(context: Context, spec: str, layout: Layout, state: dict[str, torch.Tensor]) -> None:
-    context.state[_MEMORY] = ArrayRecord({name: Array(t.detach().cpu().numpy()) for name, t in state.items()})
-    context.state[_MEMORY_META] = ConfigRecord({"codec": spec, "layout": layout.digest})

@@ -120,7 +120,7 @@ def test_the_wrapped_aggregate_is_the_plain_strategys_on_the_decoded_updates(mak
             np.testing.assert_allclose(got[name].numpy(), expected[name].numpy(), rtol=0, atol=1e-6)
         arrays = got
     # error feedback: what compression held back is in each node's Context, for its next round
-    assert all("fedge.flower.memory" in c.state.array_records for c in contexts.values())
+    assert all("fedge/flower-uplink/memory" in c.state.array_records for c in contexts.values())
 
 
 def test_the_update_is_the_codecs_size_not_the_models() -> None:
