@@ -81,6 +81,9 @@ def _federated(task: str, device: str, supernodes: int, rounds: int, local_epoch
         return {**result, "round_s": sum(later) / len(later) if later else None, "accuracy": rows[-1].get("accuracy")}
 
 
+PARTS = ("tests", "trainer", "federated")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="fashion", help="the task (fashion when its data is installed, else digits)")
@@ -89,14 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-batch", type=int, default=1024,
                         help="the large-batch runs' batch (their rate scaled from --batch-size's)")
     parser.add_argument("--supernodes", type=int, default=4, help="SuperNodes of the federated runs")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of the federated runs (5 local epochs each)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the federated runs")
+    parser.add_argument("--local-epochs", type=int, default=5, help="local epochs of the federated runs")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"which parts to run, comma-separated, of {', '.join(PARTS)} (a GPU session's time is "
+                        "short: split the check over two calls if one would not fit)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run every part on the CPU with the GPU runs' options, to prove the script before a "
+                        "GPU session spends its minutes on it (figures of a rehearsal are not GPU figures)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu-check.json")
     args = parser.parse_args(argv)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if parts - set(PARTS):
+        parser.error(f"--parts: unknown {sorted(parts - set(PARTS))}; known: {', '.join(PARTS)}")
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device on this machine; nothing to measure (run it where a GPU is)")
+    if not torch.cuda.is_available() and not args.rehearse:
+        print("gpu-check: no CUDA device on this machine; nothing to measure (run it where a GPU is, or --rehearse)")
         return 0
+    gpu = "cpu" if args.rehearse else "cuda"  # a rehearsal runs the GPU runs on the CPU
     from fedge.tasks import make_task
 
     task = args.task
@@ -106,48 +120,62 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: task {task!r} unavailable ({err}); using digits")
         task = "digits"
     report: dict = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
-        "card": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"), "rehearsal": args.rehearse,
+        "card": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU rehearsal)",
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "cpus": os.cpu_count(), "task": task, "epochs": args.epochs, "batch_size": args.batch_size,
-        "command": " ".join([".venv/bin/python", "bench/gpu_check.py", *(argv or sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python", "bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    code, seconds, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                "tests/deploy/test_ddp_training.py", "tests/tasks/test_device.py", "-k",
-                                "cuda or device"], timeout=1800)
-    report["cuda_tests"] = {"exit": code, "seconds": round(seconds, 1), "tail": tail[-800:]}
+    ok = True
+    if "tests" in parts:
+        code, seconds, tail = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                    "tests/deploy/test_ddp_training.py", "tests/tasks/test_device.py", "-k",
+                                    "cuda or device"], timeout=1800)
+        report["cuda_tests"] = {"exit": code, "seconds": round(seconds, 1), "tail": tail[-800:]}
+        ok = ok and code == 0
     b, e, big = args.batch_size, args.epochs, args.large_batch
-    runs = [  # the loader-bound path the issue measured, then the device-held batches, then a large batch
-        _train(task, "cuda", 1, "allreduce", e, b, 3600, "--data", "loader"),
-        _train(task, "cuda", 1, "allreduce", e, b, 3600, "--data", "device"),
-        _train(task, "cuda", 1, "qsgd:bits=4", e, b, 3600, "--data", "device"),
-        _train(task, "cuda", 1, "allreduce", e, big, 3600, "--data", "device", base_batch=b),
-        _train(task, "cuda", 1, "allreduce", e, big, 3600, "--data", "device", "--channels-last", "--compile",
-               base_batch=b),
-        _train(task, "cuda", 1, "qsgd:bits=4", e, big, 3600, "--data", "device", base_batch=b),
-        _train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", e, b, 7200),
-    ]
-    report["runs"] = runs
-    report["federated"] = [_federated(task, device, args.supernodes, args.rounds, 5, 3600) for device in ("cuda", "cpu")]
+    if "trainer" in parts:
+        report["runs"] = [  # the loader-bound path the issue measured, the device-held batches, a large batch
+            _train(task, gpu, 1, "allreduce", e, b, 3600, "--data", "loader"),
+            _train(task, gpu, 1, "allreduce", e, b, 3600, "--data", "device"),
+            _train(task, gpu, 1, "qsgd:bits=4", e, b, 3600, "--data", "device"),
+            _train(task, gpu, 1, "allreduce", e, big, 3600, "--data", "device", base_batch=b),
+            _train(task, gpu, 1, "allreduce", e, big, 3600, "--data", "device", "--channels-last", "--compile",
+                   base_batch=b),
+            _train(task, gpu, 1, "qsgd:bits=4", e, big, 3600, "--data", "device", base_batch=b),
+            _train(task, "cpu", min(8, os.cpu_count() or 1), "allreduce", e, b, 7200),
+        ]
+        ok = ok and all(r["exit"] == 0 for r in report["runs"])
+    if "federated" in parts:
+        report["federated"] = [_federated(task, device, args.supernodes, args.rounds, args.local_epochs, 3600)
+                               for device in (gpu, "cpu")]
+        ok = ok and all(r["exit"] == 0 for r in report["federated"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['card']} x{report['gpus']}, torch {report['torch']} (CUDA {report['cuda']}), {report['date']}")
-    print(f"CUDA tests: exit {code} in {seconds:.0f} s")
-    print("| device | processes | hook | batch | options | samples/s | GPU busy | accuracy | step (ms) | exit |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
-    for r in runs:
-        step = f"{1000 * r['step_s']:.2f}" if r.get("step_s") else "-"
-        busy = f"{r['gpu_busy']:.0%}" if r.get("gpu_busy") is not None else "-"
-        print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r['batch']} | {r['options'] or '-'} | "
-              f"{r.get('samples_per_s') or 0:,.0f} | {busy} | {r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
-    print("| clients on | SuperNodes | local epochs | round (s, after the first) | accuracy | exit |\n"
-          "|---|---|---|---|---|---|")
-    for r in report["federated"]:
-        round_s = f"{r['round_s']:.2f}" if r.get("round_s") else "-"
-        print(f"| {r['client_device']} | {r['supernodes']} | {r['local_epochs']} | {round_s} | "
-              f"{r.get('accuracy') or 0:.4f} | {r['exit']} |")
+    if "cuda_tests" in report:
+        print(f"CUDA tests: exit {report['cuda_tests']['exit']} in {report['cuda_tests']['seconds']:.0f} s")
+    if "runs" in report:
+        print("| device | processes | hook | batch | options | samples/s | GPU busy | accuracy | step (ms) | exit |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
+        for r in report["runs"]:
+            step = f"{1000 * r['step_s']:.2f}" if r.get("step_s") else "-"
+            busy = f"{r['gpu_busy']:.0%}" if r.get("gpu_busy") is not None else "-"
+            print(f"| {r['device']} | {r['processes']} | {r['hook']} | {r['batch']} | {r['options'] or '-'} | "
+                  f"{r.get('samples_per_s') or 0:,.0f} | {busy} | {r.get('accuracy') or 0:.4f} | {step} | {r['exit']} |")
+    if "federated" in report:
+        print("| clients on | SuperNodes | local epochs | round (s, after the first) | accuracy | exit |\n"
+              "|---|---|---|---|---|---|")
+        for r in report["federated"]:
+            round_s = f"{r['round_s']:.2f}" if r.get("round_s") else "-"
+            print(f"| {r['client_device']} | {r['supernodes']} | {r['local_epochs']} | {round_s} | "
+                  f"{r.get('accuracy') or 0:.4f} | {r['exit']} |")
+    failed = [r for r in report.get("runs", []) + report.get("federated", []) if r["exit"] != 0]
+    for r in failed:
+        print(f"FAILED {r}")
     print(f"written: {args.out}\nreproduce: {report['command']}")
-    return 0 if code == 0 and all(r["exit"] == 0 for r in runs + report["federated"]) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
