@@ -171,16 +171,25 @@ class Engine:
         return next((layer for layer in self.layers if layer.key == key), None)
 
     # -- public ---------------------------------------------------------------------------------
-    def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
+    def begin(self, initial_params: torch.Tensor) -> int:
+        """Start the run from ``initial_params``, or resume it from its checkpoint, and describe it;
+        the number of the last step done. :meth:`run` begins so; a run driven from outside step by
+        step (a leaf coordinator, ``fedge.server.leaf``) calls it, then :meth:`run_step` and
+        :meth:`publish`."""
         start = self._restore(initial_params)
-        rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
+        rows = self.run_dir.metrics.read()
         # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
-        self._wall = (rows[-1].wall_seconds if rows else 0.0) - self.clock()
-        result = EngineResult(model=self._final_model(), rows=rows, resumed_from=start)
+        self._wall = (float(rows[-1].get("wall_seconds", 0.0)) if rows else 0.0) - self.clock()
         described = self.algorithm.describe()
         for layer in self.layers:
             described.update(layer.describe())
         self.run_dir.write_description(described)
+        return start
+
+    def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
+        start = self.begin(initial_params)
+        rows = [RoundRow.from_json(r) for r in self.run_dir.metrics.read()]
+        result = EngineResult(model=self._final_model(), rows=rows, resumed_from=start)
         if start >= self.settings.rounds or self._reached_target(result):
             log.info("run already complete (%d rounds)", start)
             return result

@@ -1,0 +1,64 @@
+"""A leaf coordinator: Fedge's engine over one leaf's devices, one step per root round.
+
+Beyond one SuperLink, the devices connect to leaves (each a SuperLink with its devices) and the
+root's nodes are the leaves' bridges (``fedge.edge_client.bridge``). For each root round the bridge
+hands the root's model to its leaf; the leaf makes it its algorithm's model, runs ``rounds`` steps
+of its own with its devices (HierFAVG's κ2; each step through the engine's whole door: its own
+downlink versions, layers, metrics row and atomic checkpoint, so a restarted leaf resumes where its
+checkpoint left), and answers with the change of its model, the weight and the device count of its
+steps. The bridge sends that change up as a device sends its update, so the root is Fedge's
+engine unchanged: FedAvg over leaves weighted by their examples is FedAvg over all their devices
+(``tests/server/test_leaf.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fedge.protocol.leaf import LeafResult
+from fedge.server.engine.loop import Engine
+
+__all__ = ["LeafCoordinator", "LeafError"]
+
+log = logging.getLogger(__name__)
+
+
+class LeafError(ValueError):
+    """A leaf that cannot serve a root: an algorithm whose model the root cannot set."""
+
+
+class LeafCoordinator:
+    """``engine`` over ``grid`` (the leaf's devices), driven by its root (see the module docstring)."""
+
+    def __init__(self, engine: Engine, grid: object, rounds: int = 1) -> None:
+        algorithm = engine.algorithm
+        if algorithm.name != "fedavg" or algorithm.asynchronous:
+            raise LeafError(f"a leaf runs FedAvg steps from the root's model; {algorithm.spec!r} keeps a model of "
+                            "its own (hierarchical EASGD, gossip or asynchronous leaves are not built)")
+        if rounds < 1:
+            raise LeafError(f"a leaf runs at least one step per root round, got {rounds}")
+        self.engine, self.grid, self.rounds = engine, grid, rounds
+        self.steps: int | None = None  # the leaf's own step count (restored from its checkpoint)
+
+    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
+        """``rounds`` leaf steps from the root's ``model``; the change, its weight and its count."""
+        model = model.to(torch.float32)
+        if self.steps is None:  # a fresh leaf starts from the root's first model; a restarted one resumes
+            self.steps = self.engine.begin(model)
+        self.engine.algorithm.start(model)
+        weight, count, losses = 0.0, 0, []
+        for _ in range(self.rounds):
+            self.steps += 1
+            closed = self.engine.run_step(self.grid, self.steps)
+            row = self.engine.publish(self.grid, closed, None)
+            released = closed.step.released
+            if released is not None:
+                weight, count = released.weight, released.count  # the last step's devices
+            if closed.outcome.train_loss is not None:
+                losses.append(closed.outcome.train_loss)
+            log.info("leaf step %d for root round %d: %d devices, weight %g", row.round, root_round, count, weight)
+        delta = self.engine.algorithm.final_model() - model
+        return LeafResult(delta=delta, weight=weight, count=count,
+                          train_loss=sum(losses) / len(losses) if losses else None)
