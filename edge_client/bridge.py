@@ -15,16 +15,50 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import torch
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedge.deploy.atomic import atomic_write_bytes
 from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
-from fedge.protocol.leaf import LeafChannel
+from fedge.protocol.leaf import LeafChannel, LeafResult, decode_result, encode_request, request_name, result_name
 
-__all__ = ["bridge_app", "make_bridge"]
+__all__ = ["LeafTimeout", "SpoolChannel", "bridge_app", "make_bridge"]
+
+
+class LeafTimeout(ProtocolError):
+    """The leaf did not answer a root round within the bridge's wait (the root counts the bridge's
+    reply as failed and goes on; the leaf's answer, when it comes, serves a retry of that round)."""
+
+
+class SpoolChannel:
+    """The bridge's side of the leaf-local spool (``fedge.protocol.leaf``): ask by writing the
+    round's request, wait for the leaf's result. A result already there (the leaf answered before
+    this process restarted) is returned as it is, so a root round is answered by one leaf step."""
+
+    def __init__(self, spool: str | Path, timeout: float = 3600.0, poll: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.spool, self.timeout, self.poll = Path(spool), timeout, poll
+        self.clock, self.sleep = clock, sleep
+        self.spool.mkdir(parents=True, exist_ok=True)
+
+    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
+        result = self.spool / result_name(root_round)
+        request = self.spool / request_name(root_round)
+        if not result.exists() and not request.exists():
+            atomic_write_bytes(request, encode_request(root_round, model))
+        deadline = self.clock() + self.timeout
+        while not result.exists():
+            if self.clock() > deadline:
+                raise LeafTimeout(f"the leaf at {self.spool} did not answer round {root_round} within "
+                                  f"{self.timeout:g} s")
+            self.sleep(self.poll)
+        return decode_result(result.read_bytes(), root_round, model.numel())
 
 
 def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:

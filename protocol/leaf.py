@@ -10,12 +10,20 @@ examples behind it) and how many devices' updates are in it.
 
 from __future__ import annotations
 
+import io
+import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LeafChannel", "LeafResult"]
+from fedge.protocol.records import ProtocolError
+
+__all__ = ["LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
+           "encode_result", "request_name", "result_name"]
+
+#: at most this many devices behind one leaf step (a larger count is a corrupt file)
+MAX_COUNT = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -37,3 +45,88 @@ class LeafChannel(Protocol):
     processes a channel on the leaf's host."""
 
     def step(self, root_round: int, model: torch.Tensor) -> LeafResult: ...
+
+
+# -- across processes: the spool on the leaf's host ------------------------------------------------
+# The bridge's ClientApp and the leaf's ServerApp run in different processes on the leaf's host
+# (Flower lets no process be both a root ClientApp and a leaf ServerApp). They meet in a directory
+# both can write: the bridge writes ``request-<round>.pt`` (the root's model), the leaf answers with
+# ``result-<round>.pt``; each is written atomically, and each is read back checked in full.
+
+
+class LeafSpoolError(ProtocolError):
+    """A spool file that is not what the other side writes: says what is wrong with it."""
+
+
+def request_name(root_round: int) -> str:
+    return f"request-{int(root_round):09d}.pt"
+
+
+def result_name(root_round: int) -> str:
+    return f"result-{int(root_round):09d}.pt"
+
+
+def _save(obj: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for a truncated or foreign file
+        raise LeafSpoolError(f"{what} is not a leaf spool file: {type(err).__name__}: {err}") from None
+    if not isinstance(obj, dict):
+        raise LeafSpoolError(f"{what} holds a {type(obj).__name__}, not a record")
+    return obj
+
+
+def _flat(value: object, what: str, numel: int | None) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.dim() != 1:
+        raise LeafSpoolError(f"{what} must be a flat float32 tensor")
+    if numel is not None and value.numel() != numel:
+        raise LeafSpoolError(f"{what} has {value.numel()} values, the model {numel}")
+    if not bool(torch.isfinite(value).all()):
+        raise LeafSpoolError(f"{what} holds NaN or infinite values")
+    return value
+
+
+def _round(obj: dict[str, Any], root_round: int | None, what: str) -> int:
+    value = obj.get("round")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LeafSpoolError(f"{what}: round must be a whole number >= 1, got {value!r}")
+    if root_round is not None and value != root_round:
+        raise LeafSpoolError(f"{what}: for round {value}, expected {root_round}")
+    return value
+
+
+def encode_request(root_round: int, model: torch.Tensor) -> bytes:
+    return _save({"round": int(root_round), "model": model.detach().to(torch.float32).flatten().contiguous()})
+
+
+def decode_request(data: bytes, numel: int | None = None) -> tuple[int, torch.Tensor]:
+    """(root round, the root's flat model), checked."""
+    obj = _load(data, "a leaf request")
+    return _round(obj, None, "a leaf request"), _flat(obj.get("model"), "a leaf request's model", numel)
+
+
+def encode_result(root_round: int, result: LeafResult) -> bytes:
+    return _save({"round": int(root_round), "delta": result.delta.detach().to(torch.float32).flatten().contiguous(),
+                  "weight": float(result.weight), "count": int(result.count),
+                  "train_loss": None if result.train_loss is None else float(result.train_loss)})
+
+
+def decode_result(data: bytes, root_round: int, numel: int) -> LeafResult:
+    """The leaf's answer for ``root_round`` over a model of ``numel`` values, checked."""
+    obj = _load(data, "a leaf result")
+    _round(obj, root_round, "a leaf result")
+    delta = _flat(obj.get("delta"), "a leaf result's change", numel)
+    weight, count, loss = obj.get("weight"), obj.get("count"), obj.get("train_loss")
+    if not isinstance(weight, float) or not math.isfinite(weight) or weight < 0:
+        raise LeafSpoolError(f"a leaf result's weight must be a finite number >= 0, got {weight!r}")
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNT:
+        raise LeafSpoolError(f"a leaf result's count must be a whole number >= 0, got {count!r}")
+    if loss is not None and (not isinstance(loss, float) or not math.isfinite(loss)):
+        raise LeafSpoolError(f"a leaf result's train loss must be finite, got {loss!r}")
+    return LeafResult(delta=delta, weight=weight, count=count, train_loss=loss)

@@ -14,10 +14,20 @@ engine unchanged: FedAvg over leaves weighted by their examples is FedAvg over a
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from fedge.protocol.leaf import LeafResult
+from fedge.deploy.atomic import atomic_write_bytes
+from fedge.protocol.leaf import (
+    LeafResult,
+    LeafSpoolError,
+    decode_request,
+    encode_result,
+    result_name,
+)
 from fedge.server.engine.loop import Engine
 
 __all__ = ["LeafCoordinator", "LeafError"]
@@ -62,3 +72,33 @@ class LeafCoordinator:
         delta = self.engine.algorithm.final_model() - model
         return LeafResult(delta=delta, weight=weight, count=count,
                           train_loss=sum(losses) / len(losses) if losses else None)
+
+    def serve(self, spool: str | Path, stop: Callable[[], bool], poll: float = 0.05,
+              sleep: Callable[[float], None] = time.sleep) -> int:
+        """Answer the bridge's requests in ``spool`` until ``stop()``; the steps answered. Only the
+        newest round without a result is served (an older one's root round is over), and a round
+        with a result is never stepped again: a leaf that crashed between its step and its answer
+        runs that round's step afresh from the root's model, so the root counts it once."""
+        spool, answered = Path(spool), 0
+        spool.mkdir(parents=True, exist_ok=True)
+        while not stop():
+            pending = sorted(p for p in spool.glob("request-*.pt")
+                             if not (spool / p.name.replace("request-", "result-")).exists())
+            if not pending:
+                sleep(poll)
+                continue
+            newest = pending[-1]
+            try:
+                root_round, model = decode_request(newest.read_bytes(), self.engine.ctx.numel)
+            except LeafSpoolError as err:  # a foreign or truncated file: logged, left, never stepped on
+                log.error("leaf spool: %s: %s", newest.name, err)
+                newest.rename(newest.with_suffix(".refused"))
+                continue
+            result = self.step(root_round, model)
+            atomic_write_bytes(spool / result_name(root_round), encode_result(root_round, result))
+            answered += 1
+            for old in [*spool.glob("request-*.pt"), *spool.glob("result-*.pt")]:  # the last two rounds stay
+                number = old.stem.partition("-")[2]
+                if number.isdigit() and int(number) < root_round - 1:
+                    old.unlink(missing_ok=True)
+        return answered

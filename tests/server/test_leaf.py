@@ -4,11 +4,22 @@ devices: the tree's model is the flat run's, round after round (fp32 updates bot
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from flwr.app import Context, Message
 
-from fedge.edge_client.bridge import bridge_app
+from fedge.edge_client.bridge import LeafTimeout, SpoolChannel, bridge_app
+from fedge.protocol.leaf import (
+    LeafResult,
+    LeafSpoolError,
+    decode_result,
+    encode_request,
+    encode_result,
+    request_name,
+    result_name,
+)
 from fedge.server.leaf import LeafCoordinator, LeafError
 from fedge.server.run.initial_model import initial_params
 from fedge.tasks import make_task
@@ -25,7 +36,7 @@ def _leaf(tmp_path, name: str, partitions: range, rounds: int = 1) -> LeafCoordi
     return LeafCoordinator(engine, grid, rounds=rounds)
 
 
-def _bridges(leaves: dict[int, LeafCoordinator]):  # type: ignore[no-untyped-def]
+def _bridges(leaves: dict):  # type: ignore[no-untyped-def]
     """One grid app for the root: each bridge node's ClientApp over its own leaf."""
     apps = {partition: bridge_app(leaf) for partition, leaf in leaves.items()}
 
@@ -86,3 +97,97 @@ def test_only_fedavg_leaves_are_built(tmp_path) -> None:
     engine = build_engine({**COMMON, "algorithm": "easgd", "clients_per_round": 2, "run_dir": str(tmp_path / "e")})
     with pytest.raises(LeafError, match="keeps a model of its own"):
         LeafCoordinator(engine, InProcessGrid(2))
+
+
+def test_across_processes_the_leaf_and_its_bridge_meet_in_a_spool(tmp_path) -> None:
+    """The bridge and its leaf in different threads (as they are in different processes on the
+    leaf's host), through the spool: the tree is still the flat run."""
+    start = initial_params(make_task("digits"), 0)
+    flat = build_engine({**COMMON, "clients_per_round": 6, "run_dir": str(tmp_path / "flat")})
+    flat.run(InProcessGrid(6), start)
+    stop = threading.Event()
+    leaves = {0: _leaf(tmp_path, "leaf-a", range(0, 3)), 1: _leaf(tmp_path, "leaf-b", range(3, 6))}
+    threads = [threading.Thread(target=leaf.serve, args=(tmp_path / f"spool-{i}", stop.is_set), daemon=True)
+               for i, leaf in leaves.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        channels = {i: SpoolChannel(tmp_path / f"spool-{i}", timeout=60) for i in leaves}
+        root = build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
+        result = root.run(InProcessGrid(2, app=_bridges(channels)), start)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert all(r.clients_used == 2 and not r.rejected for r in result.rows)
+    torch.testing.assert_close(result.model, flat.algorithm.final_model(), rtol=0, atol=1e-6)
+    # one request and one answer per round; the spool keeps the last two rounds
+    assert sorted(p.name for p in (tmp_path / "spool-0").iterdir()) == sorted(
+        f"{kind}-{r:09d}.pt" for r in (2, 3) for kind in ("request", "result"))
+
+
+def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None:
+    """A result already in the spool answers its round (the bridge restarted after the leaf
+    answered); the leaf never steps a round it answered, and serves only the newest request."""
+    leaf = _leaf(tmp_path, "leaf", range(0, 3))
+    spool = tmp_path / "spool"
+    start = initial_params(make_task("digits"), 0)
+    answered = LeafResult(delta=torch.full_like(start, 0.5), weight=7.0, count=3, train_loss=1.0)
+    spool.mkdir()
+    (spool / request_name(1)).write_bytes(encode_request(1, start))
+    (spool / result_name(1)).write_bytes(encode_result(1, answered))
+    got = SpoolChannel(spool, timeout=1).step(1, start)
+    assert torch.equal(got.delta, answered.delta) and got.weight == 7.0
+    (spool / request_name(2)).write_bytes(encode_request(2, start))
+    (spool / request_name(3)).write_bytes(encode_request(3, start))
+    polls = iter(range(50))
+    served = leaf.serve(spool, stop=lambda: next(polls) >= 3 or (spool / result_name(3)).exists(), sleep=lambda s: None)
+    assert served == 1 and leaf.steps == 1  # round 3 only; round 1 was answered, round 2 is over
+    assert not (spool / result_name(2)).exists()
+    with pytest.raises(LeafTimeout, match="did not answer round 2"):
+        SpoolChannel(spool, timeout=0.05, poll=0.01).step(2, start)
+
+
+@pytest.mark.parametrize("data, error", [
+    (b"garbage", "not a leaf spool file"),
+    (encode_result(2, LeafResult(delta=torch.zeros(5), weight=1.0, count=1)), "for round 2, expected 1"),
+    (encode_result(1, LeafResult(delta=torch.zeros(4), weight=1.0, count=1)), "has 4 values, the model 5"),
+    (encode_result(1, LeafResult(delta=torch.full((5,), float("nan")), weight=1.0, count=1)), "NaN or infinite"),
+    (encode_result(1, LeafResult(delta=torch.zeros(5), weight=float("inf"), count=1)), "weight must be a finite"),
+    (encode_result(1, LeafResult(delta=torch.zeros(5), weight=1.0, count=-1)), "count must be a whole number"),
+])
+def test_a_bad_spool_file_is_refused_with_why(data: bytes, error: str) -> None:
+    with pytest.raises(LeafSpoolError, match=error):
+        decode_result(data, 1, 5)
+
+
+def test_a_bad_request_is_set_aside_and_never_stepped(tmp_path) -> None:
+    leaf = _leaf(tmp_path, "leaf", range(0, 3))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / request_name(1)).write_bytes(b"not a request")
+    polls = iter(range(5))
+    assert leaf.serve(spool, stop=lambda: next(polls) >= 2, sleep=lambda s: None) == 0
+    assert (spool / "request-000000001.refused").exists() and leaf.steps is None
+
+
+def test_the_spool_keeps_the_last_two_rounds_and_a_newer_request(tmp_path) -> None:
+    leaf = _leaf(tmp_path, "leaf", range(0, 3))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    start = initial_params(make_task("digits"), 0)
+    for old in (1, 2, 3):
+        (spool / request_name(old)).write_bytes(encode_request(old, start))
+        (spool / result_name(old)).write_bytes(encode_result(old, LeafResult(torch.zeros_like(start), 1.0, 1)))
+    (spool / request_name(4)).write_bytes(encode_request(4, start))
+    step = leaf.step
+
+    def stepping(root_round: int, model: torch.Tensor) -> LeafResult:  # the next round is asked meanwhile
+        (spool / request_name(5)).write_bytes(encode_request(5, start))
+        return step(root_round, model)
+
+    leaf.step = stepping  # type: ignore[method-assign]
+    polls = iter(range(50))
+    leaf.serve(spool, stop=lambda: next(polls) >= 3 or (spool / result_name(4)).exists(), sleep=lambda s: None)
+    assert sorted(p.name for p in spool.iterdir()) == sorted(
+        [request_name(3), result_name(3), request_name(4), result_name(4), request_name(5)])
