@@ -18,8 +18,10 @@ leaves as a ``refusal`` record the coordinator counts by kind; ``edge_client.lay
 from outside Fedge), ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
 per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
 (``slowdown=F``, stragglers on purpose), ``fault_injection_mod`` (``fault='bitflip'``, chaos) and,
-innermost, ``secure_stage_mod`` (secure aggregation's own exchanges, ``train`` messages with the
-``secagg`` record, answered before any handler; ``edge_client.secure_aggregation``).
+``bridge_mod`` (a node whose node config names a ``leaf-spool`` is a leaf's bridge: its train
+messages are answered by a leaf step, ``edge_client.bridge``) and, innermost, ``secure_stage_mod``
+(secure aggregation's own exchanges, ``train`` messages with the ``secagg`` record, answered before
+any handler; ``edge_client.secure_aggregation``).
 Data comes from the node config too (``edge_client/node_data.py``: ``data=own.npz`` or a cached
 partition).
 """
@@ -42,6 +44,7 @@ from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
 from fedge.edge_client.privacy_policy import privacy_policy_mod
 from fedge.edge_client.plugins import train as plugin_train
+from fedge.edge_client.bridge import bridge_mod
 from fedge.edge_client.resources import resource_mod
 from fedge.edge_client.secure_aggregation import secure_stage_mod
 from fedge.edge_client.slowdown import slowdown_mod
@@ -54,7 +57,7 @@ __all__ = ["app", "handled_algorithms"]
 
 check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
-                      state_persistence_mod, slowdown_mod, fault_injection_mod, secure_stage_mod])
+                      state_persistence_mod, slowdown_mod, fault_injection_mod, bridge_mod, secure_stage_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:

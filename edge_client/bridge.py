@@ -19,16 +19,23 @@ from pathlib import Path
 
 import torch
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MessageType
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.deploy.atomic import atomic_write_bytes
 from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
 from fedge.protocol.leaf import LeafChannel, LeafResult, decode_result, encode_request, request_name, result_name
+from fedge.protocol.secagg import secure_stage
 
-__all__ = ["LeafTimeout", "SpoolChannel", "bridge_app", "make_bridge"]
+__all__ = ["LEAF_SPOOL", "LeafTimeout", "SpoolChannel", "bridge_app", "bridge_mod", "make_bridge"]
+
+#: the node config key that makes a SuperNode a leaf's bridge: the leaf's spool directory
+LEAF_SPOOL = "leaf-spool"
+#: the node config key of how long a bridge waits for its leaf's step (seconds)
+LEAF_TIMEOUT = "leaf-timeout"
 
 
 class LeafTimeout(ProtocolError):
@@ -88,3 +95,13 @@ def bridge_app(channel: LeafChannel) -> ClientApp:
     app = ClientApp(mods=[refusal_mod])
     app.train()(make_bridge(channel))
     return app
+
+
+def bridge_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """In Fedge's ClientApp: a node whose node config names a ``leaf-spool`` is a leaf's bridge, and
+    its root's train messages are answered by its leaf (every other node passes through)."""
+    spool = context.node_config.get(LEAF_SPOOL)
+    if not spool or msg.metadata.message_type != MessageType.TRAIN or secure_stage(msg) is not None:
+        return call_next(msg, context)
+    timeout = float(context.node_config.get(LEAF_TIMEOUT, 3600.0))
+    return make_bridge(SpoolChannel(str(spool), timeout=timeout))(msg, context)

@@ -19,7 +19,7 @@ import torch
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
+__all__ = ["LEAF_STOP", "LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
            "encode_result", "request_name", "result_name"]
 
 #: at most this many devices behind one leaf step (a larger count is a corrupt file)
@@ -56,6 +56,10 @@ class LeafChannel(Protocol):
 
 class LeafSpoolError(ProtocolError):
     """A spool file that is not what the other side writes: says what is wrong with it."""
+
+
+#: the file that ends a leaf's service (its root's run is over)
+LEAF_STOP = "stop"
 
 
 def request_name(root_round: int) -> str:

@@ -19,9 +19,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedge.deploy.model_file import ModelFile, save_model_file
 from fedge.protocol.flower_release import check_flower
+from fedge.protocol.leaf import LEAF_STOP
 from fedge.protocol.plugins import load_plugins
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.loop import Engine, make_context
+from fedge.server.leaf import LeafCoordinator
 from fedge.server.run.initial_model import initial_params
 from fedge.server.run.plot import plot_run
 from fedge.server.run.run_directory import RunDirectory
@@ -87,6 +89,12 @@ def main(grid: Grid, context: Context) -> None:
     task = make_task(settings.task)
     algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
     engine = Engine(algorithm, run_dir)
+    if settings.leaf_spool:  # a leaf: its root sets the model of every step (fedge.server.leaf)
+        spool = Path(settings.leaf_spool)
+        answered = LeafCoordinator(engine, grid).serve(spool, stop=lambda: (spool / LEAF_STOP).exists()
+                                                       or run_dir.stop_requested())
+        log.info("leaf done: %d root rounds answered", answered)
+        return
     start_params = initial_params(task, settings.seed, settings.init)
     first = engine.evaluate(start_params)
     result = engine.run(grid, start_params)

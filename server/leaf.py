@@ -57,6 +57,7 @@ class LeafCoordinator:
         model = model.to(torch.float32)
         if self.steps is None:  # a fresh leaf starts from the root's first model; a restarted one resumes
             self.steps = self.engine.begin(model)
+            self.engine.wait_for_nodes(self.grid)  # its devices, as a run waits before its first step
         self.engine.algorithm.start(model)
         weight, count, losses = 0.0, 0, []
         for _ in range(self.rounds):

@@ -29,6 +29,7 @@ from fedge.launcher.sequence import FlowerLaunch, LaunchError
 from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
+from fedge.protocol.leaf import LEAF_STOP
 from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.partition import CACHE_ENV, partition_indices
@@ -80,6 +81,7 @@ def launch(
     ray_address: str | None = None,
     isolation: str = "warm",
     client_device: str = "auto",
+    leaves: int = 0,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -96,6 +98,11 @@ def launch(
     server certificate and node keys are made in ``<run dir>/tls`` (``fedge.deploy.certs``), every
     node key is registered with ``flwr supernode register`` before its SuperNode starts; under
     secure aggregation every device's identity is issued by that CA (``issuer=`` is added).
+    ``leaves`` (deployment only; 0: one tier): beyond one SuperLink, the ``num_supernodes`` devices
+    split over this many leaves, each a SuperLink of its own with its devices and a leaf coordinator
+    (``leaf-spool``, ``fedge.server.leaf``); the root's SuperLink has one bridge SuperNode per leaf
+    (node config ``leaf-spool``, ``fedge.edge_client.bridge``), and the root runs the settings over
+    them (``clients-per-round`` leaves; each leaf steps its devices, all of them per step).
     ``ray_address`` (simulation only): run the ClientApps on an existing Ray cluster (``ray start
     --head`` plus ``ray start --address=...`` on every other machine) instead of a local Ray
     instance; Flower's Ray backend connects through ``RAY_ADDRESS`` and schedules one ClientApp per
@@ -108,6 +115,9 @@ def launch(
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
     if not settings.run_dir:
         raise ValueError("launch needs an explicit run directory")
+    if leaves and (engine != "deployment" or tls or not 1 <= leaves <= num_supernodes // 2):
+        raise ValueError(f"leaves apply to the deployment engine without TLS, with at least 2 devices per leaf "
+                         f"({leaves} leaves for {num_supernodes} devices)")
     if tls and engine != "deployment":
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
     if ray_address and engine != "simulation":
@@ -135,12 +145,24 @@ def launch(
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    tiers: list[tuple[ProcessGroup, Path]] = []  # each leaf's processes and spool
     try:
+        app = stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins)
+        if leaves:
+            tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation) for i in range(leaves)]
+            settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
+                                        min_replies=min(settings.min_replies, leaves))
+            run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
                                cwd=run_dir)
         federation_config: dict[str, Any] = {}
-        if engine == "deployment":
+        if leaves:  # the root's nodes: one bridge per leaf
+            for i, (_, spool) in enumerate(tiers):
+                flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, "leaf-spool": str(spool)},
+                                       cwd=run_dir)
+            flower.start_warm_executor(cwd=run_dir, partitions=False)
+        elif engine == "deployment":
             for i in range(num_supernodes):
                 # cache-dir: each node reads its partition from a small .npz instead of rebuilding
                 # it (scikit-learn, datasets) in every ClientApp process (edge_client/node_data.py).
@@ -164,13 +186,16 @@ def launch(
             share = gpu_share(federation_config.get("init-args-num-cpus") or os.cpu_count() or 1, gpus_here)
             if share:  # Ray hides the GPUs from an actor that asks for none
                 federation_config["client-resources-num-gpus"] = share
-        runner = flower.submit(stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins), run_config,
-                               federation_config=federation_config, cwd=run_dir)
+        runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:
         raise EngineError(str(err)) from None
     finally:
+        for leaf_group, spool in tiers:  # the root's run is over: each leaf stops serving, then everything
+            (spool / LEAF_STOP).touch()
         group.stop()
+        for leaf_group, _ in tiers:
+            leaf_group.stop()
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     return LaunchResult(
@@ -194,6 +219,31 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
                           size=len(pool), cache_dir=directory)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the nodes draw it themselves and report what fails
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
+
+
+def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,
+                isolation: str) -> tuple[ProcessGroup, Path]:
+    """Leaf ``index`` of ``leaves``: its own SuperLink, its share of the ``devices`` (their
+    partitions of the whole data set, as in a one-tier run) and its coordinator's run, serving the
+    root through ``<run dir>/leaf-<index>/spool``; its processes and that spool."""
+    leaf_dir = run_dir / f"leaf-{index}"
+    spool = leaf_dir / "spool"
+    spool.mkdir(parents=True, exist_ok=True)
+    home = leaf_dir / "flwr-home"
+    env = flower_environment(home)
+    env["RAY_ADDRESS"] = "local"
+    env[CACHE_ENV] = str(run_dir / "partitions")
+    group = ProcessGroup(leaf_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    partitions = [p for p in range(devices) if p % leaves == index]
+    flower = FlowerLaunch(group, home, isolation=isolation)
+    flower.start_superlink(cwd=leaf_dir)
+    for j, partition in enumerate(partitions):
+        flower.start_supernode(j, {"partition-id": partition, "num-partitions": devices,
+                                   "cache-dir": str(run_dir / "node-cache")}, cwd=leaf_dir)
+    leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=len(partitions),
+                            min_replies=min(settings.min_replies, len(partitions)), export_bundle="")
+    flower.submit(app, leaf.to_run_config(), cwd=leaf_dir)
+    return group, spool
 
 
 def _follow(

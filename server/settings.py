@@ -192,6 +192,11 @@ class RunSettings:
         "'fault=NAME' does it per node)",
     )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
+    leaf_spool: str = _opt(
+        "", "beyond one SuperLink: run as a leaf coordinator, one step per root round, answering the root's bridge "
+        "node through this spool directory on the leaf's host (fedge local-cluster --leaves); empty = a root or "
+        "single-tier run"
+    )
     run_dir: str = _opt(
         "", "run directory (metrics, checkpoint, model; an existing one resumes); empty: runs/demo-<time> or "
         "runs/cluster-<time> from the CLI, runs/run-<Flower run id> under flwr run"

@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--tls", action="store_true",
                          help="TLS and SuperNode authentication on: a CA, server certificate and node keys "
                          "are made in <run-dir>/tls and every node key is registered before it connects")
+    cluster.add_argument("--leaves", type=int, default=0,
+                         help="beyond one SuperLink: split the SuperNodes over this many leaves, each a SuperLink "
+                         "with its devices and a leaf coordinator, under a root whose nodes are the leaves' bridges "
+                         "(default: 0, one tier)")
     _add_client_device(cluster)
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
@@ -238,6 +242,12 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         settings = settings.replace(eval_data=str(Path(settings.eval_data).resolve()))
     if nodes < 1:
         raise SettingsError("need at least one client")
+    leaves = getattr(args, "leaves", 0)
+    if leaves and not 1 <= leaves <= nodes // 2:
+        raise SettingsError(f"--leaves {leaves}: each leaf needs at least 2 of the {nodes} SuperNodes")
+    if leaves and getattr(args, "tls", False):
+        raise SettingsError("--leaves with --tls is not built yet: the leaves' SuperLinks would need their own "
+                            "certificates")
     if settings.clients_per_round > nodes:
         settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
@@ -257,7 +267,8 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
                             timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir,
                             ray_address=getattr(args, "ray_address", "") or None,
-                            isolation=getattr(args, "isolation", "warm"), client_device=args.client_device)
+                            isolation=getattr(args, "isolation", "warm"), client_device=args.client_device,
+                            leaves=getattr(args, "leaves", 0))
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1

@@ -194,7 +194,7 @@ class Engine:
             log.info("run already complete (%d rounds)", start)
             return result
         try:
-            nodes = self._wait_for_nodes(grid)
+            nodes = self.wait_for_nodes(grid)
         except _StopWhileWaiting:
             log.info("stop requested while waiting for nodes; nothing to checkpoint")
             result.stopped = True
@@ -228,7 +228,7 @@ class Engine:
         exchange = self._exchange(grid, number)
         nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
         if self.algorithm.fixed_membership and len(nodes) < self.algorithm.nodes_needed():
-            nodes = self._wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
+            nodes = self.wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
         selected = self.algorithm.select(number, nodes, self.sample)
         state = self._open(number, selected, len(nodes), exchange, tally)
         outgoing = self._configure(state, state.nodes, tally)
@@ -398,7 +398,7 @@ class Engine:
         while version < self.settings.rounds:
             fill()
             if not busy:
-                self._wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
+                self.wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
                 continue
             for item in dispatcher.replies():
                 node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
@@ -594,7 +594,9 @@ class Engine:
         log.info("resuming from checkpoint after round %d", checkpoint.round)
         return checkpoint.round
 
-    def _wait_for_nodes(self, grid: object) -> list[int]:
+    def wait_for_nodes(self, grid: object) -> list[int]:
+        """The connected nodes, once the algorithm's are there or ``wait-for-nodes`` has passed;
+        ``NotEnoughNodesError`` when fewer than ``min-replies`` came."""
         wanted = self.algorithm.nodes_needed()
         deadline = self.clock() + self.settings.wait_for_nodes
         while True:
