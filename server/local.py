@@ -240,8 +240,12 @@ def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, ru
     for j, partition in enumerate(partitions):
         flower.start_supernode(j, {"partition-id": partition, "num-partitions": devices,
                                    "cache-dir": str(run_dir / "node-cache")}, cwd=leaf_dir)
+    # A leaf's step is a plain FedAvg step over all its devices from the root's model (HierFAVG's
+    # edge average); the root's algorithm (FedAvg, FedBuff across leaves), its server optimizer and
+    # its model average act on the leaves' steps.
     leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=len(partitions),
-                            min_replies=min(settings.min_replies, len(partitions)), export_bundle="")
+                            min_replies=min(settings.min_replies, len(partitions)), export_bundle="",
+                            algorithm="fedavg", server_opt="fedavg", model_average="none")
     flower.submit(app, leaf.to_run_config(), cwd=leaf_dir)
     return group, spool
 

@@ -191,3 +191,18 @@ def test_the_spool_keeps_the_last_two_rounds_and_a_newer_request(tmp_path) -> No
     leaf.serve(spool, stop=lambda: next(polls) >= 3 or (spool / result_name(4)).exists(), sleep=lambda s: None)
     assert sorted(p.name for p in spool.iterdir()) == sorted(
         [request_name(3), result_name(3), request_name(4), result_name(4), request_name(5)])
+
+
+def test_fedbuff_at_the_root_takes_each_leafs_step_as_it_lands_weighted_by_its_staleness(tmp_path) -> None:
+    """FedBuff across leaves: the root's asynchronous engine unchanged; a leaf's step from an older
+    version is a stale update (s(tau) weighs it), and a leaf never serves two root messages at once."""
+    leaves = {0: _leaf(tmp_path, "leaf-a", range(0, 3)), 1: _leaf(tmp_path, "leaf-b", range(3, 6))}
+    root = build_engine({**COMMON, "rounds": 4, "algorithm": "fedbuff:concurrency=2,buffer=1",
+                         "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
+    start = initial_params(make_task("digits"), 0)
+    result = root.run(InProcessGrid(2, app=_bridges(leaves), lag={1: 2}), start)
+    assert [r.round for r in result.rows] == [1, 2, 3, 4]
+    assert all(r.clients_used == 1 and not r.rejected for r in result.rows)
+    staleness = [r.extra.get("staleness_mean") for r in result.rows]
+    assert any(s and s > 0 for s in staleness), staleness  # the lagging leaf's steps arrived stale
+    assert result.rows[-1].accuracy > root.evaluate(start)["accuracy"]
