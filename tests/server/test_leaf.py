@@ -206,3 +206,30 @@ def test_fedbuff_at_the_root_takes_each_leafs_step_as_it_lands_weighted_by_its_s
     staleness = [r.extra.get("staleness_mean") for r in result.rows]
     assert any(s and s > 0 for s in staleness), staleness  # the lagging leaf's steps arrived stale
     assert result.rows[-1].accuracy > root.evaluate(start)["accuracy"]
+
+
+class _Flaky:
+    """A leaf that is down for some root rounds (its process killed), then back, resumed from its
+    checkpoint by a new coordinator over the same run directory."""
+
+    def __init__(self, make, down: set[int]) -> None:  # type: ignore[no-untyped-def]
+        self.make, self.down, self.leaf = make, down, make()
+
+    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
+        if root_round in self.down:
+            self.leaf = None
+            raise LeafTimeout(f"the leaf did not answer round {root_round}")
+        if self.leaf is None:
+            self.leaf = self.make()  # restarted: resumes from its own checkpoint
+        return self.leaf.step(root_round, model)
+
+
+def test_a_leaf_that_goes_down_does_not_block_the_root_and_rejoins_counted_once(tmp_path) -> None:
+    flaky = _Flaky(lambda: _leaf(tmp_path, "leaf-b", range(3, 6)), down={2})
+    leaves = {0: _leaf(tmp_path, "leaf-a", range(0, 3)), 1: flaky}
+    root = build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
+    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), initial_params(make_task("digits"), 0)).rows
+    assert [r.clients_used for r in rows] == [2, 1, 2]
+    assert [e["kind"] for e in rows[1].rejected] == ["client-error"] and "round 2" in rows[1].rejected[0]["reason"]
+    leaf_rows = flaky.leaf.engine.run_dir.metrics.read()  # type: ignore[union-attr]
+    assert [r["round"] for r in leaf_rows] == [1, 2]  # its own steps: root rounds 1 and 3, nothing twice
