@@ -34,7 +34,7 @@ from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.partition import CACHE_ENV, partition_indices
 
-__all__ = ["EngineError", "LaunchResult", "gpu_share", "launch"]
+__all__ = ["LEAVES_NO_DP", "EngineError", "LaunchResult", "gpu_share", "launch"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ def launch(
     if leaves and (engine != "deployment" or tls or not 1 <= leaves <= num_supernodes // 2):
         raise ValueError(f"leaves apply to the deployment engine without TLS, with at least 2 devices per leaf "
                          f"({leaves} leaves for {num_supernodes} devices)")
+    if leaves and settings.differential_privacy != "none":
+        raise ValueError(LEAVES_NO_DP)
     if tls and engine != "deployment":
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
     if ray_address and engine != "simulation":
@@ -150,8 +152,9 @@ def launch(
         app = stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins)
         if leaves:
             tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation) for i in range(leaves)]
+            # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
             settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
-                                        min_replies=min(settings.min_replies, leaves))
+                                        min_replies=min(settings.min_replies, leaves), secure_aggregation="none")
             run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
@@ -219,6 +222,11 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
                           size=len(pool), cache_dir=directory)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the nodes draw it themselves and report what fails
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
+
+
+#: why differential privacy is refused with leaves (for now)
+LEAVES_NO_DP = ("differential-privacy with leaves is not built: the root's DP layer would clip each leaf's mean as "
+                "one device's update, and its accounting counts devices")
 
 
 def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,

@@ -245,6 +245,10 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     leaves = getattr(args, "leaves", 0)
     if leaves and not 1 <= leaves <= nodes // 2:
         raise SettingsError(f"--leaves {leaves}: each leaf needs at least 2 of the {nodes} SuperNodes")
+    if leaves and settings.differential_privacy != "none":
+        from fedge.server.local import LEAVES_NO_DP
+
+        raise SettingsError(LEAVES_NO_DP)
     if leaves and getattr(args, "tls", False):
         raise SettingsError("--leaves with --tls is not built yet: the leaves' SuperLinks would need their own "
                             "certificates")

@@ -233,3 +233,26 @@ def test_a_leaf_that_goes_down_does_not_block_the_root_and_rejoins_counted_once(
     assert [e["kind"] for e in rows[1].rejected] == ["client-error"] and "round 2" in rows[1].rejected[0]["reason"]
     leaf_rows = flaky.leaf.engine.run_dir.metrics.read()  # type: ignore[union-attr]
     assert [r["round"] for r in leaf_rows] == [1, 2]  # its own steps: root rounds 1 and 3, nothing twice
+
+
+def test_secure_aggregation_per_leaf_the_root_sees_only_leaf_sums(tmp_path) -> None:
+    """Each leaf runs secure aggregation over its own devices (it unmasks only their sum, over at
+    least its threshold), then its bridge compresses that sum for the root."""
+    secure = "secagg:bits=8,clip=0.2,weight-cap=256"
+
+    def leaf(name: str, partitions: range) -> LeafCoordinator:
+        engine = build_engine({**COMMON, "clients_per_round": 3, "local_epochs": 3, "secure_aggregation": secure,
+                               "run_dir": str(tmp_path / name)})  # the leaf's settings train its devices
+        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
+                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
+        return LeafCoordinator(engine, grid)
+
+    leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
+    root = build_engine({**COMMON, "rounds": 4, "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
+    start = initial_params(make_task("digits"), 0)
+    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
+    assert all(r.clients_used == 2 and not r.rejected for r in rows)
+    assert rows[-1].accuracy > root.evaluate(start)["accuracy"] + 0.1
+    for coordinator in leaves.values():
+        leaf_rows = coordinator.engine.run_dir.metrics.read()
+        assert all(r["clients_used"] == 3 and r["secure_aggregation"].startswith("secagg:") for r in leaf_rows)
