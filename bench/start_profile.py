@@ -1,0 +1,132 @@
+"""The main job's start, measured phase by phase: ``fedge demo`` (``make demo``'s command) against
+Flower's own FedAvg app (``examples/flower-app`` as Flower wrote it, docs/flower.md's lines taken
+out, run with the demo's training: 5 local epochs, batch 32, lr 0.1, Dirichlet(0.5)), interleaved,
+on this machine, as whole processes.
+
+Phases of ``fedge demo``, from its run directory (file times, and each metrics row's
+``wall_seconds`` from the engine's start): the partitions written (the CLI's imports, data and
+partitioning), the ServerApp started (``config.json``), the engine begun (``algorithm.json``: task,
+model and algorithm built), the first round done, the last round done, the summary written, and
+the command's exit. Phases of Flower's app, from its SuperLink's start and its ``flwr run``
+output stamped as each line arrives: the SuperLink up, the run submitted, the first
+``[ROUND 1/...]`` line, the last round's line, and the exit. Both end with every process stopped.
+
+    .venv/bin/python bench/start_profile.py --repeats 2                  # 10 clients, 30 rounds, digits
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fedge.launcher.environment import flower_environment  # noqa: E402
+from fedge.launcher.processes import ProcessGroup  # noqa: E402
+from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
+from tests.integration.test_flower_app import APP, plain_flower_app  # noqa: E402
+
+FEDGE = str(Path(sys.executable).parent / "fedge")
+
+
+def fedge_demo(tmp: Path, name: str, clients: int, rounds: int) -> dict:
+    run_dir = tmp / name
+    began = time.time()
+    done = subprocess.run([FEDGE, "demo", "--clients", str(clients), "--rounds", str(rounds), "--export-bundle", "",
+                           "--run-dir", str(run_dir)], capture_output=True, text=True, check=False)
+    ended = time.time()
+    if done.returncode != 0:
+        raise SystemExit(f"fedge demo failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    engine = (run_dir / "algorithm.json").stat().st_mtime
+    return {"system": "fedge demo", "wall_s": ended - began, "phases": {
+        "partitions written": (run_dir / "partitions").stat().st_mtime - began,
+        "ServerApp started": (run_dir / "config.json").stat().st_mtime - began,
+        "engine begun": engine - began,
+        "first round done": engine + rows[0]["wall_seconds"] - began,
+        "last round done": engine + rows[-1]["wall_seconds"] - began,
+        "summary written": (run_dir / "summary.json").stat().st_mtime - began,
+        "exit": ended - began}, "final_accuracy": rows[-1]["accuracy"]}
+
+
+def flower_app(tmp: Path, app: Path, name: str, clients: int, rounds: int) -> dict:
+    home = tmp / f"home-{name}"
+    results = tmp / f"{name}.json"
+    # the same training as fedge demo's defaults: 5 local epochs of batch 32 at lr 0.1, Dirichlet(0.5)
+    config = {"num-server-rounds": rounds, "local-epochs": 5, "lr": 0.1, "batch-size": 32, "dirichlet-alpha": 0.5,
+              "uplink": "", "results": str(results)}
+    began = time.time()
+    stamps: dict[str, float] = {}
+    with ProcessGroup(tmp / f"logs-{name}", env=flower_environment(home),
+                      also_match={"FLWR_HOME": str(home)}) as group:
+        flower = FlowerLaunch(group, home, isolation="subprocess")
+        flower.start_superlink(simulation=True, cwd=tmp)
+        stamps["SuperLink up"] = time.time() - began
+        runner = flower.submit(app, config, federation_config={
+            "num-supernodes": clients, "client-resources-num-cpus": 1, "init-args-num-cpus": 2}, cwd=tmp)
+        stamps["run submitted"] = time.time() - began
+        seen = 0
+
+        def tick() -> bool:  # stamp each new line of the run's output as it lands
+            nonlocal seen
+            text = runner.log_path.read_text(errors="replace") if runner.log_path.exists() else ""
+            for line in text[seen:].splitlines():
+                if re.search(r"\[ROUND 1/", line) and "first round started" not in stamps:
+                    stamps["first round started"] = time.time() - began
+                if re.search(rf"\[ROUND {rounds}/", line):
+                    stamps["last round started"] = time.time() - began
+            seen = len(text)
+            return False
+
+        flower.follow(runner, time.monotonic() + 3600, tick, interval=0.05)
+        if runner.popen.returncode != 0:
+            raise SystemExit(f"{name}: flwr run failed:\n{runner.log_tail(40)}")
+        stamps["run finished"] = time.time() - began
+    stamps["exit"] = time.time() - began
+    data = json.loads(results.read_text())
+    return {"system": "Flower's FedAvg app", "wall_s": stamps["exit"], "phases": stamps,
+            "final_accuracy": data["evaluate"][str(rounds)]["accuracy"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved pairs (Flower, then fedge demo)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "start-profile.json"))
+    args = parser.parse_args()
+    command = shlex.join([".venv/bin/python", "bench/start_profile.py", *sys.argv[1:]])
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="fedge-bench-start-") as tmp_name:
+        tmp = Path(tmp_name)
+        app = plain_flower_app(APP, tmp / "plain-app")
+        for repeat in range(args.repeats):
+            runs.append(flower_app(tmp, app, f"flower-{repeat}", args.clients, args.rounds))
+            runs.append(fedge_demo(tmp, f"demo-{repeat}", args.clients, args.rounds))
+    print(f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, {args.clients} clients, {args.rounds} "
+          f"rounds, digits, {args.repeats} interleaved pair(s): `{command}`\n")
+    for r in runs:
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items())
+        print(f"- {r['system']}: {r['wall_s']:.1f} s, accuracy {100 * r['final_accuracy']:.1f}% ({phases})")
+    flower = [r["wall_s"] for r in runs if r["system"] != "fedge demo"]
+    fedge = [r["wall_s"] for r in runs if r["system"] == "fedge demo"]
+    ratio = sum(fedge) / sum(flower)
+    print(f"\nfedge demo / Flower's app, whole processes: {ratio:.2f}x ({', '.join(f'{f / w:.2f}x' for f, w in zip(fedge, flower))} per pair)")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "runs": runs, "ratio": ratio}, indent=2) + "\n")
+    print(f"written: {out}\nreproduce: {command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
