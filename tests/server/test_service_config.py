@@ -136,3 +136,10 @@ def test_kind_labels_are_a_closed_set() -> None:
     labels = [kind_label(entry) for entry in hostile]
     assert set(labels) <= set(KIND_LABELS)
     assert labels == ["other", "stale", "step", "other", "step", "other", "other"]
+
+
+def test_a_leafs_daemon_is_a_run_setting_away(tmp_path: Path) -> None:
+    """A leaf in production: its daemon's ``[run]`` names the spool its root's bridge shares."""
+    config = load_service_config(_write(tmp_path, 'address = "127.0.0.1:9093"\nstate-dir = "s"',
+                                        'rounds = 100\nleaf-spool = "/var/lib/fedge/leaf/spool"'))
+    assert config.settings.leaf_spool == "/var/lib/fedge/leaf/spool"
