@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from fedge.tasks import TensorData
+from fedge.tasks import TensorData, batches
 
 __all__ = ["DATA_CHOICES", "DeviceBatches", "make_batches"]
 
@@ -37,10 +37,9 @@ class DeviceBatches:
 
     def __init__(self, data: TensorData, sampler: DistributedSampler, batch_size: int, device: torch.device,
                  channels_last: bool = False) -> None:
-        self.x = data.x.to(device)
-        if channels_last and self.x.dim() == 4:  # each batch is then laid out as the convolutions want it
-            self.x = self.x.contiguous(memory_format=torch.channels_last)
-        self.y = data.y.to(device)
+        self.data = data.to(device)
+        if channels_last and self.data.x.dim() == 4:  # each batch is then laid out as the convolutions want it
+            self.data = TensorData(self.data.x.contiguous(memory_format=torch.channels_last), self.data.y)
         self.sampler, self.batch_size, self.device = sampler, batch_size, device
 
     def __len__(self) -> int:
@@ -48,9 +47,7 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = torch.tensor(list(self.sampler), dtype=torch.long).to(self.device)
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
-            index = order[start : start + self.batch_size]
-            yield self.x.index_select(0, index), self.y.index_select(0, index)
+        yield from batches(self.data, self.batch_size, order=order, drop_last=True)
 
 
 def _fits(data: TensorData, device: torch.device) -> bool:

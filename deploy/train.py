@@ -46,7 +46,7 @@ from torch.utils.data import DistributedSampler
 from fedge.deploy.atomic import atomic_torch_save, atomic_write_text
 from fedge.deploy.batches import DATA_CHOICES, make_batches
 from fedge.deploy.model_file import ModelFile, save_model_file
-from fedge.tasks.device import to_device
+from fedge.tasks.device import gpu_count, to_device
 
 __all__ = ["AMP_CHOICES", "DEVICE_CHOICES", "DeviceError", "choose_device", "main", "parse_args", "peak_rate"]
 
@@ -141,8 +141,7 @@ def _setup(choice: str = "auto") -> tuple[int, int, torch.device, str]:
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device, backend = choose_device(choice, local_rank, local_world, gpus)
+    device, backend = choose_device(choice, local_rank, local_world, gpu_count())
     dist.init_process_group(backend=backend)
     if device.type == "cuda":
         torch.cuda.set_device(device)

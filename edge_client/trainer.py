@@ -76,8 +76,8 @@ def train_local(
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
     model.train()
     device = model_device(model)  # the batches go where the model is (fedge.tasks.device)
-    if device.type != "cpu" and isinstance(data, TensorData):  # a GPU: the partition goes there once
-        data = TensorData(data.x.to(device), data.y.to(device))
+    if isinstance(data, TensorData):  # on a GPU the partition goes there once
+        data = data.to(device)
     # Summed in float64 where the loss is, read once: a .item() per step would wait for a GPU every
     # step; float64 adds the float32 losses exactly as Python floats did, bit for bit.
     total: torch.Tensor | None = None

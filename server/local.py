@@ -32,9 +32,10 @@ from fedge.server.run.run_directory import RunDirectory
 from fedge.protocol.leaf import LEAF_STOP
 from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
+from fedge.tasks.device import gpu_count
 from fedge.tasks.partition import CACHE_ENV, partition_indices
 
-__all__ = ["LEAVES_NO_DP", "EngineError", "LaunchResult", "gpu_share", "launch"]
+__all__ = ["EngineError", "LaunchResult", "gpu_share", "launch", "leaves_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,6 @@ class LaunchResult:
     summary: dict[str, Any] | None
     seconds: float
     logs: dict[str, Path] = field(default_factory=dict)
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def gpu_share(slots: int, gpus: int) -> float:
@@ -115,18 +110,16 @@ def launch(
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
     if not settings.run_dir:
         raise ValueError("launch needs an explicit run directory")
-    if leaves and (engine != "deployment" or tls or not 1 <= leaves <= num_supernodes // 2):
-        raise ValueError(f"leaves apply to the deployment engine without TLS, with at least 2 devices per leaf "
-                         f"({leaves} leaves for {num_supernodes} devices)")
-    if leaves and settings.differential_privacy != "none":
-        raise ValueError(LEAVES_NO_DP)
+    why = leaves_refusal(settings, leaves, num_supernodes, engine, tls) if leaves else None
+    if why is not None:
+        raise ValueError(f"leaves={leaves}: {why}")
     if tls and engine != "deployment":
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
     if ray_address and engine != "simulation":
         raise ValueError("ray_address applies to the simulation engine")
     if client_device not in CLIENT_DEVICES:
         raise ValueError(f"client_device must be one of {', '.join(CLIENT_DEVICES)}, got {client_device!r}")
-    gpus_here = _gpus() if client_device != "cpu" else 0
+    gpus_here = gpu_count() if client_device != "cpu" else 0
     if client_device == "cuda" and not gpus_here:
         raise EngineError("--client-device cuda, but this machine has no CUDA device; use auto or cpu")
     run_dir = Path(settings.run_dir).resolve()
@@ -194,7 +187,7 @@ def launch(
     except LaunchError as err:
         raise EngineError(str(err)) from None
     finally:
-        for leaf_group, spool in tiers:  # the root's run is over: each leaf stops serving, then everything
+        for _, spool in tiers:  # the root's run is over: each leaf stops serving, then everything
             (spool / LEAF_STOP).touch()
         group.stop()
         for leaf_group, _ in tiers:
@@ -224,9 +217,19 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
 
 
-#: why differential privacy is refused with leaves (for now)
-LEAVES_NO_DP = ("differential-privacy with leaves is not built: the root's DP layer would clip each leaf's mean as "
+def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str, tls: bool) -> str | None:
+    """Why ``leaves`` leaves over ``devices`` devices cannot run (None: they can): the one rule the
+    CLI applies before any process starts and :func:`launch` applies to every caller."""
+    if engine != "deployment":
+        return "leaves are SuperLinks of their own: the deployment engine (fedge local-cluster)"
+    if not 1 <= leaves <= devices // 2:
+        return f"each leaf needs at least 2 of the {devices} devices"
+    if tls:
+        return "TLS with leaves is not built yet: the leaves' SuperLinks would need their own certificates"
+    if settings.differential_privacy != "none":
+        return ("differential-privacy with leaves is not built: the root's DP layer would clip each leaf's mean as "
                 "one device's update, and its accounting counts devices")
+    return None
 
 
 def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,

@@ -43,6 +43,13 @@ class TensorData(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
 
+    def to(self, device: torch.device) -> TensorData:
+        """The same samples on ``device`` (itself when they are there): a GPU trainer moves its
+        data once, not every batch."""
+        if self.x.device == device and self.y.device == device:
+            return self
+        return TensorData(self.x.to(device), self.y.to(device))
+
     def subset(self, indices: torch.Tensor | Sequence[int]) -> TensorData:
         index = torch.as_tensor(indices, dtype=torch.long)
         return TensorData(self.x[index], self.y[index])

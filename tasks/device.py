@@ -12,11 +12,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DeviceUnavailable", "model_device", "resolve_device", "to_device", "to_host"]
+__all__ = ["DeviceUnavailable", "gpu_count", "model_device", "resolve_device", "to_device", "to_host"]
 
 
 class DeviceUnavailable(ValueError):
     """A device was asked for that this machine does not have; says what there is."""
+
+
+def gpu_count() -> int:
+    """The CUDA devices this process can use (0 without CUDA). Like :func:`resolve_device`, never
+    asked in a warm executor's parent."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -27,16 +33,15 @@ def resolve_device(choice: str) -> torch.device:
     choice = str(choice).strip().lower()
     if choice == "cpu":
         return torch.device("cpu")
-    available = torch.cuda.is_available()
+    count = gpu_count()
     if choice == "auto":
-        return torch.device("cuda", 0) if available else torch.device("cpu")
+        return torch.device("cuda", 0) if count else torch.device("cpu")
     if not choice.startswith("cuda"):
         raise DeviceUnavailable(f"device must be auto, cpu, cuda or cuda:N, got {choice!r}")
     try:
         device = torch.device(choice)
     except RuntimeError as err:
         raise DeviceUnavailable(f"device {choice!r}: {err}") from None
-    count = torch.cuda.device_count() if available else 0
     index = device.index or 0
     if index >= count:
         raise DeviceUnavailable(f"device {choice!r}, but this machine has {count} CUDA device(s); use auto or cpu")

@@ -19,14 +19,18 @@ from fedge.tasks.device import model_device, to_device, to_host
 __all__ = ["batches", "chance_accuracy", "evaluate", "predict"]
 
 
-def batches(data: Dataset, batch_size: int, *, shuffle: bool = False,
-            generator: torch.Generator | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(data: Dataset, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None,
+            order: torch.Tensor | None = None, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Mini-batches ``(x, y)`` of any map-style dataset. In-memory :class:`TensorData` is sliced
-    directly (no per-item Python calls); anything else goes through a single-process ``DataLoader``
-    (worker processes would multiply on a device that already runs a process per message)."""
+    directly (no per-item Python calls), in ``order`` when given (a sampler's indices; the cloud
+    trainer's device-held batches), the last incomplete batch left out with ``drop_last``; anything
+    else goes through a single-process ``DataLoader`` (worker processes would multiply on a device
+    that already runs a process per message)."""
     if isinstance(data, TensorData):
-        order = torch.randperm(len(data), generator=generator) if shuffle else None
-        for start in range(0, len(data), batch_size):
+        if order is None and shuffle:
+            order = torch.randperm(len(data), generator=generator)
+        end = len(data) if order is None else len(order)
+        for start in range(0, end - end % batch_size if drop_last else end, batch_size):
             if order is None:
                 yield data.x[start : start + batch_size], data.y[start : start + batch_size]
             else:

@@ -242,16 +242,12 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         settings = settings.replace(eval_data=str(Path(settings.eval_data).resolve()))
     if nodes < 1:
         raise SettingsError("need at least one client")
-    leaves = getattr(args, "leaves", 0)
-    if leaves and not 1 <= leaves <= nodes // 2:
-        raise SettingsError(f"--leaves {leaves}: each leaf needs at least 2 of the {nodes} SuperNodes")
-    if leaves and settings.differential_privacy != "none":
-        from fedge.server.local import LEAVES_NO_DP
+    if getattr(args, "leaves", 0):  # before any process starts: the one rule launch() applies too
+        from fedge.server.local import leaves_refusal
 
-        raise SettingsError(LEAVES_NO_DP)
-    if leaves and getattr(args, "tls", False):
-        raise SettingsError("--leaves with --tls is not built yet: the leaves' SuperLinks would need their own "
-                            "certificates")
+        why = leaves_refusal(settings, args.leaves, nodes, engine, getattr(args, "tls", False))
+        if why is not None:
+            raise SettingsError(f"--leaves {args.leaves}: {why}")
     if settings.clients_per_round > nodes:
         settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
@@ -297,14 +293,12 @@ def cloud_train_command(args: argparse.Namespace) -> list[str]:
 def _check_devices(args: argparse.Namespace) -> None:
     """Refuse, before torchrun starts, more processes on this node than it has GPUs for (each would
     crash inside its rank): the same rule every rank applies (``fedge.deploy.train.choose_device``)."""
-    import torch
-
     from fedge.deploy.train import DeviceError, choose_device, parse_args
+    from fedge.tasks.device import gpu_count
 
     choice = parse_args([a for a in args.train_args if a != "--"]).device  # deploy.train's own parser
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        choose_device(choice, 0, args.nproc_per_node, gpus)
+        choose_device(choice, 0, args.nproc_per_node, gpu_count())
     except DeviceError as err:
         raise SettingsError(f"cloud-train: {err}") from None
 
