@@ -11,7 +11,9 @@ https://arxiv.org/abs/1706.02677), ``lr = base_lr * global_batch / base_batch``.
 On a GPU the batches are sliced from the training data held on the device (``--data``,
 ``fedge.deploy.batches``), the forward pass runs in bf16 (``--amp``), and ``--compile`` and
 ``--channels-last`` are there for convolutional models; each epoch's row reports samples/s over the
-epoch's wall time (data included) and, on CUDA, the share of it the GPU spent in steps (``gpu_busy``).
+epoch's wall time (data included) and, on CUDA, the share of it covered by the steps' spans on the GPU's
+clock (``gpu_span``). That span includes the gaps in which the GPU waits for the host's next launch, so
+it is not the GPU's busy share: a step time that stays flat as the batch grows says the host sets the pace.
 
 Gradient communication (``--hook``): ``allreduce`` (DDP default), ``fp16`` (bf16 on NCCL),
 ``powersgd:rank=R,start=S`` (Vogels et al. 2019; on gloo only with a single bucket, because several
@@ -356,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             epoch_steps += 1
         loss_sum = float(loss_total)  # waits for the epoch's last step
         wall_s = time.perf_counter() - epoch_started
-        gpu_busy = sum(a.elapsed_time(b) for a, b in spans) / 1000 / wall_s if spans and wall_s else None
+        # from each step's first to its last GPU event, idle gaps between launches included
+        gpu_span = sum(a.elapsed_time(b) for a, b in spans) / 1000 / wall_s if spans and wall_s else None
         # held-out evaluation and writes happen on rank 0 only
         if rank == 0:
             measured = measure()
@@ -368,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 # over the epoch's wall time, data included (host time alone flatters an asynchronous GPU)
                 "samples_per_s": seen / wall_s if wall_s and seen else None,
                 "data": data_path, "amp": "bf16" if use_autocast else "off", "compiled": args.compile,
-                "data_wait_s": data_s / max(1, epoch_steps), "gpu_busy": gpu_busy,
+                "data_wait_s": data_s / max(1, epoch_steps), "gpu_span": gpu_span,
                 "step_s": total_s / max(1, epoch_steps),
                 "forward_s": compute_s / max(1, epoch_steps),
                 "backward_comm_optimizer_s": (total_s - compute_s) / max(1, epoch_steps),

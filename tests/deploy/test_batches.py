@@ -67,6 +67,6 @@ def test_a_run_is_bit_identical_on_either_data_path(tmp_path) -> None:
         summaries[path] = json.loads((out / "summary.json").read_text())
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert rows[-1]["data"] == path and rows[-1]["amp"] == "off" and rows[-1]["samples_per_s"] > 0
-        assert rows[-1]["gpu_busy"] is None  # no GPU clock on the CPU
+        assert rows[-1]["gpu_span"] is None  # no GPU clock on the CPU
     assert summaries["device"]["parameter_digests"] == summaries["loader"]["parameter_digests"]
     assert summaries["device"]["accuracy"] == summaries["loader"]["accuracy"] > 0.5
