@@ -195,8 +195,12 @@ class ProcessGroup:
         log.debug("started %s (pid %d): %s", name, popen.pid, " ".join(argv))
         return process
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float = 10.0, *, finished: bool = False) -> None:
         """SIGTERM every process of the group, SIGKILL whatever outlives ``grace`` seconds.
+
+        ``finished``: the work is done and its results are on disk, so what is left is teardown
+        (Flower's simulation shutting Ray down took 3-6 s after SIGTERM): a short ``grace`` is the
+        caller's choice, and killing what outlives it is expected, not a warning.
 
         Only processes that still carry this group's marker are signalled, so a PID that was reused
         by an unrelated process after ours exited is never touched. SIGINT/SIGTERM are blocked while
@@ -219,11 +223,12 @@ class ProcessGroup:
                 time.sleep(0.1)
             left = self.stragglers()
             if left:
-                log.warning("processes %s ignored SIGTERM for %.0f s; killing them", left, grace)
+                (log.debug if finished else log.warning)("processes %s ignored SIGTERM for %.1f s; killing them",
+                                                          left, grace)
             # Kill until the group stays empty: a dying supervisor (Ray's raylet) may still spawn a
             # child between two sweeps; it carries the marker and is caught by the next one.
             # (2 s of quiet after a real kill, 0.5 s when everything had already gone)
-            quiet_needed = 2.0 if left else 0.5
+            quiet_needed = 2.0 if left and not finished else 0.5
             quiet_since, deadline = None, time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 self.kill_all()

@@ -7,11 +7,16 @@ never partitioned to clients.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from functools import lru_cache
+from importlib import metadata
 
+import numpy as np
 import torch
 from torch import nn
 
+from fedge.tasks.array_cache import CacheEntryInvalid, cached_arrays
 from fedge.tasks.base import Task, TensorData
 
 __all__ = ["DigitsCNN", "DigitsTask"]
@@ -45,21 +50,49 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-@lru_cache(maxsize=4)
-def _split(test_fraction: float, seed: int) -> tuple[TensorData, TensorData]:
-    # scikit-learn is imported here, not at module level: it costs 1.5-2 s, and a deployed ClientApp
-    # (a fresh process per message) that reads its cached partition never needs it.
+SAMPLES, CLASSES = 1797, 10  # scikit-learn's digits
+
+
+def _compute_split(test_fraction: float, seed: int) -> dict[str, np.ndarray]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8) in [0, 1]
-    y = torch.tensor(digits.target, dtype=torch.long)
+    x = (torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0).numpy()  # (N, 1, 8, 8) in [0, 1]
+    y = np.asarray(digits.target, dtype=np.int64)
     train_idx, test_idx = train_test_split(
         list(range(len(y))), test_size=test_fraction, stratify=digits.target, random_state=seed
     )
-    pool = TensorData(x[train_idx], y[train_idx])
-    test = TensorData(x[test_idx], y[test_idx])
+    return {"x_train": x[train_idx], "y_train": y[train_idx], "x_test": x[test_idx], "y_test": y[test_idx]}
+
+
+def _check_split(test_fraction: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def check(arrays: dict[str, np.ndarray]) -> None:
+        expected = math.ceil(test_fraction * SAMPLES)  # scikit-learn's rounding of a float test_size
+        sizes = {"train": SAMPLES - expected, "test": expected}
+        for part, size in sizes.items():
+            x, y = arrays.get(f"x_{part}"), arrays.get(f"y_{part}")
+            if x is None or y is None:
+                raise CacheEntryInvalid(f"no {part} arrays")
+            if x.dtype != np.float32 or x.shape != (size, 1, 8, 8) or y.dtype != np.int64 or y.shape != (size,):
+                raise CacheEntryInvalid(f"{part}: {x.dtype}{x.shape}, {y.dtype}{y.shape}")
+            if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1 or y.min() < 0 or y.max() >= CLASSES:
+                raise CacheEntryInvalid(f"{part}: values out of bounds")
+            if len(np.unique(y)) != CLASSES:
+                raise CacheEntryInvalid(f"{part}: not every class (the split is stratified)")
+    return check
+
+
+@lru_cache(maxsize=4)
+def _split(test_fraction: float, seed: int) -> tuple[TensorData, TensorData]:
+    # scikit-learn costs 1.5-2 s to import: the split is computed with it once per machine and read
+    # back by every later process (fedge.tasks.array_cache), so the ServerApp of a run whose CLI
+    # split the data, and every later run, never import it.
+    key = {"sklearn": metadata.version("scikit-learn"), "test_fraction": test_fraction, "seed": seed, "format": 1}
+    arrays = cached_arrays("digits-split", key, lambda: _compute_split(test_fraction, seed),
+                           _check_split(test_fraction))
+    pool = TensorData(torch.from_numpy(arrays["x_train"]), torch.from_numpy(arrays["y_train"]))
+    test = TensorData(torch.from_numpy(arrays["x_test"]), torch.from_numpy(arrays["y_test"]))
     return pool, test
 
 

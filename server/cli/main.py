@@ -407,5 +407,23 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def run() -> None:
+    """The ``fedge`` command: :func:`main`, then an exit that skips the interpreter's teardown.
+
+    Tearing down the modules a run imported (torch, flwr-datasets, Ray's client) took about 1 s
+    after the summary was printed. Every file the command writes is written and closed (atomically)
+    before :func:`main` returns, every process it started is stopped, and it registers no exit
+    handler, so only the output streams and the logging handlers need flushing first.
+    """
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said on it
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

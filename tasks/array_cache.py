@@ -1,0 +1,88 @@
+"""Arrays computed once per machine and read back by every later process.
+
+Why: the embedded digits task is split by scikit-learn, whose import alone costs 1.5-2 s. A run
+of ``fedge demo`` computed that split in the CLI and again in the ServerApp, on the critical path
+of the start, and every later run did the same. The split is a pure function of scikit-learn's
+version and the split's parameters, so it is computed once, kept as a plain ``.npz`` (no pickle),
+and any process that finds it reads it with numpy alone.
+
+A cached file is a convenience, never a source of truth: one that does not load or fails the
+caller's check (shape, dtype, bounds, finiteness) is logged, recomputed and replaced, and a cache
+directory that cannot be written leaves the computation as it was. Writes are atomic, so processes
+that compute the same entry at once leave one whole file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CacheEntryInvalid", "cache_dir", "cached_arrays"]
+
+log = logging.getLogger(__name__)
+
+Arrays = dict[str, np.ndarray]
+
+
+class CacheEntryInvalid(ValueError):
+    """A cached entry that does not hold what its computation would: it is recomputed."""
+
+
+def cache_dir() -> Path:
+    """``$FEDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedge``, else ``~/.cache/fedge``."""
+    if os.environ.get("FEDGE_CACHE_DIR"):
+        return Path(os.environ["FEDGE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedge"
+
+
+def _path(name: str, key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"{name}-{digest}.npz"
+
+
+def _load(path: Path, check: Callable[[Arrays], None]) -> Arrays:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # truncated, not a zip, a pickled member
+        raise CacheEntryInvalid(f"unreadable: {err}") from err
+    check(arrays)
+    return arrays
+
+
+def cached_arrays(name: str, key: dict[str, object], compute: Callable[[], Arrays],
+                  check: Callable[[Arrays], None]) -> Arrays:
+    """``compute()``'s arrays, from the cache where an entry for ``key`` exists and passes
+    ``check`` (which raises :class:`CacheEntryInvalid`), else computed and stored."""
+    path = _path(name, key)
+    if path.is_file():
+        try:
+            return _load(path, check)
+        except CacheEntryInvalid as err:
+            log.warning("cached %s at %s is invalid (%s): recomputing it", name, path, err)
+    arrays = compute()
+    check(arrays)  # a computation that breaks its own contract is a bug, not a cache problem
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # a temporary file beside the entry, then a rename: a reader sees no entry or a whole one
+        # (tasks/ sits below deploy/, so deploy.atomic is out of reach here)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+            handle.write(buffer.getvalue())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(handle.name, path)
+    except OSError as err:  # a read-only home: every process computes, as before the cache
+        log.debug("cannot cache %s at %s: %s", name, path, err)
+    return arrays
