@@ -70,7 +70,15 @@ class LeafCoordinator:
             if closed.outcome.train_loss is not None:
                 losses.append(closed.outcome.train_loss)
             log.info("leaf step %d for root round %d: %d devices, weight %g", row.round, root_round, count, weight)
-        delta = self.engine.algorithm.final_model() - model
+        final = self.engine.algorithm.final_model()
+        delta = final - model
+        if self.rounds == 1 and released is not None and not released.is_empty:
+            # One step that applied its mean at rate 1 (plain FedAvg): that mean is the change, bit
+            # for bit, where final - model can round off by an ulp. Sent as is, the root over one
+            # leaf reproduces the flat run's model exactly.
+            applied = released.mean()
+            if torch.equal(model + applied, final):
+                delta = applied
         return LeafResult(delta=delta, weight=weight, count=count,
                           train_loss=sum(losses) / len(losses) if losses else None)
 

@@ -55,3 +55,16 @@ def test_rejected_payload_leaves_accumulator_untouched() -> None:
 def test_empty_mean_is_an_error() -> None:
     with pytest.raises(ValueError):
         StreamingMean(3).mean()
+
+
+@given(weight=st.floats(1e-3, 1e6, allow_nan=False), n=st.integers(1, 200), seed=st.integers(0, 1000))
+def test_the_mean_of_one_reply_is_that_reply_bit_for_bit(weight: float, n: int, seed: int) -> None:
+    """(w * x) / w rounds off by an ulp in float32; the mean of one update must be the update."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 3
+    acc = StreamingMean(n)
+    acc.add(x, weight)
+    assert torch.equal(acc.mean(), x) and torch.equal(acc.partial().mean(), x)
+    x.add_(1.0)  # the caller's vector changing later changes nothing held
+    assert not torch.equal(acc.mean(), x)
+    acc.add(x, weight)  # a second reply: back to the running sum
+    assert acc.partial().total is not None and acc.count == 2

@@ -256,3 +256,15 @@ def test_secure_aggregation_per_leaf_the_root_sees_only_leaf_sums(tmp_path) -> N
     for coordinator in leaves.values():
         leaf_rows = coordinator.engine.run_dir.metrics.read()
         assert all(r["clients_used"] == 3 and r["secure_aggregation"].startswith("secagg:") for r in leaf_rows)
+
+
+def test_one_leaf_without_compression_reproduces_the_flat_run_bit_for_bit(tmp_path) -> None:
+    """The acceptance's first point: the root over one leaf of six devices holds, after every
+    round, exactly the model bytes of the flat six-device run (same seed, fp32 on both hops)."""
+    flat = build_engine({**COMMON, "clients_per_round": 6, "run_dir": str(tmp_path / "flat")})
+    start = initial_params(make_task("digits"), 0)
+    flat.run(InProcessGrid(6), start)
+    root = build_engine({**COMMON, "clients_per_round": 1, "run_dir": str(tmp_path / "root")})
+    result = root.run(InProcessGrid(1, app=_bridges({0: _leaf(tmp_path, "leaf", range(0, 6))})), start)
+    assert result.model.numpy().tobytes() == flat.algorithm.final_model().numpy().tobytes()
+    assert not torch.equal(result.model, start)  # the rounds moved it
