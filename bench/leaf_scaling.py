@@ -10,12 +10,20 @@ and subtracted); the flat engine's CPU includes its devices' training, which run
 thread (so only the root's figure is the coordinator's own; the flat one is an upper bound).
 
     .venv/bin/python bench/leaf_scaling.py --devices 16,100,1000 --leaves 2 --rounds 2
+    FEDGE_FASHION_MNIST_DIR=... .venv/bin/python bench/leaf_scaling.py --task fashion --devices 10000 \
+        --per-round 100 --rounds 30 --no-flat --out bench/results/leaf-scaling-10k.json
+
+With ``--per-round K`` each leaf samples its share of K devices per step (stateful devices: each
+keeps its error-feedback memory between the steps it is sampled in); the report adds the wall time
+per round and the process's peak resident memory (the root, the leaves and every simulated device
+together).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -39,12 +47,13 @@ def _rows(engine) -> list[dict]:  # type: ignore[no-untyped-def]
     return engine.run_dir.metrics.read()
 
 
-def tiered(tmp: Path, devices: int, leaves: int, rounds: int) -> dict:
+def tiered(tmp: Path, devices: int, leaves: int, rounds: int, task: str = "digits", per_round: int = 0) -> dict:
     per_leaf = [list(range(devices))[i::leaves] for i in range(leaves)]
     coordinators = {}
     for index, partitions in enumerate(per_leaf):
-        engine = build_engine({**COMMON, "rounds": rounds, "clients_per_round": len(partitions),
-                               "run_dir": str(tmp / f"leaf-{index}")})
+        sampled = max(1, per_round // leaves) if per_round else len(partitions)
+        engine = build_engine({**COMMON, "task": task, "rounds": rounds, "clients_per_round": sampled,
+                               "min_replies": sampled, "run_dir": str(tmp / f"leaf-{index}")})
         grid = InProcessGrid(len(partitions), first_node_id=10_000 * (index + 1),
                              node_config={i: {"partition-id": p, "num-partitions": devices}
                                           for i, p in enumerate(partitions)})
@@ -59,15 +68,19 @@ def tiered(tmp: Path, devices: int, leaves: int, rounds: int) -> dict:
         finally:
             inside[0] += time.thread_time() - began
 
-    root = build_engine({**COMMON, "rounds": rounds, "clients_per_round": leaves, "run_dir": str(tmp / "root")})
-    began = time.thread_time()
+    root = build_engine({**COMMON, "task": task, "rounds": rounds, "clients_per_round": leaves,
+                         "run_dir": str(tmp / "root")})
+    began, wall = time.thread_time(), time.perf_counter()
     root.run(InProcessGrid(leaves, app=app, node_config={i: {"partition-id": i, "num-partitions": leaves}
                                                           for i in range(leaves)}),
-             initial_params(make_task("digits"), 0))
+             initial_params(make_task(task), 0))
     rows = _rows(root)
-    return {"devices": devices, "leaves": leaves, "root_messages_per_round": 2 * rows[-1]["clients_used"],
+    return {"devices": devices, "leaves": leaves, "task": task, "per_round": per_round or devices,
+            "rounds": len(rows), "root_messages_per_round": 2 * rows[-1]["clients_used"],
             "root_ingress_bytes_per_round": rows[-1]["uplink_bytes"],
             "root_cpu_s_per_round": (time.thread_time() - began - inside[0]) / len(rows),
+            "wall_s_per_round": (time.perf_counter() - wall) / len(rows),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "accuracy": rows[-1].get("accuracy")}
 
 
@@ -88,25 +101,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="16,100,1000", help="device counts, comma-separated")
     parser.add_argument("--leaves", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--task", default="digits")
+    parser.add_argument("--per-round", type=int, default=0, help="devices sampled per round, all leaves together "
+                        "(0: every device)")
+    parser.add_argument("--no-flat", action="store_true", help="skip the flat coordinator (10,000 devices)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "leaf-scaling.json")
     args = parser.parse_args(argv)
     results = []
     for devices in (int(n) for n in args.devices.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
-            tree = tiered(Path(tmp), devices, args.leaves, args.rounds)
-            one = flat(Path(tmp), devices, args.rounds)
+            tree = tiered(Path(tmp), devices, args.leaves, args.rounds, args.task, args.per_round)
+            one = None if args.no_flat else flat(Path(tmp), devices, args.rounds)
         results.append({"tree": tree, "flat": one})
         print(json.dumps(results[-1]), flush=True)
     command = " ".join([".venv/bin/python", "bench/leaf_scaling.py", *(argv if argv is not None else sys.argv[1:])])
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": command, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print("| devices | root messages/round | root ingress bytes/round | root CPU s/round | flat messages/round | "
-          "flat ingress bytes/round |\n|---|---|---|---|---|---|")
+    print("| devices | per round | root messages/round | root ingress bytes/round | root CPU s/round | wall s/round | "
+          "peak RSS MiB | accuracy | flat messages/round | flat ingress bytes/round |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        t, f = r["tree"], r["flat"]
-        print(f"| {t['devices']:,} | {t['root_messages_per_round']} | {t['root_ingress_bytes_per_round']:,} | "
-              f"{t['root_cpu_s_per_round']:.3f} | {f['messages_per_round']:,} | {f['ingress_bytes_per_round']:,} |")
+        t, f = r["tree"], r["flat"] or {}
+        print(f"| {t['devices']:,} | {t['per_round']:,} | {t['root_messages_per_round']} | "
+              f"{t['root_ingress_bytes_per_round']:,} | {t['root_cpu_s_per_round']:.3f} | {t['wall_s_per_round']:.2f} | "
+              f"{t['peak_rss_mib']:,.0f} | {t['accuracy'] or 0:.4f} | {f.get('messages_per_round', '-')} | "
+              f"{f.get('ingress_bytes_per_round', '-')} |")
     print(f"written: {args.out}\nreproduce: {command}")
     return 0
 
