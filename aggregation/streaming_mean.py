@@ -3,8 +3,7 @@
 Flower's built-in strategies receive every reply, then aggregate; their memory grows with the number
 of clients. Here each payload is validated and decoded into a single accumulator as soon as it
 arrives and can be dropped right after, so the coordinator's memory is O(model) whatever the number
-of clients: one accumulator plus one decoded temporary (and, until a second reply arrives, a copy of
-the first: the mean of one reply is that reply exactly).
+of clients: one accumulator plus one decoded temporary.
 """
 
 from __future__ import annotations
@@ -33,10 +32,6 @@ class StreamingMean:
         self._sum = torch.zeros(numel, dtype=torch.float32)
         self.total_weight = 0.0
         self.count = 0
-        # The only vector, while there is one: the mean of one reply is that reply, bit for bit,
-        # where (w * x) / w can round off by an ulp. A root over one leaf then reproduces the flat
-        # run's model exactly (the leaf's step is already a mean).
-        self._only: torch.Tensor | None = None
 
     def add_payload(self, payload: bytes | bytearray | memoryview, codec: Codec, weight: float) -> None:
         """Decode ``payload`` with ``codec`` and accumulate it with ``weight``.
@@ -64,8 +59,8 @@ class StreamingMean:
         """The weighted mean as float32; raises if nothing was accumulated."""
         if self.count == 0:
             raise ValueError("no update was accumulated")
-        if self._only is not None:
-            return self._only.clone()
+        if self.count == 1:
+            return self._sum.clone()  # held unscaled: the reply itself
         return self._sum / self.total_weight
 
     def sum(self) -> torch.Tensor:
@@ -73,21 +68,28 @@ class StreamingMean:
         not their mean); raises if nothing was accumulated."""
         if self.count == 0:
             raise ValueError("no update was accumulated")
-        return self._sum.clone()
+        return self._sum * self.total_weight if self.count == 1 else self._sum.clone()
 
     def partial(self) -> Partial:
         """What was accumulated, as the step's partial aggregate (the sum itself, not a copy: the
         step is closing)."""
         if self.count == 0:
             return Partial.empty(self.numel)
-        if self._only is not None:
-            return Partial.of_mean(self._only, self.total_weight, 1)
+        if self.count == 1:
+            return Partial.of_mean(self._sum, self.total_weight, 1)
         return Partial.of_sum(self._sum, self.total_weight, self.count)
 
     def _accumulate(self, flat: torch.Tensor, weight: float) -> None:
         # float32, like the model: a float64 sum was measured 3x slower per reply here, and reply
         # order changes the float32 result only by rounding (~1e-7 relative per reply).
-        self._sum.add_(flat, alpha=weight)
-        self._only = flat.to(torch.float32, copy=True) if self.count == 0 else None
+        # The first reply is held unscaled while it is the only one: the mean of one reply is that
+        # reply, bit for bit, where (w * x) / w can round off by an ulp (a root over one leaf then
+        # holds the flat run's model exactly). The second scales it: w * x, as adding it would have.
+        if self.count == 0:
+            self._sum.copy_(flat)
+        else:
+            if self.count == 1:
+                self._sum.mul_(self.total_weight)
+            self._sum.add_(flat, alpha=weight)
         self.total_weight += weight
         self.count += 1

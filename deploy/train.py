@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         if not args.resume:
             metrics.unlink(missing_ok=True)
-    gpu_timed = device.type == "cuda"  # each step's span on the GPU's own clock: how busy it kept
+    gpu_timed = device.type == "cuda"  # each step's span on the GPU's own clock (gpu_span)
     for epoch in range(first_epoch, args.epochs):
         sampler.set_epoch(epoch)
         ddp.train()

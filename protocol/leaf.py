@@ -30,7 +30,8 @@ MAX_COUNT = 1 << 31
 class LeafResult:
     """One leaf step, as the bridge reports it to the root."""
 
-    #: the leaf's model after its step(s) minus the model the root sent (flat, float32)
+    #: the change of the leaf's model over its step(s) from the model the root sent (flat, float32;
+    #: after one plain FedAvg step, the mean it applied, which the difference equals up to rounding)
     delta: torch.Tensor
     #: the step's total weight (its devices' example counts; 0 when no update was used)
     weight: float

@@ -272,11 +272,18 @@ def _follow(
 ) -> list[dict[str, Any]]:
     """Report metrics rows as they appear until ``flwr run`` exits; raise on failure or timeout."""
     metrics = MetricsLog(run_dir / "metrics.jsonl")
+    summary = run_dir / "summary.json"
     rows: list[dict[str, Any]] = []
     seen = 0
 
     def tick() -> bool:
         nonlocal rows, seen
+        # The summary is the ServerApp's last write (after the last row, model.pt and the bundle,
+        # each atomic): seen before the rows are read, it means they are all there and the run is
+        # over. Flower's teardown after it (Ray's actors and the simulation process, the log stream,
+        # the run's status) took 4-5 s of every demo's wall time; the group's stop ends those
+        # processes as it would at the end of the stream.
+        over = summary.exists()
         rows = metrics.read()
         for row in rows[seen:]:
             if on_row:
@@ -286,15 +293,11 @@ def _follow(
                 flower.group.kill_all()
                 return True
         seen = len(rows)
-        # The summary is the ServerApp's last write (after model.pt and the bundle, each atomic): the
-        # run is over. Flower's teardown after it (Ray's actors and the simulation process, the
-        # log stream, the run's status) took 4-5 s of every demo's wall time; the group's stop ends
-        # those processes as it would at the end of the stream.
-        return (run_dir / "summary.json").exists()
+        return over
 
     if not flower.follow(runner, deadline, tick):
-        return metrics.read() if (run_dir / "summary.json").exists() else rows
-    if runner.popen.returncode != 0 or not (run_dir / "summary.json").exists():
+        return rows
+    if runner.popen.returncode != 0 or not summary.exists():
         raise EngineError(
             f"the Flower run failed (flwr run exit code {runner.popen.returncode}); "
             f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}"

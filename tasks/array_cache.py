@@ -45,9 +45,9 @@ def cache_dir() -> Path:
     return Path(base) / "fedge"
 
 
-def _path(name: str, key: dict[str, object]) -> Path:
+def _path(directory: Path, name: str, key: dict[str, object]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir() / f"{name}-{digest}.npz"
+    return directory / f"{name}-{digest}.npz"
 
 
 def _load(path: Path, check: Callable[[Arrays], None]) -> Arrays:
@@ -60,29 +60,44 @@ def _load(path: Path, check: Callable[[Arrays], None]) -> Arrays:
     return arrays
 
 
+def _store(path: Path, arrays: Arrays) -> None:
+    """A temporary file beside the entry, then a rename: a reader sees no entry or a whole one
+    (tasks/ sits below deploy/, so deploy.atomic is out of reach here)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        try:
+            handle.write(buffer.getvalue())
+            handle.flush()
+            os.fsync(handle.fileno())
+        except OSError:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+    try:
+        os.replace(handle.name, path)
+    except OSError:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
 def cached_arrays(name: str, key: dict[str, object], compute: Callable[[], Arrays],
-                  check: Callable[[Arrays], None]) -> Arrays:
+                  check: Callable[[Arrays], None], *, directory: str | os.PathLike[str] | None = None,
+                  redo: str = "recomputing it") -> Arrays:
     """``compute()``'s arrays, from the cache where an entry for ``key`` exists and passes
-    ``check`` (which raises :class:`CacheEntryInvalid`), else computed and stored."""
-    path = _path(name, key)
+    ``check`` (which raises :class:`CacheEntryInvalid`), else computed and stored. ``directory``:
+    where the entry lives (default :func:`cache_dir`; a run's own directory for what only that run
+    shares); ``redo``: what the log says is done about an invalid entry."""
+    path = _path(Path(directory) if directory else cache_dir(), name, key)
     if path.is_file():
         try:
             return _load(path, check)
         except CacheEntryInvalid as err:
-            log.warning("cached %s at %s is invalid (%s): recomputing it", name, path, err)
+            log.warning("cached %s at %s is invalid (%s): %s", name, path, err, redo)
     arrays = compute()
     check(arrays)  # a computation that breaks its own contract is a bug, not a cache problem
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file beside the entry, then a rename: a reader sees no entry or a whole one
-        # (tasks/ sits below deploy/, so deploy.atomic is out of reach here)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-            handle.write(buffer.getvalue())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except OSError as err:  # a read-only home: every process computes, as before the cache
-        log.debug("cannot cache %s at %s: %s", name, path, err)
+        _store(path, arrays)
+    except OSError as err:  # a read-only directory: every process computes, as before the cache
+        log.warning("cannot cache %s at %s: %s", name, path, err)
     return arrays

@@ -19,27 +19,22 @@ trusted as the run directory that holds it is.
 from __future__ import annotations
 
 import hashlib
-import io
-import logging
 import os
-import tempfile
-import zipfile
 from collections.abc import Sequence
 from functools import lru_cache, partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec, parse_spec
+from fedge.tasks.array_cache import CacheEntryInvalid, cached_arrays
 
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
 
 __all__ = ["CACHE_ENV", "partition_indices", "validate_partitioning"]
 
-log = logging.getLogger(__name__)
 
 #: a directory where the processes of one run share their partition drawing (see the module docstring)
 CACHE_ENV = "FEDGE_PARTITION_CACHE"
@@ -105,18 +100,27 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int,
                     cache_dir: str | None = None) -> tuple[np.ndarray, ...]:
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    path = None
-    if cache_dir:
-        digest = hashlib.sha256(f"{_CACHE_FORMAT}|{spec}|{num_partitions}|".encode())
-        digest.update(np.asarray(labels, dtype=np.int64).tobytes())
-        path = Path(cache_dir) / f"partitions-{num_partitions}-{digest.hexdigest()[:32]}.npz"
-        cached = _read_cache(path, len(labels), num_partitions)
-        if cached is not None:
-            return cached
-    drawn = _draw(labels, spec, num_partitions)
-    if path is not None:
-        _write_cache(path, drawn)
-    return drawn
+    if not cache_dir:
+        return _draw(labels, spec, num_partitions)
+    digest = hashlib.sha256(f"{_CACHE_FORMAT}|{spec}|{num_partitions}|".encode())
+    digest.update(np.asarray(labels, dtype=np.int64).tobytes())
+    arrays = cached_arrays(f"partitions-{num_partitions}", {"drawing": digest.hexdigest()},
+                           lambda: {f"p{i}": part for i, part in enumerate(_draw(labels, spec, num_partitions))},
+                           partial(_check_drawing, len(labels), num_partitions), directory=cache_dir,
+                           redo="drawing again")
+    return tuple(arrays[f"p{i}"] for i in range(num_partitions))
+
+
+def _check_drawing(size: int, num_partitions: int, arrays: dict[str, np.ndarray]) -> None:
+    """A cached drawing is one int64 array of disjoint in-range indices per partition."""
+    if sorted(arrays) != sorted(f"p{i}" for i in range(num_partitions)):
+        raise CacheEntryInvalid(f"{len(arrays)} arrays for {num_partitions} partitions")
+    seen = np.zeros(size, dtype=bool)
+    for part in arrays.values():
+        if part.dtype != np.int64 or part.ndim != 1 or (part.size and (part.min() < 0 or part.max() >= size)) \
+                or seen[part].any() or np.unique(part).size != part.size:
+            raise CacheEntryInvalid(f"indices that are not disjoint ones of {size} samples")
+        seen[part] = True
 
 
 @lru_cache(maxsize=16)  # a process that drew a split (the CLI's preflight) reuses it to fill a cache
@@ -136,46 +140,6 @@ def _draw(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.n
         np.asarray(partitioner.load_partition(pid)["index"], dtype=np.int64)
         for pid in range(num_partitions)
     )
-
-
-def _read_cache(path: Path, size: int, num_partitions: int) -> tuple[np.ndarray, ...] | None:
-    """The cached partitions, or None (absent, or not what the name claims: logged and redrawn)."""
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            parts = tuple(np.asarray(stored[f"p{i}"]) for i in range(num_partitions))
-            if len(stored.files) != num_partitions:
-                raise ValueError(f"{len(stored.files)} arrays for {num_partitions} partitions")
-    except FileNotFoundError:
-        return None
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
-        log.warning("partition cache %s unusable, drawing again: %s", path, err)
-        return None
-    seen = np.zeros(size, dtype=bool)
-    for part in parts:
-        if part.dtype != np.int64 or part.ndim != 1 or (part.size and (part.min() < 0 or part.max() >= size)) \
-                or seen[part].any() or np.unique(part).size != part.size:
-            log.warning("partition cache %s holds indices that are not disjoint ones of %d samples; drawing again",
-                        path, size)
-            return None
-        seen[part] = True
-    return parts
-
-
-def _write_cache(path: Path, parts: tuple[np.ndarray, ...]) -> None:
-    """Atomically (a reader sees the whole file or none); a cache that cannot be written is skipped."""
-    buffer = io.BytesIO()
-    np.savez(buffer, **{f"p{i}": part for i, part in enumerate(parts)})
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-            temporary = handle.name
-            handle.write(buffer.getvalue())
-        os.replace(temporary, path)
-    except OSError as err:
-        log.warning("could not write the partition cache %s: %s", path, err)
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
 
 
 def partition_indices(
