@@ -13,6 +13,13 @@ coordinates sent, against the ring the plan sized (b + ceil(log2 n) + noise head
 
     .venv/bin/python bench/distributed_dp.py --task digits --clients 100 --per-round 10 --rounds 30
     .venv/bin/python bench/distributed_dp.py --task fashion --clients 100 --per-round 10 --rounds 30
+
+``--device-policy`` runs the distributed mode's devices under a privacy policy (the run setting
+``device-policy``, which stands for each device's node config in a simulation; ``{noise}`` and
+``{clip}`` are the run's own noise multiplier and clip), for example
+``require-secure-aggregation,min-participants=5,dp-min-noise={noise},dp-max-clip={clip}``: a round
+planned below the floor is refused by its devices, releases noise alone and is still charged.
+Central DP runs without it (a device that requires secure aggregation refuses central DP's rounds).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -84,9 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-average", default="none",
                         help="e.g. ema:decay=0.8: the measured model is an average of the released ones "
                              "(post-processing, free under DP), the same for both modes")
+    parser.add_argument("--device-policy", default="none",
+                        help="the distributed mode's device policy ({noise}, {clip}: the run's), e.g. "
+                             "'require-secure-aggregation,min-participants=5,dp-min-noise={noise},dp-max-clip={clip}'")
     parser.add_argument("--out", type=Path, default=Path("bench/results/distributed-dp.json"))
     args = parser.parse_args(argv)
-    command = " ".join([".venv/bin/python", "bench/distributed_dp.py", *(argv or sys.argv[1:])])
+    command = shlex.join([".venv/bin/python", "bench/distributed_dp.py", *(argv or sys.argv[1:])])
     q = args.per_round / args.clients
     numel = int(initial_params(make_task(args.task), 0).numel())
     results = []
@@ -100,12 +111,14 @@ def main(argv: list[str] | None = None) -> None:
             for mode, z in modes:
                 dp = f"gaussian:noise={z:.4f},clip={args.clip:g},delta={args.delta:g}"
                 secure = "secagg:bits=8,clip=0.2,weight-cap=256" if mode != "central" else "none"
+                policy = (args.device_policy.format(noise=f"{z:.4f}", clip=f"{args.clip:g}")
+                          if mode != "central" else "none")
                 with tempfile.TemporaryDirectory() as tmp:
                     settings = RunSettings(task=args.task, rounds=args.rounds, clients_per_round=args.per_round,
                                            local_epochs=args.local_epochs, lr=args.lr, seed=seed,
                                            partitioning=args.partitioning,
                                            differential_privacy=dp, secure_aggregation=secure,
-                                           model_average=args.model_average,
+                                           model_average=args.model_average, device_policy=policy,
                                            **({"codec": args.codec} if args.codec else {}),
                                            run_dir=str(Path(tmp) / "run"))
                     started = time.perf_counter()
@@ -130,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
                     # a round whose secure round could not start (fewer than two devices sampled) or
                     # whose sum could not be unmasked: it released noise alone
                     "rounds_without_a_sum": sum(1 for r in rows if not r["clients_used"]),
+                    "device_policy": policy,
+                    # rounds whose devices refused the plan under their policy (typed "policy")
+                    "rounds_refused_by_policy": sum(1 for r in rows if (r.get("failures") or {}).get("policy")),
                     "bytes_per_coordinate": statistics.mean(masked) if masked else None,
                     "wall_seconds": time.perf_counter() - started,
                 })

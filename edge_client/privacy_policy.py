@@ -23,6 +23,10 @@ insists on a majority without issued identities, and the coordinator chooses it)
 carries no distributed-DP noise, or less than that noise multiplier over the planned devices, or a
 larger clip (audit N5: the plan comes from the coordinator, which could set any noise, or none).
 
+In a simulation, whose devices share one node config, the run setting ``device-policy``
+(``fedge.protocol.device_policy``) stands for it; a device enforces the stricter of the two, key by
+key, so the run's setting can add requirements and never remove one its owner pinned.
+
 One check serves both coordinators: the Fedge ClientApp runs it as :func:`privacy_policy_mod`, and
 ``fedge.flower.secure_mod`` calls :func:`check_privacy_policy` for a user's ClientApp.
 """
@@ -35,6 +39,7 @@ from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.privacy.plan import SecAggPlan
+from fedge.protocol.device_policy import PolicyError, parse_device_policy, stricter
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD
 
@@ -52,9 +57,19 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def requires_secure_aggregation(context: Context) -> bool:
-    """Whether the device's operator pinned secure aggregation (a bool, or its text)."""
+    """Whether the device's operator pinned secure aggregation (a bool, or its text), or the run's
+    ``device-policy`` asks for it."""
     value = dict(context.node_config).get(REQUIRE_SECURE_AGGREGATION, False)
-    return value is True or str(value).strip().lower() in _TRUE
+    return value is True or str(value).strip().lower() in _TRUE or bool(_run_policy(context).get(
+        REQUIRE_SECURE_AGGREGATION, False))
+
+
+def _run_policy(context: Context) -> dict[str, float | bool]:
+    """The run's ``device-policy`` (simulations); a malformed one is a refusal, never ignored."""
+    try:
+        return parse_device_policy(str(dict(context.run_config).get("device-policy", "none")))
+    except PolicyError as err:
+        raise PolicyRefusal(str(err)) from None
 
 
 def check_privacy_policy(msg: Message, context: Context) -> None:
@@ -75,34 +90,38 @@ def check_secure_plan(plan: SecAggPlan, context: Context) -> None:
     """Raise :class:`PolicyRefusal` when a secure round's plan has fewer participants than the
     device's ``min-participants``, a share threshold not above its ``min-threshold`` fraction of
     the neighbours, or less noise than its DP floor (checked at every stage the device answers)."""
-    config = dict(context.node_config)
-    least = int(_number(config, MIN_PARTICIPANTS))
+    config, run = dict(context.node_config), _run_policy(context)
+
+    def setting(key: str) -> float:
+        return stricter(key, _number(config, key), float(run.get(key, 0.0)))
+
+    least = int(setting(MIN_PARTICIPANTS))
     if len(plan.participants) < least:
         raise PolicyRefusal(f"the round plans {len(plan.participants)} participants; this device takes part in "
-                            f"rounds of at least {least} (node config {MIN_PARTICIPANTS})")
-    fraction = _number(config, MIN_THRESHOLD)
+                            f"rounds of at least {least} (node config or device-policy {MIN_PARTICIPANTS})")
+    fraction = setting(MIN_THRESHOLD)
     if fraction > 1:
         raise PolicyRefusal(f"node config {MIN_THRESHOLD} is a fraction of the neighbours in [0, 1], got {fraction:g}")
     if fraction and plan.reconstruction_threshold <= fraction * plan.degree:
         raise PolicyRefusal(f"the round reconstructs from {plan.reconstruction_threshold} of {plan.degree} "
-                            f"neighbours; this device requires more than {fraction:g} of them (node config "
-                            f"{MIN_THRESHOLD}: that many colluding neighbours and the coordinator could unmask it)")
-    floor, ceiling = _number(config, DP_MIN_NOISE), _number(config, DP_MAX_CLIP)
+                            f"neighbours; this device requires more than {fraction:g} of them (node config or "
+                            f"device-policy {MIN_THRESHOLD}: that many colluding neighbours and the coordinator could unmask it)")
+    floor, ceiling = setting(DP_MIN_NOISE), setting(DP_MAX_CLIP)
     if not (floor or ceiling):
         return
     noise = plan.noise
     if noise is None:
-        raise PolicyRefusal(f"the round carries no distributed-DP noise; this device requires it (node config "
-                            f"{DP_MIN_NOISE}/{DP_MAX_CLIP})")
+        raise PolicyRefusal(f"the round carries no distributed-DP noise; this device requires it (node config or "
+                            f"device-policy {DP_MIN_NOISE}/{DP_MAX_CLIP})")
     # the noise multiplier of the planned devices' noise together: their summed variance over the
     # rounded vectors' L2 bound, in integer units (what skellam_params sized it by)
     planned = math.sqrt(len(plan.participants) * noise.local_variance) / noise.l2_bound
     if floor and planned < floor * (1 - 1e-9):
         raise PolicyRefusal(f"the round's distributed-DP noise multiplier is {planned:.3g}; this device requires "
-                            f"at least {floor:g} (node config {DP_MIN_NOISE})")
+                            f"at least {floor:g} (node config or device-policy {DP_MIN_NOISE})")
     if ceiling and noise.clip > ceiling:
         raise PolicyRefusal(f"the round clips updates to {noise.clip:g}; this device allows at most {ceiling:g} "
-                            f"(node config {DP_MAX_CLIP})")
+                            f"(node config or device-policy {DP_MAX_CLIP})")
 
 
 def _number(config: dict[str, object], key: str) -> float:

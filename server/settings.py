@@ -191,6 +191,13 @@ class RunSettings:
         "truncate|garbage|hang|crash' makes the last ceil(F x clients) partitions inject the fault (node config "
         "'fault=NAME' does it per node)",
     )
+    device_policy: str = _opt(
+        "none",
+        "every simulated device's privacy policy, where devices share one node config: comma-separated "
+        "'require-secure-aggregation', 'min-participants=N', 'min-threshold=F', 'dp-min-noise=Z', 'dp-max-clip=C'; "
+        "a device enforces the stricter of it and its own node config (fedge-edge join's flags), so it can only "
+        "add requirements",
+    )
     seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
     leaf_spool: str = _opt(
         "", "beyond one SuperLink: run as a leaf coordinator, one step per root round, answering the root's bridge "
@@ -248,6 +255,12 @@ class RunSettings:
             parse_faulty_clients(self.faulty_clients)
         except ValueError as err:
             raise SettingsError(f"faulty-clients: {err}") from None
+        from fedge.protocol.device_policy import PolicyError, parse_device_policy
+
+        try:
+            parse_device_policy(self.device_policy)
+        except PolicyError as err:
+            raise SettingsError(str(err)) from None
         if self.aggregator_memory_mb < 1:
             raise SettingsError("aggregator-memory-mb must be >= 1")
         from fedge.compression.errors import SpecError

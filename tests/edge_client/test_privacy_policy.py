@@ -127,3 +127,26 @@ def test_an_honest_coordinators_run_is_the_same_run_with_the_whole_policy_on(tmp
             [(r.clients_sampled, r.clients_used, r.rejected) for r in rows]
         epsilons[name] = [r.extra["dp_epsilon"] for r in rows]
     assert epsilons["open"] == epsilons["policy"]
+
+
+def test_a_simulations_device_policy_adds_requirements_and_never_removes_one(tmp_path) -> None:
+    """Flower's simulation gives every node one node config, so the run setting ``device-policy``
+    stands for the devices' policy there: a device enforces the stricter of it and its own. The
+    run's ``min-participants=4`` refuses a round of 3 as the node config's would; a looser run
+    policy (``min-participants=2``) leaves a device's own floor of 4 in force; a malformed one is a
+    refusal, not an open door."""
+    cases = (({}, "require-secure-aggregation,min-participants=4", 0),
+             ({"min-participants": 4}, "min-participants=2", 0),
+             ({}, "min-participants=2,min-threshold=0.5", 3),
+             ({}, "min-participants=two", 0))
+    for i, (own, run, used) in enumerate(cases):
+        engine = _engine(tmp_path / str(i), rounds=1, clients_per_round=3, secure_aggregation=SECURE)
+        grid = InProcessGrid(3, node_config={n: own for n in range(3)}, run_config={"device-policy": run})
+        row = engine.run(grid, _start(engine)).rows[-1]
+        assert row.clients_used == used, (own, run, row.rejected)
+        if not used:
+            assert {entry["kind"] for entry in row.rejected} == {"policy"}, row.rejected
+    engine = _engine(tmp_path / "clear", rounds=1, clients_per_round=3)  # no secure aggregation at all
+    grid = InProcessGrid(3, run_config={"device-policy": "require-secure-aggregation"})
+    row = engine.run(grid, _start(engine)).rows[-1]
+    assert row.clients_used == 0 and row.extra["failures"] == {"policy": 3}

@@ -38,6 +38,7 @@ class InProcessGrid:
         node_config: dict[int, dict[str, object]] | None = None,
         first_node_id: int = 1001,
         lag: dict[int, int] | None = None,
+        run_config: dict[str, object] | None = None,
     ) -> None:
         # What Flower's ServerApp runtime sets before ``main``: messages built outside it need it.
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
@@ -54,7 +55,7 @@ class InProcessGrid:
         for i in range(num_nodes):
             config = {"partition-id": i, "num-partitions": num_nodes, **(node_config or {}).get(i, {})}
             self.contexts[first_node_id + i] = Context(run_id=1, node_id=first_node_id + i, node_config=config,
-                                                       state=RecordDict(), run_config={})
+                                                       state=RecordDict(), run_config=dict(run_config or {}))
         self.replies: dict[str, Message] = {}
         self.pushed: list[Message] = []
 
