@@ -11,6 +11,11 @@ Aggregation", which uses s(τ) = 1/√(1+τ)):
 
 and an update staler than ``max_staleness`` versions is dropped (bounded staleness, as in
 stale-synchronous parallel: Ho et al., NeurIPS 2013).
+
+What a reply does to an asynchronous version is here too, once for both coordinators (Fedge's
+engine and ``fedge.flower.FedBuff``): FedBuff adds s(τ)·Δ with the reply's weight to the version's
+aggregate (:meth:`Staleness.add`); FedAsync mixes the client's model into the current one
+(:func:`fedasync_mix`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["STALENESS_FUNCTIONS", "Staleness"]
+import torch
+
+from fedge.aggregation.partial import Accumulator
+
+__all__ = ["STALENESS_FUNCTIONS", "Staleness", "fedasync_mix"]
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -61,3 +70,16 @@ class Staleness:
         if self.function == "poly":
             return (1.0 + staleness) ** (-self.a)
         return 1.0 if staleness <= self.b else 1.0 / (self.a * (staleness - self.b) + 1.0)
+
+    def add(self, aggregate: Accumulator, delta: torch.Tensor, weight: float, staleness: int) -> None:
+        """FedBuff's buffer: ``delta`` scaled by s(τ), added with its weight, so the buffer's mean
+        is Σ s(τ_i) w_i Δ_i / Σ w_i (the update is not copied when s(τ) = 1)."""
+        scale = self.weight(staleness)
+        aggregate.add(delta * scale if scale != 1.0 else delta, weight)
+
+
+def fedasync_mix(current: torch.Tensor, started_from: torch.Tensor, delta: torch.Tensor, alpha_t: float) -> torch.Tensor:
+    """FedAsync's step (Xie, Koyejo and Gupta 2019): x ← (1 − α_t)·x + α_t·x_new, with the client's
+    model x_new = x_v + Δ rebuilt from the version v it started from; α_t = α·s(τ). With τ = 0
+    it is x + α_t·Δ; a stale client's model pulls x towards where that client went, not x + α_t·Δ."""
+    return (1.0 - alpha_t) * current + alpha_t * (started_from + delta)

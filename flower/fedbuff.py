@@ -12,7 +12,11 @@ streaming mean, O(model) memory; a robust rule of ``fedge.aggregation.robust`` h
 After ``buffer`` updates the buffer's weighted mean moves the model by ``server_lr`` and a new
 version is published; the node that replied gets the new model at once. Messages and replies go
 through the engine's dispatcher (``fedge.protocol.dispatcher``), so timeouts are counted the same way.
-``FedAsync`` is ``buffer=1`` with a mixing rate: x ← x + α·s(τ)·Δ (Xie et al. 2019).
+``FedAsync`` is ``buffer=1`` with a mixing rate: x ← (1 − α_t)·x + α_t·(x_v + Δ), α_t = α·s(τ), the
+client's model rebuilt from the version v it started from (Xie et al. 2019), as in the engine. The
+schedule (which nodes are busy, when a freed slot is refilled) is the engine's own
+(``fedge.protocol.async_loop``), and so is what a reply does to a version
+(``fedge.aggregation.staleness``).
 
 With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
 each message carries the lattice change that brings its node's copy to the current version, a
@@ -44,11 +48,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedge.aggregation.robust import Aggregator, make_aggregator
-from fedge.aggregation.staleness import Staleness
+from fedge.aggregation.staleness import Staleness, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, RAW_RECORD, UPDATE_RECORD, array_bytes
 
@@ -67,6 +72,7 @@ class _Buffer:
     mean: Aggregator
     staleness: list[int] = field(default_factory=list)
     contents: list[RecordDict] = field(default_factory=list)
+    last: tuple[int, np.ndarray] | None = None  # (version it started from, update): FedAsync's one update
 
 
 class FedBuff:
@@ -100,10 +106,6 @@ class FedBuff:
         self.dropped_stale = 0
         self.uplink_bytes = 0
 
-    def mix(self, mean: np.ndarray, staleness: list[int]) -> np.ndarray:
-        """How far the buffer's mean moves the model (FedBuff: ``server_lr`` times it)."""
-        return self.server_lr * mean
-
     def summary(self) -> None:
         log.info("\t├── %s: concurrency %d, buffer %d, uplink %s, downlink %s, %s, server lr %g",
                  type(self).__name__, self.concurrency, self.buffer, self.uplink or "fp32", self.downlink_spec,
@@ -128,65 +130,69 @@ class FedBuff:
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
         rng = random.Random(self.seed)
-        dispatcher = Dispatcher(grid, clock=clock, sleep=sleep)
-        version, busy = 0, {}  # node -> the version its message started from
+        loop = AsyncLoop(grid, Dispatcher(grid, clock=clock, sleep=sleep), self.concurrency, self.reply_timeout)
+        version = 0
         buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
         deadline = clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
 
-        def fill() -> None:
+        def in_time() -> None:
+            if clock() > deadline:
+                raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
+
+        def pick(free: list[int], wanted: int) -> list[int]:
+            rng.shuffle(free)
+            return free[:wanted]
+
+        def send(nodes: list[int]) -> list[Message]:
             nonlocal published
-            idle = [n for n in grid.get_node_ids() if n not in busy]
-            rng.shuffle(idle)
-            wanted = idle[: max(0, self.concurrency - len(busy))]
-            if not wanted:
-                return
             arrays = result.arrays  # the current version, built once when it was published
             if published is None or published[0] != version:  # with a lattice: the copy nodes train from
                 published = (version, downlink.public(arrays))
-            messages = downlink.attach([self._message(n, arrays, layout, version, train_config) for n in wanted],
-                                       arrays)
-            dispatcher.push(messages, self.reply_timeout)
-            busy.update({n: version for n in wanted})
+            messages = downlink.attach([self._message(n, arrays, layout, version, train_config) for n in nodes], arrays)
             sent_models.setdefault(version, model if published[1] is None else published[1])
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
+            return messages
 
-        while version < num_versions:
-            if clock() > deadline:
-                raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
-            fill()
-            if not busy:  # no node connected yet: wait for one, as the engine does
-                sleep(_NODE_WAIT)
-                continue
-            for item in dispatcher.replies():
-                if clock() > deadline:
-                    raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
-                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
-                started = busy.pop(node, version)
-                if isinstance(item, Missing):
-                    downlink.lost(node)
-                    self.refused.append((version, node, item.reason))
-                else:
-                    downlink.settle_reply(item)
-                    self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
-                if buffer.mean.count >= self.buffer:
-                    model = (model + self.mix(buffer.mean.result().numpy(), buffer.staleness)).astype(np.float32)
-                    version += 1
-                    like = self._like(like, buffer.contents)
-                    result.arrays = layout.rebuild(model, like)
-                    result.train_metrics_clientapp[version] = self._train_metrics(buffer)
-                    log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
-                             float(np.mean(buffer.staleness)))
-                    if evaluate_fn is not None:
-                        self._evaluate(evaluate_fn, version, result.arrays, result)
-                    buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
-                    if version >= num_versions:
-                        break
-                    for old in [v for v in sent_models if v not in set(busy.values()) | {version}]:
-                        del sent_models[old]
-                if not dispatcher.batch_left:
-                    fill()
+        def receive(node: int, started: int | None, item: Message | Missing) -> bool:
+            nonlocal version, model, like, buffer
+            in_time()
+            started = version if started is None else started
+            if isinstance(item, Missing):
+                downlink.lost(node)
+                self.refused.append((version, node, item.reason))
+            else:
+                downlink.settle_reply(item)
+                self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
+            if buffer.mean.count < self.buffer:
+                return False
+            model = self._advance(model, buffer, sent_models)
+            version += 1
+            like = self._like(like, buffer.contents)
+            result.arrays = layout.rebuild(model, like)
+            result.train_metrics_clientapp[version] = self._train_metrics(buffer)
+            log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
+                     float(np.mean(buffer.staleness)))
+            if evaluate_fn is not None:
+                self._evaluate(evaluate_fn, version, result.arrays, result)
+            buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
+            if version >= num_versions:
+                return True
+            for old in [v for v in sent_models if v not in set(loop.busy.values()) | {version}]:
+                del sent_models[old]
+            return False
+
+        def done() -> bool:
+            in_time()
+            return version >= num_versions
+
+        loop.run(done=done, fill=lambda: loop.fill(version, pick, send), receive=receive,
+                 wait=lambda: sleep(_NODE_WAIT))  # no node connected yet: wait for one, as the engine does
         return result
+
+    def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
+        """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
+        return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
     def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
                 codec: Codec | None, sent_models: dict[int, np.ndarray]) -> None:
@@ -201,10 +207,10 @@ class FedBuff:
             log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
             return
         delta, weight, content = update
-        scale = self.staleness.weight(tau)
-        buffer.mean.add(torch.from_numpy(delta * scale if scale != 1.0 else delta), weight)
+        self.staleness.add(buffer.mean, torch.from_numpy(delta), weight, tau)
         buffer.staleness.append(tau)
         buffer.contents.append(content)
+        buffer.last = (started, delta)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
@@ -276,7 +282,8 @@ class FedBuff:
 
 
 class FedAsync(FedBuff):
-    """Every update is a version, mixed in at ``alpha`` × s(τ) (Xie, Koyejo and Gupta 2019)."""
+    """Every update is a version: the client's model mixed in at ``alpha`` × s(τ) (Xie, Koyejo and
+    Gupta 2019), by the engine's rule (:func:`fedge.aggregation.staleness.fedasync_mix`)."""
 
     def __init__(self, concurrency: int = 8, alpha: float = 0.6, **kwargs: object) -> None:
         if not 0 < alpha <= 1:
@@ -284,5 +291,10 @@ class FedAsync(FedBuff):
         super().__init__(concurrency=concurrency, buffer=1, **kwargs)  # type: ignore[arg-type]
         self.alpha = float(alpha)
 
-    def mix(self, mean: np.ndarray, staleness: list[int]) -> np.ndarray:
-        return self.alpha * mean
+    def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
+        assert buffer.last is not None and len(buffer.staleness) == 1
+        started, delta = buffer.last
+        alpha_t = self.alpha * self.staleness.weight(buffer.staleness[0])
+        mixed = fedasync_mix(torch.from_numpy(model), torch.from_numpy(sent_models[started]), torch.from_numpy(delta),
+                             alpha_t)
+        return mixed.numpy().astype(np.float32)

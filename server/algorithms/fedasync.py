@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from fedge.aggregation.staleness import fedasync_mix
 from fedge.server.algorithms.fedbuff import FedBuff, FedBuffStep
 from fedge.server.engine.algorithm import Outgoing, Rejected, Reply, RunContext, Step, StepOutcome, Update, finite_or_previous
 
@@ -41,9 +42,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FedAsyncStep(FedBuffStep):
-    """One version: the single update that makes it, as (x_v + Δ, α_t)."""
+    """One version: the single update that makes it, as (x_v, Δ, α_t)."""
 
-    pending: tuple[torch.Tensor, float] | None = None
+    pending: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
 
 class FedAsync(FedBuff):
@@ -97,7 +98,7 @@ class FedAsync(FedBuff):
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedAsyncStep) and update.started is not None
         tau = self.version - update.started
-        step.pending = (self._versions[update.started] + update.vector, self.alpha * self.staleness.weight(tau))
+        step.pending = (self._versions[update.started], update.vector, self.alpha * self.staleness.weight(tau))
         self._forget_versions()
         step.loss_sum += update.train_loss
         step.loss_weight += 1.0
@@ -124,8 +125,8 @@ class FedAsync(FedBuff):
         }
         notes: list[dict[str, Any]] = []
         if step.pending is not None:
-            x_new, alpha_t = step.pending
-            proposed = (1.0 - alpha_t) * self.params + alpha_t * x_new
+            started_from, delta, alpha_t = step.pending
+            proposed = fedasync_mix(self.params, started_from, delta, alpha_t)
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
             extra.update(updates_applied=1, alpha_t=alpha_t)
         train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None

@@ -117,8 +117,7 @@ class FedBuff(FedAvg):
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedBuffStep) and update.started is not None
         tau = self.version - update.started
-        scale = self.staleness.weight(tau)
-        step.aggregate.add(update.vector * scale if scale != 1.0 else update.vector, update.weight)
+        self.staleness.add(step.aggregate, update.vector, update.weight, tau)
         step.loss_sum += update.train_loss * update.weight
         step.loss_weight += update.weight
         step.used.append(update.node)

@@ -58,6 +58,7 @@ from fedge.server.engine.algorithm import (
     Update,
     reply_metrics,
 )
+from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
@@ -365,57 +366,49 @@ class Engine:
 
     # -- the asynchronous loop ------------------------------------------------------------------
     def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
-        """Asynchronous steps: keep ``concurrency`` clients busy; whenever a reply lands, hand it to
-        the algorithm and send that node's slot to a free node; conclude a step (a new model
-        version) whenever the algorithm is ready. Messages still out when the last version is
-        published are abandoned: their updates would train a finished model."""
+        """Asynchronous steps on the shared schedule (:class:`~fedge.protocol.async_loop.AsyncLoop`):
+        keep ``concurrency`` clients busy; whenever a reply lands, hand it to the algorithm and send
+        that node's slot to a free node; conclude a step (a new model version) whenever the algorithm
+        is ready. Messages still out when the last version is published are abandoned: their
+        updates would train a finished model."""
         alg = self.algorithm
-        dispatcher = Dispatcher(grid, clock=self.clock, sleep=self.sleep)
-        busy: dict[int, int] = {}  # node -> the version its message started from
+        loop = AsyncLoop(grid, Dispatcher(grid, clock=self.clock, sleep=self.sleep), alg.concurrency,
+                         self.settings.round_timeout)
         free_since: dict[int, float] = {}  # node -> when its last reply landed
         version, dispatches = start, 0
         tally = Tally(self.clock())
         state = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1), tally)  # type: ignore[attr-defined]
 
-        def fill() -> None:
+        def pick(free: list[int], want: int) -> list[int]:
             nonlocal dispatches
-            free = [n for n in sorted(grid.get_node_ids()) if n not in busy]  # type: ignore[attr-defined]
-            want = min(alg.concurrency - len(busy), len(free))
-            if want <= 0:
-                return
             # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
             # given order of replies (the order itself follows the devices' real speed).
-            key = 10**6 * (version + 1) + dispatches
-            picked = self._choose(free, want, key)
+            picked = self._choose(sorted(free), want, 10**6 * (version + 1) + dispatches)
             dispatches += 1
-            outgoing = self._configure(state, picked, tally)
-            dispatcher.push(self._messages(outgoing, version + 1, f"v{version}-d{dispatches}"),
-                            self.settings.round_timeout)
-            for o in outgoing:
-                busy[o.node] = version
-                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
+            return picked
 
-        while version < self.settings.rounds:
-            fill()
-            if not busy:
-                self.wait_for_nodes(grid)  # raises NotEnoughNodesError after wait-for-nodes
-                continue
-            for item in dispatcher.replies():
-                node = item.node if isinstance(item, Missing) else item.metadata.src_node_id
-                began = busy.pop(node, None)
-                free_since[node] = self.clock()
-                self._receive(state, item, tally, started=began)
-                if alg.ready(state):
-                    version += 1
-                    outcome = self.close(state, tally, self._exchange(grid, version))
-                    self.publish(grid, ClosedStep(state, outcome, tally, self._evaluators(grid, version)), result)
-                    tally = Tally(self.clock())
-                    state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
-                                       self._exchange(grid, version + 1), tally)
-                    if version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result):
-                        return
-                if not dispatcher.batch_left:
-                    fill()
+        def send(nodes: list[int]) -> list[Message]:
+            outgoing = self._configure(state, nodes, tally)
+            for o in outgoing:
+                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
+            return self._messages(outgoing, version + 1, f"v{version}-d{dispatches}")
+
+        def receive(node: int, began: int | None, item: Message | Missing) -> bool:
+            nonlocal version, tally, state
+            free_since[node] = self.clock()
+            self._receive(state, item, tally, started=began)
+            if not alg.ready(state):
+                return False
+            version += 1
+            outcome = self.close(state, tally, self._exchange(grid, version))
+            self.publish(grid, ClosedStep(state, outcome, tally, self._evaluators(grid, version)), result)
+            tally = Tally(self.clock())
+            state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
+                               self._exchange(grid, version + 1), tally)
+            return version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result)
+
+        loop.run(done=lambda: version >= self.settings.rounds, fill=lambda: loop.fill(version, pick, send),
+                 receive=receive, wait=lambda: self.wait_for_nodes(grid))  # raises NotEnoughNodesError
 
     def _evaluators(self, grid: object, version: int) -> list[int]:
         """Asynchronous runs: the devices that evaluate a version (a seeded sample of the connected

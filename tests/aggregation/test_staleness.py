@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,3 +42,23 @@ def test_bad_parameters(kwargs: dict) -> None:
         Staleness(**kwargs)
     with pytest.raises(ValueError, match="negative"):
         Staleness().weight(-1)
+
+
+@given(st.integers(0, 6), st.floats(0.01, 1.0), st.integers(0, 2**31 - 1))
+def test_the_buffer_adds_s_tau_times_the_update_and_fedasync_rebuilds_the_clients_model(
+        tau: int, alpha: float, seed: int) -> None:
+    """What a reply does to a version, shared by the engine and ``fedge.flower``: FedBuff's buffer
+    holds s(τ)·Δ with the reply's weight; FedAsync moves x towards the client's model x_v + Δ, which
+    for τ = 0 is x + α_t·Δ and for α_t = 1 is the client's model itself."""
+    from fedge.aggregation.staleness import fedasync_mix
+    from fedge.aggregation.streaming_mean import StreamingMean
+
+    gen = torch.Generator().manual_seed(seed)
+    x, x_v, delta = (torch.randn(50, generator=gen) for _ in range(3))
+    rule = Staleness("poly", a=0.5)
+    buffer = StreamingMean(50)
+    rule.add(buffer, delta, 3.0, tau)
+    torch.testing.assert_close(buffer.mean(), delta * rule.weight(tau))
+    alpha_t = alpha * rule.weight(tau)
+    torch.testing.assert_close(fedasync_mix(x, x, delta, alpha_t), x + alpha_t * delta)
+    torch.testing.assert_close(fedasync_mix(x, x_v, delta, 1.0), x_v + delta)
