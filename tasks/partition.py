@@ -11,16 +11,18 @@ SuperNode's first ClientApp. A run can share one drawing instead: with a cache d
 ``cache_dir`` argument, or the ``FEDGE_PARTITION_CACHE`` environment variable that Fedge's launcher
 sets for the processes of a run and fills before they start), the indices of every partition are
 stored there once, under a key that holds the labels themselves, the spec and the count, and later
-processes read them without importing flwr-datasets. A cached file that is not a drawing of its
-labels' pool (one array per partition, disjoint in-range indices) is drawn again; the directory is
-trusted as the run directory that holds it is.
+processes read them without importing flwr-datasets. Behind the run's directory sits the
+per-machine cache (``fedge.tasks.array_cache``, ``$FEDGE_CACHE_DIR``), under the same key, so a
+later run of the same split (the CLI's preflight included) draws nothing and imports nothing. A
+cached file that is not a drawing of its labels' pool (one array per partition, disjoint in-range
+indices) is drawn again; the directories are trusted as the run directory and the user's cache are.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
@@ -41,56 +43,57 @@ CACHE_ENV = "FEDGE_PARTITION_CACHE"
 _CACHE_FORMAT = 1
 
 
-def _iid(num_partitions: int, seed: int = 42) -> tuple[Partitioner, int]:
-    from flwr_datasets.partitioner import IidPartitioner
+def _iid(num_partitions: int, seed: int = 42) -> tuple[Callable[[], Partitioner], int]:
+    def build() -> Partitioner:
+        from flwr_datasets.partitioner import IidPartitioner
 
-    return IidPartitioner(num_partitions=num_partitions), seed
+        return IidPartitioner(num_partitions=num_partitions)
+
+    return build, seed
 
 
 def _dirichlet(
     num_partitions: int, alpha: float = 0.5, min_size: int = 10, seed: int = 42
-) -> tuple[Partitioner, int]:
+) -> tuple[Callable[[], Partitioner], int]:
     if alpha <= 0:
         raise SpecError(f"dirichlet alpha must be > 0, got {alpha}")
-    from flwr_datasets.partitioner import DirichletPartitioner
 
-    partitioner = DirichletPartitioner(
-        num_partitions=num_partitions,
-        partition_by="label",
-        alpha=alpha,
-        min_partition_size=min_size,
-        self_balancing=False,
-        shuffle=True,
-        seed=seed,
-    )
-    return partitioner, seed
+    def build() -> Partitioner:
+        from flwr_datasets.partitioner import DirichletPartitioner
+
+        return DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
+                                    min_partition_size=min_size, self_balancing=False, shuffle=True, seed=seed)
+
+    return build, seed
 
 
-def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tuple[Partitioner, int]:
-    # "first-deterministic" guarantees every class is used at least once; the random mode can leave
-    # a class to no client at all.
-    from flwr_datasets.partitioner import PathologicalPartitioner
+def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tuple[Callable[[], Partitioner], int]:
+    if classes < 1:
+        raise SpecError(f"pathological classes must be >= 1, got {classes}")
 
-    partitioner = PathologicalPartitioner(
-        num_partitions=num_partitions,
-        partition_by="label",
-        num_classes_per_partition=classes,
-        class_assignment_mode="first-deterministic",
-        shuffle=True,
-        seed=seed,
-    )
-    return partitioner, seed
+    def build() -> Partitioner:
+        # "first-deterministic" guarantees every class is used at least once; the random mode can
+        # leave a class to no client at all.
+        from flwr_datasets.partitioner import PathologicalPartitioner
+
+        return PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
+                                       num_classes_per_partition=classes,
+                                       class_assignment_mode="first-deterministic", shuffle=True, seed=seed)
+
+    return build, seed
 
 
 _REGISTRY = {"iid": _iid, "dirichlet": _dirichlet, "pathological": _pathological}
 
 
 def validate_partitioning(spec: str) -> None:
-    """Raise :class:`SpecError` early (in the CLI) for a partitioning spec that cannot work."""
+    """Raise :class:`SpecError` early (in the CLI) for a partitioning spec that cannot work: its
+    name, parameters and their values, without importing flwr-datasets (the partitioner is built
+    only when a split is drawn)."""
     _make(spec, 2)
 
 
-def _make(spec: str, num_partitions: int) -> tuple[Partitioner, int]:
+def _make(spec: str, num_partitions: int) -> tuple[Callable[[], Partitioner], int]:
     bound = {name: partial(factory, num_partitions) for name, factory in _REGISTRY.items()}
     return build_from_spec(spec, bound, family="partitioning")
 
@@ -100,14 +103,18 @@ def _all_partitions(labels: tuple[int, ...], spec: str, num_partitions: int,
                     cache_dir: str | None = None) -> tuple[np.ndarray, ...]:
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-    if not cache_dir:
-        return _draw(labels, spec, num_partitions)
     digest = hashlib.sha256(f"{_CACHE_FORMAT}|{spec}|{num_partitions}|".encode())
     digest.update(np.asarray(labels, dtype=np.int64).tobytes())
-    arrays = cached_arrays(f"partitions-{num_partitions}", {"drawing": digest.hexdigest()},
-                           lambda: {f"p{i}": part for i, part in enumerate(_draw(labels, spec, num_partitions))},
-                           partial(_check_drawing, len(labels), num_partitions), directory=cache_dir,
-                           redo="drawing again")
+    name, key = f"partitions-{num_partitions}", {"drawing": digest.hexdigest()}
+    check = partial(_check_drawing, len(labels), num_partitions)
+
+    def machine() -> dict[str, np.ndarray]:  # the per-machine cache: a later run of this split draws nothing
+        return cached_arrays(name, key, lambda: {f"p{i}": part for i, part in enumerate(_draw(labels, spec,
+                                                                                              num_partitions))},
+                             check, redo="drawing again")
+
+    arrays = cached_arrays(name, key, machine, check, directory=cache_dir, redo="drawing again") if cache_dir \
+        else machine()
     return tuple(arrays[f"p{i}"] for i in range(num_partitions))
 
 
@@ -127,7 +134,8 @@ def _check_drawing(size: int, num_partitions: int, arrays: dict[str, np.ndarray]
 def _draw(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.ndarray, ...]:
     from datasets import ClassLabel, Dataset, Features, Value
 
-    partitioner, seed = _make(spec, num_partitions)
+    build, seed = _make(spec, num_partitions)
+    partitioner = build()
     num_classes = max(labels) + 1 if labels else 1
     # IidPartitioner splits contiguous shards: shuffle the pool order first so shards are random.
     order = np.random.default_rng(seed).permutation(len(labels))

@@ -86,3 +86,18 @@ def test_the_digits_split_read_back_is_scikit_learns_and_needs_no_scikit_learn(_
     expected = hashlib.sha256(b"".join(computed[k].tobytes() for k in ("x_train", "y_train", "x_test", "y_test")))
     assert runs[0] == ["True", expected.hexdigest()]  # the first process computes it with scikit-learn
     assert runs[1] == ["False", expected.hexdigest()]  # a later one reads it back, bit for bit, without
+
+
+def test_a_second_preflight_reads_the_split_back_without_flwr_datasets(_cache_here: Path) -> None:
+    """The CLI's preflight draws the demo's split once per machine: a later run's preflight reads
+    the same indices from the per-machine cache and never imports flwr-datasets (seaborn, scipy)."""
+    code = ("import sys, hashlib\nfrom fedge.server.preflight import preflight\nfrom fedge.server.settings import "
+            "RunSettings\nfrom fedge.tasks import make_task\npreflight(RunSettings(partitioning='dirichlet:alpha=0.5'), "
+            "num_partitions=10)\nimported = 'flwr_datasets' in sys.modules\ntask = make_task('digits')\n"
+            "part = task.partition(3, 10, 'dirichlet:alpha=0.5')\nprint(imported, len(part))")
+    env = {**os.environ, "FEDGE_CACHE_DIR": str(_cache_here)}
+    env.pop("FEDGE_PARTITION_CACHE", None)
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180,
+                           check=True).stdout.split() for _ in range(2)]
+    assert runs[0][0] == "True" and runs[1][0] == "False", runs  # drawn once, then read back
+    assert runs[0][1] == runs[1][1]  # the same partition
