@@ -64,9 +64,13 @@ class FlowerLaunch:
         dial: str | None = None,
         cwd: Path | None = None,
         timeout: float = STARTUP_TIMEOUT,
+        meanwhile: Callable[[], object] | None = None,
     ) -> ManagedProcess:
         """Start ``flower-superlink``, write the connection ``flwr`` uses to reach it (``dial``,
-        default ``host:port``), and return once it accepts connections."""
+        default ``host:port``), and return once it accepts connections. ``meanwhile`` runs while it
+        starts (a Python SuperLink takes a second or two to listen): work the next steps need that
+        does not need the SuperLink, such as the run's partitions; an error there propagates, and
+        the caller's group stops the SuperLink."""
         port = port or free_port()
         self.address = dial or f"{host}:{port}"
         self.root_cert = tls.ca_cert if tls else None
@@ -74,6 +78,8 @@ class FlowerLaunch:
         superlink = self.group.start(
             "superlink", superlink_argv(host, port, tls, database=database, simulation=simulation), cwd=cwd
         )
+        if meanwhile is not None:
+            meanwhile()
         dial_host, _, dial_port = self.address.rpartition(":")
         wait_for_port(int(dial_port), timeout, superlink, host=dial_host)
         return superlink

@@ -132,7 +132,6 @@ def launch(
     env["RAY_ADDRESS"] = ray_address or "local"
     if not ray_address:  # a Ray cluster's other machines have no such directory
         env[CACHE_ENV] = str(run_dir / "partitions")
-        _share_partitions(settings, num_supernodes, run_dir / "partitions")
     started = time.monotonic()
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
     if security is not None:
@@ -141,9 +140,18 @@ def launch(
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
     tiers: list[tuple[ProcessGroup, Path]] = []  # each leaf's processes and spool
+    share_settings = settings
+
+    def meanwhile() -> None:  # while the SuperLink starts (a second or two): the run's partitions, its app
+        nonlocal app
+        if not ray_address:
+            _share_partitions(share_settings, num_supernodes, run_dir / "partitions")
+        app = stage_run_app(flwr_home / "app", share_settings.task, app_dir, share_settings.plugins)
+
+    app = flwr_home / "app"
     try:
-        app = stage_run_app(flwr_home / "app", settings.task, app_dir, settings.plugins)
         if leaves:
+            meanwhile()  # each leaf's processes read the partitions and the app as they start
             tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation) for i in range(leaves)]
             # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
             settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
@@ -151,7 +159,7 @@ def launch(
             run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
-                               cwd=run_dir)
+                               cwd=run_dir, meanwhile=None if leaves else meanwhile)
         federation_config: dict[str, Any] = {}
         if leaves:  # the root's nodes: one bridge per leaf
             for i, (_, spool) in enumerate(tiers):
