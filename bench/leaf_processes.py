@@ -16,6 +16,7 @@ import argparse
 import json
 import platform
 import shlex
+import signal
 import statistics
 import sys
 import tempfile
@@ -49,7 +50,12 @@ def one(mode: str, supernodes: int, leaves: int, rounds: int, seed: int, args: a
             "wall_seconds": wall}
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # launch() stops every process it started on the way out
+
+
 def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed benchmark leaves no SuperLink behind
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="digits")
     parser.add_argument("--supernodes", type=int, default=16, help="device SuperNodes (split over the leaves)")

@@ -249,6 +249,7 @@ def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, ru
     leaf_dir = run_dir / f"leaf-{index}"
     spool = leaf_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
+    (spool / LEAF_STOP).unlink(missing_ok=True)  # an earlier launch's stop: this one serves the resumed root
     home = leaf_dir / "flwr-home"
     env = flower_environment(home)
     env["RAY_ADDRESS"] = "local"
