@@ -39,19 +39,24 @@ from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.privacy.plan import SecAggPlan
-from fedge.protocol.device_policy import PolicyError, parse_device_policy, stricter
+from fedge.protocol.device_policy import (
+    DP_MAX_CLIP,
+    DP_MIN_NOISE,
+    MIN_PARTICIPANTS,
+    MIN_THRESHOLD,
+    REQUIRE_SECURE_AGGREGATION,
+    PolicyError,
+    parse_device_policy,
+    stricter,
+)
 from fedge.protocol.refusals import PolicyRefusal
 from fedge.protocol.secagg import SECAGG_RECORD
 
 __all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy",
            "check_secure_plan", "privacy_policy_mod", "requires_secure_aggregation"]
 
-#: the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``)
-REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
-MIN_PARTICIPANTS = "min-participants"
-MIN_THRESHOLD = "min-threshold"
-DP_MIN_NOISE = "dp-min-noise"
-DP_MAX_CLIP = "dp-max-clip"
+# the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``) are
+# fedge.protocol.device_policy's, which the run setting device-policy shares
 
 _TRUE = {"1", "true", "yes", "on"}
 

@@ -31,19 +31,17 @@ class AsyncLoop:
         self.busy: dict[int, int] = {}
 
     def fill(self, version: int, pick: Callable[[list[int], int], list[int]],
-             send: Callable[[list[int]], Sequence[Message]]) -> list[int]:
+             send: Callable[[list[int]], Sequence[Message]]) -> None:
         """Give the free slots to free nodes: ``pick(free, wanted)`` chooses among the connected nodes
         without a message (in the grid's order), ``send(nodes)`` builds their messages, which start
-        from ``version``. The nodes that got one."""
+        from ``version``."""
         free = [n for n in self.grid.get_node_ids() if n not in self.busy]  # type: ignore[attr-defined]
         wanted = min(self.concurrency - len(self.busy), len(free))
         if wanted <= 0:
-            return []
+            return
         messages = list(send(pick(free, wanted)))
         self.dispatcher.push(messages, self.reply_timeout)
-        nodes = [m.metadata.dst_node_id for m in messages]
-        self.busy.update({node: version for node in nodes})
-        return nodes
+        self.busy.update({m.metadata.dst_node_id: version for m in messages})
 
     def run(self, *, done: Callable[[], bool], fill: Callable[[], object],
             receive: Callable[[int, int | None, Message | Missing], bool], wait: Callable[[], None]) -> None:

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["POLICY_KEYS", "PolicyError", "parse_device_policy", "stricter"]
+__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "POLICY_KEYS", "PolicyError",
+           "REQUIRE_SECURE_AGGREGATION", "parse_device_policy", "stricter"]
 
 #: the node config keys a device policy sets (the names of ``fedge-edge join``'s flags)
-POLICY_KEYS = ("require-secure-aggregation", "min-participants", "min-threshold", "dp-min-noise", "dp-max-clip")
+REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
+MIN_PARTICIPANTS = "min-participants"
+MIN_THRESHOLD = "min-threshold"
+DP_MIN_NOISE = "dp-min-noise"
+DP_MAX_CLIP = "dp-max-clip"
+POLICY_KEYS = (REQUIRE_SECURE_AGGREGATION, MIN_PARTICIPANTS, MIN_THRESHOLD, DP_MIN_NOISE, DP_MAX_CLIP)
 
 
 class PolicyError(ValueError):
@@ -40,7 +46,7 @@ def parse_device_policy(spec: str) -> dict[str, float | bool]:
             raise PolicyError(f"device-policy: unknown item {key!r}; known: {', '.join(POLICY_KEYS)}")
         if key in policy:
             raise PolicyError(f"device-policy: {key} given twice")
-        if key == "require-secure-aggregation":
+        if key == REQUIRE_SECURE_AGGREGATION:
             if sep and value.lower() not in ("true", "1", "yes", "on"):
                 raise PolicyError(f"device-policy: require-secure-aggregation takes no value, got {value!r}")
             policy[key] = True
@@ -51,9 +57,9 @@ def parse_device_policy(spec: str) -> dict[str, float | bool]:
             raise PolicyError(f"device-policy: {key} needs a number, got {value!r}") from None
         if not (math.isfinite(number) and number >= 0):
             raise PolicyError(f"device-policy: {key} must be a number >= 0, got {value!r}")
-        if key == "min-threshold" and number > 1:
+        if key == MIN_THRESHOLD and number > 1:
             raise PolicyError(f"device-policy: min-threshold is a fraction of the neighbours in [0, 1], got {number:g}")
-        if key == "min-participants" and number != int(number):
+        if key == MIN_PARTICIPANTS and number != int(number):
             raise PolicyError(f"device-policy: min-participants must be a whole number, got {value!r}")
         policy[key] = number
     return policy
@@ -62,6 +68,6 @@ def parse_device_policy(spec: str) -> dict[str, float | bool]:
 def stricter(key: str, own: float, run: float) -> float:
     """The stricter of a node config value and the run's (0 = no requirement): the larger floor,
     the smaller ceiling (``dp-max-clip``)."""
-    if key == "dp-max-clip":
+    if key == DP_MAX_CLIP:
         return min(v for v in (own, run) if v) if (own or run) else 0.0
     return max(own, run)
