@@ -23,7 +23,6 @@ with ``differential_privacy=...`` (``fedge.flower.secure_dp``) that sum carries 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -42,6 +41,7 @@ from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
+from fedge.protocol.secure_session import SecureSession
 
 __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
 
@@ -91,10 +91,8 @@ class SecureStrategy(Strategy):
                 raise ValueError("distributed DP samples nodes itself and re-addresses one train message to each, "
                                  "which a per-node lattice downlink cannot be; use compressed(...) without one")
             self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
-        #: every signature and share of this run is bound to it; no other run shares it
-        self.run_id = os.urandom(16)
-        #: each node's identity key, pinned the first time it takes part (trust on first use)
-        self.pins: dict[int, bytes] = {}
+        #: the run id, the identity pins (trust on first use) and each round's flow, shared with Fedge's engine
+        self.session = SecureSession(spec, self.seed)
         self._round: _Round | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a sum
 
@@ -134,12 +132,9 @@ class SecureStrategy(Strategy):
                         server_round, len(nodes))
             return []
         weighted = "" if self.dp is not None else str(getattr(self.strategy, "weighted_by_key", ""))
-        secure = SecureRound(self.spec, self.run_id, self.seed, server_round, nodes, layout.numel, self.pins,
-                             weighted=bool(weighted), noise=noise)
-        exchange = _stages(grid, server_round)
+        secure = self.session.round(server_round, nodes, layout.numel, weighted=bool(weighted), noise=noise)
         try:
-            secure.advertise(exchange)
-            dealt = set(secure.share(exchange))
+            dealt = set(secure.open(_stages(grid, server_round)))
         except SecAggError as error:
             log.error("round %d: secure aggregation could not start: %s; no training this round", server_round, error)
             return []
@@ -168,15 +163,14 @@ class SecureStrategy(Strategy):
         state, self._round = self._round, None
         if state is None or state.number != server_round:
             return None, None
-        secure, count, uploads = state.secure, 0, {}
+        secure, count = state.secure, 0
         members: list[int] = []
         mean: np.ndarray | None = None
         if secure is not None:
-            uploads = self._uploads(server_round, secure, replies)
+            self._take(server_round, secure, replies)
             try:
-                survivors = secure.masked_inputs(uploads)
-                revealed, count, _ = secure.unmask(_stages(state.grid, server_round), survivors)
-                mean, members = revealed.numpy().astype(np.float64), list(survivors)
+                revealed, count, _, members = secure.reveal(_stages(state.grid, server_round))
+                mean = revealed.numpy().astype(np.float64)
             except SecAggError as error:
                 log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
             self._note(server_round, secure)
@@ -195,14 +189,13 @@ class SecureStrategy(Strategy):
             aggregated, metrics = self.strategy.aggregate_train(server_round, [one])
         metrics = MetricRecord(dict(metrics or {}))
         metrics["fedge-secagg-survivors"] = count
-        metrics["fedge-uplink-bytes"] = sum(len(u) for u in uploads.values()) + (secure.uplink if secure else 0)
+        metrics["fedge-uplink-bytes"] = sum(map(len, secure.uploads.values())) + secure.uplink if secure else 0
         if self.dp is not None:
             metrics.update(self.dp.metrics())
         return aggregated, metrics
 
-    def _uploads(self, server_round: int, secure: SecureRound, replies: list[Message]) -> dict[int, bytes]:
-        """The masked uploads that are what the plan expects, by node; the others refused, with why."""
-        uploads: dict[int, bytes] = {}
+    def _take(self, server_round: int, secure: SecureRound, replies: list[Message]) -> None:
+        """Each masked upload that is what the plan expects into ``secure``; the others refused, with why."""
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
@@ -210,10 +203,9 @@ class SecureStrategy(Strategy):
                 continue
             try:
                 metrics = next(iter(reply.content.metric_records.values()), MetricRecord())
-                uploads[node] = secure.check_upload(metrics, read_payload(reply.content, UPDATE_RECORD))
+                secure.take(node, metrics, read_payload(reply.content, UPDATE_RECORD))
             except (ProtocolError, KeyError, ValueError) as error:
                 self._refuse(server_round, node, str(error))
-        return uploads
 
     def _note(self, server_round: int, secure: SecureRound) -> None:
         """The nodes the protocol dropped this round, each once in :attr:`refused`."""

@@ -121,6 +121,31 @@ class SecureRound:
         self._credentials: dict[int, bytes] = {}  # device -> its credential from the operator's CA
         self._inbox: dict[int, dict[int, bytes]] = {}
         self._reported: set[int] = set()
+        #: the masked uploads taken so far (stage 3), checked against the plan, by node
+        self.uploads: dict[int, bytes] = {}
+
+    @property
+    def planned(self) -> int:
+        """The nodes planned into the round (under distributed DP each adds 1/planned of the noise)."""
+        return len(self.plan.participants)
+
+    # -- the round's flow, as both coordinators drive it ------------------------------------------
+    def open(self, exchange: StageExchange) -> list[int]:
+        """Stages 1 and 2: the nodes that dealt their shares, the only ones to train. Raises
+        :class:`SecAggError` when the round cannot start."""
+        self.advertise(exchange)
+        return self.share(exchange)
+
+    def take(self, node: int, metrics: Any, payload: bytes | memoryview) -> None:
+        """Hold ``node``'s masked upload once :meth:`check_upload` passed (ProtocolError otherwise)."""
+        self.uploads[node] = self.check_upload(metrics, payload)
+
+    def reveal(self, exchange: StageExchange) -> tuple[torch.Tensor, int, int, list[int]]:
+        """Stage 4 over the uploads taken: (the survivors' weighted mean, their count, their total
+        weight, the survivors). Raises :class:`SecAggError` when the sum cannot be unmasked."""
+        survivors = self.masked_inputs(self.uploads)
+        mean, count, weight = self.unmask(exchange, survivors)
+        return mean, count, weight, survivors
 
     # -- what both coordinators check and report ------------------------------------------------
     def check_upload(self, metrics: Any, payload: bytes | memoryview) -> bytes:

@@ -257,12 +257,12 @@ def test_the_run_id_is_random_and_a_resumed_run_keeps_it(tmp_path) -> None:
     and checkpointed."""
     first = _engine(tmp_path / "a", rounds=1)
     other = _engine(tmp_path / "b", rounds=1)  # same seed, same directory name ("run")
-    ids = [engine.layer("secure-aggregation").run_id for engine in (first, other)]
+    ids = [engine.layer("secure-aggregation").session.run_id for engine in (first, other)]
     assert ids[0] != ids[1] and all(len(i) == 16 for i in ids)
     first.run(InProcessGrid(5), initial_params(TASK, 42))
     resumed = _engine(tmp_path / "a", rounds=2)
     resumed.run(InProcessGrid(5), initial_params(TASK, 42))
-    assert resumed.layer("secure-aggregation").run_id == ids[0]
+    assert resumed.layer("secure-aggregation").session.run_id == ids[0]
 
 
 def test_a_malformed_first_advertisement_does_not_pin_a_key(tmp_path) -> None:
@@ -390,11 +390,11 @@ def test_the_coordinator_keeps_its_identity_pins_across_a_restart(tmp_path) -> N
     first = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(5)
     first.run(grid, initial_params(TASK, 42))
-    pins = dict(first.layer("secure-aggregation").pins)
+    pins = dict(first.layer("secure-aggregation").session.pins)
     assert len(pins) == 5
     resumed = _engine(tmp_path, rounds=2)
     row = resumed.run(InProcessGrid(5), initial_params(TASK, 42)).rows[-1]  # fresh devices: new keys
-    assert resumed.layer("secure-aggregation").pins == pins
+    assert resumed.layer("secure-aggregation").session.pins == pins
     assert row.round == 2 and row.clients_used == 0
     assert len(row.rejected) >= 5 and all("another identity key" in r["reason"] for r in row.rejected[:5])
 

@@ -14,23 +14,23 @@ a sum (``Algorithm.aggregate``).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import MessageType
 
 from fedge.aggregation.partial import Partial
-from fedge.privacy.credentials import CredentialError, load_issuer
-from fedge.privacy.distributed_dp import SkellamParams, round_noise
+from fedge.privacy.credentials import CredentialError
+from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.errors import SecAggError
-from fedge.privacy.spec import SecAggSpec, parse_secure_aggregation
+from fedge.privacy.spec import parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.dispatcher import Missing
 from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
+from fedge.protocol.secure_session import SecureSession
 from fedge.server.engine.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -73,36 +73,27 @@ def _stages(exchange: Exchange) -> StageExchange:
 
 @dataclass
 class _Round:
-    """One round's protocol state: its stages, the masked uploads taken, what went wrong."""
+    """One round: its protocol state (``fedge.protocol.secure_round``), its revealed sum, what went wrong."""
 
     secure: SecureRound | None = None
-    uploads: dict[int, bytes] = field(default_factory=dict)
-    #: the devices planned into the round (under distributed DP each adds 1/planned of the noise)
-    planned: int = 0
     #: the survivors' unmasked sum, once stage 4 succeeded
     revealed: Partial | None = None
     notes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class SecureAggregationLayer(Layer):
+    """The engine's adapter over the one flow both coordinators run (``fedge.protocol.secure_session``)."""
+
     key = "secure-aggregation"
     provides = frozenset({SUM})
     needs = frozenset({MODEL})  # its record rides on the message that carries the model
 
-    def __init__(self, spec: SecAggSpec, algorithm: Algorithm, run_id: bytes, issuer: Any = None,
-                 dp_spec: DPSpec | None = None) -> None:
-        self.spec = spec
+    def __init__(self, session: SecureSession, algorithm: Algorithm, dp_spec: DPSpec | None = None) -> None:
+        self.session, self.spec = session, session.spec
         #: with differential privacy: the devices add Skellam noise inside the ring (distributed DP)
         self.dp_spec = dp_spec
-        self.clients_per_round = algorithm.ctx.settings.clients_per_round
-        #: the operator CA's key when identities must be issued (``issuer=``); None: trust on first use
-        self.issuer = issuer
-        self.run_id = run_id
-        self.seed = algorithm.ctx.settings.seed
         self.numel = algorithm.ctx.numel
         self.weighted = algorithm.weighted
-        #: each node's identity key, pinned the first time it takes part
-        self.pins: dict[int, bytes] = {}
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: Any = None) -> SecureAggregationLayer | None:
@@ -123,43 +114,24 @@ class SecureAggregationLayer(Layer):
         if dp is not None and spec.ratio < 1:
             raise SettingsError("secure-aggregation ratio < 1 (random-k) cannot carry distributed DP: the noise "
                                 "and the sensitivity cover the whole update; use ratio=1")
-        issuer = None
-        if spec.issuer:
-            try:
-                issuer = load_issuer(spec.issuer)
-            except CredentialError as err:
-                raise SettingsError(f"secure-aggregation: {err}") from None
-        # Random, and kept in the checkpoint: every signature and share of this run is bound to it,
-        # and no other run (a rerun with the same seed and directory name included) shares it.
-        return cls(spec, algorithm, os.urandom(16), issuer, dp)
-
-    def _noise(self, planned: int) -> SkellamParams | None:
-        """Under distributed DP: each of the ``planned`` devices' share of the round's noise."""
-        if self.dp_spec is None:
-            return None
-        return round_noise(self.dp_spec, self.numel, planned)
-
-    def _failures(self, state: _Round) -> list[Failure]:
-        """Nodes the protocol dropped since the last report, once each."""
-        assert state.secure is not None
-        return state.secure.dropped()
+        try:
+            session = SecureSession(spec, algorithm.ctx.settings.seed)
+        except CredentialError as err:
+            raise SettingsError(f"secure-aggregation: {err}") from None
+        return cls(session, algorithm, dp)
 
     def open(self, step: Step, exchange: Exchange) -> list[Failure]:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
         state: _Round = self.scratch(step, _Round)
         try:
-            if self.spec.issuer:  # the operator's revocations as they stand now: a revoked device is out
-                self.issuer = load_issuer(self.spec.issuer)  # from this round on, without a restart
-            state.secure = SecureRound(self.spec, self.run_id, self.seed, step.number, step.nodes, self.numel,
-                                       self.pins, weighted=self.weighted, issuer=self.issuer,
-                                       noise=self._noise(len(step.nodes)))
-            state.planned = len(step.nodes)
-            state.secure.advertise(_stages(exchange))
-            step.nodes = state.secure.share(_stages(exchange))
-        except SecAggError as error:  # the round cannot go on: nobody trains, the model is unchanged
+            noise = None if self.dp_spec is None else round_noise(self.dp_spec, self.numel, len(step.nodes))
+            state.secure = self.session.round(step.number, step.nodes, self.numel, weighted=self.weighted,
+                                              noise=noise)
+            step.nodes = state.secure.open(_stages(exchange))
+        except SecAggError as error:  # the round cannot go on (a CredentialError too): nobody trains
             self._abandon(step, state, error)
             step.nodes = []
-        return self._failures(state) if state.secure is not None else []
+        return state.secure.dropped() if state.secure is not None else []
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         state: _Round = self.scratch(step, _Round)
@@ -169,12 +141,11 @@ class SecureAggregationLayer(Layer):
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
 
     def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
-        """A masked upload, already screened with its metrics checked: its size must be exactly what
-        the plan expects before it is held (its header and ring elements are decoded once, when the
-        round unmasks; a bad one drops its device there)."""
+        """A masked upload, already screened with its metrics checked, held once its size is what
+        the plan expects (a bad header or ring element drops its device when the round unmasks)."""
         state: _Round = self.scratch(step, _Round)
         assert state.secure is not None
-        state.uploads[reply.node] = state.secure.check_upload(metrics, payload)
+        state.secure.take(reply.node, metrics, payload)
         return True
 
     def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
@@ -183,19 +154,20 @@ class SecureAggregationLayer(Layer):
         if state.secure is None or not step.nodes:
             return []
         try:
-            survivors = state.secure.masked_inputs(state.uploads)
-            mean, count, weight = state.secure.unmask(_stages(exchange), survivors)
-            state.revealed = Partial.of_mean(mean, weight, count, members=tuple(survivors), planned=state.planned)
+            mean, count, weight, survivors = state.secure.reveal(_stages(exchange))
+            state.revealed = Partial.of_mean(mean, weight, count, members=tuple(survivors),
+                                             planned=state.secure.planned)
         except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
             self._abandon(step, state, error)
-        return self._failures(state)
+        return state.secure.dropped()
 
     def release(self, step: Step, partial: Partial) -> Partial:
         """The unmasked sum in place of the clear one (which holds nothing: every upload was masked);
         an empty partial when the round could not unmask, so the step changes nothing."""
         state: _Round = self.scratch(step, _Round)
         assert not partial.count, "arrived() takes every reply of a secure round: none reaches the clear sum"
-        return state.revealed if state.revealed is not None else Partial.empty(partial.numel, planned=state.planned)
+        planned = state.secure.planned if state.secure is not None else 0
+        return state.revealed if state.revealed is not None else Partial.empty(partial.numel, planned=planned)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         state: _Round = self.scratch(step, _Round)
@@ -208,7 +180,7 @@ class SecureAggregationLayer(Layer):
                               "secagg_neighbours": state.secure.plan.degree,
                               "secagg_consistency": state.secure.plan.consistency})
 
-    def _abandon(self, step: Step, state: _Round, error: SecAggError) -> None:
+    def _abandon(self, step: Step, state: _Round, error: Exception) -> None:
         log.error("round %d: secure aggregation failed: %s; global model unchanged", step.number, error)
         state.notes.append({"node": None, "reason": f"secure aggregation failed: {error}"})
 
@@ -216,22 +188,7 @@ class SecureAggregationLayer(Layer):
         return {"secure_aggregation": self.spec.spec}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run-id": self.run_id.hex(), "pins": {str(node): raw.hex() for node, raw in sorted(self.pins.items())}}
+        return self.session.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """A resumed run keeps its run id and its identity pins (a checkpoint from before they were
-        kept gets a fresh id and no pins)."""
-        if state is None:
-            return
-        raw = bytes.fromhex(str(state.get("run-id", "")))
-        if len(raw) != 16:
-            raise ValueError("the checkpoint's secure-aggregation run id is not 16 bytes")
-        pins = {}
-        for node, key in dict(state.get("pins", {})).items():
-            pin = bytes.fromhex(str(key))
-            if len(pin) != 32:
-                raise ValueError(f"the checkpoint's identity pin of node {node} is not 32 bytes")
-            pins[int(node)] = pin
-        self.run_id = raw
-        self.pins.clear()
-        self.pins.update(pins)
+        self.session.load_state_dict(state)
