@@ -13,6 +13,15 @@ the SuperNode, so N nodes on 2 cores are bounded by process start-up, not by the
 per message is the figure that extrapolates (docs/capacity.md).
 
     .venv/bin/python bench/superlink_throughput.py --supernodes 40 --rounds 5
+
+``--idle-seconds S`` measures what connected devices cost a SuperLink when no run is going on,
+the load that sizes a SuperLink for many devices: N SuperNodes connect, and once each has settled
+(its own CPU still), the SuperLink's CPU seconds over S seconds. An idle SuperNode of flwr 1.42
+pulls for messages every 3 s (``start_client_internal``) and sends a heartbeat every 30 s
+(``HEARTBEAT_DEFAULT_INTERVAL``): 0.37 requests per second, of which the pulls are 91%. Reported:
+the SuperLink's share of a core per connected device, hence devices per core.
+
+    .venv/bin/python bench/superlink_throughput.py --supernodes 10 40 --idle-seconds 120
 """
 
 from __future__ import annotations
@@ -112,6 +121,60 @@ def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolatio
     }
 
 
+#: requests an idle SuperNode of flwr 1.42 sends per second: a PullMessages every 3 s
+#: (``flwr.supernode.start_client_internal``: ``time.sleep(3)`` when nothing was pulled) and a
+#: heartbeat every ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s)
+IDLE_PULL_SECONDS, HEARTBEAT_SECONDS = 3.0, 30.0
+
+
+def _settled(pids: list[int], quiet: float = 0.02, window: float = 3.0, timeout: float = 600.0) -> float:
+    """Wait until every process in ``pids`` uses under ``quiet`` of a core over ``window`` seconds
+    (the SuperNodes started and connected: from then on they only poll); the seconds waited."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        before = [_cpu_seconds(pid) for pid in pids]
+        time.sleep(window)
+        if all(_cpu_seconds(pid) - b < quiet * window for pid, b in zip(pids, before)):
+            return time.monotonic() - began
+    raise RuntimeError(f"the SuperNodes did not settle within {timeout:g} s")
+
+
+def measure_idle(supernodes: int, seconds: float, isolation: str = "warm") -> dict[str, Any]:
+    """The SuperLink's CPU over ``seconds`` with ``supernodes`` connected, idle SuperNodes."""
+    run_dir = Path(tempfile.mkdtemp(prefix="superlink-idle-"))
+    flwr_home = run_dir / "flwr-home"
+    env = flower_environment(flwr_home)
+    group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    try:
+        flower = FlowerLaunch(group, flwr_home, isolation=isolation)
+        link = flower.start_superlink(cwd=run_dir)
+        nodes = [flower.start_supernode(i, {"partition-id": i, "num-partitions": supernodes}, cwd=run_dir)
+                 for i in range(supernodes)]
+        settle = _settled([n.popen.pid for n in nodes])
+        alive = sum(n.popen.poll() is None for n in nodes)
+        cpu0, t0 = _cpu_seconds(link.popen.pid), time.monotonic()
+        time.sleep(seconds)
+        cpu1, t1 = _cpu_seconds(link.popen.pid), time.monotonic()
+        rss = _rss_mib(link.popen.pid)
+        alive = min(alive, sum(n.popen.poll() is None for n in nodes))
+    finally:
+        group.stop()
+    if alive != supernodes:
+        raise RuntimeError(f"{supernodes - alive} SuperNodes exited; logs in {run_dir / 'logs'}")
+    cores = (cpu1 - cpu0) / (t1 - t0)
+    requests = supernodes * (1 / IDLE_PULL_SECONDS + 1 / HEARTBEAT_SECONDS) * (t1 - t0)
+    return {
+        "supernodes": supernodes, "settle_seconds": round(settle, 1), "idle_seconds": round(t1 - t0, 1),
+        "superlink_cpu_seconds": round(cpu1 - cpu0, 2), "superlink_cores": round(cores, 4),
+        "superlink_cores_per_device": cores / supernodes,
+        "devices_per_core": supernodes / cores if cores > 0 else None,
+        "requests_estimated": round(requests),
+        "superlink_cpu_ms_per_request": 1000 * (cpu1 - cpu0) / requests,
+        "requests_per_second_per_core": requests / (cpu1 - cpu0) if cpu1 > cpu0 else None,
+        "superlink_rss_mib": round(rss, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--supernodes", type=int, nargs="+", default=[10, 40])
@@ -119,11 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--isolation", default="warm", choices=("warm", "subprocess"))
+    parser.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="measure the SuperLink's CPU with idle connected SuperNodes for this long instead of "
+                             "running rounds")
     parser.add_argument("--out", default="bench/results/superlink_throughput")
     args = parser.parse_args(argv)
+    if args.idle_seconds < 0:
+        parser.error("--idle-seconds must be >= 0")
     results = []
     for n in args.supernodes:
-        result = measure(n, args.rounds, args.payload_bytes, args.timeout, args.isolation)
+        if args.idle_seconds:
+            result = measure_idle(n, args.idle_seconds, args.isolation)
+        else:
+            result = measure(n, args.rounds, args.payload_bytes, args.timeout, args.isolation)
         results.append(result)
         print(json.dumps(result), flush=True)
     command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)

@@ -27,20 +27,25 @@ from fedge.deploy.atomic import atomic_write_bytes
 from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
-from fedge.protocol.leaf import LeafChannel, LeafResult, decode_result, encode_request, request_name, result_name
+from fedge.protocol.leaf import (
+    LEAF_SPOOL,
+    LEAF_TIMEOUT,
+    LeafChannel,
+    LeafResult,
+    decode_result,
+    encode_request,
+    request_name,
+    result_name,
+)
 from fedge.protocol.secagg import secure_stage
 
-__all__ = ["LEAF_SPOOL", "LeafTimeout", "SpoolChannel", "bridge_app", "bridge_mod", "make_bridge"]
-
-#: the node config key that makes a SuperNode a leaf's bridge: the leaf's spool directory
-LEAF_SPOOL = "leaf-spool"
-#: the node config key of how long a bridge waits for its leaf's step (seconds)
-LEAF_TIMEOUT = "leaf-timeout"
+__all__ = ["LeafTimeout", "SpoolChannel", "bridge_app", "bridge_mod", "make_bridge"]
 
 
 class LeafTimeout(ProtocolError):
-    """The leaf did not answer a root round within the bridge's wait (the root counts the bridge's
-    reply as failed and goes on; the leaf's answer, when it comes, serves a retry of that round)."""
+    """The leaf did not answer a root round within the bridge's wait: the root counts the bridge's
+    reply as failed and goes on without the leaf, and the bridge withdraws its request, so that a
+    leaf that comes back (restarted from its checkpoint) does not step for a root round that is over."""
 
 
 class SpoolChannel:
@@ -62,6 +67,7 @@ class SpoolChannel:
         deadline = self.clock() + self.timeout
         while not result.exists():
             if self.clock() > deadline:
+                request.unlink(missing_ok=True)  # withdrawn: the root's round goes on without this leaf
                 raise LeafTimeout(f"the leaf at {self.spool} did not answer round {root_round} within "
                                   f"{self.timeout:g} s")
             self.sleep(self.poll)

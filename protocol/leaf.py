@@ -19,7 +19,7 @@ import torch
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["LEAF_STOP", "LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
+__all__ = ["LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
            "encode_result", "request_name", "result_name"]
 
 #: at most this many devices behind one leaf step (a larger count is a corrupt file)
@@ -61,6 +61,11 @@ class LeafSpoolError(ProtocolError):
 
 #: the file that ends a leaf's service (its root's run is over)
 LEAF_STOP = "stop"
+#: the node config key that makes a SuperNode a leaf's bridge: the leaf's spool directory
+LEAF_SPOOL = "leaf-spool"
+#: the node config key of how long a bridge waits for its leaf's step (seconds; the launcher gives
+#: 0.8 x the root's round timeout, so a dead leaf's bridge answers before the root closes the round)
+LEAF_TIMEOUT = "leaf-timeout"
 
 
 def request_name(root_round: int) -> str:

@@ -29,7 +29,7 @@ from fedge.launcher.sequence import FlowerLaunch, LaunchError
 from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
-from fedge.protocol.leaf import LEAF_STOP
+from fedge.protocol.leaf import LEAF_SPOOL, LEAF_STOP, LEAF_TIMEOUT
 from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.device import gpu_count
@@ -77,6 +77,7 @@ def launch(
     isolation: str = "warm",
     client_device: str = "auto",
     leaves: int = 0,
+    kill_leaf: tuple[int, int] | None = None,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -97,7 +98,12 @@ def launch(
     split over this many leaves, each a SuperLink of its own with its devices and a leaf coordinator
     (``leaf-spool``, ``fedge.server.leaf``); the root's SuperLink has one bridge SuperNode per leaf
     (node config ``leaf-spool``, ``fedge.edge_client.bridge``), and the root runs the settings over
-    them (``clients-per-round`` leaves; each leaf steps its devices, all of them per step).
+    them (``clients-per-round`` leaves; each leaf steps its devices, all of them per step). A
+    bridge waits for its leaf at most 0.8 x ``round-timeout``, so that a dead leaf's bridge answers
+    its root round with an error before the root closes it, and is free for the next one.
+    ``kill_leaf=(i, r)`` (with leaves): a power cut of one leaf, for the fault tests: every process
+    of leaf ``i`` is SIGKILLed once the root's row of round ``r`` is written, and the leaf is
+    started again once the root's next row is (it resumes from its checkpoint).
     ``ray_address`` (simulation only): run the ClientApps on an existing Ray cluster (``ray start
     --head`` plus ``ray start --address=...`` on every other machine) instead of a local Ray
     instance; Flower's Ray backend connects through ``RAY_ADDRESS`` and schedules one ClientApp per
@@ -113,6 +119,8 @@ def launch(
     why = leaves_refusal(settings, leaves, num_supernodes, engine, tls) if leaves else None
     if why is not None:
         raise ValueError(f"leaves={leaves}: {why}")
+    if kill_leaf is not None and not 0 <= kill_leaf[0] < leaves:
+        raise ValueError(f"kill_leaf={kill_leaf}: there is no leaf {kill_leaf[0]} of {leaves}")
     if tls and engine != "deployment":
         raise ValueError("tls applies to the deployment engine (simulated nodes do not connect)")
     if ray_address and engine != "simulation":
@@ -163,8 +171,8 @@ def launch(
         federation_config: dict[str, Any] = {}
         if leaves:  # the root's nodes: one bridge per leaf
             for i, (_, spool) in enumerate(tiers):
-                flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, "leaf-spool": str(spool)},
-                                       cwd=run_dir)
+                flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, LEAF_SPOOL: str(spool),
+                                           LEAF_TIMEOUT: 0.8 * settings.round_timeout}, cwd=run_dir)
             flower.start_warm_executor(cwd=run_dir, partitions=False)
         elif engine == "deployment":
             for i in range(num_supernodes):
@@ -191,6 +199,10 @@ def launch(
             if share:  # Ray hides the GPUs from an actor that asks for none
                 federation_config["client-resources-num-gpus"] = share
         runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
+        if kill_leaf is not None:
+            on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaves, share_settings,
+                                                                           num_supernodes, run_dir, app, isolation),
+                                     on_row)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:
         raise EngineError(str(err)) from None
@@ -210,6 +222,27 @@ def launch(
         seconds=time.monotonic() - started,
         logs={p.stem: p for p in (run_dir / "logs").glob("*.log")},
     )
+
+
+def _leaf_power_cut(kill: tuple[int, int], tiers: list[tuple[ProcessGroup, Path]],
+                    restart: Callable[[int], tuple[ProcessGroup, Path]],
+                    on_row: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+    """``on_row`` that also kills leaf ``kill[0]`` after the root's round ``kill[1]`` and starts it
+    again after the next one (``launch``'s ``kill_leaf``)."""
+    leaf, after = kill
+
+    def row_seen(row: dict[str, Any]) -> None:
+        if row["round"] == after:
+            log.info("simulating a power cut of leaf %d after root round %d", leaf, after)
+            tiers[leaf][0].kill_all()
+        elif row["round"] == after + 1:
+            log.info("starting leaf %d again after root round %d", leaf, row["round"])
+            tiers[leaf][0].stop(grace=0.0)  # reaps what the cut left
+            tiers[leaf] = restart(leaf)
+        if on_row is not None:
+            on_row(row)
+
+    return row_seen
 
 
 def _share_partitions(settings: RunSettings, num_partitions: int, directory: Path) -> None:

@@ -1,7 +1,7 @@
 """Beyond one SuperLink on Flower's own processes: a root SuperLink whose two nodes are bridges,
 each to a leaf (a SuperLink of its own, two device SuperNodes, a leaf coordinator's run), all on
-127.0.0.1; the root's rounds train the leaves' devices, a killed root resumes, and every process
-stops at the end."""
+127.0.0.1; the root's rounds train the leaves' devices, a killed root resumes, a killed leaf does
+not block the root and rejoins, and every process stops at the end."""
 
 from __future__ import annotations
 
@@ -16,28 +16,38 @@ from fedge.server.settings import RunSettings
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
-@pytest.mark.timeout(800)
-def test_a_killed_root_resumes_from_its_checkpoint_and_the_leaves_from_theirs(tmp_path, assert_no_leftovers) -> None:
-    """The root's rounds train the leaves' devices, and a crash loses nothing: every process of the
-    root is SIGKILLed after its round 2 and the leaves are stopped. Started again on the same run
-    directory, the root resumes from its checkpoint and the leaves from theirs: the root's rows are
-    rounds 1-4 once each, each with both leaves, and each leaf stepped each root round once with
-    its two devices (a round a leaf had already answered before the crash is answered from its
-    spool, not stepped again). Every process stops at the end."""
-    settings = RunSettings(rounds=4, clients_per_round=2, local_epochs=1, run_dir=str(tmp_path / "run"),
-                           wait_for_nodes=120.0)
+@pytest.mark.timeout(900)
+def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoint(tmp_path, assert_no_leftovers) -> None:
+    """The root's rounds train the leaves' devices, and a crash loses nothing.
+
+    - The root: every process of it is SIGKILLed after its round 2 and the leaves are stopped.
+      Started again on the same run directory, the root resumes from its checkpoint and the leaves
+      from theirs (a round a leaf had already answered before the crash is answered from its spool,
+      not stepped again).
+    - A leaf: after root round 3 every process of leaf 1 is SIGKILLed. Root round 4 completes with
+      leaf 0 alone (leaf 1's bridge answers with an error before the root's timeout); leaf 1 is
+      started again, resumes from its checkpoint and is in root round 5.
+
+    The root's rows are rounds 1-5 once each; each leaf stepped once per root round it answered,
+    never twice for one. Every process stops at the end."""
+    settings = RunSettings(rounds=5, clients_per_round=2, local_epochs=1, run_dir=str(tmp_path / "run"),
+                           wait_for_nodes=120.0, round_timeout=45.0)
     crashed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, stop_after_round=2, timeout=360)
     assert crashed.summary is None
     saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
     assert saved is not None and saved.round in (1, 2, 3)
-    resumed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, timeout=360)
-    assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4]
+    resumed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, kill_leaf=(1, 3), timeout=480)
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
     assert resumed.summary is not None and resumed.summary["resumed_from_round"] == saved.round
-    assert all(r["clients_used"] == 2 and not r["rejected"] for r in resumed.rows), resumed.rows
+    used = {r["round"]: r["clients_used"] for r in resumed.rows}
+    assert used == {1: 2, 2: 2, 3: 2, 4: 1, 5: 2}, resumed.rows  # round 4 without leaf 1; round 5 with it again
+    (missing,) = resumed.rows[3]["rejected"]
+    assert "did not answer round 4" in missing["reason"], missing
+    assert all(not r["rejected"] for r in resumed.rows if r["round"] != 4), resumed.rows
     assert resumed.summary["final_accuracy"] > resumed.summary["initial_accuracy"]
-    for leaf in ("leaf-0", "leaf-1"):
+    for leaf, steps in (("leaf-0", [1, 2, 3, 4, 5]), ("leaf-1", [1, 2, 3, 4])):
         rows = [json.loads(line) for line in (tmp_path / "run" / leaf / "metrics.jsonl").read_text().splitlines()]
-        assert sorted({r["round"] for r in rows}) == [1, 2, 3, 4], rows
-        assert len(rows) == len({r["round"] for r in rows}), [r["round"] for r in rows]  # no step twice
+        assert [r["round"] for r in rows] == steps, rows  # each step once, in order, across both crashes
         assert all(r["clients_used"] == 2 for r in rows)
-    assert_no_leftovers(resumed.run_dir / "flwr-home")
+    for home in ("flwr-home", "leaf-0/flwr-home", "leaf-1/flwr-home"):
+        assert_no_leftovers(resumed.run_dir / home)

@@ -146,6 +146,12 @@ def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None
     assert not (spool / result_name(2)).exists()
     with pytest.raises(LeafTimeout, match="did not answer round 2"):
         SpoolChannel(spool, timeout=0.05, poll=0.01).step(2, start)
+    # the bridge gave up on round 2: its request is withdrawn, so a leaf that comes back (from its
+    # checkpoint) does not step for a root round that is over
+    assert not (spool / request_name(2)).exists()
+    (spool / request_name(4)).write_bytes(encode_request(4, start))
+    served = leaf.serve(spool, stop=lambda: (spool / result_name(4)).exists(), sleep=lambda s: None)
+    assert served == 1 and leaf.steps == 2 and not (spool / result_name(2)).exists()
 
 
 @pytest.mark.parametrize("data, error", [
