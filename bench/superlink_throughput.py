@@ -17,11 +17,12 @@ per message is the figure that extrapolates (docs/capacity.md).
 ``--idle-seconds S`` measures what connected devices cost a SuperLink when no run is going on,
 the load that sizes a SuperLink for many devices: N SuperNodes connect, and once each has settled
 (its own CPU still), the SuperLink's CPU seconds over S seconds. An idle SuperNode of flwr 1.42
-pulls for messages every 3 s (``start_client_internal``) and sends a heartbeat every 30 s
-(``HEARTBEAT_DEFAULT_INTERVAL``): 0.37 requests per second, of which the pulls are 91%. Reported:
-the SuperLink's share of a core per connected device, hence devices per core.
+pulls for messages every 3 s (``start_client_internal``) and sends a heartbeat every 20 s on
+average (``flwr.supercore.heartbeat``): 0.38 requests per second, of which the pulls are 87%.
+Reported: the SuperLink's share of a core per connected device, hence devices per core; with a
+run of 0 SuperNodes in the same call (the SuperLink's own idle load), the marginal figures too.
 
-    .venv/bin/python bench/superlink_throughput.py --supernodes 10 40 --idle-seconds 120
+    .venv/bin/python bench/superlink_throughput.py --supernodes 0 10 40 --idle-seconds 120
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolatio
 
 #: requests an idle SuperNode of flwr 1.42 sends per second: a PullMessages every 3 s
 #: (``flwr.supernode.start_client_internal``: ``time.sleep(3)`` when nothing was pulled) and a
-#: heartbeat every ``HEARTBEAT_DEFAULT_INTERVAL`` (30 s)
-IDLE_PULL_SECONDS, HEARTBEAT_SECONDS = 3.0, 30.0
+#: heartbeat every 20 s on average (``flwr.supercore.heartbeat``: (30 - 5) x U(0.7, 0.9))
+IDLE_PULL_SECONDS, HEARTBEAT_SECONDS = 3.0, 20.0
 
 
 def _settled(pids: list[int], quiet: float = 0.02, window: float = 3.0, timeout: float = 600.0) -> float:
@@ -166,11 +167,11 @@ def measure_idle(supernodes: int, seconds: float, isolation: str = "warm") -> di
     return {
         "supernodes": supernodes, "settle_seconds": round(settle, 1), "idle_seconds": round(t1 - t0, 1),
         "superlink_cpu_seconds": round(cpu1 - cpu0, 2), "superlink_cores": round(cores, 4),
-        "superlink_cores_per_device": cores / supernodes,
-        "devices_per_core": supernodes / cores if cores > 0 else None,
+        "superlink_cores_per_device": cores / supernodes if supernodes else None,
+        "devices_per_core": supernodes / cores if cores > 0 and supernodes else None,
         "requests_estimated": round(requests),
-        "superlink_cpu_ms_per_request": 1000 * (cpu1 - cpu0) / requests,
-        "requests_per_second_per_core": requests / (cpu1 - cpu0) if cpu1 > cpu0 else None,
+        "superlink_cpu_ms_per_request": 1000 * (cpu1 - cpu0) / requests if requests else None,
+        "requests_per_second_per_core": requests / (cpu1 - cpu0) if cpu1 > cpu0 and requests else None,
         "superlink_rss_mib": round(rss, 1),
     }
 
@@ -197,6 +198,18 @@ def main(argv: list[str] | None = None) -> int:
             result = measure(n, args.rounds, args.payload_bytes, args.timeout, args.isolation)
         results.append(result)
         print(json.dumps(result), flush=True)
+    base = next((r for r in results if args.idle_seconds and r["supernodes"] == 0), None)
+    for result in results:
+        if base is not None and result["supernodes"] and result["superlink_cores"] > base["superlink_cores"]:
+            # what each more connected device adds, the SuperLink's own idle load taken out
+            marginal = (result["superlink_cores"] - base["superlink_cores"]) / result["supernodes"]
+            per_request = marginal * IDLE_PULL_SECONDS * HEARTBEAT_SECONDS / (IDLE_PULL_SECONDS + HEARTBEAT_SECONDS)
+            result.update({"marginal_cores_per_device": marginal, "marginal_devices_per_core": 1 / marginal,
+                           "marginal_cpu_ms_per_request": 1000 * per_request,
+                           "marginal_requests_per_second_per_core": 1 / per_request})
+            print(f"{result['supernodes']} devices: {1 / marginal:,.0f} idle devices per SuperLink core "
+                  f"({1 / per_request:,.0f} requests per second per core), the SuperLink's own load taken out",
+                  flush=True)
     command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)
     record = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "results": results}
     out = Path(args.out)

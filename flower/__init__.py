@@ -13,7 +13,8 @@ Message-API strategy (FedAvg, FedAdam, FedProx, FedMedian, Krum, ...) aggregates
 ``FedBuff`` and ``FedAsync`` (``fedge.flower.fedbuff``) run asynchronous aggregation from the user's
 ServerApp against its Grid. ``secure(strategy, ...)`` with ``secure_mod`` on the ClientApp runs the
 round over Fedge's secure aggregation: the strategy aggregates only the survivors' sum
-(``fedge.flower.secure``). Nothing here imports Fedge's coordinator (``fedge.server``).
+(``fedge.flower.secure``). ``layered(strategy, *layers)`` runs Fedge's engine layers (one class
+each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.layered``). Nothing here imports Fedge's coordinator (``fedge.server``).
 """
 
 from fedge.protocol.flower_release import check_flower
@@ -22,9 +23,10 @@ check_flower()  # before anything reads Flower: another release gets a clear err
 
 from fedge.flower.client_mod import compression_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
+from fedge.flower.layered import LayeredStrategy, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
 from fedge.flower.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.strategy import CompressedStrategy, compressed  # noqa: E402
 
-__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "SecureStrategy", "compressed", "compression_mod",
-           "distributed_dp", "secure", "secure_mod"]
+__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy", "compressed",
+           "compression_mod", "distributed_dp", "layered", "secure", "secure_mod"]

@@ -30,7 +30,6 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
-from fedge.flower.layout import Layout
 from fedge.flower.receive import receive_downlink
 from fedge.protocol.config_keys import CODEC_KEY, DOWNLINK_CODEC, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, payload_record

@@ -1,19 +1,55 @@
 """What the strategies of ``fedge.flower`` write into a train message and read from a reply, in one
-place: the uplink codec's config keys, a reply's weight and its update payload, and the errors that
-make a reply refused rather than aggregated."""
+place: the uplink codec's config keys, a reply's weight and its update payload, the errors that
+make a reply refused rather than aggregated, and what every wrapper passes through to the strategy
+it wraps."""
 
 from __future__ import annotations
 
 import math
 
+import logging
+from collections.abc import Iterable
+
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from fedge.compression import PayloadError
 from fedge.flower.layout import LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import ProtocolError, UPDATE_RECORD, read_payload
 
-__all__ = ["REFUSED", "own_config", "reply_payload", "reply_weight", "with_raw", "write_uplink"]
+__all__ = ["REFUSED", "Wrapper", "own_config", "reply_payload", "reply_weight", "with_raw", "write_uplink"]
+
+log = logging.getLogger(__name__)
+
+
+class Wrapper(Strategy):
+    """A strategy around ``self.strategy``: evaluation, ``summary`` after the wrapper's own line, and
+    every attribute the wrapper lacks (``fraction_train``, ``weighted_by_key``, ...) are the
+    wrapped strategy's."""
+
+    strategy: Strategy
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log.info("%s (fedge.flower), wrapping:", self.describe())
+        self.strategy.summary()
+
+    def __getattr__(self, name: str) -> object:
+        if name == "strategy":  # not set yet (inside __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
+
 
 #: errors that refuse one reply (logged with the reason, left out of the aggregate)
 REFUSED = (PayloadError, ProtocolError, LayoutError, KeyError, ValueError)

@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layout import Layout
+from fedge.flower.messages import Wrapper
 from fedge.protocol.config_keys import UPLINK_KEYS, WEIGHT_KEY
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, UPDATE_RECORD, read_payload
 from fedge.flower.secure_dp import DistributedDP, parsed
@@ -65,7 +66,7 @@ def refuse_reason(strategy: Strategy) -> str | None:
             "only reveals their sum")
 
 
-class SecureStrategy(Strategy):
+class SecureStrategy(Wrapper):
     """``strategy`` over securely aggregated updates (see the module docstring)."""
 
     #: what another wrapper asks before it wraps this one: updates leave the devices masked
@@ -216,23 +217,8 @@ class SecureStrategy(Strategy):
         log.warning("round %d: reply from node %d refused: %s", server_round, node, reason)
         self.refused.append((server_round, node, reason))
 
-    # -- everything else is the wrapped strategy's ------------------------------------------------
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
-
-    def summary(self) -> None:
-        log.info("secure aggregation: %s (fedge.flower), wrapping:", self.spec.spec)
-        self.strategy.summary()
-
-    def __getattr__(self, name: str) -> object:
-        # the wrapped strategy's own attributes (fraction_train, weighted_by_key, ...) read through
-        if name == "strategy":
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    def describe(self) -> str:
+        return f"secure aggregation: {self.spec.spec}"
 
 
 @dataclass

@@ -35,7 +35,7 @@ from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.flower.layout import Layout
-from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, Wrapper, reply_payload, reply_weight, with_raw, write_uplink
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 
 __all__ = ["CompressedStrategy", "compressed"]
@@ -43,7 +43,7 @@ __all__ = ["CompressedStrategy", "compressed"]
 log = logging.getLogger(__name__)
 
 
-class CompressedStrategy(Strategy):
+class CompressedStrategy(Wrapper):
     """``strategy`` with Fedge-compressed uplink updates (see the module docstring)."""
 
     def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
@@ -208,15 +208,8 @@ class CompressedStrategy(Strategy):
             metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
         return metrics
 
-    def summary(self) -> None:
-        log.info("compressed uplink: %s, downlink: %s (fedge.flower), wrapping:", self.uplink, self.downlink.spec)
-        self.strategy.summary()
-
-    def __getattr__(self, name: str) -> object:
-        # the wrapped strategy's own attributes (fraction_train, weighted_by_key, ...) read through
-        if name == "strategy":
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    def describe(self) -> str:
+        return f"compressed uplink: {self.uplink}, downlink: {self.downlink.spec}"
 
 
 def is_plain_mean(strategy: Strategy) -> bool:

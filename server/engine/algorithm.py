@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -46,12 +46,12 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch.utils.data import Dataset
 
-from fedge.aggregation.partial import Accumulator, Partial
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.round_config import RoundConfig
-from fedge.server.settings import RunSettings, SettingsError
+from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.server.settings import RunSettings
 from fedge.tasks import Task, tensor_sizes
 
 __all__ = [
@@ -132,94 +132,6 @@ class RunContext:
             extra={**({"plugins": s.plugins} if s.plugins else {}),
                    **({"memory-storage": s.memory_storage} if s.memory_storage != "fp32" else {}), **extra},
         )
-
-
-@dataclass
-class Outgoing:
-    """One message an algorithm wants sent: the engine wraps it into a Flower ``Message``."""
-
-    node: int
-    content: RecordDict
-    message_type: str
-    #: the flat model this message carries to the device, when it carries one (FedAvg's global
-    #: model, EASGD's center): the downlink layer ships it, in full or as a lattice change
-    model: torch.Tensor | None = None
-
-
-@dataclass
-class Reply:
-    """A reply that is not a Flower error: its node and content."""
-
-    node: int
-    content: RecordDict
-    #: asynchronous algorithms: the model version the reply's message was built from
-    started: int | None = None
-
-
-@dataclass
-class Step:
-    """One step's accumulators: :meth:`Algorithm.open_step` makes it, the other calls of the step act
-    on it, and it is dropped when the step closes. Algorithms subclass it with their own fields."""
-
-    #: the round (synchronous) or the model version being built (asynchronous: version + 1)
-    number: int
-    #: the nodes selected for the step (empty for asynchronous steps: nodes come and go); a layer
-    #: may narrow it before the algorithm configures (secure aggregation: those that dealt shares)
-    nodes: list[int] = field(default_factory=list)
-    #: algorithms whose ``aggregate`` is ``mean`` or ``sum``: the step's accumulator of clear updates
-    #: (a streaming mean or a robust rule); the algorithm adds to it, nothing else touches it
-    aggregate: Accumulator | None = None
-    #: what the step releases: the accumulator's partial after every layer's ``release`` (the
-    #: unmasked sum of secure aggregation, DP's noised mean); the engine sets it before ``close``
-    released: Partial | None = None
-    #: nodes connected when the step opened (set by the engine)
-    connected: int = 0
-    #: each layer's state for this step, by layer key (``Layer.scratch``)
-    layers: dict[str, Any] = field(default_factory=dict)
-
-    def aggregated(self) -> Partial:
-        """The step's aggregate as the algorithm closes it: what the layers released, or (an
-        algorithm driven without the engine, in a unit test) its accumulator's own partial."""
-        if self.released is not None:
-            return self.released
-        if self.aggregate is None:
-            raise ValueError("this step has no aggregate: its algorithm works on each update")
-        return self.aggregate.partial()
-
-
-@dataclass(frozen=True)
-class Update:
-    """A reply the engine has screened, decoded with its round's codec and bounded, for
-    :meth:`Algorithm.absorb`."""
-
-    node: int
-    #: the decoded update, within the run's norm bound
-    vector: torch.Tensor
-    #: the (capped) example count; 1.0 for algorithms that do not weight replies
-    weight: float
-    #: the reply's metrics, with ``num-examples`` and ``train-loss`` checked
-    metrics: dict[str, float]
-    #: the encoded bytes as the client sent them (gossip relays them unchanged)
-    payload: bytes
-    #: the whole reply, for records only one algorithm reads (gossip's ``measure``)
-    content: RecordDict
-    #: asynchronous algorithms: the model version the reply's message was built from
-    started: int | None = None
-
-    @property
-    def train_loss(self) -> float:
-        return float(self.metrics.get("train-loss", 0.0))
-
-
-@dataclass
-class StepOutcome:
-    """How a step ended. ``model`` is what the engine evaluates on held-out data (FedAvg's global
-    model, EASGD's center, gossip's average); ``extra`` goes into the metrics row."""
-
-    model: torch.Tensor | None
-    train_loss: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    notes: list[dict[str, Any]] = field(default_factory=list)  # step-level problems, e.g. non-finite aggregate
 
 
 class Algorithm(ABC):

@@ -64,7 +64,7 @@ from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
-from fedge.server.engine.tally import Tally, resource_summary, train_seconds
+from fedge.protocol.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory

@@ -193,7 +193,7 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     """The client validates the model it receives as strictly as the server validates an update."""
     from flwr.app import Array
 
-    from fedge.server.engine.tally import Tally
+    from fedge.protocol.tally import Tally
 
     engine = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(3)

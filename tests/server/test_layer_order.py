@@ -15,8 +15,7 @@ import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.server.engine.algorithm import Step
-from fedge.server.engine.layers import LAYERS, SAMPLE, SUM, Layer, build_layers, order_layers, register_layer
-from fedge.server.settings import SettingsError
+from fedge.server.engine.layers import LAYERS, SAMPLE, SUM, Layer, LayerOrderError, build_layers, order_layers, register_layer
 from tests.server.behaviour import CASES, FINGERPRINTS, fingerprint
 from tests.server.test_engine import _engine
 
@@ -97,12 +96,12 @@ class _Circular(Layer):
 
 def test_two_layers_providing_one_facet_are_refused_with_the_reason(tmp_path) -> None:
     engine = _engine(tmp_path, selection="oort")
-    with pytest.raises(SettingsError, match="selection and test-chooser both provide the step's 'sample'"):
+    with pytest.raises(LayerOrderError, match="selection and test-chooser both provide the step's 'sample'"):
         order_layers([*engine.layers, _Chooser()])
 
 
 def test_a_cycle_of_needs_is_refused_with_the_reason() -> None:
-    with pytest.raises(SettingsError, match=re.escape("a cycle: test-circular needs ['test-needs-sum'], "
+    with pytest.raises(LayerOrderError, match=re.escape("a cycle: test-circular needs ['test-needs-sum'], "
                                                       "test-needs-sum needs ['test-circular']")):
         order_layers([_NeedsSum(), _Circular()])
 

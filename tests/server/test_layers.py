@@ -12,7 +12,7 @@ import torch
 
 from fedge.server.engine.algorithm import Reply, Step, StepOutcome
 from fedge.server.engine.layers import LAYERS, Layer, register_layer
-from fedge.server.engine.tally import Tally
+from fedge.protocol.tally import Tally
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 

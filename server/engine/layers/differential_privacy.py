@@ -47,8 +47,8 @@ from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Step, StepOutcome, Update
-from fedge.server.engine.layers.base import BOUNDED, NOISE, SAMPLE, SUM, Layer
-from fedge.server.engine.tally import Tally
+from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["CentralDP", "DifferentialPrivacyLayer"]

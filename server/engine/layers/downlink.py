@@ -40,8 +40,8 @@ from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOW
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.refusals import NEEDS_BASE
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.server.engine.layers.base import MODEL, Failure, Layer
-from fedge.server.engine.tally import Tally
+from fedge.protocol.layer import MODEL, Failure, Layer
+from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
 

@@ -27,11 +27,11 @@ from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.dispatcher import Missing
-from fedge.server.engine.layers.base import MODEL, SUM, Exchange, Failure, Layer
+from fedge.protocol.layer import MODEL, SUM, Exchange, Failure, Layer
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound, StageExchange
 from fedge.protocol.secure_session import SecureSession
-from fedge.server.engine.tally import Tally
+from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["SecureAggregationLayer", "refuse_reason"]

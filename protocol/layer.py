@@ -9,7 +9,7 @@ comm hook and a Flower mod wraps any ClientApp.
 Which layer runs before which follows from what each declares, never from a list's order: a layer
 names the facets of a step it ``provides`` (``SUM``: it produces the step's sum) and those it
 ``needs`` done first (DP clips after the guard has bounded and weighed an update, and noises the
-sum secure aggregation unmasked). ``fedge.server.engine.layers.order_layers`` sorts the run's
+sum secure aggregation unmasked). :func:`order_layers` sorts the run's
 layers by these declarations, and refuses, before the run, two layers that provide one facet or a
 cycle. The step's aggregate travels between them as one typed value, a
 :class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`.
@@ -55,17 +55,15 @@ import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure
-from fedge.server.engine.algorithm import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.protocol.tally import Tally
 
 if TYPE_CHECKING:
     from flwr.app import Message
 
-    from fedge.server.engine.algorithm import Algorithm
     from fedge.protocol.dispatcher import Missing
-    from fedge.server.engine.tally import Tally
-    from fedge.server.run.run_directory import RunDirectory
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "order_layers"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
@@ -78,6 +76,10 @@ MODEL = "model"
 SUM = "sum"
 #: adds noise to the released aggregate (``release``)
 NOISE = "noise"
+
+class LayerOrderError(ValueError):
+    """Layers that cannot run together: two provide one facet, or their needs form a cycle."""
+
 
 #: a layer's own message exchange: (messages, timeout seconds, group name) -> replies as they land
 Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
@@ -95,7 +97,10 @@ class Layer:
     needs: frozenset[str] = frozenset()
 
     @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: RunDirectory | None = None) -> Layer | None:
+    def build(cls, algorithm: Any, run_dir: Any = None) -> Layer | None:
+        """The layer for Fedge's engine running ``algorithm`` (``fedge.server.engine.algorithm``), or
+        None when its setting is off. In a Flower app a layer is made directly and handed to
+        ``fedge.flower.layered``."""
         raise NotImplementedError
 
     def scratch(self, step: Step, factory: Callable[[], Any]) -> Any:
@@ -153,3 +158,30 @@ class Layer:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict`'s output (``None`` when the checkpoint has no entry for this
         layer); raise ``ValueError`` when it does not fit this run."""
+
+
+def order_layers(layers: list[Layer]) -> list[Layer]:
+    """The run's layers in the order their declarations imply: every provider of a facet a layer
+    needs runs before it; among layers that do not depend on each other, by key (so the order
+    never depends on registration). Two layers that provide one facet (two rules choosing the
+    step's devices) or a cycle of needs raise :class:`LayerOrderError` with the reason: the one place where
+    a combination of layers that cannot work is refused, before any process starts."""
+    providers: dict[str, Layer] = {}
+    for layer in sorted(layers, key=lambda layer: layer.key):
+        for facet in sorted(layer.provides):
+            if facet in providers:
+                raise LayerOrderError(f"{providers[facet].key} and {layer.key} both provide the step's {facet!r}: "
+                                    "a run can have one of them; turn the other off")
+            providers[facet] = layer
+    before = {layer.key: {providers[f].key for f in layer.needs if f in providers} - {layer.key} for layer in layers}
+    ordered: list[Layer] = []
+    waiting = sorted(layers, key=lambda layer: layer.key)
+    while waiting:
+        done = {layer.key for layer in ordered}
+        ready = next((layer for layer in waiting if before[layer.key] <= done), None)
+        if ready is None:
+            cycle = ", ".join(f"{layer.key} needs {sorted(before[layer.key] - done)}" for layer in waiting)
+            raise LayerOrderError(f"the layers' needs form a cycle: {cycle}")
+        ordered.append(ready)
+        waiting.remove(ready)
+    return ordered

@@ -1,0 +1,101 @@
+"""One layer class, both coordinators: a layer written for Fedge's engine (the test layer of
+``tests/server/test_layers.py``, registered there with one call) runs unchanged around a Flower
+strategy through ``fedge.flower.layered``, and what its hooks do to the updates and the released
+sum is what the strategy aggregates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
+
+from fedge.aggregation.partial import Partial
+from fedge.flower import compressed, layered
+from fedge.protocol.layer import Layer
+from fedge.protocol.step import Step, Update
+from tests.flower.test_compressed_strategy import (  # noqa: F401
+    NODES,
+    Grid,
+    _contexts,
+    _copy,
+    _exchange,
+    _flat,
+    _model,
+    _task,
+    _user_app,
+)
+from tests.server.test_layers import CountingLayer
+
+
+class _Halving(Layer):
+    """Halves every update on its way to the aggregate (the ``update`` hook)."""
+
+    key = "test-halving"
+
+    def update(self, step: Step, update: Update) -> Update:
+        return dataclasses.replace(update, vector=update.vector * 0.5)
+
+
+class _Frozen(Layer):
+    """Releases a zero mean in place of the clear sum (the ``release`` hook): the model stays."""
+
+    key = "test-frozen"
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        return Partial.of_mean(torch.zeros(partial.numel), partial.weight, partial.count, members=partial.members)
+
+
+def _rounds(strategy, arrays, rounds: int = 2):  # type: ignore[no-untyped-def]
+    """``rounds`` train rounds of ``strategy`` in-process from ``arrays``: (arrays, metrics) of each."""
+    apps, contexts, out = {n: _user_app(with_mod=False) for n in NODES}, _contexts(), []
+    for server_round in range(1, rounds + 1):
+        replies = _exchange(list(strategy.configure_train(server_round, arrays, ConfigRecord({}), Grid())), apps,
+                            contexts)
+        arrays, metrics = strategy.aggregate_train(server_round, replies)
+        out.append((arrays, metrics))
+    return out
+
+
+def test_the_engines_test_layer_runs_in_a_flower_app_and_changes_nothing_it_should_not() -> None:
+    arrays, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    plain, wrapped = FedAvg(), layered(FedAvg(), CountingLayer())
+    for server_round in (1, 2):
+        list(plain.configure_train(server_round, arrays, ConfigRecord({}), Grid()))
+        replies = _exchange(list(wrapped.configure_train(server_round, arrays, ConfigRecord({}), Grid())), apps,
+                            contexts)
+        expected, _ = plain.aggregate_train(server_round, _copy(replies))
+        got, metrics = wrapped.aggregate_train(server_round, replies)
+        for name in expected:  # a layer that only counts leaves FedAvg's aggregate bit for bit
+            assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
+        assert (metrics["test_counter.step"], metrics["test_counter.total"]) == (3, 3 * server_round)
+        arrays = got
+
+
+def test_what_a_layer_makes_of_the_updates_and_the_sum_is_what_the_strategy_aggregates() -> None:
+    model = _model()
+    start = _flat(model)
+    (plain, _), = _rounds(FedAvg(), model, rounds=1)
+    (halved, _), = _rounds(layered(FedAvg(), _Halving()), model, rounds=1)
+    np.testing.assert_allclose(_flat(halved) - start, 0.5 * (_flat(plain) - start), rtol=0, atol=1e-6)
+    (frozen, _), = _rounds(layered(FedAvg(), _Frozen()), model, rounds=1)
+    np.testing.assert_array_equal(_flat(frozen), start)
+
+
+def test_layered_goes_inside_the_wrappers_that_decode_and_layers_in_an_order_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="wrap it inside compressed"):
+        layered(compressed(FedAvg()), CountingLayer())
+    compressed(layered(FedAvg(), CountingLayer()))  # the other way round composes
+
+    class _Twice(CountingLayer):
+        provides = frozenset({"sum"})
+
+    class _Again(CountingLayer):
+        key = "test-again"
+        provides = frozenset({"sum"})
+
+    with pytest.raises(ValueError, match="both provide the step's 'sum'"):
+        layered(FedAvg(), _Twice(), _Again())
