@@ -38,7 +38,7 @@ examples:
   fedge cloud-train --nproc-per-node 2 -- --out runs/cloud --epochs 5   # torchrun DDP pretraining
   fedge demo --init runs/cloud/model.pt        # federated fine-tuning from the cloud model
   fedge flower-app --out app && flwr run app <connection> --run-config 'rounds=5'   # your own Flower setup
-  fedge new myapp && cd myapp && flwr run .    # your own model and data: edit myapp/task.py
+  fedge new myapp && cd myapp && flwr run . --stream    # your own model and data: edit myapp/task.py
   fedge demo --app myapp --clients 10          # the same app on Fedge's launcher
 
 every run setting (`fedge settings`; the --options of `fedge demo --help`) is also a key of
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a Flower app project around your own task.py (model, data, metrics)",
         description="Writes DIR/pyproject.toml (a Flower app whose ServerApp and ClientApp are Fedge's), "
         "DIR/task.py (the model, the data and its partitioning, the loss and the metrics: the one file you "
-        "edit) and a README. Then: cd DIR && flwr run .   or   fedge demo --app DIR",
+        "edit) and a README. Then: cd DIR && flwr run . --stream   or   fedge demo --app DIR",
     )
     new.add_argument("dir", metavar="DIR", help="the project directory (new, or empty)")
     from fedge.server.cli.new_project import TEMPLATES
@@ -210,16 +210,16 @@ def _default_run_dir(prefix: str) -> str:
     return str(Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
-    from rich.console import Console
-
-    from fedge.server.local import EngineError, launch
-    from fedge.server.cli.progress import RoundProgress, print_summary
+def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSettings:
+    """The settings of a ``demo`` / ``local-cluster`` command, checked as far as this machine can
+    before any process starts (paths made absolute, the model file and key usable, the leaves'
+    rule, every component built by the preflight): what the command would run. Raises
+    ``SettingsError`` (or ``ValueError``, ``OSError``) with the reason. The docs' commands are run
+    through it too (``tests/test_doc_commands.py``)."""
     from fedge.tasks import make_task
 
-    console = Console(stderr=False)
     app_dir = Path(args.app).resolve() if getattr(args, "app", None) else None
-    if app_dir is not None:  # the app's modules (its task.py) import here as in Flower's processes
+    if app_dir is not None and str(app_dir) not in sys.path:  # its modules (task.py) import here as in Flower's
         sys.path.insert(0, str(app_dir))
     settings = _settings_from_args(args)
     if not settings.run_dir:
@@ -251,9 +251,22 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
     if settings.clients_per_round > nodes:
         settings = settings.replace(clients_per_round=nodes, min_replies=min(settings.min_replies, nodes))
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
-    from fedge.server.preflight import advise, preflight
+    from fedge.server.preflight import preflight
 
     preflight(settings, num_partitions=nodes if engine == "simulation" else None)
+    return settings
+
+
+def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
+    from rich.console import Console
+
+    from fedge.server.cli.progress import RoundProgress, print_summary
+    from fedge.server.local import EngineError, launch
+    from fedge.server.preflight import advise
+
+    console = Console(stderr=False)
+    app_dir = Path(args.app).resolve() if getattr(args, "app", None) else None
+    settings = prepare_run(args, engine, nodes)
     for line in advise(settings, nodes):
         console.print(f"[yellow]note:[/yellow] {line}")
 
@@ -374,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
 
             written = new_project(args.dir, args.template, force=args.force)
             print(f"created {', '.join(str(p) for p in written)}\n"
-                  f"next: cd {args.dir} && flwr run .      (or: fedge demo --app {args.dir})\n"
+                  f"next: cd {args.dir} && flwr run . --stream      (or: fedge demo --app {args.dir})\n"
                   f"your model and data: {Path(args.dir) / 'task.py'}")
             return 0
         if args.command == "keys":
