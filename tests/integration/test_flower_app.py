@@ -1,6 +1,6 @@
-"""``examples/flower-app``: a Flower app written as Flower's own examples are, with Fedge added by
-the four lines docs/flower.md shows; its commands run exactly as the page writes them, on Flower's
-own default local federation (the simulation engine)."""
+"""docs/flower.md, followed literally: a plain Flower app of the shape of Flower's quickstart
+plus the four lines the page shows, and ``examples/flower-app``, each run with the page's own
+command on Flower's default local federation (the simulation engine)."""
 
 from __future__ import annotations
 
@@ -20,50 +20,104 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "examples" / "flower-app"
+#: a plain Flower app of the shape of Flower's quickstart-pytorch, on digits: no Fedge in it
+QUICKSTART = Path(__file__).resolve().parent / "quickstart_app"
+#: the example's Fedge lines and what Flower's own app has in their place (None: nothing)
+EXAMPLE_LINES = {
+    "digitsapp/server_app.py": [
+        ("from fedge.flower import compressed", None),
+        ('    strategy = compressed(FedAvg(fraction_train=float(context.run_config["fraction-train"]), '
+         'fraction_evaluate=0.0), uplink=str(context.run_config["uplink"]), '
+         'downlink=str(context.run_config["downlink"]), start=str(context.run_config["start"]) or None)',
+         '    strategy = FedAvg(fraction_train=float(context.run_config["fraction-train"]), fraction_evaluate=0.0)'),
+    ],
+    "digitsapp/client_app.py": [("from fedge.flower import compression_mod", None),
+                                ("app = ClientApp(mods=[compression_mod])", "app = ClientApp()")],
+}
 
 
 def plain_flower_app(fedge_app: Path, out: Path) -> Path:
-    """The app as Flower wrote it: docs/flower.md's diff taken back out, line by line."""
+    """The example as Flower wrote it: its four Fedge lines taken back out (the benchmarks' baseline)."""
     shutil.copytree(fedge_app, out, ignore=shutil.ignore_patterns("__pycache__"))
-    diff = re.search(r"```diff\n(.*?)```", (ROOT / "docs" / "flower.md").read_text(), re.S).group(1)
-    changed = 0
-    target = None
-    pending: dict[str, str | None] = {}
-    for line in diff.splitlines():
-        if line.startswith("+++ "):
-            target = out / line[4:].split(" ")[0]
-        elif line.startswith("+") and target is not None:
-            added = line[1:]
-            replaced = pending.pop(str(target), None)
-            text = target.read_text()
-            assert text.count(added + "\n") == 1, f"{target.name}: {added!r} is not in the app once"
-            target.write_text(text.replace(added + "\n", "" if replaced is None else replaced + "\n"))
-            changed += 1
-        elif line.startswith("-") and not line.startswith("--- "):
-            pending[str(target)] = line[1:]
-    assert changed == 4 and not pending
+    for name, lines in EXAMPLE_LINES.items():
+        text = (out / name).read_text()
+        for fedge_line, flower_line in lines:
+            assert text.count(fedge_line + "\n") == 1, f"{name}: {fedge_line!r} is not in the example once"
+            text = text.replace(fedge_line + "\n", "" if flower_line is None else flower_line + "\n")
+        (out / name).write_text(text)
     return out
 
 
-@pytest.mark.xdist_group("flwr-default-federation")  # `flwr run .` uses Flower's fixed local ports
-def test_the_example_runs_as_docs_flower_md_says_and_the_diff_is_four_lines(tmp_path: Path) -> None:
-    plain = plain_flower_app(APP, tmp_path / "plain")
-    for name in ("server_app.py", "client_app.py"):
-        assert "fedge" not in (plain / "digitsapp" / name).read_text()
-    app = tmp_path / "flower-app"
-    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
-    home = tmp_path / "flwr-home"
-    commands = readme_commands((ROOT / "docs" / "flower.md").read_text())
-    assert commands == ["cd examples/flower-app", "flwr run . --stream"]
+def apply_docs_diff(app: Path) -> int:
+    """docs/flower.md's diff applied to ``app`` exactly as the page shows it: a ``-`` line replaced
+    by the ``+`` lines after it, a ``+`` line with no ``-`` before it (an import) added after the
+    file's last top-level import. The lines changed."""
+    diff = re.search(r"```diff\n(.*?)```", (ROOT / "docs" / "flower.md").read_text(), re.S).group(1)
+    changed, target, removed = 0, None, None
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            target, removed = app / line[4:].split(" ")[0], None
+        elif line.startswith("--- "):
+            continue
+        elif line.startswith("-"):
+            removed = line[1:]
+        elif line.startswith("+") and target is not None:
+            text = target.read_text()
+            if removed is not None:
+                assert text.count(removed + "\n") == 1, f"{target.name}: {removed!r} is not in the app once"
+                text, removed = text.replace(removed + "\n", line[1:] + "\n"), None
+            else:
+                lines = text.splitlines(keepends=True)
+                last = max(i for i, t in enumerate(lines) if t.startswith(("import ", "from ")))
+                text = "".join(lines[:last + 1] + [line[1:] + "\n"] + lines[last + 1:])
+            target.write_text(text)
+            changed += 1
+    assert removed is None
+    return changed
+
+
+def _flwr_run(app: Path, home: Path) -> str:
+    """``flwr run . --stream`` in ``app`` as the page writes it; the log (every process stopped)."""
     env = flower_environment(home)
     try:
-        done = subprocess.run(["bash", "-c", commands[1]], cwd=app, env=env, capture_output=True, text=True,
+        done = subprocess.run(["bash", "-c", "flwr run . --stream"], cwd=app, env=env, capture_output=True, text=True,
                               timeout=500)
     finally:
         for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
             os.kill(pid, 9)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
+    return log
+
+
+@pytest.mark.xdist_group("flwr-default-federation")  # `flwr run .` uses Flower's fixed local ports
+def test_docs_flower_md_works_as_written_in_a_plain_flower_app(tmp_path: Path) -> None:
+    """A plain quickstart-shaped app (not Fedge's example) plus exactly the page's four lines, run
+    with the page's command: every round's train metrics carry the wrapper's bytes (4-bit QSGD, the
+    default: about an eighth of the fp32 update), none refused."""
+    commands = readme_commands((ROOT / "docs" / "flower.md").read_text())
+    assert commands[1:] == ["flwr run . --stream", "cd examples/flower-app", "flwr run . --stream"], commands
+    app = tmp_path / "app"
+    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+    assert "fedge" not in "".join(p.read_text() for p in app.rglob("*.py"))
+    assert apply_docs_diff(app) == 4
+    log = _flwr_run(app, tmp_path / "flwr-home")
+    uplink = [float(v) for v in re.findall(r"'fedge-uplink-bytes': ([0-9.e+]+)", log)]
+    refused = [float(v) for v in re.findall(r"'fedge-refused': ([0-9.e+]+)", log)]
+    replied = [int(n) for n in re.findall(r"aggregate_train: Received (\d+) results", log)]
+    assert len(uplink) == len(replied) == 3 and refused == [0.0] * 3, log[-4000:]
+    # each reply: 38,282 values at 4 bits plus headers, under a sixth of its fp32 ArrayRecord (153 KB)
+    assert all(0 < bytes_ < n * 153_128 / 6 for bytes_, n in zip(uplink, replied)), (uplink, replied)
+
+
+@pytest.mark.xdist_group("flwr-default-federation")
+def test_the_example_runs_as_docs_flower_md_says(tmp_path: Path) -> None:
+    plain = plain_flower_app(APP, tmp_path / "plain")
+    for name in ("server_app.py", "client_app.py"):
+        assert "fedge" not in (plain / "digitsapp" / name).read_text()
+    app = tmp_path / "flower-app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    log = _flwr_run(app, tmp_path / "flwr-home")
     # Flower's own summary of the run: every round's aggregated train metrics carry the wrapper's
     # byte count and no refused reply; the server's evaluate_fn ran after every round
     uplink = [float(v) for v in re.findall(r"'fedge-uplink-bytes': ([0-9.e+]+)", log)]
