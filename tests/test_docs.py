@@ -352,6 +352,42 @@ def test_readme_is_short_and_links_resolve() -> None:
     assert not problems, "\n".join(problems)
 
 
+def _section(text: str, anchor: str) -> str:
+    """The part of a Markdown text under the heading with ``anchor``, up to the next heading of
+    the same or a higher level."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^(#+) (.+)$", line)
+        if match and _anchor(match.group(2)) == anchor:
+            level, out = len(match.group(1)), []
+            for rest in lines[i + 1:]:
+                heading = re.match(r"^(#+) ", rest)
+                if heading and len(heading.group(1)) <= level:
+                    break
+                out.append(rest)
+            return "\n".join(out)
+    raise AssertionError(f"no heading for #{anchor}")
+
+
+def test_the_readmes_headline_figures_are_the_ones_results_md_holds() -> None:
+    """One figure, one place: every number of the README's first table (what Fedge adds to Flower)
+    appears, as written, in the results.md section its row links to; a figure updated there and
+    not in the README (or the other way round) fails here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    table = readme.split("**What Fedge adds to a Flower federation**", 1)[1].split("\n\n")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "results.md#" in line]
+    assert len(rows) >= 5, table
+    problems = []
+    for row in rows:
+        anchor = re.search(r"results\.md#([^)]+)\)", row).group(1)
+        section = _section(results, anchor)
+        for number in re.findall(r"\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?x?", row.split("](")[0]):
+            if number not in section:
+                problems.append(f"{number!r} ({row.split('|')[1].strip()}) is not in results.md#{anchor}")
+    assert not problems, "\n".join(problems)
+
+
 def settings_table() -> str:
     """The run-settings table of docs/operations.md, as it must read (from the settings themselves)."""
     from fedge.launcher.environment import toml_value
