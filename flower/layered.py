@@ -38,13 +38,13 @@ from flwr.serverapp.strategy import Strategy
 
 from fedge.aggregation.partial import Partial
 from fedge.flower.layout import Layout
-from fedge.flower.messages import Wrapper
+from fedge.flower.messages import REFUSED, Wrapper
 from fedge.flower.secure import SecureStrategy, _stages
 from fedge.flower.strategy import CompressedStrategy
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Exchange, Layer, order_layers
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, read_payload
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
@@ -133,28 +133,13 @@ class LayeredStrategy(Wrapper):
                 self._missed(state, Failure(node, FailureKind.CLIENT_ERROR,
                                             f"client error {message.error.code}: {message.error.reason}"))
                 continue
-            metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
-            reply = Reply(node, message.content)
-            payload = memoryview(read_payload(message.content, UPDATE_RECORD)
-                                 if UPDATE_RECORD in message.content.array_records else b"")
-            if any([layer.arrived(step, reply, payload, metrics) for layer in self.layers]):  # every layer sees it
+            try:
+                update = self._update(state, message, key)
+            except REFUSED as err:  # what the engine's door refuses, refused here too: logged, left out
+                self._missed(state, Failure(node, FailureKind.INVALID, str(err)))
                 continue
-            name = next((n for n in message.content.array_records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
-            if name is None:
-                self._missed(state, Failure(node, FailureKind.INVALID, "a train reply without its model's arrays"))
+            if update is None:  # a layer took the reply whole
                 continue
-            record = message.content.array_records[name]
-            vector = torch.from_numpy(layout.flatten(record) - state.sent)
-            update = original = Update(node, vector, float(metrics.get(key, 1.0)), metrics, bytes(payload),
-                                       message.content)
-            for layer in self.layers:
-                update = layer.update(step, update)
-            if update is not original:  # what the layers made of the update (untouched: the reply's own bytes)
-                content = RecordDict(dict(message.content.items()))
-                content[name] = layout.rebuild(state.sent + update.vector.numpy(), record)
-                content[next(iter(message.content.metric_records), "metrics")] = MetricRecord({**metrics,
-                                                                                              key: update.weight})
-                message.content = content
             total += update.weight * update.vector
             weight += update.weight
             state.tally.members.append(node)
@@ -182,6 +167,34 @@ class LayeredStrategy(Wrapper):
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
         return arrays, _with_extra(metrics, outcome.extra)
+
+    def _update(self, state: _Round, message: Message, key: str) -> Update | None:
+        """One reply through the layers' ``arrived`` and ``update`` (None: a layer took it whole);
+        the reply's content then holds what the layers made of it. Raises what refuses it."""
+        step, layout, node = state.step, state.layout, message.metadata.src_node_id
+        metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
+        payload = memoryview(read_payload(message.content, UPDATE_RECORD)
+                             if UPDATE_RECORD in message.content.array_records else b"")
+        if any([layer.arrived(step, Reply(node, message.content), payload, metrics) for layer in self.layers]):
+            return None  # every layer saw it; one consumed it
+        name = next((n for n in message.content.array_records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
+        if name is None:
+            raise ProtocolError("a train reply without its model's arrays")
+        record = message.content.array_records[name]
+        vector = torch.from_numpy(layout.flatten(record) - state.sent)
+        if not torch.isfinite(vector).all():
+            raise ProtocolError("the reply's model holds NaN or infinite values")
+        update = original = Update(node, vector, float(metrics.get(key, 1.0)), metrics, bytes(payload),
+                                   message.content)
+        for layer in self.layers:
+            update = layer.update(step, update)
+        if update is not original:  # what the layers made of the update (untouched: the reply's own bytes)
+            content = RecordDict(dict(message.content.items()))
+            content[name] = layout.rebuild(state.sent + update.vector.numpy(), record)
+            content[next(iter(message.content.metric_records), "metrics")] = MetricRecord({**metrics,
+                                                                                          key: update.weight})
+            message.content = content
+        return update
 
     def _missed(self, state: _Round, failure: Failure) -> None:
         log.warning("round %d: node %d left out: %s", state.step.number, failure.node, failure.reason)

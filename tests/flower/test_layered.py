@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedge.aggregation.partial import Partial
@@ -99,3 +99,30 @@ def test_layered_goes_inside_the_wrappers_that_decode_and_layers_in_an_order_tha
 
     with pytest.raises(ValueError, match="both provide the step's 'sum'"):
         layered(FedAvg(), _Twice(), _Again())
+
+
+class _RefusesNode12(Layer):
+    """Refuses node 12's update in its ``update`` hook, as the engine's update guard refuses one."""
+
+    key = "test-refuses"
+
+    def update(self, step: Step, update: Update) -> Update:
+        if update.node == 12:
+            raise ValueError("node 12's update is out of bounds")
+        return update
+
+
+def test_a_reply_a_layer_refuses_or_that_holds_nan_is_left_out_with_its_reason_and_the_round_goes_on() -> None:
+    model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    wrapped, plain = layered(FedAvg(), _RefusesNode12(), CountingLayer()), FedAvg()
+    list(plain.configure_train(1, model, ConfigRecord({}), Grid()))
+    replies = _exchange(list(wrapped.configure_train(1, model, ConfigRecord({}), Grid())), apps, contexts)
+    poisoned = next(r for r in replies if r.metadata.src_node_id == 13)
+    state = poisoned.content["arrays"].to_torch_state_dict()
+    poisoned.content["arrays"] = ArrayRecord({k: v * float("nan") if v.is_floating_point() else v
+                                              for k, v in state.items()})
+    expected, _ = plain.aggregate_train(1, _copy([r for r in replies if r.metadata.src_node_id == 11]))
+    got, metrics = wrapped.aggregate_train(1, replies)
+    for name in expected:  # only node 11's update is in the aggregate
+        assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
+    assert metrics["test_counter.step"] == 3  # every reply reached the door
