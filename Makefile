@@ -48,7 +48,7 @@ demo: $(STAMP)
 # hundreds of processes that import Fedge and the tests.
 # One pytest over three workers (pytest-xdist): the tests that start real processes go first, the
 # longest first (tests/conftest.py); they mostly wait on Flower and Ray, and the in-process tests
-# fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group (loadgroup).
+# fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group and a file lock (tests/conftest.py).
 test: $(STAMP)
 	@$(PY) -m compileall -q -j 0 -x '/(\.venv[^/]*|\.git|runs|build|templates)/' . >/dev/null
 	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --durations=20

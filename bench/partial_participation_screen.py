@@ -6,7 +6,7 @@ Fedge's own task, local trainer and codecs; only the federation (sampling, aggre
 in-process loop, and that is why it is a screen, not a result: every figure that goes into
 docs/results.md comes from ``bench/bidirectional.py`` on Flower. Partitions are sampled from the
 seed here (on Flower's simulation the node ids are random per run, so the same seed samples other
-partitions; see docs/results.md).
+partitions; see bench/results/NOTEBOOK.md).
 
 Schemes (``--scheme``):
 

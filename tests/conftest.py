@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,27 @@ def rogue_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
     from fedge.deploy.keys import generate_keypair
 
     return generate_keypair(tmp_path_factory.mktemp("rogue"))
+
+
+#: the xdist group of the tests that run `flwr run .` on Flower's default local federation
+DEFAULT_FEDERATION = "flwr-default-federation"
+
+
+@pytest.fixture(autouse=True)
+def _one_default_federation_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The tests marked ``xdist_group("flwr-default-federation")`` run one at a time on this machine.
+
+    They all use Flower's local SuperLink on its fixed ports, and ``flwr run`` reuses whatever
+    SuperLink answers there (so one test's run could land in another's directory). The group mark
+    alone does not keep them apart: pytest-xdist 3.8 under pytest 9 spread a group over workers
+    (checked 2026-11-28 with a two-test file), so each takes a machine-wide file lock as well."""
+    mark = request.node.get_closest_marker("xdist_group")
+    if mark is None or DEFAULT_FEDERATION not in mark.args:
+        yield
+        return
+    with open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fedge-tests-{DEFAULT_FEDERATION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if the test fails
+        yield
 
 
 #: the longest process tests (docs/testing.md), started first so none of them becomes the tail

@@ -165,7 +165,7 @@ def test_the_installed_wheel_runs_anywhere(fedge_install: tuple[str, Path], tmp_
             (app / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py was imported")\n')
     home = tmp_path / "flwr-home"
     from fedge.launcher.environment import flower_environment
-    from fedge.launcher.processes import processes_with_env
+    from tests.flower_home import stop_flower_home
 
     commands = readme_commands((app / "README.md").read_text())
     assert [c.split()[:2] for c in commands] == [["flwr", "run"], ["fedge", "demo"], ["fedge", "local-cluster"]]
@@ -176,8 +176,7 @@ def test_the_installed_wheel_runs_anywhere(fedge_install: tuple[str, Path], tmp_
                                   timeout=900)
             assert done.returncode == 0, f"{command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     finally:
-        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
-            os.kill(pid, 9)
+        stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports
     (summary_path,) = app.glob("runs/run-*/summary.json")  # where the README says `flwr run .` writes
     trained = json.loads(summary_path.read_text())
     assert trained["final_accuracy"] > 0.6, trained  # wine, 3 classes, 2 devices

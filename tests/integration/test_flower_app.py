@@ -4,7 +4,6 @@ command on Flower's default local federation (the simulation engine)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedge.launcher.environment import flower_environment
-from fedge.launcher.processes import processes_with_env
+from tests.flower_home import stop_flower_home
 from tests.test_packaging import readme_commands
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -83,8 +82,7 @@ def _flwr_run(app: Path, home: Path) -> str:
         done = subprocess.run(["bash", "-c", "flwr run . --stream"], cwd=app, env=env, capture_output=True, text=True,
                               timeout=500)
     finally:
-        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
-            os.kill(pid, 9)
+        stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     return log

@@ -6,7 +6,6 @@ travels in the app bundle). Real processes on 127.0.0.1, each with its own FLWR_
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from fedge.launcher.environment import flower_environment
-from fedge.launcher.processes import processes_with_env
+from tests.flower_home import stop_flower_home
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +43,7 @@ def test_fedge_new_then_flwr_run_trains_on_flowers_default_federation(tmp_path, 
         # launcher, the app's components are Fedge's ServerApp and ClientApp, its code is task.py
         out = _run([str(BIN / "flwr"), "run", ".", "--stream", "--run-config", "rounds=3"], cwd=app, env=env)
     finally:
-        for pid in processes_with_env("FLWR_HOME", str(home.resolve())):  # flwr leaves its SuperLink running
-            os.kill(pid, 9)
+        stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports
     assert_no_leftovers(home)
     (summary_path,) = app.glob("runs/run-*/summary.json")
     summary = json.loads(summary_path.read_text())
