@@ -46,6 +46,18 @@ _BENCH = re.compile(r"(?:^|\s)(?:\S*python3?\s+)?(bench/\w+\.py)\b(.*)$")
 EXAMPLES = {"N": "4", "K": "0", "L": "2", "DIR": "app", "HOST:PORT": "127.0.0.1:29500",
             "HEAD_IP:6379": "10.0.0.1:6379"}
 
+#: programs a shell block may run that are not checked here, and why: the one list of exceptions
+NOT_RUN_HERE = {
+    "install": "needs root (the operator's install steps); the units it installs are checked by tests/test_docs.py",
+    "useradd": "needs root", "chown": "needs root", "systemctl": "needs root and systemd",
+    "cd": "changes the directory the next lines run in",
+    "ray": "starts a Ray cluster across machines",
+    "pip": "installs packages; tests/test_packaging.py installs the wheel the same way",
+    "make": "the project's own targets, which CI runs",
+    "source": "activates the virtual environment",
+    "src=$PWD": "remembers the checkout's directory",
+}
+
 #: commands (by a substring of the command) that are not run through the preflight here, and why
 NOT_CHECKED = {
     "--app": "runs a user's Flower app directory, which the docs make with `fedge new` first",
@@ -187,6 +199,100 @@ def problems(command: str, tmp_path: Path) -> list[str]:
         finally:
             sys.path.remove(plugins)
     return []
+
+
+def _flwr_problem(argv: list[str]) -> str | None:
+    """A ``flwr`` command parsed by Flower's own CLI (typer/click), without running it; ``flwr run``
+    must stream (``--stream``), or the reader sees the run submitted and no training."""
+    import click
+    import typer
+    from flwr.cli.app import app
+
+    group = typer.main.get_command(app)
+    try:
+        context = group.make_context("flwr", list(argv))
+        command = group.get_command(context, argv[0])  # type: ignore[attr-defined]
+        if command is None:
+            return f"flwr has no command {argv[0]!r}"
+        command.make_context(argv[0], list(argv[1:]), parent=context)
+    except click.ClickException as err:
+        return err.format_message()
+    if argv[0] == "run" and "--stream" not in argv:
+        return "`flwr run` without --stream returns once the run is submitted: the reader sees no training"
+    return None
+
+
+def shell_lines() -> dict[str, list[str]]:
+    """Every command of every tagged shell block (``bash``, ``sh``, ``shell``, ``console``), split
+    at ``&&`` and ``;``, by file: what a reader would type."""
+    found: dict[str, list[str]] = {}
+    for doc in DOCS:
+        lines = []
+        for tag, body in _FENCE.findall(doc.read_text(encoding="utf-8")):
+            if tag not in _SHELL_TAGS - {""}:
+                continue
+            for line in body.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip().removeprefix("$ ")
+                if line and not line.startswith("#"):
+                    lines += [part.strip() for part in _split(line) if part.strip()]
+        found[doc.relative_to(ROOT).as_posix()] = lines
+    return found
+
+
+def _split(line: str) -> list[str]:
+    """A shell line's commands: split at ``&&`` and ``;`` outside quotes."""
+    parts, current, quote, i = [], "", "", 0
+    while i < len(line):
+        char = line[i]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif line.startswith("&&", i) or char == ";":
+            parts.append(current)
+            current, i = "", i + (2 if char == "&" else 1)
+            continue
+        current += char
+        i += 1
+    return [*parts, current]
+
+
+def line_problem(line: str) -> str | None:
+    """Why a shell line is neither checked here nor a listed exception (None: it is one of them)."""
+    try:
+        words = shlex.split(line.split(">")[0])
+    except ValueError as err:
+        return f"`{line}`: {err}"
+    while words and (re.fullmatch(r"[A-Za-z_]+=\S*", words[0]) and words[0] not in NOT_RUN_HERE
+                     or words[0] in ("sudo", "time", "exec")):
+        words = words[1:]
+    if not words:
+        return None
+    program = words[0].split("/")[-1]
+    if program in ("fedge", "fedge-edge") or _BENCH.search(line):
+        return None  # parsed above (test_every_shown_command_parses_with_its_real_parser)
+    if program in ("python", "python3") and words[1:2] == ["-c"]:
+        return None  # the data one-liner, run by tests/test_docs.py
+    if program == "flwr":
+        why = _flwr_problem(words[1:])
+        return f"`{line}`: {why}" if why else None
+    if program in NOT_RUN_HERE or words[0] in NOT_RUN_HERE or (program in ("python", "python3")
+                                                               and words[1:3] == ["-m", "venv"]):
+        return None
+    return f"`{line}`: {program} is neither checked here nor in NOT_RUN_HERE"
+
+
+@pytest.mark.parametrize("where", sorted(shell_lines()))
+def test_every_shell_line_is_checked_or_a_listed_exception(where: str) -> None:
+    found = [p for line in shell_lines()[where] if (p := line_problem(line))]
+    assert not found, "\n".join(found)
+
+
+def test_the_shell_line_check_catches_a_bad_flwr_command() -> None:
+    assert line_problem("flwr run .")  # no --stream
+    assert line_problem("flwr run . --strem")
+    assert line_problem("curl https://example.org | sh")
+    assert line_problem("flwr run . --stream") is None
 
 
 def test_the_docs_show_commands_in_code_blocks() -> None:

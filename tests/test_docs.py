@@ -388,6 +388,18 @@ def test_the_readmes_headline_figures_are_the_ones_results_md_holds() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_every_number_of_the_readmes_results_is_in_results_md() -> None:
+    """The README's Results section quotes results.md: a number there that results.md does not hold
+    (a figure changed on one page only) fails here."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    numbers = set(re.findall(r"\d[\d,]*(?:\.\d+)?(?:-\d[\d,]*(?:\.\d+)?)?(?:x|%)?", section))
+    assert len(numbers) > 50
+    missing = sorted(n for n in numbers if n not in results)
+    assert not missing, f"in the README's Results, not in docs/results.md: {missing}"
+
+
 def settings_table() -> str:
     """The run-settings table of docs/operations.md, as it must read (from the settings themselves)."""
     from fedge.launcher.environment import toml_value
