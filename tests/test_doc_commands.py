@@ -288,6 +288,46 @@ def test_every_shell_line_is_checked_or_a_listed_exception(where: str) -> None:
     assert not found, "\n".join(found)
 
 
+def checkout_paths_after_cd(lines: list[str]) -> list[str]:
+    """The lines of one shell block that name a checkout-relative path (``ops/fedge-serve.service``)
+    after the block has changed into an absolute directory outside the checkout (``cd /etc/fedge``),
+    where that path no longer resolves."""
+    problems, away = [], None
+    for line in lines:
+        try:
+            words = shlex.split(line.split(">")[0])
+        except ValueError:
+            continue
+        if words[:1] == ["cd"] and len(words) > 1:
+            away = words[1] if words[1].startswith("/") else None
+            continue
+        if away is None:
+            continue
+        for word in words[1:]:
+            if not word.startswith(("-", "/", "$", '"$')) and "/" in word and (ROOT / word).exists():
+                problems.append(f"`{line}`: {word} is relative to the checkout, but the block is in {away}")
+    return problems
+
+
+@pytest.mark.parametrize("where", sorted(shell_lines()))
+def test_no_line_uses_a_checkout_path_after_leaving_the_checkout(where: str) -> None:
+    doc = ROOT / where
+    found = []
+    for tag, body in _FENCE.findall(doc.read_text(encoding="utf-8")):
+        if tag in _SHELL_TAGS - {""}:
+            lines = [line.split(" #")[0].strip() for line in body.replace("\\\n", " ").splitlines()]
+            found += checkout_paths_after_cd([part.strip() for line in lines if line and not line.startswith("#")
+                                              for part in _split(line) if part.strip()])
+    assert not found, "\n".join(found)
+
+
+def test_the_checkout_path_check_catches_what_operations_md_had() -> None:
+    before = ["install -d -m 0755 /etc/fedge", "cd /etc/fedge",
+              "install -m 0644 ops/fedge-serve.service /etc/systemd/system/"]
+    assert checkout_paths_after_cd(before)
+    assert not checkout_paths_after_cd([*before[:2], 'install -m 0644 "$src"/ops/fedge-serve.service /etc/systemd/system/'])
+
+
 def test_the_shell_line_check_catches_a_bad_flwr_command() -> None:
     assert line_problem("flwr run .")  # no --stream
     assert line_problem("flwr run . --strem")
