@@ -34,12 +34,15 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedge.launcher.app_bundle import stage_directory
 from fedge.launcher.environment import flower_environment
-from fedge.launcher.processes import ProcessGroup
+from fedge.launcher.processes import ManagedProcess, ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch
 
 ECHO_APP = Path(__file__).resolve().parent / "flower_echo"
@@ -72,20 +75,38 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolation: str = "warm") -> dict[str, Any]:
+@dataclass
+class _Federation:
+    run_dir: Path
+    flower: FlowerLaunch
+    link: ManagedProcess
+    nodes: list[ManagedProcess]
+
+
+@contextmanager
+def _federation(supernodes: int, isolation: str) -> Iterator[_Federation]:
+    """A SuperLink and ``supernodes`` SuperNodes on 127.0.0.1 in a fresh run directory; every
+    process stopped on the way out."""
     run_dir = Path(tempfile.mkdtemp(prefix="superlink-"))
-    flwr_home = run_dir / "flwr-home"
-    env = flower_environment(flwr_home)
-    out_path = run_dir / "rounds.jsonl"
+    env = flower_environment(run_dir / "flwr-home")
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
-    cpu: list[tuple[int, float]] = []  # (rounds done, SuperLink CPU seconds)
-    rss = {"superlink": 0.0, "supernode": 0.0}
-    started = time.monotonic()
     try:
-        flower = FlowerLaunch(group, flwr_home, isolation=isolation)
+        flower = FlowerLaunch(group, run_dir / "flwr-home", isolation=isolation)
         link = flower.start_superlink(cwd=run_dir)
         nodes = [flower.start_supernode(i, {"partition-id": i, "num-partitions": supernodes}, cwd=run_dir)
                  for i in range(supernodes)]
+        yield _Federation(run_dir, flower, link, nodes)
+    finally:
+        group.stop()
+
+
+def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolation: str = "warm") -> dict[str, Any]:
+    cpu: list[tuple[int, float]] = []  # (rounds done, SuperLink CPU seconds)
+    rss = {"superlink": 0.0, "supernode": 0.0}
+    started = time.monotonic()
+    with _federation(supernodes, isolation) as fed:
+        run_dir, flower, link, nodes = fed.run_dir, fed.flower, fed.link, fed.nodes
+        flwr_home, out_path = run_dir / "flwr-home", run_dir / "rounds.jsonl"
         run_config = {"num-server-rounds": rounds + 1, "min-nodes": supernodes, "payload-bytes": payload,
                       "out-path": str(out_path)}
         runner = flower.submit(stage_directory(flwr_home / "app", ECHO_APP), run_config, cwd=run_dir)
@@ -103,8 +124,6 @@ def measure(supernodes: int, rounds: int, payload: int, timeout: float, isolatio
         if runner.popen.returncode != 0 or len(lines) != rounds + 1:
             raise RuntimeError(f"the echo run failed (exit {runner.popen.returncode}, {len(lines)} rounds); "
                                f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}")
-    finally:
-        group.stop()
     measured = lines[1:]  # round 1 carries every node's first ClientApp start: reported apart
     messages = sum(2 * line["replied"] for line in measured)
     seconds = sum(line["seconds"] for line in measured)
@@ -142,15 +161,8 @@ def _settled(pids: list[int], quiet: float = 0.02, window: float = 3.0, timeout:
 
 def measure_idle(supernodes: int, seconds: float, isolation: str = "warm") -> dict[str, Any]:
     """The SuperLink's CPU over ``seconds`` with ``supernodes`` connected, idle SuperNodes."""
-    run_dir = Path(tempfile.mkdtemp(prefix="superlink-idle-"))
-    flwr_home = run_dir / "flwr-home"
-    env = flower_environment(flwr_home)
-    group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
-    try:
-        flower = FlowerLaunch(group, flwr_home, isolation=isolation)
-        link = flower.start_superlink(cwd=run_dir)
-        nodes = [flower.start_supernode(i, {"partition-id": i, "num-partitions": supernodes}, cwd=run_dir)
-                 for i in range(supernodes)]
+    with _federation(supernodes, isolation) as fed:
+        link, nodes = fed.link, fed.nodes
         settle = _settled([n.popen.pid for n in nodes])
         alive = sum(n.popen.poll() is None for n in nodes)
         cpu0, t0 = _cpu_seconds(link.popen.pid), time.monotonic()
@@ -158,10 +170,8 @@ def measure_idle(supernodes: int, seconds: float, isolation: str = "warm") -> di
         cpu1, t1 = _cpu_seconds(link.popen.pid), time.monotonic()
         rss = _rss_mib(link.popen.pid)
         alive = min(alive, sum(n.popen.poll() is None for n in nodes))
-    finally:
-        group.stop()
     if alive != supernodes:
-        raise RuntimeError(f"{supernodes - alive} SuperNodes exited; logs in {run_dir / 'logs'}")
+        raise RuntimeError(f"{supernodes - alive} SuperNodes exited; logs in {fed.run_dir / 'logs'}")
     cores = (cpu1 - cpu0) / (t1 - t0)
     requests = supernodes * (1 / IDLE_PULL_SECONDS + 1 / HEARTBEAT_SECONDS) * (t1 - t0)
     return {

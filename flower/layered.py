@@ -38,8 +38,8 @@ from flwr.serverapp.strategy import Strategy
 
 from fedge.aggregation.partial import Partial
 from fedge.flower.layout import Layout
-from fedge.flower.messages import REFUSED, Wrapper
-from fedge.flower.secure import SecureStrategy, _stages
+from fedge.flower.messages import REFUSED, Wrapper, grid_stages
+from fedge.flower.secure import SecureStrategy
 from fedge.flower.strategy import CompressedStrategy
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind
@@ -208,7 +208,7 @@ class LayeredStrategy(Wrapper):
 
 def _exchange(grid: Grid, server_round: int) -> Exchange:
     """A layer's own exchange (key agreement, ...) as ``train`` messages on the user's grid."""
-    stages = _stages(grid, server_round)
+    stages = grid_stages(grid, server_round)
 
     def run(outgoing: list[Outgoing], timeout: float, label: str):  # type: ignore[no-untyped-def]
         for item in stages([(o.node, o.content) for o in outgoing], timeout, label):

@@ -5,12 +5,11 @@ it wraps."""
 
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 from collections.abc import Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -18,8 +17,10 @@ from fedge.compression import PayloadError
 from fedge.flower.layout import LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import ProtocolError, UPDATE_RECORD, read_payload
+from fedge.protocol.secure_round import StageExchange
 
-__all__ = ["REFUSED", "Wrapper", "own_config", "reply_payload", "reply_weight", "with_raw", "write_uplink"]
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "reply_payload", "reply_weight", "with_raw",
+           "write_uplink"]
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +92,21 @@ def reply_payload(reply: Message) -> bytes:
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     """``like`` with the arrays ``raw`` has (the integer buffers a node sends as they are)."""
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
+
+
+def grid_stages(grid: Grid, server_round: int) -> StageExchange:
+    """A coordinator's own exchanges (secure aggregation's stages, a layer's key agreement) as ``train``
+    messages on the user's grid, Flower's SecAgg+ convention; a node that did not answer in time
+    comes back as ``(node, why)``."""
+
+    def run(asks: list[tuple[int, RecordDict]], timeout: float, label: str):  # type: ignore[no-untyped-def]
+        messages = [Message(content, node, MessageType.TRAIN, group_id=str(server_round)) for node, content in asks]
+        answered = set()
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            answered.add(reply.metadata.src_node_id)
+            yield reply
+        for node, _ in asks:
+            if node not in answered:
+                yield node, f"no reply to {label} within {timeout:g} s"
+
+    return run

@@ -33,7 +33,7 @@ from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layout import Layout
-from fedge.flower.messages import Wrapper
+from fedge.flower.messages import Wrapper, grid_stages
 from fedge.protocol.config_keys import UPLINK_KEYS, WEIGHT_KEY
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, UPDATE_RECORD, read_payload
 from fedge.flower.secure_dp import DistributedDP, parsed
@@ -41,7 +41,7 @@ from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.errors import SecAggError
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.protocol.secure_round import SecureRound, StageExchange
+from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.secure_session import SecureSession
 
 __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
@@ -135,7 +135,7 @@ class SecureStrategy(Wrapper):
         weighted = "" if self.dp is not None else str(getattr(self.strategy, "weighted_by_key", ""))
         secure = self.session.round(server_round, nodes, layout.numel, weighted=bool(weighted), noise=noise)
         try:
-            dealt = set(secure.open(_stages(grid, server_round)))
+            dealt = set(secure.open(grid_stages(grid, server_round)))
         except SecAggError as error:
             log.error("round %d: secure aggregation could not start: %s; no training this round", server_round, error)
             return []
@@ -170,7 +170,7 @@ class SecureStrategy(Wrapper):
         if secure is not None:
             self._take(server_round, secure, replies)
             try:
-                revealed, count, _, members = secure.reveal(_stages(state.grid, server_round))
+                revealed, count, _, members = secure.reveal(grid_stages(state.grid, server_round))
                 mean = revealed.numpy().astype(np.float64)
             except SecAggError as error:
                 log.error("round %d: secure aggregation failed: %s; no device's update this round", server_round, error)
@@ -234,22 +234,6 @@ class _Round:
     connected: int
     #: the nodes planned into the secure round (under DP each adds 1/planned of the noise)
     planned: int = 0
-
-
-def _stages(grid: Grid, server_round: int) -> StageExchange:
-    """The protocol's stages as ``train`` messages on the user's grid (Flower's SecAgg+ convention)."""
-
-    def run(asks: list[tuple[int, RecordDict]], timeout: float, label: str):  # type: ignore[no-untyped-def]
-        messages = [Message(content, node, MessageType.TRAIN, group_id=str(server_round)) for node, content in asks]
-        answered = set()
-        for reply in grid.send_and_receive(messages, timeout=timeout):
-            answered.add(reply.metadata.src_node_id)
-            yield reply
-        for node, _ in asks:
-            if node not in answered:
-                yield node, f"no reply to {label} within {timeout:g} s"
-
-    return run
 
 
 def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",

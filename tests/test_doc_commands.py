@@ -136,6 +136,7 @@ def _bench_problem(command: str) -> str | None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(ROOT / "bench"))
+    sys.modules[spec.name] = module  # as an import would: dataclasses and pickling look the module up
     try:
         spec.loader.exec_module(module)
     finally:
@@ -160,6 +161,7 @@ def _bench_problem(command: str) -> str | None:
     finally:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
         sys.argv = saved_argv
+        sys.modules.pop(spec.name, None)
     return refused[0] if refused else None
 
 
