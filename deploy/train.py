@@ -1,6 +1,6 @@
 """Cloud tier: data-parallel training with DistributedDataParallel, launched by ``torchrun``.
 
-    torchrun --nproc-per-node 2 -m deploy.train --task digits --epochs 5 --hook allreduce --out runs/cloud
+    torchrun --nproc-per-node 2 -m fedge.deploy.train --task digits --epochs 5 --hook allreduce --out runs/cloud
 
 torchrun does process management and rendezvous (multi-node: ``--nnodes/--node-rank/--rdzv-endpoint``).
 The backend follows the device: NCCL on CUDA, gloo on CPU. A DistributedSampler shards the data;
@@ -73,7 +73,7 @@ log = logging.getLogger("fedge.deploy.train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m deploy.train", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m fedge.deploy.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="digits")
     parser.add_argument("--epochs", type=int, default=5)
@@ -144,7 +144,7 @@ def choose_device(choice: str, local_rank: int, local_world: int, gpus: int) -> 
 def _setup(choice: str = "auto") -> tuple[int, int, torch.device, str]:
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this torch build")
-    if "RANK" not in os.environ:  # plain `python -m deploy.train`: a world of one
+    if "RANK" not in os.environ:  # plain `python -m fedge.deploy.train`: a world of one
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

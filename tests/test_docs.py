@@ -434,3 +434,125 @@ def test_every_security_claim_names_a_test_that_exists() -> None:
             assert f"def {test[2:]}(" in current.read_text(encoding="utf-8"), f"{current.name} has no {test[2:]}"
         named += bool(path or test)
     assert named >= 15
+
+
+
+#: A measured figure: a number with the unit of a measurement (ratio, percent, bytes, time, points).
+_FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?:[-–]\d[\d,]*(?:\.\d+)?)?"
+                     r"(?: ?(?:x|%|MiB|GiB|KiB|MB|GB|kB|KB|ms|µs|s|points|bytes|B))(?![\w])")
+#: A section that is its figures' source says when they were measured and how to measure them again.
+_DATE = re.compile(r"20\d\d-\d\d-\d\d")
+_REPRODUCE = re.compile(r"bench/\S+\.py|make \w|tests/\S+\.py|`fedge \w")
+#: Numbers with a unit that are not measurements, in one place: (page, figure) -> why.
+NOT_MEASURED: dict[tuple[str, str], str] = {
+    ("README.md", "1-2%"): "DGC's usual ratios, a setting",
+    ("algorithms.md", "153 KB"): "arithmetic: 4 bytes x 38,282 parameters",
+    ("algorithms.md", "4 bytes"): "the size of a float32",
+    ("operations.md", "4 bytes"): "the size of a float32",
+    ("algorithms.md", "0-3 s"): "Flower's SuperNode polling interval, a constant of its source",
+    ("algorithms.md", "5x"): "the scenario a unit test sets up (a quarter of the devices 5x slower)",
+    ("architecture.md", "20%"): "the held-out split's size, a setting",
+    ("capacity.md", "24 GiB"): "this machine's memory",
+    ("cloud.md", "5%"): "the compile check's threshold, a constant",
+    ("codecs.md", "3%"): "a lattice ratio, a setting",
+    ("codecs.md", "1%"): "a sparsifier's ratio, a setting",
+    ("codecs.md", "0.1%"): "a sparsifier's ratio, a setting",
+    ("codecs.md", "2%"): "a sparsifier's ratio, a setting",
+    ("codecs.md", "5%"): "a sparsifier's ratio, a setting",
+    ("edge.md", "2.2 points"): "arithmetic: one sample of 45 is 100/45 points",
+    ("edge.md", "1000x"): "the scale of the bad calibration data a test feeds, a test input",
+    ("edge.md", "16 MiB"): "the envelope's size limit, a constant",
+    ("flower.md", "10%"): "the tolerance a test asserts",
+    ("privacy.md", "20%"): "the share of devices a test crashes, a test input",
+}
+
+
+def _sections(text: str) -> list[str]:
+    """A page cut at every heading outside code blocks; each piece is one section's own text."""
+    sections, current, fenced = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and re.match(r"#+ ", line) and current:
+            sections.append("\n".join(current))
+            current = []
+        current.append(line)
+    sections.append("\n".join(current))
+    return sections
+
+
+def _paragraphs(section: str) -> list[str]:
+    """A section's paragraphs outside code blocks: blank-line blocks, with each table row and list
+    item on its own (a row quotes its own figures)."""
+    text = re.sub(r"```.*?```", "", section, flags=re.S)
+    return [p for p in re.split(r"\n\s*\n|\n(?=\|)|\n(?=\s*[-*] |\s*\d+\. )", text) if p.strip()]
+
+
+def _sentences(paragraph: str) -> list[str]:
+    return re.split(r"(?<=[.;:])\s+(?=[A-Z(`*])", paragraph)
+
+
+def figure_problems(pages: dict[str, str]) -> list[str]:
+    """Each measured figure on a page is quoted with a link to its source in the same sentence (and
+    the linked section holds it, as written), or stands in a section that gives a date and a
+    reproduce command (the page is its source), or is listed in ``NOT_MEASURED`` with why."""
+    problems = []
+    for name, text in pages.items():
+        for section in _sections(text):
+            own = bool(_DATE.search(section) and _REPRODUCE.search(section))
+            for sentence in (s for p in _paragraphs(section) for s in _sentences(p)):
+                figures = [f for f in _FIGURE.findall(sentence) if (Path(name).name, f) not in NOT_MEASURED]
+                if not figures:
+                    continue
+                links = re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", sentence)
+                if not links:
+                    if not own:
+                        problems.append(f"{name}: {figures} with no source (no link to one, and the "
+                                        f"section gives no date and command): {sentence.strip()[:100]!r}")
+                    continue
+                held = ""
+                for target, anchor in links:
+                    path = ((ROOT / name).parent / target).resolve() if target else ROOT / name
+                    key = path.relative_to(ROOT).as_posix()
+                    held += _section(pages[key] if key in pages else path.read_text(encoding="utf-8"), anchor)
+                differ = [f for f in figures if f not in held]
+                if differ:
+                    problems.append(f"{name}: {differ} are not in the section it links "
+                                    f"({', '.join(a for _, a in links)}): {sentence.strip()[:100]!r}")
+    return problems
+
+
+def _figure_pages() -> dict[str, str]:
+    """The pages to check, by path from the checkout: docs/ but results.md (the source the others
+    quote), and the README without its first table and its Results section (the two tests above
+    hold those to results.md, number by number)."""
+    pages = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
+             for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "results.md"}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("**What Fedge adds to a Flower federation**", 1)[1].split("\n\n")[1]
+    results = "\n## Results\n" + readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    pages["README.md"] = readme.replace(table, "").replace(results, "\n")
+    return pages
+
+
+def test_every_figure_in_the_docs_is_measured_there_or_quoted_from_its_source() -> None:
+    """One figure, one place: a figure in docs/ either stands in a section that says when and how it
+    was measured, or links the section it comes from and matches it as written."""
+    problems = figure_problems(_figure_pages())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_figure_check_catches_a_quote_that_drifted_and_a_figure_without_source() -> None:
+    """The check above, on pages made for it: a quote that differs from the section it links, and a
+    figure with neither a link nor a dated, reproducible section, are both named; a measured
+    section and an exact quote pass."""
+    pages = {
+        "docs/a.md": "# A\n\nThe demo's uplink is 7.92x smaller ([demo](results.md#the-demo)).\n",
+        "docs/b.md": "# B\n\nIt trains 3.1x faster than before.\n",
+        "docs/c.md": ("# C\n\nMeasured 2026-11-28 with `.venv/bin/python bench/edge.py`: 14.3 µs per sample.\n\n"
+                      "The demo's uplink is 7.91x smaller ([demo](results.md#the-demo)).\n"),
+    }
+    problems = figure_problems(pages)
+    assert len(problems) == 2, problems
+    assert "docs/a.md: ['7.92x'] are not in the section it links (the-demo)" in problems[0]
+    assert "docs/b.md: ['3.1x'] with no source" in problems[1]
