@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run each message in a child forked from one warm process with torch, Flower and "
                       "Fedge imported (default), or in a new flwr-clientapp process (Flower's subprocess isolation)")
     join.add_argument("--when", default="", help="train only when all hold: charging, unmetered, idle "
-                      "(comma-separated; what each means on Linux: docs/edge.md)")
+                      "(comma-separated; what each means on Linux: docs/operations.md, What a device spends)")
     join.add_argument("--max-rounds-per-day", type=int, default=0, help="refuse training beyond this many rounds a day")
     join.add_argument("--max-mb-per-day", type=float, default=0.0, help="refuse messages beyond this many MB a day (down + up)")
     join.add_argument("--require-secure-aggregation", action="store_true",

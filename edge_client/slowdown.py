@@ -5,11 +5,10 @@ then sleeps (F − 1) times it, so the delay scales with the model, the data and
 instead of being a made-up constant. What counts as the work of a message depends on the engine:
 
 - simulation (Ray): a long-lived worker runs many messages, so the work is the handler's time;
-- deployment: Flower 1.41 starts a fresh ``flwr-clientapp`` process for every message, and starting
-  it (Python, Flower and torch imports, pulling the message) is work the device does for that
-  message, most of it for a small model (``bench/clientapp_cpu.py``: ~3 CPU-seconds per message,
-  of which the client's training takes a few tenths). A slow device is slow at that too, so in
-  such a process the first train message's work runs from the process's start
+- deployment: each message runs in a process of its own (a child forked from the device's warm
+  process, or with Flower's default a fresh ``flwr-clientapp`` that imports Python, Flower and
+  torch first), and starting it is work the device does for that message. A slow device is slow
+  at that too, so in such a process the first train message's work runs from the process's start
   (``/proc/self/stat``) to the handler's end. Timing the handler alone made a ``slowdown=5``
   SuperNode only ~1.6 times slower per message than its peers (16 SuperNodes on 2 cores), not 5.
 
