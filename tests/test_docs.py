@@ -442,7 +442,7 @@ _FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?(?:[-–]\d[\d,]*(?:\.\d+)?)
                      r"(?: ?(?:x|%|MiB|GiB|KiB|MB|GB|kB|KB|ms|µs|s|points|bytes|B))(?![\w])")
 #: A section that is its figures' source says when they were measured and how to measure them again.
 _DATE = re.compile(r"20\d\d-\d\d-\d\d")
-_REPRODUCE = re.compile(r"bench/\S+\.py|make \w|tests/\S+\.py|`fedge \w")
+_REPRODUCE = re.compile(r"bench/\S+\.py|make \w|tests/\S+\.py|`fedge \w|pip install")
 #: Numbers with a unit that are not measurements, in one place: (page, figure) -> why.
 NOT_MEASURED: dict[tuple[str, str], str] = {
     ("README.md", "1-2%"): "DGC's usual ratios, a setting",
@@ -453,6 +453,7 @@ NOT_MEASURED: dict[tuple[str, str], str] = {
     ("algorithms.md", "5x"): "the scenario a unit test sets up (a quarter of the devices 5x slower)",
     ("architecture.md", "20%"): "the held-out split's size, a setting",
     ("capacity.md", "24 GiB"): "this machine's memory",
+    ("results.md", "24 GiB"): "this machine's memory",
     ("cloud.md", "5%"): "the compile check's threshold, a constant",
     ("codecs.md", "3%"): "a lattice ratio, a setting",
     ("codecs.md", "1%"): "a sparsifier's ratio, a setting",
@@ -523,11 +524,10 @@ def figure_problems(pages: dict[str, str]) -> list[str]:
 
 
 def _figure_pages() -> dict[str, str]:
-    """The pages to check, by path from the checkout: docs/ but results.md (the source the others
-    quote), and the README without its first table and its Results section (the two tests above
-    hold those to results.md, number by number)."""
-    pages = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8")
-             for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "results.md"}
+    """The pages to check, by path from the checkout: docs/ (results.md too: its headline table quotes
+    its own sections), and the README without its first table and its Results section (the two
+    tests above hold those to results.md, number by number)."""
+    pages = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))}
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = readme.split("**What Fedge adds to a Flower federation**", 1)[1].split("\n\n")[1]
     results = "\n## Results\n" + readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
