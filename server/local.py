@@ -116,7 +116,7 @@ def launch(
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
     if not settings.run_dir:
         raise ValueError("launch needs an explicit run directory")
-    why = leaves_refusal(settings, leaves, num_supernodes, engine, tls) if leaves else None
+    why = leaves_refusal(settings, leaves, num_supernodes, engine) if leaves else None
     if why is not None:
         raise ValueError(f"leaves={leaves}: {why}")
     if kill_leaf is not None and not 0 <= kill_leaf[0] < leaves:
@@ -141,7 +141,8 @@ def launch(
     if not ray_address:  # a Ray cluster's other machines have no such directory
         env[CACHE_ENV] = str(run_dir / "partitions")
     started = time.monotonic()
-    security = LoopbackSecurity.create(run_dir / "tls", num_supernodes) if tls else None
+    # one key per device and, with leaves, one per bridge (node-N, node-N+1, ...)
+    security = LoopbackSecurity.create(run_dir / "tls", num_supernodes + leaves) if tls else None
     if security is not None:
         settings = settings.replace(secure_aggregation=security.issue_secure_aggregation(settings.secure_aggregation))
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
@@ -160,7 +161,8 @@ def launch(
     try:
         if leaves:
             meanwhile()  # each leaf's processes read the partitions and the app as they start
-            tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation) for i in range(leaves)]
+            tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation, security)
+                     for i in range(leaves)]
             # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
             settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
                                         min_replies=min(settings.min_replies, leaves), secure_aggregation="none")
@@ -171,8 +173,10 @@ def launch(
         federation_config: dict[str, Any] = {}
         if leaves:  # the root's nodes: one bridge per leaf
             for i, (_, spool) in enumerate(tiers):
+                bridge_key = _registered(flower, security, num_supernodes + i)
                 flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, LEAF_SPOOL: str(spool),
-                                           LEAF_TIMEOUT: 0.8 * settings.round_timeout}, cwd=run_dir)
+                                           LEAF_TIMEOUT: 0.8 * settings.round_timeout},
+                                       auth_key=bridge_key, cwd=run_dir)
             flower.start_warm_executor(cwd=run_dir, partitions=False)
         elif engine == "deployment":
             for i in range(num_supernodes):
@@ -182,12 +186,9 @@ def launch(
                           "cache-dir": str(run_dir / "node-cache"),
                           **({"device": client_device} if client_device != "auto" else {}),
                           **((node_config or {}).get(i) or {})}
-                auth_key = None
                 if security:
                     config = {**security.node_identity(i), **config}
-                    auth_key = security.node_key(i)
-                    flower.register(auth_key.with_suffix(".pub"), name=f"node-{i}")
-                flower.start_supernode(i, config, auth_key=auth_key, cwd=run_dir)
+                flower.start_supernode(i, config, auth_key=_registered(flower, security, i), cwd=run_dir)
             flower.start_warm_executor(cwd=run_dir)
         else:
             federation_config = {"num-supernodes": num_supernodes, "client-resources-num-cpus": 1}
@@ -201,7 +202,8 @@ def launch(
         runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
         if kill_leaf is not None:
             on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaves, share_settings,
-                                                                           num_supernodes, run_dir, app, isolation),
+                                                                           num_supernodes, run_dir, app, isolation,
+                                                                           security),
                                      on_row)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:
@@ -259,15 +261,23 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
 
 
-def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str, tls: bool) -> str | None:
+def _registered(flower: FlowerLaunch, security: LoopbackSecurity | None, index: int) -> Path | None:
+    """Node ``index``'s private key, its public key registered with ``flower``'s SuperLink (None
+    without TLS: nodes connect unauthenticated)."""
+    if security is None:
+        return None
+    key = security.node_key(index)
+    flower.register(key.with_suffix(".pub"), name=f"node-{index}")
+    return key
+
+
+def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str) -> str | None:
     """Why ``leaves`` leaves over ``devices`` devices cannot run (None: they can): the one rule the
     CLI applies before any process starts and :func:`launch` applies to every caller."""
     if engine != "deployment":
         return "leaves are SuperLinks of their own: the deployment engine (fedge local-cluster)"
     if not 1 <= leaves <= devices // 2:
         return f"each leaf needs at least 2 of the {devices} devices"
-    if tls:
-        return "TLS with leaves is not built yet: the leaves' SuperLinks would need their own certificates"
     if settings.differential_privacy != "none":
         return ("differential-privacy with leaves is not built: the root's DP layer would clip each leaf's mean as "
                 "one device's update, and its accounting counts devices")
@@ -275,10 +285,13 @@ def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str
 
 
 def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,
-                isolation: str) -> tuple[ProcessGroup, Path]:
+                isolation: str, security: LoopbackSecurity | None = None) -> tuple[ProcessGroup, Path]:
     """Leaf ``index`` of ``leaves``: its own SuperLink, its share of the ``devices`` (their
     partitions of the whole data set, as in a one-tier run) and its coordinator's run, serving the
-    root through ``<run dir>/leaf-<index>/spool``; its processes and that spool."""
+    root through ``<run dir>/leaf-<index>/spool``; its processes and that spool. With ``security``
+    the leaf's SuperLink serves TLS with the run's server certificate and authenticates its devices,
+    each registered with its own key (``node-<partition>``) and issued its secure-aggregation
+    identity, as in a one-tier TLS run."""
     leaf_dir = run_dir / f"leaf-{index}"
     spool = leaf_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -290,10 +303,11 @@ def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, ru
     group = ProcessGroup(leaf_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
     partitions = [p for p in range(devices) if p % leaves == index]
     flower = FlowerLaunch(group, home, isolation=isolation)
-    flower.start_superlink(cwd=leaf_dir)
+    flower.start_superlink(tls=security.server if security else None, cwd=leaf_dir)
     for j, partition in enumerate(partitions):
-        flower.start_supernode(j, {"partition-id": partition, "num-partitions": devices,
-                                   "cache-dir": str(run_dir / "node-cache")}, cwd=leaf_dir)
+        config = {"partition-id": partition, "num-partitions": devices, "cache-dir": str(run_dir / "node-cache"),
+                  **(security.node_identity(partition) if security else {})}
+        flower.start_supernode(j, config, auth_key=_registered(flower, security, partition), cwd=leaf_dir)
     # A leaf's step is a plain FedAvg step over all its devices from the root's model (HierFAVG's
     # edge average); the root's algorithm (FedAvg, FedBuff across leaves), its server optimizer and
     # its model average act on the leaves' steps.

@@ -245,7 +245,7 @@ def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSetting
     if getattr(args, "leaves", 0):  # before any process starts: the one rule launch() applies too
         from fedge.server.local import leaves_refusal
 
-        why = leaves_refusal(settings, args.leaves, nodes, engine, getattr(args, "tls", False))
+        why = leaves_refusal(settings, args.leaves, nodes, engine)
         if why is not None:
             raise SettingsError(f"--leaves {args.leaves}: {why}")
     if settings.clients_per_round > nodes:

@@ -1,7 +1,8 @@
 """Beyond one SuperLink on Flower's own processes: a root SuperLink whose two nodes are bridges,
 each to a leaf (a SuperLink of its own, two device SuperNodes, a leaf coordinator's run), all on
-127.0.0.1; the root's rounds train the leaves' devices, a killed root resumes, a killed leaf does
-not block the root and rejoins, and every process stops at the end."""
+127.0.0.1, over TLS with every node authenticated; the root's rounds train the leaves' devices, a
+killed root resumes, a killed leaf does not block the root and rejoins, and every process stops at
+the end."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 @pytest.mark.timeout(900)
 def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoint(tmp_path, assert_no_leftovers) -> None:
-    """The root's rounds train the leaves' devices, and a crash loses nothing.
+    """The root's rounds train the leaves' devices over TLS, and a crash loses nothing.
+
+    - TLS: the root's and each leaf's SuperLink serve TLS with node authentication on (a device or
+      bridge whose key is not registered could not join, and the rounds would not run); a restarted
+      leaf registers its devices again with its new SuperLink.
 
     - The root: every process of it is SIGKILLed after its round 2 and the leaves are stopped.
       Started again on the same run directory, the root resumes from its checkpoint and the leaves
@@ -32,11 +37,13 @@ def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoin
     never twice for one. Every process stops at the end."""
     settings = RunSettings(rounds=5, clients_per_round=2, local_epochs=1, run_dir=str(tmp_path / "run"),
                            wait_for_nodes=120.0, round_timeout=45.0)
-    crashed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, stop_after_round=2, timeout=360)
+    crashed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, stop_after_round=2, timeout=360,
+                     tls=True)
     assert crashed.summary is None
     saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
     assert saved is not None and saved.round in (1, 2, 3)
-    resumed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, kill_leaf=(1, 3), timeout=480)
+    resumed = launch(settings, engine="deployment", num_supernodes=4, leaves=2, kill_leaf=(1, 3), timeout=480,
+                     tls=True)
     assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
     assert resumed.summary is not None and resumed.summary["resumed_from_round"] == saved.round
     used = {r["round"]: r["clients_used"] for r in resumed.rows}
@@ -49,5 +56,8 @@ def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoin
         rows = [json.loads(line) for line in (tmp_path / "run" / leaf / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rows] == steps, rows  # each step once, in order, across both crashes
         assert all(r["clients_used"] == 2 for r in rows)
+    for logs in ("logs", "leaf-0/logs", "leaf-1/logs"):  # every SuperLink of the tree served TLS only
+        superlink = (resumed.run_dir / logs / "superlink.log").read_text()
+        assert "running on https://127.0.0.1:" in superlink, superlink[-2000:]
     for home in ("flwr-home", "leaf-0/flwr-home", "leaf-1/flwr-home"):
         assert_no_leftovers(resumed.run_dir / home)
