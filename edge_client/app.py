@@ -16,7 +16,9 @@ daily budgets: a typed ``not-eligible`` / ``over-budget`` refusal; ``edge_client
 ``refusal_mod`` (a handler's typed refusal, such as a copy out of sync,
 leaves as a ``refusal`` record the coordinator counts by kind; ``edge_client.layers``), ``plugins_mod`` (the run's plugins imported first: codecs, algorithms
 from outside Fedge), ``threads_mod`` (node config ``threads=N``, default 1: torch's thread
-per core oversubscribes a host that runs a ClientApp process per message), ``slowdown_mod``
+per core oversubscribes a host that runs a ClientApp process per message), ``counted_once_mod`` (beyond
+one SuperLink: a device takes part in a root round through one leaf only, ``edge_client.counted_once``),
+``slowdown_mod``
 (``slowdown=F``, stragglers on purpose), ``fault_injection_mod`` (``fault='bitflip'``, chaos) and,
 ``bridge_mod`` (a node whose node config names a ``leaf-spool`` is a leaf's bridge: its train
 messages are answered by a leaf step, ``edge_client.bridge``) and, innermost, ``secure_stage_mod``
@@ -37,6 +39,7 @@ from typing import Any
 from flwr.clientapp import ClientApp
 
 import fedge.edge_client.algorithms as _handlers
+from fedge.edge_client.counted_once import counted_once_mod
 from fedge.edge_client.eligibility import eligibility_mod
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.layers import refusal_mod
@@ -57,7 +60,8 @@ __all__ = ["app", "handled_algorithms"]
 
 check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
-                      state_persistence_mod, slowdown_mod, fault_injection_mod, bridge_mod, secure_stage_mod])
+                      state_persistence_mod, counted_once_mod, slowdown_mod, fault_injection_mod, bridge_mod,
+                      secure_stage_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:

@@ -32,6 +32,7 @@ from fedge.protocol.leaf import (
     LEAF_TIMEOUT,
     LeafChannel,
     LeafResult,
+    RootOrigin,
     decode_result,
     encode_request,
     request_name,
@@ -59,11 +60,11 @@ class SpoolChannel:
         self.clock, self.sleep = clock, sleep
         self.spool.mkdir(parents=True, exist_ok=True)
 
-    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
+    def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
         result = self.spool / result_name(root_round)
         request = self.spool / request_name(root_round)
         if not result.exists() and not request.exists():
-            atomic_write_bytes(request, encode_request(root_round, model))
+            atomic_write_bytes(request, encode_request(root_round, model, origin))
         deadline = self.clock() + self.timeout
         while not result.exists():
             if self.clock() > deadline:
@@ -84,7 +85,9 @@ def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:
         task = local.task_of(config)
         model = task.build_model()
         start = start_model(msg, config, context, task, model)
-        result = channel.step(config.round, start)
+        # the root's run and this bridge's index: the leaf stamps them on its devices' messages
+        origin = RootOrigin(run=int(msg.metadata.run_id), leaf=int(context.node_config.get("partition-id", 0)))
+        result = channel.step(config.round, start, origin)
         if result.count < 1 or result.weight <= 0:
             raise ProtocolError(f"the leaf used no device's update in its step for root round {config.round}")
         metrics = {"leaf-count": result.count, **({"train-loss": result.train_loss}

@@ -31,6 +31,8 @@ __all__ = [
     "PLUGIN_HANDLER",
     "PLUGINS",
     "PROX_MU",
+    "ROOT_LEAF",
+    "ROOT_ROUND",
     "ROUND_KEY",
     "SEED_KEY",
     "START_KEY",
@@ -49,6 +51,11 @@ DOWNLINK_CODEC = "fedge.downlink"
 DOWNLINK_VERSION = "fedge.downlink-version"
 DOWNLINK_DIGEST = "fedge.downlink-digest"
 DOWNLINK_BASE_DIGEST = "fedge.base-digest"
+
+#: beyond one SuperLink: the root round a leaf's step serves (``<root run id>/<round>``) and the leaf
+#: (its bridge's index); a device takes part in a root round through one leaf only
+ROOT_ROUND = "fedge.root-round"
+ROOT_LEAF = "fedge.root-leaf"
 
 # -- algorithms ---------------------------------------------------------------------------------
 #: FedAvg / FedBuff / FedAsync: FedProx's proximal weight on the device

@@ -42,6 +42,9 @@ class FailureKind(str, Enum):
     NOT_ELIGIBLE = "not-eligible"
     #: the device has spent its daily budget (declined, not failed)
     OVER_BUDGET = "over-budget"
+    #: beyond one SuperLink: the device already took part in this root round through another leaf
+    #: (it moved during the round); declined, so the root counts it once
+    COUNTED_ELSEWHERE = "counted-elsewhere"
     #: the message breaks the privacy policy the device's operator pinned (a round without secure
     #: aggregation on a device that requires it): a failure the operator must see, not a decline
     POLICY = "policy"
@@ -64,7 +67,7 @@ class FailureKind(str, Enum):
 
 
 #: refusals by the device's own policy: declined, not failed (the coordinator counts them apart)
-DECLINED = frozenset({FailureKind.NOT_ELIGIBLE, FailureKind.OVER_BUDGET})
+DECLINED = frozenset({FailureKind.NOT_ELIGIBLE, FailureKind.OVER_BUDGET, FailureKind.COUNTED_ELSEWHERE})
 #: the kinds a device may name in a refusal reply; a reply naming another is malformed
 REFUSALS = frozenset({FailureKind.OUT_OF_SYNC, FailureKind.NEEDS_BASE, FailureKind.BAD_CONFIG,
                       FailureKind.POLICY}) | DECLINED

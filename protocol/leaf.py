@@ -19,8 +19,8 @@ import torch
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "decode_request", "decode_result", "encode_request",
-           "encode_result", "request_name", "result_name"]
+__all__ = ["LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "RootOrigin",
+           "decode_request", "decode_result", "encode_request", "encode_result", "request_name", "result_name"]
 
 #: at most this many devices behind one leaf step (a larger count is a corrupt file)
 MAX_COUNT = 1 << 31
@@ -41,11 +41,22 @@ class LeafResult:
     train_loss: float | None = None
 
 
+@dataclass(frozen=True)
+class RootOrigin:
+    """Whose root round a leaf step serves: the root's run (its Flower run id) and the leaf (its
+    bridge's index among the root's nodes). The leaf stamps both, with the round, on its devices'
+    train messages, so that a device that moved to another leaf during a root round takes part in
+    that root round once (``fedge.edge_client.counted_once``)."""
+
+    run: int
+    leaf: int
+
+
 class LeafChannel(Protocol):
     """How a bridge asks its leaf for a step: in one process a leaf coordinator itself; across
     processes a channel on the leaf's host."""
 
-    def step(self, root_round: int, model: torch.Tensor) -> LeafResult: ...
+    def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult: ...
 
 
 # -- across processes: the spool on the leaf's host ------------------------------------------------
@@ -111,14 +122,23 @@ def _round(obj: dict[str, Any], root_round: int | None, what: str) -> int:
     return value
 
 
-def encode_request(root_round: int, model: torch.Tensor) -> bytes:
-    return _save({"round": int(root_round), "model": model.detach().to(torch.float32).flatten().contiguous()})
+def encode_request(root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> bytes:
+    return _save({"round": int(root_round), "model": model.detach().to(torch.float32).flatten().contiguous(),
+                  **({"run": int(origin.run), "leaf": int(origin.leaf)} if origin is not None else {})})
 
 
-def decode_request(data: bytes, numel: int | None = None) -> tuple[int, torch.Tensor]:
-    """(root round, the root's flat model), checked."""
+def decode_request(data: bytes, numel: int | None = None) -> tuple[int, torch.Tensor, RootOrigin | None]:
+    """(root round, the root's flat model, its origin when the bridge named one), checked."""
     obj = _load(data, "a leaf request")
-    return _round(obj, None, "a leaf request"), _flat(obj.get("model"), "a leaf request's model", numel)
+    root_round = _round(obj, None, "a leaf request")
+    model = _flat(obj.get("model"), "a leaf request's model", numel)
+    run, leaf = obj.get("run"), obj.get("leaf")
+    if run is None and leaf is None:
+        return root_round, model, None
+    for name, value in (("run", run), ("leaf", leaf)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 64:
+            raise LeafSpoolError(f"a leaf request's {name} must be a whole number >= 0, got {value!r}")
+    return root_round, model, RootOrigin(run=run, leaf=leaf)  # type: ignore[arg-type]
 
 
 def encode_result(root_round: int, result: LeafResult) -> bytes:

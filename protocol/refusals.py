@@ -19,6 +19,7 @@ from fedge.protocol.resources import RESOURCES_RECORD
 
 __all__ = [
     "BAD_CONFIG",
+    "COUNTED_ELSEWHERE",
     "DECLINED",
     "KINDS",
     "NEEDS_BASE",
@@ -28,6 +29,7 @@ __all__ = [
     "POLICY",
     "REFUSAL_RECORD",
     "BadConfigRefusal",
+    "CountedElsewhereRefusal",
     "DeviceRefusal",
     "MissingBaseError",
     "NotEligibleRefusal",
@@ -47,6 +49,7 @@ NEEDS_BASE = FailureKind.NEEDS_BASE
 BAD_CONFIG = FailureKind.BAD_CONFIG
 NOT_ELIGIBLE = FailureKind.NOT_ELIGIBLE
 OVER_BUDGET = FailureKind.OVER_BUDGET
+COUNTED_ELSEWHERE = FailureKind.COUNTED_ELSEWHERE
 POLICY = FailureKind.POLICY
 #: every kind a coordinator accepts in a refusal; a reply naming another is rejected as malformed
 KINDS = REFUSALS
@@ -82,6 +85,12 @@ class OverBudgetRefusal(DeviceRefusal):
     """The device has spent today's budget of rounds or megabytes."""
 
     kind = OVER_BUDGET
+
+
+class CountedElsewhereRefusal(DeviceRefusal):
+    """The device took part in this root round through another leaf (it moved during the round)."""
+
+    kind = COUNTED_ELSEWHERE
 
 
 class PolicyRefusal(DeviceRefusal):

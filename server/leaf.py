@@ -21,13 +21,18 @@ from pathlib import Path
 import torch
 
 from fedge.deploy.atomic import atomic_write_bytes
+from fedge.protocol import CONFIG_RECORD
+from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
+from fedge.protocol.layer import Layer, order_layers
 from fedge.protocol.leaf import (
     LeafResult,
     LeafSpoolError,
+    RootOrigin,
     decode_request,
     encode_result,
     result_name,
 )
+from fedge.protocol.step import Outgoing, Step
 from fedge.server.engine.loop import Engine
 
 __all__ = ["LeafCoordinator", "LeafError"]
@@ -37,6 +42,24 @@ log = logging.getLogger(__name__)
 
 class LeafError(ValueError):
     """A leaf that cannot serve a root: an algorithm whose model the root cannot set."""
+
+
+class RootRoundStamp(Layer):
+    """The leaf's layer that names, on every train message of a step, the root round the step
+    serves and this leaf (``fedge.edge_client.counted_once``: a device that moved between leaves
+    during a root round takes part in it once)."""
+
+    key = "root-round"
+
+    def __init__(self) -> None:
+        self.current: tuple[str, int] | None = None  # ("<root run>/<round>", leaf) of the step running
+
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        if self.current is None:
+            return
+        for o in outgoing:
+            config = o.content.config_records[CONFIG_RECORD]
+            config[ROOT_ROUND], config[ROOT_LEAF] = self.current
 
 
 class LeafCoordinator:
@@ -51,10 +74,15 @@ class LeafCoordinator:
             raise LeafError(f"a leaf runs at least one step per root round, got {rounds}")
         self.engine, self.grid, self.rounds = engine, grid, rounds
         self.steps: int | None = None  # the leaf's own step count (restored from its checkpoint)
+        self.stamp = RootRoundStamp()
+        engine.layers = order_layers([*engine.layers, self.stamp])
 
-    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
-        """``rounds`` leaf steps from the root's ``model``; the change, its weight and its count."""
+    def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
+        """``rounds`` leaf steps from the root's ``model``; the change, its weight and its count.
+        ``origin`` (the root's run and this leaf's index, from the bridge) is stamped on every train
+        message of these steps."""
         model = model.to(torch.float32)
+        self.stamp.current = None if origin is None else (f"{origin.run}/{root_round}", origin.leaf)
         if self.steps is None:  # a fresh leaf starts from the root's first model; a restarted one resumes
             self.steps = self.engine.begin(model)
             self.engine.wait_for_nodes(self.grid)  # its devices, as a run waits before its first step
@@ -98,12 +126,12 @@ class LeafCoordinator:
                 continue
             newest = pending[-1]
             try:
-                root_round, model = decode_request(newest.read_bytes(), self.engine.ctx.numel)
+                root_round, model, origin = decode_request(newest.read_bytes(), self.engine.ctx.numel)
             except LeafSpoolError as err:  # a foreign or truncated file: logged, left, never stepped on
                 log.error("leaf spool: %s: %s", newest.name, err)
                 newest.rename(newest.with_suffix(".refused"))
                 continue
-            result = self.step(root_round, model)
+            result = self.step(root_round, model, origin)
             atomic_write_bytes(spool / result_name(root_round), encode_result(root_round, result))
             answered += 1
             for old in [*spool.glob("request-*.pt"), *spool.glob("result-*.pt")]:  # the last two rounds stay

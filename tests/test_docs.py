@@ -226,9 +226,9 @@ _OTHER_WORDS = {
     "local-cluster", "client-resources-num-gpus",
     "flwr-datasets", "dataset-fashion-mnist", "dp-accounting",
     "clip-lr", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
-    "bidirectional-full", "num-examples", "train-loss", "pull-messages", "out-of-sync", "needs-base", "bad-config",
-    "client-error", "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
-    "not-eligible", "over-budget", "train-seconds",  # a device's refusals, a reply's metric
+    "bidirectional-full", "num-examples", "train-loss", "pull-messages",
+    "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
+    "train-seconds",  # a reply's metric
     "min-share", "max-share",  # parameters of selection=oort
     "require-secure-aggregation", "min-participants", "dp-min-noise", "dp-max-clip",  # a device's node config
     "fedge-uplink-bytes", "fedge-downlink-bytes", "fedge-refused", "fedge-dropped-stale", "fedge-secagg-survivors", "fedge-dp-epsilon", "fedge-dp-epsilon-coordinator", "fedge-dp-delta",  # metrics fedge.flower adds to a Flower strategy's round
@@ -241,7 +241,9 @@ def test_hyphenated_names_in_the_docs_are_settings_or_known_words() -> None:
     CHANGELOG.md is history and may name what was removed."""
     from fedge.server.daemon.service_config import _SERVICE_KEYS
 
-    known = {opt.key for opt in OPTIONS} | set(_SERVICE_KEYS) | _OTHER_WORDS
+    from fedge.protocol.failures import FailureKind
+
+    known = {opt.key for opt in OPTIONS} | set(_SERVICE_KEYS) | _OTHER_WORDS | {kind.value for kind in FailureKind}
     problems = [f"{doc.name}: `{word}`" for doc in DOCS if doc.name != "CHANGELOG.md"
                 for word in re.findall(r"`([a-z][a-z0-9]*(?:-[a-z0-9]+)+)`", doc.read_text(encoding="utf-8"))
                 if word not in known]

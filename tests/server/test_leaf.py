@@ -14,6 +14,8 @@ from fedge.edge_client.bridge import LeafTimeout, SpoolChannel, bridge_app
 from fedge.protocol.leaf import (
     LeafResult,
     LeafSpoolError,
+    RootOrigin,
+    decode_request,
     decode_result,
     encode_request,
     encode_result,
@@ -188,9 +190,9 @@ def test_the_spool_keeps_the_last_two_rounds_and_a_newer_request(tmp_path) -> No
     (spool / request_name(4)).write_bytes(encode_request(4, start))
     step = leaf.step
 
-    def stepping(root_round: int, model: torch.Tensor) -> LeafResult:  # the next round is asked meanwhile
-        (spool / request_name(5)).write_bytes(encode_request(5, start))
-        return step(root_round, model)
+    def stepping(root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
+        (spool / request_name(5)).write_bytes(encode_request(5, start))  # the next round is asked meanwhile
+        return step(root_round, model, origin)
 
     leaf.step = stepping  # type: ignore[method-assign]
     polls = iter(range(50))
@@ -221,13 +223,13 @@ class _Flaky:
     def __init__(self, make, down: set[int]) -> None:  # type: ignore[no-untyped-def]
         self.make, self.down, self.leaf = make, down, make()
 
-    def step(self, root_round: int, model: torch.Tensor) -> LeafResult:
+    def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
         if root_round in self.down:
             self.leaf = None
             raise LeafTimeout(f"the leaf did not answer round {root_round}")
         if self.leaf is None:
             self.leaf = self.make()  # restarted: resumes from its own checkpoint
-        return self.leaf.step(root_round, model)
+        return self.leaf.step(root_round, model, origin)
 
 
 def test_a_leaf_that_goes_down_does_not_block_the_root_and_rejoins_counted_once(tmp_path) -> None:
@@ -274,3 +276,34 @@ def test_one_leaf_without_compression_reproduces_the_flat_run_bit_for_bit(tmp_pa
     result = root.run(InProcessGrid(1, app=_bridges({0: _leaf(tmp_path, "leaf", range(0, 6))})), start)
     assert result.model.numpy().tobytes() == flat.algorithm.final_model().numpy().tobytes()
     assert not torch.equal(result.model, start)  # the rounds moved it
+
+
+def test_a_device_both_leaves_can_reach_takes_part_in_each_root_round_once(tmp_path) -> None:
+    """A device that moved from leaf 0 to leaf 1 during a root round (here: one device that both
+    leaves reach, its node state shared, as ``state-dir`` carries it to its new leaf) trains once per
+    root round: leaf 0 asks it first, and leaf 1's message of the same root round is declined
+    (``counted-elsewhere``), counted as declined, not failed. In the next root round it trains again."""
+    leaves = {0: _leaf(tmp_path, "leaf-a", range(0, 3)), 1: _leaf(tmp_path, "leaf-b", range(3, 6))}
+    moved_a, moved_b = leaves[0].grid.node_id(0), leaves[1].grid.node_id(0)
+    leaves[1].grid.contexts[moved_b].state = leaves[0].grid.contexts[moved_a].state  # one device's memory
+    root = build_engine({**COMMON, "rounds": 2, "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
+    result = root.run(InProcessGrid(2, app=_bridges(leaves)), initial_params(make_task("digits"), 0))
+    assert [r.clients_used for r in result.rows] == [2, 2]
+    a_rows, b_rows = (leaf.engine.run_dir.metrics.read() for leaf in (leaves[0], leaves[1]))
+    assert [r["clients_used"] for r in a_rows] == [3, 3]  # the device trained with leaf 0 in both rounds
+    assert [r["clients_used"] for r in b_rows] == [2, 2]
+    assert [r["clients_declined"] for r in b_rows] == [1, 1] and not any(r["rejected"] for r in b_rows)
+    assert all(r["declined"] == {"counted-elsewhere": 1} for r in b_rows), b_rows
+    stamped = [m for m in leaves[1].grid.pushed if m.metadata.message_type == "train"]
+    assert {m.content.config_records["config"]["fedge.root-leaf"] for m in stamped} == {1}
+    assert {m.content.config_records["config"]["fedge.root-round"] for m in stamped} == {"1/1", "1/2"}
+
+
+def test_a_leaf_request_carries_its_origin_and_a_bad_one_is_refused() -> None:
+    start = torch.zeros(4)
+    root_round, model, origin = decode_request(encode_request(3, start, RootOrigin(run=77, leaf=1)))
+    assert (root_round, origin) == (3, RootOrigin(run=77, leaf=1)) and torch.equal(model, start)
+    assert decode_request(encode_request(3, start))[2] is None  # a bridge that names none: no stamps
+    bad = encode_request(3, start, RootOrigin(run=77, leaf=-1))
+    with pytest.raises(LeafSpoolError, match="leaf must be a whole number"):
+        decode_request(bad)
