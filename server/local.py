@@ -93,7 +93,9 @@ def launch(
     ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,
     server certificate and node keys are made in ``<run dir>/tls`` (``fedge.deploy.certs``), every
     node key is registered with ``flwr supernode register`` before its SuperNode starts; under
-    secure aggregation every device's identity is issued by that CA (``issuer=`` is added).
+    secure aggregation every device's identity is issued by that CA (``issuer=`` is added). With
+    ``leaves`` every SuperLink of the tree serves TLS: devices register with their leaf's, bridges
+    with the root's.
     ``leaves`` (deployment only; 0: one tier): beyond one SuperLink, the ``num_supernodes`` devices
     split over this many leaves, each a SuperLink of its own with its devices and a leaf coordinator
     (``leaf-spool``, ``fedge.server.leaf``); the root's SuperLink has one bridge SuperNode per leaf
