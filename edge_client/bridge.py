@@ -7,7 +7,8 @@ coordinator (``fedge.server.leaf``) from the model the message brought, asked th
 device's own upload layer: encoded with the root's codec, with the bridge's error feedback kept in
 its node state (the leaf plays DoubleSqueeze's server: what one root round's message did not
 carry goes up with the next), weighted by the examples behind the leaf's step, with the count of
-its devices (``leaf-count``) beside it. The root needs nothing of its own for it: its downlink
+its devices (``leaf-count``) and the devices connected to it (``leaf-connected``, what central DP's
+divisor counts at the root) beside it. The root needs nothing of its own for it: its downlink
 ships the bridge the model (lattice versions included), its door screens and decodes the reply.
 """
 
@@ -90,8 +91,8 @@ def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:
         result = channel.step(config.round, start, origin)
         if result.count < 1 or result.weight <= 0:
             raise ProtocolError(f"the leaf used no device's update in its step for root round {config.round}")
-        metrics = {"leaf-count": result.count, **({"train-loss": result.train_loss}
-                                                   if result.train_loss is not None else {})}
+        metrics = {"leaf-count": result.count, "leaf-connected": result.connected,
+                   **({"train-loss": result.train_loss} if result.train_loss is not None else {})}
         return upload(msg, context, config, task, result.delta, examples=max(1, round(result.weight)),
                       memory=local.store(context, "bridge"), generator=local.node_generator(config, context, "bridge"),
                       started=started, metrics=metrics, model=model)

@@ -14,6 +14,14 @@ whether its update fitted under the bound, the coordinator releases a noisy coun
 (std m/20 for m expected devices) and moves the bound geometrically toward the ``quantile`` of the
 update norms (``clip-lr``: the step). The count's noise is paid for out of the same budget: the
 update's noise multiplier becomes (z^-2 - (2 sigma_b)^-2)^-1/2, so the round still costs z.
+
+Beyond one SuperLink (``tier``, set by ``fedge local-cluster --leaves``): the same DP-FedAvg over
+every leaf's devices, split by where each part runs. ``tier=leaf`` (a leaf coordinator): Poisson
+sampling of the leaf's devices at ``rate`` (the q of the whole federation), each update clipped to
+``clip``, and the clipped updates' sum passed up exactly, with no noise; ``tier=root``: the root adds
+N(0, (z clip)^2) once to the sum of the leaves' sums, divides by q times the devices connected to the
+answering leaves, and accounts at rate q. The leaves see clipped updates; only the root's release
+carries noise, and the accountant's guarantee is the flat run's.
 """
 
 from __future__ import annotations
@@ -36,14 +44,19 @@ class DPSpec:
     adaptive: bool = False
     quantile: float = 0.5
     clip_lr: float = 0.2
+    #: beyond one SuperLink: ``leaf`` or ``root`` (empty: one tier), and the federation's sampling rate q
+    tier: str = ""
+    rate: float = 0.0
 
     @property
     def spec(self) -> str:
         base = f"gaussian:noise={self.noise:g},clip={self.clip:g},delta={self.delta:g},budget={self.budget:g}"
-        return base + (f",adaptive=true,quantile={self.quantile:g},clip-lr={self.clip_lr:g}" if self.adaptive else "")
+        base += f",adaptive=true,quantile={self.quantile:g},clip-lr={self.clip_lr:g}" if self.adaptive else ""
+        return base + (f",tier={self.tier},rate={self.rate:g}" if self.tier else "")
 
 
-_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr")
+_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr", "tier", "rate")
+TIERS = ("leaf", "root")
 
 
 def parse_differential_privacy(spec: str) -> DPSpec | None:
@@ -62,6 +75,11 @@ def parse_differential_privacy(spec: str) -> DPSpec | None:
                 raise SpecError(f"gaussian: adaptive={text!r} is not true or false")
             values["adaptive"] = text.lower() in ("true", "1")
             continue
+        if key == "tier":
+            if text not in TIERS:
+                raise SpecError(f"gaussian: tier={text!r} is not one of {', '.join(TIERS)}")
+            values["tier"] = text
+            continue
         try:
             values[key.replace("-", "_")] = float(text)
         except ValueError:
@@ -78,4 +96,11 @@ def parse_differential_privacy(spec: str) -> DPSpec | None:
         raise SpecError("gaussian: budget must be >= 0 (0: no budget)")
     if not 0 < result.quantile < 1 or not result.clip_lr > 0:
         raise SpecError("gaussian: quantile must be in (0, 1) and clip-lr > 0")
+    if result.tier and not 0 < result.rate <= 1:
+        raise SpecError(f"gaussian: tier={result.tier} needs the federation's sampling rate, rate in (0, 1]")
+    if result.rate and not result.tier:
+        raise SpecError("gaussian: rate is the sampling rate of a federation with leaves; it needs tier=leaf or root")
+    if result.tier and result.adaptive:
+        raise SpecError("gaussian: adaptive clipping with leaves is not built (the count's noise would be added "
+                        "where no noise is); use a fixed clip")
     return result

@@ -39,6 +39,9 @@ class LeafResult:
     count: int
     #: the devices' mean training loss, when they reported one
     train_loss: float | None = None
+    #: devices connected to the leaf when its (last) step opened: under DP the root divides by the
+    #: sampling rate times these (``fedge.server.engine.layers.differential_privacy``)
+    connected: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def decode_request(data: bytes, numel: int | None = None) -> tuple[int, torch.Te
 
 def encode_result(root_round: int, result: LeafResult) -> bytes:
     return _save({"round": int(root_round), "delta": result.delta.detach().to(torch.float32).flatten().contiguous(),
-                  "weight": float(result.weight), "count": int(result.count),
+                  "weight": float(result.weight), "count": int(result.count), "connected": int(result.connected),
                   "train_loss": None if result.train_loss is None else float(result.train_loss)})
 
 
@@ -152,11 +155,13 @@ def decode_result(data: bytes, root_round: int, numel: int) -> LeafResult:
     obj = _load(data, "a leaf result")
     _round(obj, root_round, "a leaf result")
     delta = _flat(obj.get("delta"), "a leaf result's change", numel)
-    weight, count, loss = obj.get("weight"), obj.get("count"), obj.get("train_loss")
+    weight, count, loss, connected = obj.get("weight"), obj.get("count"), obj.get("train_loss"), obj.get("connected", 0)
     if not isinstance(weight, float) or not math.isfinite(weight) or weight < 0:
         raise LeafSpoolError(f"a leaf result's weight must be a finite number >= 0, got {weight!r}")
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_COUNT:
         raise LeafSpoolError(f"a leaf result's count must be a whole number >= 0, got {count!r}")
     if loss is not None and (not isinstance(loss, float) or not math.isfinite(loss)):
         raise LeafSpoolError(f"a leaf result's train loss must be finite, got {loss!r}")
-    return LeafResult(delta=delta, weight=weight, count=count, train_loss=loss)
+    if not isinstance(connected, int) or isinstance(connected, bool) or not 0 <= connected <= MAX_COUNT:
+        raise LeafSpoolError(f"a leaf result's connected devices must be a whole number >= 0, got {connected!r}")
+    return LeafResult(delta=delta, weight=weight, count=count, train_loss=loss, connected=connected)

@@ -87,12 +87,13 @@ class LeafCoordinator:
             self.steps = self.engine.begin(model)
             self.engine.wait_for_nodes(self.grid)  # its devices, as a run waits before its first step
         self.engine.algorithm.start(model)
-        weight, count, losses = 0.0, 0, []
+        weight, count, losses, connected = 0.0, 0, [], 0
         for _ in range(self.rounds):
             self.steps += 1
             closed = self.engine.run_step(self.grid, self.steps)
             row = self.engine.publish(self.grid, closed, None)
             released = closed.step.released
+            connected = closed.step.connected
             if released is not None:
                 weight, count = released.weight, released.count  # the last step's devices
             if closed.outcome.train_loss is not None:
@@ -108,7 +109,7 @@ class LeafCoordinator:
             if torch.equal(model + applied, final):
                 delta = applied
         return LeafResult(delta=delta, weight=weight, count=count,
-                          train_loss=sum(losses) / len(losses) if losses else None)
+                          train_loss=sum(losses) / len(losses) if losses else None, connected=connected)
 
     def serve(self, spool: str | Path, stop: Callable[[], bool], poll: float = 0.05,
               sleep: Callable[[float], None] = time.sleep) -> int:

@@ -13,6 +13,7 @@ on a free port, so concurrent runs and tests never collide with each other or wi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.launcher.environment import flower_environment
+from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.launcher.federation import LoopbackSecurity
 from fedge.launcher.processes import ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch, LaunchError
@@ -167,7 +169,8 @@ def launch(
                      for i in range(leaves)]
             # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
             settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
-                                        min_replies=min(settings.min_replies, leaves), secure_aggregation="none")
+                                        min_replies=min(settings.min_replies, leaves), secure_aggregation="none",
+                                        **_tier_privacy(settings, num_supernodes, "root"))
             run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",
@@ -280,10 +283,25 @@ def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str
         return "leaves are SuperLinks of their own: the deployment engine (fedge local-cluster)"
     if not 1 <= leaves <= devices // 2:
         return f"each leaf needs at least 2 of the {devices} devices"
-    if settings.differential_privacy != "none":
-        return ("differential-privacy with leaves is not built: the root's DP layer would clip each leaf's mean as "
-                "one device's update, and its accounting counts devices")
+    spec = parse_differential_privacy(settings.differential_privacy)
+    if spec is not None and spec.adaptive:
+        return "adaptive clipping with leaves is not built; use a fixed clip"
+    if spec is not None and settings.secure_aggregation != "none":
+        return ("distributed DP (secure aggregation with DP) over leaves is not built; central DP at the root "
+                "runs without secure-aggregation")
     return None
+
+
+def _tier_privacy(settings: RunSettings, devices: int, tier: str) -> dict[str, str]:
+    """Central DP over leaves, the part of ``tier`` (``fedge.privacy.dp_spec``): the leaves sample
+    their devices at the federation's rate q = clients-per-round / devices and clip; the root adds
+    the noise to the exact sum of their sums (its bridges send them uncompressed) and accounts at q."""
+    spec = parse_differential_privacy(settings.differential_privacy)
+    if spec is None:
+        return {}
+    rate = min(1.0, settings.clients_per_round / devices)
+    tiered = {"differential_privacy": dataclasses.replace(spec, tier=tier, rate=rate).spec}
+    return {**tiered, "codec": "none"} if tier == "root" else tiered
 
 
 def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,
@@ -315,7 +333,8 @@ def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, ru
     # its model average act on the leaves' steps.
     leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=len(partitions),
                             min_replies=min(settings.min_replies, len(partitions)), export_bundle="",
-                            algorithm="fedavg", server_opt="fedavg", model_average="none")
+                            algorithm="fedavg", server_opt="fedavg", model_average="none",
+                            **_tier_privacy(settings, devices, "leaf"))
     flower.submit(app, leaf.to_run_config(), cwd=leaf_dir)
     return group, spool
 

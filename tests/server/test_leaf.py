@@ -4,6 +4,7 @@ devices: the tree's model is the flat run's, round after round (fp32 updates bot
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -24,6 +25,7 @@ from fedge.protocol.leaf import (
 )
 from fedge.server.leaf import LeafCoordinator, LeafError
 from fedge.server.run.initial_model import initial_params
+from fedge.server.settings import SettingsError
 from fedge.tasks import make_task
 from tests.server.engines import build_engine
 from tests.server.in_process_grid import InProcessGrid
@@ -163,10 +165,18 @@ def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None
     (encode_result(1, LeafResult(delta=torch.full((5,), float("nan")), weight=1.0, count=1)), "NaN or infinite"),
     (encode_result(1, LeafResult(delta=torch.zeros(5), weight=float("inf"), count=1)), "weight must be a finite"),
     (encode_result(1, LeafResult(delta=torch.zeros(5), weight=1.0, count=-1)), "count must be a whole number"),
+    (encode_result(1, LeafResult(delta=torch.zeros(5), weight=1.0, count=1, connected=-3)), "connected devices"),
 ])
 def test_a_bad_spool_file_is_refused_with_why(data: bytes, error: str) -> None:
     with pytest.raises(LeafSpoolError, match=error):
         decode_result(data, 1, 5)
+
+
+def test_a_result_carries_the_devices_its_leaf_had_connected() -> None:
+    sent = LeafResult(delta=torch.arange(5.0), weight=2.0, count=3, train_loss=0.5, connected=7)
+    got = decode_result(encode_result(1, sent), 1, 5)
+    assert (got.weight, got.count, got.train_loss, got.connected) == (2.0, 3, 0.5, 7)
+    torch.testing.assert_close(got.delta, sent.delta, rtol=0, atol=0)
 
 
 def test_a_bad_request_is_set_aside_and_never_stepped(tmp_path) -> None:
@@ -307,3 +317,72 @@ def test_a_leaf_request_carries_its_origin_and_a_bad_one_is_refused() -> None:
     bad = encode_request(3, start, RootOrigin(run=77, leaf=-1))
     with pytest.raises(LeafSpoolError, match="leaf must be a whole number"):
         decode_request(bad)
+
+
+DP = "gaussian:noise=0.8,clip=1.0,delta=1e-5"
+
+
+def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -> None:
+    """Central DP beyond one SuperLink: the leaves sample their devices at the federation's rate
+    and clip; the root adds the noise once to the sum of the leaves' exact sums, divides by q times
+    their devices and keeps the ledger. With every device sampled (q = 1) and the noise drawn from
+    the same seed, the tree releases the flat DP run's models and epsilons, round by round; the
+    leaves add no noise and keep no ledger."""
+    import fedge.server.engine.layers.differential_privacy as dp_layer
+
+    monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
+    start = initial_params(make_task("digits"), 0)
+    flat = build_engine({**COMMON, "clients_per_round": 6, "differential_privacy": DP, "run_dir": str(tmp_path / "f")})
+    flat_rows = flat.run(InProcessGrid(6), start).rows
+
+    def leaf(name: str, partitions: range) -> LeafCoordinator:
+        engine = build_engine({**COMMON, "clients_per_round": 3, "run_dir": str(tmp_path / name),
+                               "leaf_spool": str(tmp_path / name / "spool"),
+                               "differential_privacy": f"{DP},tier=leaf,rate=1"})
+        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
+                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
+        return LeafCoordinator(engine, grid)
+
+    leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
+    root = build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
+                         "differential_privacy": f"{DP},tier=root,rate=1"})
+    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
+    for tree_row, flat_row in zip(rows, flat_rows, strict=True):
+        assert tree_row.clients_used == 2 and not tree_row.rejected, tree_row.rejected
+        assert tree_row.extra["dp_epsilon"] == pytest.approx(flat_row.extra["dp_epsilon"], rel=1e-9)
+        assert tree_row.extra["dp_tier"] == "root" and tree_row.train_loss is None
+    torch.testing.assert_close(root.algorithm.final_model(), flat.algorithm.final_model(), rtol=0, atol=1e-5)
+    for coordinator in leaves.values():
+        leaf_rows = coordinator.engine.run_dir.metrics.read()
+        assert all(r["clients_used"] == 3 and r["dp_tier"] == "leaf" and "dp_epsilon" not in r for r in leaf_rows)
+        assert len(coordinator.engine.layer("dp").dp.ledger.rounds) == 0  # the root's ledger is the run's
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"differential_privacy": f"{DP},tier=root,rate=0.5", "codec": "qsgd:bits=4"}, "uncompressed"),
+    ({"differential_privacy": f"{DP},tier=leaf,rate=0.5"}, "leaf coordinator's part"),
+    ({"differential_privacy": DP, "leaf_spool": "/tmp/spool"}, "set tier=leaf"),
+    ({"differential_privacy": f"{DP},tier=root,rate=0.5", "codec": "none", "secure_aggregation": "secagg"},
+     "not built"),
+])
+def test_a_tier_that_does_not_fit_its_coordinator_is_refused(tmp_path, overrides, reason) -> None:
+    with pytest.raises(SettingsError, match=reason):
+        build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "r"), **overrides})
+
+
+def test_the_launcher_splits_dp_over_the_tiers_and_refuses_what_is_not_built() -> None:
+    from fedge.server.local import _tier_privacy, leaves_refusal
+    from fedge.server.settings import RunSettings
+
+    from fedge.privacy.dp_spec import parse_differential_privacy as parse
+
+    settings = RunSettings(differential_privacy=DP, clients_per_round=4)
+    root, leaf = _tier_privacy(settings, 16, "root"), _tier_privacy(settings, 16, "leaf")
+    assert root["codec"] == "none" and "codec" not in leaf  # the bridges send sums; the devices keep theirs
+    for part, tier in ((root, "root"), (leaf, "leaf")):  # q = 4 of 16 devices, the rest of the spec as given
+        assert parse(part["differential_privacy"]) == dataclasses.replace(parse(DP), tier=tier, rate=0.25)
+    assert _tier_privacy(RunSettings(), 16, "leaf") == {}
+    assert leaves_refusal(settings, 2, 16, "deployment") is None
+    assert "not built" in leaves_refusal(settings.replace(secure_aggregation="secagg"), 2, 16, "deployment")
+    adaptive = settings.replace(differential_privacy="gaussian:noise=1.9,adaptive=true")
+    assert "adaptive" in leaves_refusal(adaptive, 2, 16, "deployment")

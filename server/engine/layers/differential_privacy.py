@@ -27,6 +27,15 @@ The released partial is always released, whatever the number of updates: a step 
 ``min-replies`` updates, or none, still publishes a noised model. Releasing the previous model
 unnoised instead would let who took part decide whether noise is added, which the accountant
 (which records every round as a noised one) does not count.
+
+Beyond one SuperLink the mechanism is split by tier (``tier=leaf`` / ``tier=root`` in the spec,
+``fedge.privacy.dp_spec``): a leaf samples its devices at the federation's rate q, clips, and passes
+the exact sum of the clipped updates up (no noise, no ledger: its step's model is the root's model
+plus that sum, which only its bridge reads); the root takes each leaf's sum whole (a leaf's
+sensitivity to one device is one clip; its bridge reports the devices it had connected,
+``leaf-connected``), adds the noise once to the sum of sums, divides by q times those devices, and
+keeps the ledger at rate q. The bridges send their sums uncompressed (``codec = "none"`` at the
+root), so nothing but the root's noise changes them.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Step, StepOutcome, Update
+from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
 from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
 from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
@@ -78,6 +87,25 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
     return None
 
 
+#: the metric a leaf's bridge reports beside the leaf's sum: the devices connected to the leaf
+LEAF_CONNECTED = "leaf-connected"
+
+
+def _tier_refusal(settings: Any, spec: DPSpec) -> str | None:
+    """Why the spec's tier does not fit this coordinator (None: it does)."""
+    tier = spec.tier
+    if settings.leaf_spool and tier != "leaf":
+        return "a leaf coordinator passes its clipped sum to its root, which adds the noise: set tier=leaf,rate=Q"
+    if tier == "leaf" and not settings.leaf_spool:
+        return "tier=leaf is a leaf coordinator's part (leaf-spool); a single-tier run sets no tier"
+    if tier and settings.secure_aggregation != "none":
+        return "distributed DP (secure aggregation with DP) over leaves is not built; use central DP at the root"
+    if tier == "root" and settings.codec != "none":
+        return (f"the root adds its noise to the exact sum of the leaves' clipped updates, so the bridges send "
+                f"them uncompressed: codec 'none' at the root, not {settings.codec!r}")
+    return None
+
+
 class DifferentialPrivacyLayer(Layer):
     key = "dp"
     provides = frozenset({SAMPLE, NOISE})
@@ -85,6 +113,7 @@ class DifferentialPrivacyLayer(Layer):
 
     def __init__(self, dp: CentralDP, clients_per_round: int, numel: int = 0, distributed: bool = False) -> None:
         self.dp = dp
+        self.tier = dp.spec.tier  # "" (one tier), "leaf" or "root"
         self.clients_per_round = clients_per_round
         #: with secure aggregation (distributed DP): the devices add the noise inside the ring
         #: (Skellam); the coordinator only samples (``dp``), releases and accounts, through the one
@@ -109,6 +138,9 @@ class DifferentialPrivacyLayer(Layer):
         reason = refuse_reason(algorithm)
         if reason is not None:
             raise SettingsError(f"differential-privacy cannot run with algorithm {algorithm.spec!r}: {reason}")
+        reason = _tier_refusal(settings, spec)
+        if reason is not None:
+            raise SettingsError(f"differential-privacy {spec.spec!r}: {reason}")
         dp = CentralDP(spec)
         if spec.adaptive:
             dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
@@ -117,10 +149,20 @@ class DifferentialPrivacyLayer(Layer):
 
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
         """Poisson sampling from the OS CSPRNG at rate clients-per-round / connected (what the
-        accountant assumes), whatever ``count`` and ``key`` (DP runs are synchronous)."""
+        accountant assumes), whatever ``count`` and ``key`` (DP runs are synchronous). With leaves:
+        a leaf samples its devices at the federation's rate; the root asks every leaf."""
+        if self.tier == "root":
+            self.dp.rate = self.dp.spec.rate
+            return sorted(nodes)
+        if self.tier == "leaf":
+            return self.dp.sample_at(nodes, self.dp.spec.rate)
         return self.dp.sample(nodes, self.clients_per_round)
 
     def exhausted(self, connected: int) -> bool:
+        if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
+            return False
+        if self.tier == "root":
+            return self.dp.ledger.would_exceed(self.dp.spec.budget, self.dp.spec.rate, self.dp.spec.noise)
         if self.distributed is not None:  # the mechanism logs it
             return self.distributed.exhausted(self.dp.sampling_rate(connected, self.clients_per_round))
         spent = self.dp.exhausted(connected, self.clients_per_round)
@@ -132,11 +174,21 @@ class DifferentialPrivacyLayer(Layer):
 
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        if self.tier == "root":  # the root's nodes are bridges: a leaf's sum is not clipped again
+            return
         for o in outgoing:  # this round's clipping bound, for the device's upload layer
             if CONFIG_RECORD in o.content.config_records:
                 o.content.config_records[CONFIG_RECORD][DP_CLIP] = self.dp.clip_bound
 
     def update(self, step: Step, update: Update) -> Update:
+        if self.tier == "root":  # a leaf's sum of clipped updates, whole: one device moves it by one clip
+            connected = update.metrics.get(LEAF_CONNECTED)
+            if not isinstance(connected, (int, float)) or isinstance(connected, bool) or not 0 < connected < 1 << 31:
+                raise Rejected(f"tier=root takes the sums of leaves' bridges, which report {LEAF_CONNECTED!r}; "
+                               f"node {update.node} reported {connected!r}")
+            scratch = self.scratch(step, dict)
+            scratch["devices"] = scratch.get("devices", 0) + int(connected)
+            return dataclasses.replace(update, weight=1.0)
         # the sensitivity bound holds whatever the device sent; every device counts once
         vector = self.dp.clip(update.vector, update.metrics.get(DP_FITTED))
         return dataclasses.replace(update, vector=vector, weight=1.0)
@@ -149,6 +201,17 @@ class DifferentialPrivacyLayer(Layer):
         data is in it), so that whether noise appears, and how much, never depends on who answered."""
         self.scratch(step, dict)["received"] = partial
         count = partial.count
+        if self.tier == "leaf":  # the exact sum of the clipped updates, for the root to noise
+            if not count:
+                return partial
+            return Partial.of_mean(partial.mean() * count, 1.0, count, members=partial.members, planned=partial.planned)
+        if self.tier == "root":  # the leaves' devices are the federation: q times those the answering leaves had
+            total = partial.mean() * count if count else torch.zeros(partial.numel)
+            devices = self.scratch(step, dict).get("devices", 0)
+            noisy = self.dp.noisy_mean(total, max(devices, 1))
+            expected = self.dp.rate * max(devices, 1)
+            return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned,
+                                   noised=True)
         if self.distributed is None:
             total = partial.mean() * count if count else torch.zeros(partial.numel)
             noisy = self.dp.noisy_mean(total, step.connected)
@@ -162,10 +225,15 @@ class DifferentialPrivacyLayer(Layer):
         return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
-        if self.distributed is not None:
+        if self.tier == "leaf":  # no release here: the root accounts for it
+            outcome.extra.update({"dp_tier": "leaf", "dp_sampling_rate": self.dp.spec.rate,
+                                  "dp_clip": self.dp.clip_bound})
+        elif self.distributed is not None:
             outcome.extra.update(self._close_distributed(step))
         else:
             outcome.extra.update(self.dp.close_round())
+            if self.tier == "root":
+                outcome.extra["dp_tier"] = "root"
         # The devices' mean training loss is a noiseless aggregate of their private data: not in
         # the row. (Who took part, clients_used and the rejected nodes, stay: the coordinator's
         # operator sees them anyway; they are not released with the model. docs/privacy.md)
@@ -251,7 +319,11 @@ class CentralDP:
 
     def sample(self, nodes: list[int], clients_per_round: int) -> list[int]:
         """Poisson sampling: each connected node independently with probability q."""
-        self.rate = self.sampling_rate(len(nodes), clients_per_round)
+        return self.sample_at(nodes, self.sampling_rate(len(nodes), clients_per_round))
+
+    def sample_at(self, nodes: list[int], rate: float) -> list[int]:
+        """Poisson sampling at ``rate`` (a leaf's: the federation's q)."""
+        self.rate = rate
         chosen = [self._sampler.random() < self.rate for _ in nodes]
         return [node for node, keep in zip(sorted(nodes), chosen) if keep]
 
