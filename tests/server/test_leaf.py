@@ -322,6 +322,29 @@ def test_a_leaf_request_carries_its_origin_and_a_bad_one_is_refused() -> None:
 DP = "gaussian:noise=0.8,clip=1.0,delta=1e-5"
 
 
+def _dp_runs(tmp_path, dp: str, rounds: int = 3):  # type: ignore[no-untyped-def]
+    """The flat DP run over six devices, and the tree (a root over two leaves of three) with the
+    same DP split over its tiers, every device sampled (q = 1); (flat rows, flat, root rows, root, leaves)."""
+    start = initial_params(make_task("digits"), 0)
+    flat = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 6, "differential_privacy": dp,
+                         "run_dir": str(tmp_path / "f")})
+    flat_rows = flat.run(InProcessGrid(6), start).rows
+
+    def leaf(name: str, partitions: range) -> LeafCoordinator:
+        engine = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 3, "run_dir": str(tmp_path / name),
+                               "leaf_spool": str(tmp_path / name / "spool"),
+                               "differential_privacy": f"{dp},tier=leaf,rate=1"})
+        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
+                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
+        return LeafCoordinator(engine, grid)
+
+    leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
+    root = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
+                         "differential_privacy": f"{dp},tier=root,rate=1"})
+    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
+    return flat_rows, flat, rows, root, leaves
+
+
 def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -> None:
     """Central DP beyond one SuperLink: the leaves sample their devices at the federation's rate
     and clip; the root adds the noise once to the sum of the leaves' exact sums, divides by q times
@@ -331,22 +354,7 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
     import fedge.server.engine.layers.differential_privacy as dp_layer
 
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
-    start = initial_params(make_task("digits"), 0)
-    flat = build_engine({**COMMON, "clients_per_round": 6, "differential_privacy": DP, "run_dir": str(tmp_path / "f")})
-    flat_rows = flat.run(InProcessGrid(6), start).rows
-
-    def leaf(name: str, partitions: range) -> LeafCoordinator:
-        engine = build_engine({**COMMON, "clients_per_round": 3, "run_dir": str(tmp_path / name),
-                               "leaf_spool": str(tmp_path / name / "spool"),
-                               "differential_privacy": f"{DP},tier=leaf,rate=1"})
-        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
-                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
-        return LeafCoordinator(engine, grid)
-
-    leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
-    root = build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
-                         "differential_privacy": f"{DP},tier=root,rate=1"})
-    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
+    flat_rows, flat, rows, root, leaves = _dp_runs(tmp_path, DP)
     for tree_row, flat_row in zip(rows, flat_rows, strict=True):
         assert tree_row.clients_used == 2 and not tree_row.rejected, tree_row.rejected
         assert tree_row.extra["dp_epsilon"] == pytest.approx(flat_row.extra["dp_epsilon"], rel=1e-9)
@@ -356,6 +364,12 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
         leaf_rows = coordinator.engine.run_dir.metrics.read()
         assert all(r["clients_used"] == 3 and r["dp_tier"] == "leaf" and "dp_epsilon" not in r for r in leaf_rows)
         assert len(coordinator.engine.layer("dp").dp.ledger.rounds) == 0  # the root's ledger is the run's
+
+
+def test_the_root_stops_at_the_budget_where_the_flat_run_does(tmp_path) -> None:
+    flat_rows, _, rows, _, _ = _dp_runs(tmp_path, f"{DP},budget=7", rounds=4)
+    assert len(rows) == len(flat_rows) < 4  # the root's ledger ends the run, at the same round
+    assert rows[-1].extra["dp_epsilon"] <= 7 and flat_rows[-1].extra["dp_epsilon"] <= 7
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -161,11 +161,10 @@ class DifferentialPrivacyLayer(Layer):
     def exhausted(self, connected: int) -> bool:
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
-        if self.tier == "root":
-            return self.dp.ledger.would_exceed(self.dp.spec.budget, self.dp.spec.rate, self.dp.spec.noise)
         if self.distributed is not None:  # the mechanism logs it
             return self.distributed.exhausted(self.dp.sampling_rate(connected, self.clients_per_round))
-        spent = self.dp.exhausted(connected, self.clients_per_round)
+        q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
+        spent = self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
         if spent:
             log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete",
                      self.dp.spec.budget, self.dp.spec.delta)
@@ -326,11 +325,6 @@ class CentralDP:
         self.rate = rate
         chosen = [self._sampler.random() < self.rate for _ in nodes]
         return [node for node, keep in zip(sorted(nodes), chosen) if keep]
-
-    def exhausted(self, connected: int, clients_per_round: int) -> bool:
-        """Whether one more round would spend more than the budget (RDP, the conservative bound)."""
-        q = self.sampling_rate(connected, clients_per_round)
-        return self.ledger.would_exceed(self.spec.budget, q, self.spec.noise)
 
     def clip(self, vector: torch.Tensor, fitted: object = None) -> torch.Tensor:
         """Bound one decoded update; count the device's bit, centred: +1/2 if its own update fitted
