@@ -10,6 +10,15 @@ fit (another version, no copy, a digest mismatch, a base it cannot rebuild) rais
 refusal (``edge_client.layers.refusal_mod``), the coordinator forgets the device's copy and sends a
 snapshot (and the base) next time, and no training ever starts from a copy that differs from the
 coordinator's.
+
+The same receiving end serves a Flower app's node (:func:`receive_downlink`, which
+``fedge.flower.compression_mod`` calls before the user's code): there the node knows no task, so
+its base is zeros in the layout a snapshot describes, or the start model the server names
+(``fedge.protocol.start_model``), built from the app's own code, or the base the server ships; the
+copy is kept in the node's ``Context.state``. A copy that does not match, a change from another
+version, or no base raises :class:`OutOfSyncError` (:class:`MissingBaseError`) and the node answers
+with an error, which makes the server send a snapshot and the base next time. The user's code never
+sees a model that differs from the server's public copy.
 """
 
 from __future__ import annotations
@@ -18,19 +27,30 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedge.compression import make_codec
 from fedge.compression.lattice import change_support, model_digest
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, payload_bytes, read_payload, read_state_dict
 from fedge.protocol.downlink import LatticeCopy, apply_downlink, shipped_base
-from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
+from fedge.protocol.config_keys import (
+    DOWNLINK_BASE_DIGEST,
+    DOWNLINK_CODEC,
+    DOWNLINK_DIGEST,
+    DOWNLINK_VERSION,
+    LAYOUT_KEY,
+    LAYOUT_SPEC_KEY,
+    START_KEY,
+)
+from fedge.protocol.layout import Layout, LayoutError
+from fedge.protocol.records import RAW_RECORD, ProtocolError
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 from fedge.protocol.round_config import RoundConfig
+from fedge.protocol.start_model import build_start
 from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
 
-__all__ = ["held_support", "lattice_copy", "received_model"]
+__all__ = ["held_support", "lattice_copy", "receive_downlink", "received_model"]
 
 
 def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task,
@@ -65,7 +85,7 @@ def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], *, ver
                  keep_support: bool = False) -> torch.Tensor:
     """The flat copy of ``version`` a downlink ``record`` brings, applied to the copy ``store`` holds
     (and kept there): the one receiving end of Fedge's devices and of a Flower app's nodes
-    (``fedge.flower.receive``). The base is the one shipped with ``record``, else the one stored
+    (``fedge.edge_client.downlink``). The base is the one shipped with ``record``, else the one stored
     (if it still has ``base_digest``), else ``rebuild()``'s: checked against ``base_digest``; None
     (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it. With
     ``keep_support`` the coordinates the change moved are kept too (:func:`held_support`)."""
@@ -112,3 +132,59 @@ def _base(record: ArrayRecord, store: NodeStore, numel: int, expected: int,
         raise MissingBaseError("the downlink base built here differs from the coordinator's; it must be sent once")
     store.put_tensor("lattice.base", rebuilt)
     return rebuilt
+
+
+# -- a Flower app's node (``fedge.flower.compressed(..., downlink="lattice:...")``) ------------------
+_NAMESPACE = "flower-downlink"  # this node's base, copy and layout, in Context.state
+
+
+def receive_downlink(msg: Message, context: Context) -> np.ndarray:
+    """Replace ``msg``'s lattice records by the model ``ArrayRecord`` they bring (in place); the
+    coordinates the change moved (empty after a snapshot), which a ``tcs`` uplink sends on."""
+    config = msg.content.config_records["config"]
+    record = msg.content.array_records.get(DOWNLINK_RECORD)
+    if record is None:
+        raise ProtocolError(f"a lattice downlink message needs its {DOWNLINK_RECORD!r} ArrayRecord")
+    store = NodeStore(context.state, _NAMESPACE)
+    layout, start = _layout(config, store)
+
+    def rebuild() -> torch.Tensor | None:  # the start model, or the zero base of the layout a snapshot sent
+        if START_KEY in config:
+            return torch.from_numpy(layout.flatten(start or build_start(str(config[START_KEY]))).copy())
+        return torch.zeros(layout.numel) if LAYOUT_SPEC_KEY in config else None
+
+    copy = lattice_copy(record, store, layout.sizes(), version=int(config[DOWNLINK_VERSION]),
+                        digest=int(config[DOWNLINK_DIGEST]), base_digest=int(config[DOWNLINK_BASE_DIGEST]),
+                        rebuild=rebuild, keep_support=True)
+    raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
+    floats = {name for name, _, _ in layout.floats}  # rebuilt from the copy; the others travel in RAW_RECORD
+    like = ArrayRecord({name: raw[name] if name in raw else Array(np.zeros(shape, dtype=dtype))
+                        for name, shape, dtype in layout.entries if name not in floats})
+    content = RecordDict({name: r for name, r in msg.content.items() if name not in (DOWNLINK_RECORD, RAW_RECORD)})
+    content[MODEL_RECORD] = layout.rebuild(copy.numpy(), like)
+    msg.content = content
+    support = held_support(store)
+    assert support is not None  # kept just now
+    return support
+
+
+def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord | None]:
+    """The model's layout (names, shapes, dtypes): the one this message describes, the one kept, or
+    the named start model's (then also that model, the base to build); checked against the server's."""
+    digest, start = str(config[LAYOUT_KEY]), None
+    kept = str((store.get_meta("layout") or {}).get("spec", ""))
+    if LAYOUT_SPEC_KEY in config:
+        spec = str(config[LAYOUT_SPEC_KEY])
+    elif kept and Layout.from_spec(kept).digest == digest:
+        spec = kept
+    elif START_KEY in config:
+        start = build_start(str(config[START_KEY]))
+        spec = Layout(start).spec
+    else:
+        raise OutOfSyncError("this node holds no base of the model's lattice, nor its layout; the server must "
+                             "send a snapshot")
+    layout = Layout.from_spec(spec)
+    if layout.digest != digest:
+        raise LayoutError(f"the model's layout here is {layout.digest}, the server described {digest}")
+    store.put_meta("layout", {"spec": spec})
+    return layout, start

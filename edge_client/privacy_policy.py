@@ -28,7 +28,7 @@ In a simulation, whose devices share one node config, the run setting ``device-p
 key, so the run's setting can add requirements and never remove one its owner pinned.
 
 One check serves both coordinators: the Fedge ClientApp runs it as :func:`privacy_policy_mod`, and
-``fedge.flower.secure_mod`` calls :func:`check_privacy_policy` for a user's ClientApp.
+``fedge.edge_client.secure_mod`` calls :func:`check_privacy_policy` for a user's ClientApp.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def secure_stage_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     """Answer a secure round's own exchanges (``train`` messages whose ``secagg`` record names a
     stage other than ``masked``, :func:`fedge.protocol.secagg.secure_stage`) here; everything else,
     the masked train message included, goes on to the handler. The innermost mod of Fedge's
-    ClientApp, and what :func:`fedge.flower.secure_mod` does for a user's."""
+    ClientApp, and what :func:`fedge.edge_client.secure_mod` does for a user's."""
     if secure_stage(msg) is None:
         return call_next(msg, context)
     return query(msg, context)

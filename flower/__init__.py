@@ -15,17 +15,23 @@ ServerApp against its Grid. ``secure(strategy, ...)`` with ``secure_mod`` on the
 round over Fedge's secure aggregation: the strategy aggregates only the survivors' sum
 (``fedge.flower.secure``). ``layered(strategy, *layers)`` runs Fedge's engine layers (one class
 each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.layered``). Nothing here imports Fedge's coordinator (``fedge.server``).
+
+This package holds the server side: the strategy wrappers. The two ClientApp mods are the device's
+and live with its other parts (``fedge.edge_client.compression_mod``, ``fedge.edge_client.secure_mod``,
+the lattice copy in ``fedge.edge_client.downlink``); they are re-exported here, so an app imports
+both sides from ``fedge.flower``. A model's layout and a named start model, which both sides read,
+are ``fedge.protocol.layout`` and ``fedge.protocol.start_model``.
 """
 
 from fedge.protocol.flower_release import check_flower
 
 check_flower()  # before anything reads Flower: another release gets a clear error, not a mid-run one
 
-from fedge.flower.client_mod import compression_mod  # noqa: E402
+from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
+from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import LayeredStrategy, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
-from fedge.flower.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.strategy import CompressedStrategy, compressed  # noqa: E402
 
 __all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy", "compressed",

@@ -7,7 +7,7 @@ own engine): the change of one version, a catch-up over the versions it missed, 
 The lattice's base is zero, which every node builds (a Flower app's nodes cannot rebuild the
 server's start model), with per-tensor steps from the start model's scale; a snapshot carries the
 model's names, shapes and dtypes (JSON, counted) so the node can. With ``start=`` naming the
-constructor and seed the ServerApp built its start model with (``fedge.flower.start_model``), the
+constructor and seed the ServerApp built its start model with (``fedge.protocol.start_model``), the
 base is that model, which each node builds itself: no model goes out whole at all, except once, in
 fp32, to a node that could not build it. Arrays that are not floating point (integer buffers)
 travel as they are, every time.
@@ -30,9 +30,9 @@ from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.broadcast import SENT_SNAPSHOT, DownlinkSpec, VersionedBroadcast, parse_downlink
 from fedge.compression.lattice import model_digest
-from fedge.flower.layout import Layout, LayoutError
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.flower.messages import own_config
-from fedge.flower.start_model import parse_start
+from fedge.protocol.start_model import parse_start
 from fedge.protocol.config_keys import (
     DOWNLINK_BASE_DIGEST,
     DOWNLINK_CODEC,

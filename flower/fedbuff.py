@@ -51,7 +51,7 @@ from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
-from fedge.flower.layout import Layout, LayoutError
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing

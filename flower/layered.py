@@ -37,7 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedge.aggregation.partial import Partial
-from fedge.flower.layout import Layout
+from fedge.protocol.layout import Layout
 from fedge.flower.messages import REFUSED, Wrapper, grid_stages
 from fedge.flower.secure import SecureStrategy
 from fedge.flower.strategy import CompressedStrategy

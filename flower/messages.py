@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedge.compression import PayloadError
-from fedge.flower.layout import LayoutError
+from fedge.protocol.layout import LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import ProtocolError, UPDATE_RECORD, read_payload
 from fedge.protocol.secure_round import StageExchange

@@ -3,7 +3,7 @@
 The wrapper runs Fedge's secure aggregation (``fedge.protocol.secure_round``: pairwise masks over a
 neighbourhood graph, Shamir shares of the mask seeds and keys, signed advertisements, exact sums
 when devices drop out) around the wrapped strategy's round, from a user's own ServerApp against its
-``Grid``; :func:`fedge.flower.secure_mod` is the device's side. Around ``configure_train`` it
+``Grid``; :func:`fedge.edge_client.secure_mod` is the device's side. Around ``configure_train`` it
 advertises keys and routes the sealed shares among the nodes the strategy sampled (two exchanges
 on the grid), and only the nodes that dealt their shares train; each masked reply is checked
 against the plan (its size, and that it says nothing in clear about its data); at
@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
-from fedge.flower.layout import Layout
+from fedge.protocol.layout import Layout
 from fedge.flower.messages import Wrapper, grid_stages
 from fedge.protocol.config_keys import UPLINK_KEYS, WEIGHT_KEY
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, UPDATE_RECORD, read_payload
@@ -239,7 +239,7 @@ class _Round:
 def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
            seed: int = 0, differential_privacy: str = "none") -> SecureStrategy:
     """Wrap ``strategy`` so it aggregates only the sum of the round's updates (the ClientApp needs
-    :func:`fedge.flower.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
+    :func:`fedge.edge_client.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
     ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout.
     ``differential_privacy="gaussian:noise=z,clip=C,..."``: distributed DP, the devices add the noise
     inside the ring (``fedge.flower.secure_dp``); nodes are Poisson-sampled at the strategy's

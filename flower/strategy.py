@@ -34,7 +34,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
-from fedge.flower.layout import Layout
+from fedge.protocol.layout import Layout
 from fedge.flower.messages import REFUSED, Wrapper, reply_payload, reply_weight, with_raw, write_uplink
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 
@@ -224,6 +224,6 @@ def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
     a versioned lattice change (``fedge.flower.downlink``) instead of fp32 arrays. ``streaming=True``
     (a plain weighted mean such as FedAvg or FedProx only) decodes each reply straight into one sum.
     ``start="pkg.task:Net@0"`` names the constructor and seed of ``initial_arrays``, so nodes build the
-    start model themselves and the lattice downlink never sends it (``fedge.flower.start_model``)."""
+    start model themselves and the lattice downlink never sends it (``fedge.protocol.start_model``)."""
     return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming,
                               start=start)

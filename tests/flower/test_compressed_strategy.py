@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.compression import make_codec
 from fedge.flower import compressed, compression_mod
-from fedge.flower.layout import Layout, LayoutError
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY
 from fedge.protocol.records import UPDATE_RECORD, read_payload
 from fedge.tasks import make_task
@@ -296,7 +296,7 @@ def test_streaming_is_refused_for_a_strategy_that_is_not_a_plain_mean(make) -> N
 
 
 def test_a_malformed_layout_from_the_server_is_refused_by_the_node() -> None:
-    from fedge.flower.layout import Layout
+    from fedge.protocol.layout import Layout
 
     with pytest.raises(LayoutError, match="malformed"):
         Layout.zeros('[["w", [-1], "float32"]]')

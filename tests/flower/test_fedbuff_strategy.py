@@ -154,7 +154,7 @@ def test_the_buffer_is_the_engines_aggregation_rule_and_a_robust_one_resists_a_b
     one; with the coordinate-wise median one node's huge (finite) update cannot drag the version."""
     def boost(node: int, reply: Message) -> None:
         if node == 13:
-            from fedge.flower.layout import Layout
+            from fedge.protocol.layout import Layout
 
             arrays = reply.content.array_records["arrays"]
             flat = Layout(arrays).flatten(arrays) + 1e3

@@ -16,11 +16,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-import fedge.flower.client_mod as client_mod
+import fedge.edge_client.compression_mod as client_mod
 from fedge.edge_client import local
 from fedge.edge_client.node_store import NodeStore
 from fedge.flower import compressed
-from fedge.flower.layout import Layout
+from fedge.protocol.layout import Layout
 from fedge.flower.strategy import CompressedStrategy
 from fedge.protocol.records import DOWNLINK_RECORD, UPDATE_RECORD, read_payload
 from fedge.protocol.round_config import RoundConfig

@@ -13,7 +13,7 @@ server described is refused with an error reply, never encoded against the wrong
 
 With the wrapper's lattice downlink (``downlink="lattice:..."``) any message (train or evaluate)
 brings a lattice change instead of the model: the mod rebuilds the model first
-(``fedge.flower.receive``), so the user's code gets its ``ArrayRecord`` as always. A ``tcs`` uplink
+(``fedge.edge_client.downlink``), so the user's code gets its ``ArrayRecord`` as always. A ``tcs`` uplink
 sends on the coordinates that change moved (``compression.shared_support``), which the wrapper
 knows too, having sent it.
 """
@@ -30,10 +30,10 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
-from fedge.flower.receive import receive_downlink
+from fedge.edge_client.downlink import receive_downlink
 from fedge.protocol.config_keys import CODEC_KEY, DOWNLINK_CODEC, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, payload_record
-from fedge.flower.user_update import train_user_update
+from fedge.edge_client.user_update import train_user_update
 
 __all__ = ["compression_mod"]
 

@@ -18,7 +18,7 @@ import re
 import torch
 from flwr.app import ArrayRecord
 
-from fedge.flower.layout import LayoutError
+from fedge.protocol.layout import LayoutError
 
 __all__ = ["build_start", "parse_start"]
 

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
-from fedge.flower.layout import Layout, LayoutError
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import MODEL_RECORD
 
 __all__ = ["UserUpdate", "train_user_update"]

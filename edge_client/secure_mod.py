@@ -27,10 +27,10 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.privacy_policy import check_privacy_policy
 from fedge.edge_client.secure_aggregation import masked_update, query
-from fedge.flower.layout import LayoutError
+from fedge.protocol.layout import LayoutError
 from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.protocol.records import UPDATE_RECORD, payload_record
-from fedge.flower.user_update import train_user_update
+from fedge.edge_client.user_update import train_user_update
 from fedge.protocol.secagg import SECAGG_RECORD, secure_stage
 
 __all__ = ["secure_mod"]
