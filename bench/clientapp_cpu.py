@@ -215,12 +215,34 @@ def _reported(rows: list[dict[str, Any]], field: str, skip_first: bool = True) -
     return statistics.median(values) if values else None
 
 
+def _own_data(tmp: Path, settings: RunSettings, nodes: int) -> dict[int, dict[str, str]]:
+    """Each node's partition as its own data file (``data=...npz``, as ``fedge-edge join --data``
+    gives a device): the node then loads it and builds nothing."""
+    from fedge.edge_client.node_data import save_npz
+    from fedge.tasks import make_task
+
+    task, out = make_task(settings.task), {}
+    for i in range(nodes):
+        path = tmp / f"node-{i}.npz"
+        save_npz(path, task.partition(i, nodes, settings.partitioning))
+        out[i] = {"data": str(path)}
+    return out
+
+
 def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
+    """One run. ``warm-device``: warm execution as a device installed with the ``device`` extra runs
+    it: its own data file (no partition built, so no scikit-learn or datasets preloaded) and no numba
+    (the extra does not install it; ``FEDGE_KERNELS=off``, the codecs' torch path)."""
+    device = isolation == "warm-device"
     with tempfile.TemporaryDirectory(prefix="fedge-bench-clientapp-") as tmp:
         run_dir = Path(tmp) / "run"
         settings = RunSettings(algorithm=args.algorithm, rounds=args.rounds, clients_per_round=args.supernodes,
                                local_epochs=args.local_epochs, stragglers=args.stragglers, run_dir=str(run_dir),
                                **({"partitioning": args.partitioning} if args.partitioning else {}))
+        node_config = _own_data(Path(tmp), settings, args.supernodes) if device else None
+        kernels = os.environ.get("FEDGE_KERNELS")
+        if device:
+            os.environ["FEDGE_KERNELS"] = "off"  # every process of the run inherits it
         sampler = Sampler((run_dir / "flwr-home").resolve(), args.interval)
         sampler.start()
         started = time.monotonic()
@@ -228,11 +250,16 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
         marks: list[tuple[int, float, int]] = []  # (round, whole-tree CPU when its row landed, messages)
         try:
             result = launch(settings, engine="deployment", num_supernodes=args.supernodes, timeout=3600,
-                            isolation=isolation, on_row=lambda row: marks.append(
+                            isolation="warm" if device else isolation, node_config=node_config,
+                            on_row=lambda row: marks.append(
                                 (int(row["round"]), tree_cpu(home), int(row.get("clients_sampled", 0)))))
         finally:
             sampler.halt.set()
             sampler.join()
+            if device:
+                os.environ.pop("FEDGE_KERNELS", None)
+                if kernels is not None:
+                    os.environ["FEDGE_KERNELS"] = kernels
         if not result.summary:
             raise SystemExit(f"the {isolation} run did not finish; see its logs")
         out: dict[str, Any] = {"isolation": isolation, "seconds": time.monotonic() - started,
@@ -250,7 +277,7 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
                 out[f"{role}_peak_rss_mib_median"] = statistics.median(v[0] for v in seen.values())
                 out[f"{role}_peak_pss_mib_median"] = statistics.median(v[1] for v in seen.values())
         ledger = run_dir / "logs" / "warm-messages.jsonl"
-        if isolation == "warm":
+        if isolation.startswith("warm"):
             if not ledger.exists():
                 raise SystemExit("warm run without a warm ledger: warm execution fell back (see the log)")
             out["measured"] = _warm_figures(ledger, result.rows)
@@ -274,7 +301,9 @@ def main() -> int:
     parser.add_argument("--algorithm", default="fedavg")
     parser.add_argument("--partitioning", default=None, help="run setting (default: the product's)")
     parser.add_argument("--isolation", default="subprocess,warm",
-                        help="comma-separated, run one after the other in this invocation: subprocess, warm")
+                        help="comma-separated, run one after the other in this invocation: subprocess, warm, "
+                             "warm-device (warm, as a device installed with the device extra: its own data "
+                             "file, no numba)")
     parser.add_argument("--stragglers", default="none", help="run setting: 'fraction=F,slowdown=S' slows the first "
                         "ceil(F x supernodes) nodes")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between /proc samples")
@@ -283,8 +312,8 @@ def main() -> int:
     isolations = [i.strip() for i in args.isolation.split(",") if i.strip()]
     if args.supernodes < 1 or args.rounds < 2 or args.interval <= 0:
         parser.error("--supernodes must be >= 1, --rounds >= 2 (later messages are measured), --interval > 0")
-    if not isolations or any(i not in ("subprocess", "warm") for i in isolations):
-        parser.error("--isolation: subprocess and/or warm")
+    if not isolations or any(i not in ("subprocess", "warm", "warm-device") for i in isolations):
+        parser.error("--isolation: subprocess, warm and/or warm-device")
     try:
         parse_stragglers(args.stragglers)
     except ValueError as err:

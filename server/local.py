@@ -194,7 +194,9 @@ def launch(
                 if security:
                     config = {**security.node_identity(i), **config}
                 flower.start_supernode(i, config, auth_key=_registered(flower, security, i), cwd=run_dir)
-            flower.start_warm_executor(cwd=run_dir)
+            # a device with its own data file never builds a partition: no scikit-learn or datasets preloaded
+            own_data = all("data" in ((node_config or {}).get(i) or {}) for i in range(num_supernodes))
+            flower.start_warm_executor(cwd=run_dir, partitions=not own_data)
         else:
             federation_config = {"num-supernodes": num_supernodes, "client-resources-num-cpus": 1}
             if not ray_address:  # an existing cluster's nodes declared their CPUs when they started
