@@ -106,13 +106,19 @@ def tree_cpu(home: Path) -> float:
 
 
 def _role(pid: str, home: bytes) -> str | None:
-    """'supernode' or 'warm' for this run's SuperNode and warm processes, else None."""
+    """'supernode' or 'warm' for this run's SuperNode and warm processes, else None. A message's
+    child of the warm process has the parent's command line: it is not the warm process (children
+    are measured from the warm process's ledger, each one's own peak from ``wait4``)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         if b"flower-supernode" not in cmdline and b"warm_executor" not in cmdline:
             return None
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
+        if b"warm_executor" in cmdline:
+            ppid = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1].decode()
+            if b"warm_executor" in Path(f"/proc/{ppid}/cmdline").read_bytes():
+                return None  # a forked message process
+    except (OSError, IndexError):
         return None
     if not any(e.startswith(b"FLWR_HOME=" + home) for e in environ):
         return None
