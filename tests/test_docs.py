@@ -560,3 +560,15 @@ def test_the_figure_check_catches_a_quote_that_drifted_and_a_figure_without_sour
     assert len(problems) == 2, problems
     assert "docs/a.md: ['7.92x'] are not in the section it links (the-demo)" in problems[0]
     assert "docs/b.md: ['3.1x'] with no source" in problems[1]
+
+
+def test_results_md_is_a_short_page_with_its_headline_table_first() -> None:
+    """docs/results.md is the current figures, not a notebook: at most 300 lines, and the first
+    section under its title is the headline table (how each figure was reached lives beside the
+    benchmarks' output, in bench/results/)."""
+    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    sections = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert sections[0] == "Headline figures", sections[:3]
+    table = _section(text, _anchor("Headline figures"))
+    assert table.count("\n| ") >= 10 and "| figure | compared with | date | section |" in table
