@@ -29,6 +29,7 @@ from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
 from fedge.protocol.leaf import (
+    LEAF_CONNECTED,
     LEAF_SPOOL,
     LEAF_TIMEOUT,
     LeafChannel,
@@ -91,7 +92,7 @@ def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:
         result = channel.step(config.round, start, origin)
         if result.count < 1 or result.weight <= 0:
             raise ProtocolError(f"the leaf used no device's update in its step for root round {config.round}")
-        metrics = {"leaf-count": result.count, "leaf-connected": result.connected,
+        metrics = {"leaf-count": result.count, LEAF_CONNECTED: result.connected,
                    **({"train-loss": result.train_loss} if result.train_loss is not None else {})}
         return upload(msg, context, config, task, result.delta, examples=max(1, round(result.weight)),
                       memory=local.store(context, "bridge"), generator=local.node_generator(config, context, "bridge"),

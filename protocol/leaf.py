@@ -19,7 +19,7 @@ import torch
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "RootOrigin",
+__all__ = ["LEAF_CONNECTED", "LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "RootOrigin",
            "decode_request", "decode_result", "encode_request", "encode_result", "request_name", "result_name"]
 
 #: at most this many devices behind one leaf step (a larger count is a corrupt file)
@@ -80,6 +80,9 @@ LEAF_SPOOL = "leaf-spool"
 #: the node config key of how long a bridge waits for its leaf's step (seconds; the launcher gives
 #: 0.8 x the root's round timeout, so a dead leaf's bridge answers before the root closes the round)
 LEAF_TIMEOUT = "leaf-timeout"
+#: the metric a bridge reports beside its leaf's change: the devices connected to the leaf (what
+#: central DP's divisor counts at the root)
+LEAF_CONNECTED = "leaf-connected"
 
 
 def request_name(root_round: int) -> str:

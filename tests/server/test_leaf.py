@@ -33,11 +33,14 @@ from tests.server.in_process_grid import InProcessGrid
 COMMON = dict(rounds=3, local_epochs=1, codec="none", weight_cap="none", round_timeout=5.0, wait_for_nodes=1.0)
 
 
-def _leaf(tmp_path, name: str, partitions: range, rounds: int = 1) -> LeafCoordinator:
-    engine = build_engine({**COMMON, "clients_per_round": len(partitions), "run_dir": str(tmp_path / name)})
+def _leaf(tmp_path, name: str, partitions: range, steps: int = 1, **settings: object) -> LeafCoordinator:
+    """A leaf over ``partitions`` of six devices (``steps`` per root round); ``settings`` override
+    the leaf engine's run settings."""
+    engine = build_engine({**COMMON, "clients_per_round": len(partitions), "run_dir": str(tmp_path / name),
+                           **settings})
     grid = InProcessGrid(len(partitions), first_node_id=5000 + 100 * partitions[0],
                          node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
-    return LeafCoordinator(engine, grid, rounds=rounds)
+    return LeafCoordinator(engine, grid, rounds=steps)
 
 
 def _bridges(leaves: dict):  # type: ignore[no-untyped-def]
@@ -86,12 +89,12 @@ def test_a_compressed_hop_keeps_the_bridges_error_feedback_and_tracks_the_flat_r
 
 
 def test_a_leaf_runs_several_steps_per_root_round_and_resumes_from_its_checkpoint(tmp_path) -> None:
-    leaf = _leaf(tmp_path, "leaf", range(0, 3), rounds=2)
+    leaf = _leaf(tmp_path, "leaf", range(0, 3), steps=2)
     start = initial_params(make_task("digits"), 0)
     first = leaf.step(1, start)
     assert first.count == 3 and first.weight > 0 and float(first.delta.norm()) > 0
     assert leaf.steps == 2
-    again = _leaf(tmp_path, "leaf", range(0, 3), rounds=2)  # the leaf's process restarted
+    again = _leaf(tmp_path, "leaf", range(0, 3), steps=2)  # the leaf's process restarted
     again.step(2, start + first.delta)
     assert again.steps == 4  # resumed after its checkpointed step 2, not from 0
     assert [r["round"] for r in again.engine.run_dir.metrics.read()] == [1, 2, 3, 4]
@@ -258,12 +261,8 @@ def test_secure_aggregation_per_leaf_the_root_sees_only_leaf_sums(tmp_path) -> N
     least its threshold), then its bridge compresses that sum for the root."""
     secure = "secagg:bits=8,clip=0.2,weight-cap=256"
 
-    def leaf(name: str, partitions: range) -> LeafCoordinator:
-        engine = build_engine({**COMMON, "clients_per_round": 3, "local_epochs": 3, "secure_aggregation": secure,
-                               "run_dir": str(tmp_path / name)})  # the leaf's settings train its devices
-        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
-                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
-        return LeafCoordinator(engine, grid)
+    def leaf(name: str, partitions: range) -> LeafCoordinator:  # the leaf's settings train its devices
+        return _leaf(tmp_path, name, partitions, local_epochs=3, secure_aggregation=secure)
 
     leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
     root = build_engine({**COMMON, "rounds": 4, "clients_per_round": 2, "run_dir": str(tmp_path / "root")})
@@ -331,12 +330,8 @@ def _dp_runs(tmp_path, dp: str, rounds: int = 3):  # type: ignore[no-untyped-def
     flat_rows = flat.run(InProcessGrid(6), start).rows
 
     def leaf(name: str, partitions: range) -> LeafCoordinator:
-        engine = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 3, "run_dir": str(tmp_path / name),
-                               "leaf_spool": str(tmp_path / name / "spool"),
-                               "differential_privacy": f"{dp},tier=leaf,rate=1"})
-        grid = InProcessGrid(3, first_node_id=5000 + 100 * partitions[0],
-                             node_config={i: {"partition-id": p, "num-partitions": 6} for i, p in enumerate(partitions)})
-        return LeafCoordinator(engine, grid)
+        return _leaf(tmp_path, name, partitions, rounds=rounds, leaf_spool=str(tmp_path / name / "spool"),
+                     differential_privacy=f"{dp},tier=leaf,rate=1")
 
     leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
     root = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
@@ -375,11 +370,12 @@ def test_the_root_stops_at_the_budget_where_the_flat_run_does(tmp_path) -> None:
 @pytest.mark.parametrize("overrides, reason", [
     ({"differential_privacy": f"{DP},tier=root,rate=0.5", "codec": "qsgd:bits=4"}, "uncompressed"),
     ({"differential_privacy": f"{DP},tier=leaf,rate=0.5"}, "leaf coordinator's part"),
-    ({"differential_privacy": DP, "leaf_spool": "/tmp/spool"}, "set tier=leaf"),
+    ({"differential_privacy": DP, "leaf_spool": "spool"}, "set tier=leaf"),
     ({"differential_privacy": f"{DP},tier=root,rate=0.5", "codec": "none", "secure_aggregation": "secagg"},
      "not built"),
 ])
 def test_a_tier_that_does_not_fit_its_coordinator_is_refused(tmp_path, overrides, reason) -> None:
+    overrides = {key: str(tmp_path / value) if key == "leaf_spool" else value for key, value in overrides.items()}
     with pytest.raises(SettingsError, match=reason):
         build_engine({**COMMON, "clients_per_round": 2, "run_dir": str(tmp_path / "r"), **overrides})
 

@@ -55,6 +55,7 @@ from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
+from fedge.protocol.leaf import LEAF_CONNECTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
 from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
 from fedge.protocol.tally import Tally
@@ -85,10 +86,6 @@ def refuse_reason(algorithm: Algorithm) -> str | None:
     if settings.aggregator != "mean":
         return f"aggregator {settings.aggregator!r} has no bounded sensitivity; use 'mean'"
     return None
-
-
-#: the metric a leaf's bridge reports beside the leaf's sum: the devices connected to the leaf
-LEAF_CONNECTED = "leaf-connected"
 
 
 def _tier_refusal(settings: Any, spec: DPSpec) -> str | None:
