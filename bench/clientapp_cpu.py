@@ -76,7 +76,7 @@ def _clientapp(pid: str, home: bytes) -> tuple[float, int, int] | None:
     return (int(stat[11]) + int(stat[12])) / _TICK, int(node) if node.isdigit() else -1, int(stat[19])
 
 
-def _memory(pid: str) -> tuple[float, float]:
+def process_memory(pid: str) -> tuple[float, float]:
     """(RSS, PSS) in MiB of a process (PSS: its shared pages divided among their sharers, so a warm
     parent's pages its forked children share are counted once overall)."""
     rss = pss = 0.0
@@ -143,7 +143,7 @@ class Sampler(threading.Thread):
             for pid in (p for p in os.listdir("/proc") if p.isdigit()):
                 role = _role(pid, self.home)
                 if role is not None:
-                    rss, pss = _memory(pid)
+                    rss, pss = process_memory(pid)
                     old = self.memory[role].get(pid, (0.0, 0.0))
                     self.memory[role][pid] = (max(old[0], rss), max(old[1], pss))
                     continue

@@ -10,7 +10,8 @@ here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send Fed
 ``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
 the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
-Mods around every handler: ``resource_mod`` (what the message cost the device, reported in the reply
+Mods around every handler: ``leaf_devices_mod`` (outermost: a simulated leaf's node becomes the
+device it stands for, ``edge_client.leaf_devices``), ``resource_mod`` (what the message cost the device, reported in the reply
 and kept in its ledger; ``edge_client.resources``), ``eligibility_mod`` (the owner's conditions and
 daily budgets: a typed ``not-eligible`` / ``over-budget`` refusal; ``edge_client.eligibility``),
 ``refusal_mod`` (a handler's typed refusal, such as a copy out of sync,
@@ -43,6 +44,7 @@ from fedge.edge_client.counted_once import counted_once_mod
 from fedge.edge_client.eligibility import eligibility_mod
 from fedge.edge_client.faults import fault_injection_mod
 from fedge.edge_client.layers import refusal_mod
+from fedge.edge_client.leaf_devices import leaf_devices_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
 from fedge.edge_client.privacy_policy import privacy_policy_mod
@@ -59,7 +61,7 @@ from fedge.protocol.plugins import PLUGIN_ACTION
 __all__ = ["app", "handled_algorithms"]
 
 check_flower()  # another Flower release: a clear error here, not a failure mid-run
-app = ClientApp(mods=[resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
+app = ClientApp(mods=[leaf_devices_mod, resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
                       state_persistence_mod, counted_once_mod, slowdown_mod, fault_injection_mod, bridge_mod,
                       secure_stage_mod])
 

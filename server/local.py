@@ -32,6 +32,7 @@ from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
 from fedge.protocol.leaf import LEAF_SPOOL, LEAF_STOP, LEAF_TIMEOUT
+from fedge.protocol.leaf_devices import LeafDevices
 from fedge.server.settings import CLIENT_DEVICES, RunSettings
 from fedge.tasks import make_task
 from fedge.tasks.device import gpu_count
@@ -80,6 +81,8 @@ def launch(
     client_device: str = "auto",
     leaves: int = 0,
     kill_leaf: tuple[int, int] | None = None,
+    leaf_engine: str = "deployment",
+    leaf_sample: int = 0,
 ) -> LaunchResult:
     """Start the engine, run the app to completion (or ``stop_after_round``), stop every process.
 
@@ -105,6 +108,13 @@ def launch(
     them (``clients-per-round`` leaves; each leaf steps its devices, all of them per step). A
     bridge waits for its leaf at most 0.8 x ``round-timeout``, so that a dead leaf's bridge answers
     its root round with an error before the root closes it, and is free for the next one.
+    ``leaf_engine`` (with leaves): ``deployment`` gives each leaf a SuperNode per device;
+    ``simulation`` runs each leaf's devices under Flower's Simulation Engine (a SuperLink in
+    ``--simulation`` mode, a Ray instance per leaf, the devices stateful between the steps they are
+    sampled in), each simulated node training as the device of the same partition a deployed leaf
+    would give it (run setting ``leaf-devices``, ``fedge.edge_client.leaf_devices``); the root and
+    its bridges stay a deployment. ``leaf_sample`` (with leaves): devices each leaf samples per
+    step (0: all of its devices).
     ``kill_leaf=(i, r)`` (with leaves): a power cut of one leaf, for the fault tests: every process
     of leaf ``i`` is SIGKILLed once the root's row of round ``r`` is written, and the leaf is
     started again once the root's next row is (it resumes from its checkpoint).
@@ -120,7 +130,8 @@ def launch(
         raise ValueError(f"engine must be 'simulation' or 'deployment', got {engine!r}")
     if not settings.run_dir:
         raise ValueError("launch needs an explicit run directory")
-    why = leaves_refusal(settings, leaves, num_supernodes, engine) if leaves else None
+    why = leaves_refusal(settings, leaves, num_supernodes, engine, leaf_engine=leaf_engine, tls=tls,
+                         leaf_sample=leaf_sample) if leaves else None
     if why is not None:
         raise ValueError(f"leaves={leaves}: {why}")
     if kill_leaf is not None and not 0 <= kill_leaf[0] < leaves:
@@ -165,8 +176,8 @@ def launch(
     try:
         if leaves:
             meanwhile()  # each leaf's processes read the partitions and the app as they start
-            tiers = [_start_leaf(i, leaves, settings, num_supernodes, run_dir, app, isolation, security)
-                     for i in range(leaves)]
+            leaf_plan = _LeafPlan(leaves, num_supernodes, leaf_engine, leaf_sample, isolation, security)
+            tiers = [_start_leaf(i, leaf_plan, settings, run_dir, app) for i in range(leaves)]
             # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
             settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
                                         min_replies=min(settings.min_replies, leaves), secure_aggregation="none",
@@ -208,9 +219,7 @@ def launch(
                 federation_config["client-resources-num-gpus"] = share
         runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
         if kill_leaf is not None:
-            on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaves, share_settings,
-                                                                           num_supernodes, run_dir, app, isolation,
-                                                                           security),
+            on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaf_plan, share_settings, run_dir, app),
                                      on_row)
         rows = _follow(flower, run_dir, runner, on_row, started + timeout, stop_after_round)
     except LaunchError as err:
@@ -278,13 +287,20 @@ def _registered(flower: FlowerLaunch, security: LoopbackSecurity | None, index: 
     return key
 
 
-def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str) -> str | None:
+def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str, *, leaf_engine: str = "deployment",
+                   tls: bool = False, leaf_sample: int = 0) -> str | None:
     """Why ``leaves`` leaves over ``devices`` devices cannot run (None: they can): the one rule the
     CLI applies before any process starts and :func:`launch` applies to every caller."""
     if engine != "deployment":
         return "leaves are SuperLinks of their own: the deployment engine (fedge local-cluster)"
     if not 1 <= leaves <= devices // 2:
         return f"each leaf needs at least 2 of the {devices} devices"
+    if leaf_engine not in ("deployment", "simulation"):
+        return f"a leaf's engine is deployment or simulation, not {leaf_engine!r}"
+    if leaf_engine == "simulation" and tls:
+        return "a simulated leaf's devices do not connect to it: TLS is for deployed leaves"
+    if leaf_sample < 0:
+        return f"each leaf samples 0 (all) or more of its devices per step, not {leaf_sample}"
     spec = parse_differential_privacy(settings.differential_privacy)
     if spec is not None and spec.adaptive:
         return "adaptive clipping with leaves is not built; use a fixed clip"
@@ -306,14 +322,28 @@ def _tier_privacy(settings: RunSettings, devices: int, tier: str) -> dict[str, s
     return {**tiered, "codec": "none"} if tier == "root" else tiered
 
 
-def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, run_dir: Path, app: Path,
-                isolation: str, security: LoopbackSecurity | None = None) -> tuple[ProcessGroup, Path]:
-    """Leaf ``index`` of ``leaves``: its own SuperLink, its share of the ``devices`` (their
+@dataclass(frozen=True)
+class _LeafPlan:
+    """How a launch's leaves are made (the same for each leaf, and for a leaf started again)."""
+
+    leaves: int
+    devices: int
+    engine: str
+    sample: int
+    isolation: str
+    security: LoopbackSecurity | None
+
+
+def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Path,
+                app: Path) -> tuple[ProcessGroup, Path]:
+    """Leaf ``index`` of ``plan.leaves``: its own SuperLink, its share of the devices (their
     partitions of the whole data set, as in a one-tier run) and its coordinator's run, serving the
-    root through ``<run dir>/leaf-<index>/spool``; its processes and that spool. With ``security``
-    the leaf's SuperLink serves TLS with the run's server certificate and authenticates its devices,
-    each registered with its own key (``node-<partition>``) and issued its secure-aggregation
-    identity, as in a one-tier TLS run."""
+    root through ``<run dir>/leaf-<index>/spool``; its processes and that spool. Deployed, each
+    device is a SuperNode; with ``plan.security`` the leaf's SuperLink serves TLS with the run's
+    server certificate and authenticates its devices, each registered with its own key
+    (``node-<partition>``) and issued its secure-aggregation identity, as in a one-tier TLS run.
+    Simulated, the leaf's SuperLink runs them under Flower's Simulation Engine (its own Ray
+    instance), each node mapped to its device's partition (``leaf-devices``)."""
     leaf_dir = run_dir / f"leaf-{index}"
     spool = leaf_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)
@@ -323,21 +353,32 @@ def _start_leaf(index: int, leaves: int, settings: RunSettings, devices: int, ru
     env["RAY_ADDRESS"] = "local"
     env[CACHE_ENV] = str(run_dir / "partitions")
     group = ProcessGroup(leaf_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
-    partitions = [p for p in range(devices) if p % leaves == index]
-    flower = FlowerLaunch(group, home, isolation=isolation)
-    flower.start_superlink(tls=security.server if security else None, cwd=leaf_dir)
-    for j, partition in enumerate(partitions):
-        config = {"partition-id": partition, "num-partitions": devices, "cache-dir": str(run_dir / "node-cache"),
-                  **(security.node_identity(partition) if security else {})}
-        flower.start_supernode(j, config, auth_key=_registered(flower, security, partition), cwd=leaf_dir)
-    # A leaf's step is a plain FedAvg step over all its devices from the root's model (HierFAVG's
-    # edge average); the root's algorithm (FedAvg, FedBuff across leaves), its server optimizer and
-    # its model average act on the leaves' steps.
-    leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=len(partitions),
-                            min_replies=min(settings.min_replies, len(partitions)), export_bundle="",
+    mapping = LeafDevices(index, plan.leaves, plan.devices)
+    simulated = plan.engine == "simulation"
+    flower = FlowerLaunch(group, home, isolation="subprocess" if simulated else plan.isolation)
+    security = None if simulated else plan.security
+    flower.start_superlink(tls=security.server if security else None, simulation=simulated, cwd=leaf_dir)
+    federation_config: dict[str, Any] = {}
+    if simulated:
+        federation_config = {"num-supernodes": mapping.nodes, "client-resources-num-cpus": 1,
+                             "init-args-num-cpus": max(1, os.cpu_count() or 1)}
+    else:
+        for j in range(mapping.nodes):
+            partition = mapping.device(j)
+            config = {"partition-id": partition, "num-partitions": plan.devices,
+                      "cache-dir": str(run_dir / "node-cache"),
+                      **(security.node_identity(partition) if security else {})}
+            flower.start_supernode(j, config, auth_key=_registered(flower, security, partition), cwd=leaf_dir)
+    # A leaf's step is a plain FedAvg step over its devices (all of them, or its sample) from the
+    # root's model (HierFAVG's edge average); the root's algorithm (FedAvg, FedBuff across leaves),
+    # its server optimizer and its model average act on the leaves' steps.
+    sampled = min(plan.sample, mapping.nodes) if plan.sample else mapping.nodes
+    leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=sampled,
+                            min_replies=min(settings.min_replies, sampled), export_bundle="",
                             algorithm="fedavg", server_opt="fedavg", model_average="none",
-                            **_tier_privacy(settings, devices, "leaf"))
-    flower.submit(app, leaf.to_run_config(), cwd=leaf_dir)
+                            leaf_devices=mapping.spec if simulated else "",
+                            **_tier_privacy(settings, plan.devices, "leaf"))
+    flower.submit(app, leaf.to_run_config(), federation_config=federation_config, cwd=leaf_dir)
     return group, spool
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.protocol.leaf_devices import LeafDevicesError, parse_leaf_devices
+
 __all__ = ["ALGORITHM_KEYS", "CLIENT_DEVICES", "OPTIONS", "Option", "RunSettings", "SettingsError"]
 
 #: ``--client-device`` of ``fedge demo`` and ``local-cluster``: where the clients train (``auto``: the
@@ -204,6 +206,11 @@ class RunSettings:
         "node through this spool directory on the leaf's host (fedge local-cluster --leaves); empty = a root or "
         "single-tier run"
     )
+    leaf_devices: str = _opt(
+        "", "beyond one SuperLink, a leaf whose devices are simulated (fedge.edge_client.leaf_devices): 'I/L/N', "
+        "this leaf is leaf I of L over N devices, and its simulated node of partition j is the device of partition "
+        "I + j x L of N, as a deployed leaf's SuperNodes are; empty = each node's own partition"
+    )
     run_dir: str = _opt(
         "", "run directory (metrics, checkpoint, model; an existing one resumes); empty: runs/demo-<time> or "
         "runs/cluster-<time> from the CLI, runs/run-<Flower run id> under flwr run"
@@ -221,6 +228,11 @@ class RunSettings:
             raise SettingsError("momentum must be in [0, 1)")
         if not 0 <= self.stop_accuracy <= 1:
             raise SettingsError("stop-accuracy must be in [0, 1] (0 = off)")
+        if self.leaf_devices:
+            try:
+                parse_leaf_devices(self.leaf_devices)
+            except LeafDevicesError as err:
+                raise SettingsError(str(err)) from None
         if self.evaluate_every < 1:
             raise SettingsError("evaluate-every must be >= 1")
         if self.evaluate not in ("auto", "central", "federated", "both"):

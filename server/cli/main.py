@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="beyond one SuperLink: split the SuperNodes over this many leaves, each a SuperLink "
                          "with its devices and a leaf coordinator, under a root whose nodes are the leaves' bridges "
                          "(default: 0, one tier)")
+    cluster.add_argument("--leaf-engine", choices=("deployment", "simulation"), default="deployment",
+                         help="with --leaves: 'deployment' (default) gives each leaf a SuperNode per device; "
+                         "'simulation' runs each leaf's devices under Flower's Simulation Engine (Ray), each "
+                         "simulated node the device of the same partition, under the same deployed root")
+    cluster.add_argument("--leaf-sample", type=int, default=0,
+                         help="with --leaves: devices each leaf samples per root round (default: 0, all of them); "
+                         "--clients-per-round is then the leaves per root round")
     _add_client_device(cluster)
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
@@ -245,7 +252,8 @@ def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSetting
     if getattr(args, "leaves", 0):  # before any process starts: the one rule launch() applies too
         from fedge.server.local import leaves_refusal
 
-        why = leaves_refusal(settings, args.leaves, nodes, engine)
+        why = leaves_refusal(settings, args.leaves, nodes, engine, leaf_engine=args.leaf_engine,
+                             tls=getattr(args, "tls", False), leaf_sample=args.leaf_sample)
         if why is not None:
             raise SettingsError(f"--leaves {args.leaves}: {why}")
     if settings.clients_per_round > nodes:
@@ -253,7 +261,8 @@ def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSetting
     # Fail in the CLI, not minutes later inside a worker, on a spec that cannot work.
     from fedge.server.preflight import preflight
 
-    preflight(settings, num_partitions=nodes if engine == "simulation" else None)
+    simulated = engine == "simulation" or getattr(args, "leaf_engine", "") == "simulation"
+    preflight(settings, num_partitions=nodes if simulated else None)
     return settings
 
 
@@ -281,7 +290,8 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
                             timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir,
                             ray_address=getattr(args, "ray_address", "") or None,
                             isolation=getattr(args, "isolation", "warm"), client_device=args.client_device,
-                            leaves=getattr(args, "leaves", 0))
+                            leaves=getattr(args, "leaves", 0), leaf_engine=getattr(args, "leaf_engine", "deployment"),
+                            leaf_sample=getattr(args, "leaf_sample", 0))
         except EngineError as err:
             console.print(f"[red]run failed:[/red] {err}")
             return 1

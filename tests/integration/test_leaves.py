@@ -9,10 +9,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from fedge.deploy.model_file import load_model_file
 from fedge.server.local import launch
+from fedge.server.run.initial_model import initial_params
 from fedge.server.run.checkpoint import CheckpointStore
 from fedge.server.settings import RunSettings
+from fedge.tasks.parameters import flatten_state
+from fedge.tasks import make_task
+from tests.server.engines import build_engine
+from tests.server.in_process_grid import InProcessGrid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -61,3 +68,31 @@ def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoin
         assert "running on https://127.0.0.1:" in superlink, superlink[-2000:]
     for home in ("flwr-home", "leaf-0/flwr-home", "leaf-1/flwr-home"):
         assert_no_leftovers(resumed.run_dir / home)
+
+
+@pytest.mark.timeout(300)
+def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path, assert_no_leftovers) -> None:
+    """Leaves whose devices run under Flower's Simulation Engine (a SuperLink in ``--simulation``
+    mode and a Ray instance per leaf) under a deployed root: each simulated node trains as the
+    device of the same partition a deployed leaf gives its SuperNode (``leaf-devices``), so the
+    tree's model equals, to 1e-6 per coordinate, the flat FedAvg over the same four devices, run
+    here on the engine's in-process grid (leaf 0 holds partitions 0 and 2, leaf 1 partitions 1
+    and 3; a node trained on Flower's own numbering would train partition 0 and 1 of 2 instead)."""
+    common = dict(rounds=2, local_epochs=1, codec="none", weight_cap="none", partitioning="iid", seed=3)
+    settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=60.0,
+                           round_timeout=120.0)
+    result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=240)
+    assert [r["clients_used"] for r in result.rows] == [2, 2] and not any(r["rejected"] for r in result.rows)
+    flat = build_engine({**common, "clients_per_round": 4, "round_timeout": 5.0, "wait_for_nodes": 1.0,
+                         "run_dir": str(tmp_path / "flat")})
+    start = initial_params(make_task("digits"), 3)
+    flat.run(InProcessGrid(4), start)
+    tree = flatten_state(load_model_file(result.run_dir / "model.pt").state_dict)
+    torch.testing.assert_close(tree, flat.algorithm.final_model(), rtol=0, atol=1e-6)
+    assert not torch.equal(tree, start)
+    for leaf in ("leaf-0", "leaf-1"):
+        rows = [json.loads(line) for line in (result.run_dir / leaf / "metrics.jsonl").read_text().splitlines()]
+        assert [(r["round"], r["clients_used"]) for r in rows] == [(1, 2), (2, 2)], rows
+        assert not list((result.run_dir / leaf / "logs").glob("supernode*")), "a simulated leaf starts no SuperNode"
+        assert_no_leftovers(result.run_dir / leaf / "flwr-home")
+    assert_no_leftovers(result.run_dir / "flwr-home")

@@ -77,3 +77,19 @@ def test_every_setting_is_checked_before_any_process_starts(capsys, tmp_path) ->
         assert main(["demo", *flags, "--run-dir", str(tmp_path / "never")]) == 2, flags
         assert message in capsys.readouterr().err, flags
     assert not (tmp_path / "never").exists()  # nothing was started or written
+
+
+def test_a_tree_that_cannot_run_is_refused_before_any_process_starts(capsys, tmp_path) -> None:
+    """``local-cluster --leaves``: the launcher's one rule, applied by the CLI first."""
+    cases = [
+        (["--leaves", "3", "--supernodes", "4"], "each leaf needs at least 2 of the 4 devices"),
+        (["--leaves", "2", "--supernodes", "4", "--leaf-engine", "simulation", "--tls"],
+         "a simulated leaf's devices do not connect to it"),
+        (["--leaves", "2", "--supernodes", "4", "--leaf-sample", "-1"], "samples 0 (all) or more"),
+        (["--leaves", "2", "--supernodes", "1000", "--leaf-engine", "simulation"],
+         "cannot split task 'digits' into 1000 clients"),
+    ]
+    for flags, message in cases:
+        assert main(["local-cluster", *flags, "--run-dir", str(tmp_path / "never")]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    assert not (tmp_path / "never").exists()

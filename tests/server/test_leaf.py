@@ -88,6 +88,32 @@ def test_a_compressed_hop_keeps_the_bridges_error_feedback_and_tracks_the_flat_r
     assert all("fedge/bridge/memory" in c.state.array_records for c in grid.contexts.values())
 
 
+def test_the_lattice_downlink_sends_each_leaf_one_change_and_each_leaf_serves_its_devices(tmp_path) -> None:
+    """Down the tree: the root's lattice downlink sends each bridge one change per version (about
+    3% of the fp32 model here), and each leaf's own downlink serves its devices the model the root
+    set, in changes of the same size; the tree's model is the flat run's with the same downlink, to 1e-6."""
+    lattice = "lattice:ratio=0.05"
+    start = initial_params(make_task("digits"), 0)
+    flat = build_engine({**COMMON, "rounds": 6, "downlink_codec": lattice, "clients_per_round": 6,
+                         "run_dir": str(tmp_path / "f")})
+    flat.run(InProcessGrid(6), start)
+    leaves = {0: _leaf(tmp_path, "leaf-a", range(0, 3), downlink_codec=lattice),
+              1: _leaf(tmp_path, "leaf-b", range(3, 6), downlink_codec=lattice)}
+    root = build_engine({**COMMON, "rounds": 6, "downlink_codec": lattice, "clients_per_round": 2,
+                         "run_dir": str(tmp_path / "r")})
+    result = root.run(InProcessGrid(2, app=_bridges(leaves)), start)
+    rows = result.rows
+    assert all(r.clients_used == 2 and not r.rejected for r in rows)
+    # each bridge gets a change of about 3% of the fp32 model per version (fp32: uplink_fp32_bytes / 2)
+    assert all(r.downlink_bytes < r.uplink_fp32_bytes / 20 for r in rows), [r.downlink_bytes for r in rows]
+    for leaf in leaves.values():  # each of a leaf's 3 devices too, from the leaf's own downlink
+        steps = leaf.engine.run_dir.metrics.read()
+        assert all(r["downlink_bytes"] < r["uplink_fp32_bytes"] / 20 for r in steps), steps
+    # the same versions reach the same devices: the tree's model is the flat lattice run's
+    torch.testing.assert_close(result.model, flat.algorithm.final_model(), rtol=0, atol=1e-6)
+    assert not torch.equal(result.model, start)
+
+
 def test_a_leaf_runs_several_steps_per_root_round_and_resumes_from_its_checkpoint(tmp_path) -> None:
     leaf = _leaf(tmp_path, "leaf", range(0, 3), steps=2)
     start = initial_params(make_task("digits"), 0)
