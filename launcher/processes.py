@@ -162,7 +162,9 @@ class ProcessGroup:
         """``also_match``: further ``KEY=value`` environment entries that mark a process as ours.
 
         The engines pass the run's unique FLWR_HOME: Ray's dashboard and runtime-env agents were
-        seen (2 in ~20 runs) outliving the marker sweeps while carrying the run's FLWR_HOME.
+        seen (2 in ~20 runs) outliving the marker sweeps while carrying the run's FLWR_HOME. Ray
+        2.55 starts them with neither the marker nor FLWR_HOME, only ``RAY_RAYLET_PID``: every
+        raylet seen among the group's processes is remembered, and its agents count as the group's.
         """
         self.also_match = dict(also_match or {})
         self.log_dir = Path(log_dir)
@@ -171,6 +173,7 @@ class ProcessGroup:
         self.marker = uuid.uuid4().hex
         self.env[MARKER] = self.marker
         self.processes: list[ManagedProcess] = []
+        self._raylets: set[int] = set()  # raylets of this group: their agents are ours too
 
     def start(self, name: str, argv: Sequence[str], cwd: str | os.PathLike[str] | None = None,
               env: Mapping[str, str] | None = None) -> ManagedProcess:
@@ -209,10 +212,11 @@ class ProcessGroup:
         blocked = {signal.SIGINT, signal.SIGTERM}
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
+            early = self.stragglers()  # before any signal: the raylets whose agents are ours too
             for process in reversed(self.processes):
                 if process.alive():
                     _signal_group(process.pid, signal.SIGTERM)
-            for pid in self.stragglers():
+            for pid in sorted(set(early) | set(self.stragglers())):
                 _signal(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline and (
@@ -264,6 +268,9 @@ class ProcessGroup:
         found = set(processes_with_env(MARKER, self.marker))
         for key, value in self.also_match.items():
             found.update(processes_with_env(key, value))
+        self._raylets.update(pid for pid in found if _command_name(pid) == "raylet")
+        for raylet in self._raylets:
+            found.update(processes_with_env("RAY_RAYLET_PID", str(raylet)))
         return sorted(found - _ancestors())
 
     def __enter__(self) -> ProcessGroup:
@@ -271,6 +278,13 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _ancestors() -> set[int]:

@@ -202,3 +202,20 @@ def test_variable_size_values_codecs_are_refused() -> None:
     for spec in ("randk:ratio=0.1+zstd:level=3+qsgd:bits=4", "topk:ratio=0.1+zstd:level=3+qsgd:bits=4"):
         with pytest.raises(SpecError, match="fixed-size dense codec"):
             make_codec(spec)
+
+
+def test_numba_is_loaded_only_when_a_codec_first_needs_the_fused_path() -> None:
+    """The CLI's checks (the contractivity check included) run without loading numba: it costs
+    about a second of CPU at the start of every run that never encodes; the first codec that asks
+    for the fused path loads it."""
+    code = (
+        "import sys\n"
+        "from fedge.server.preflight import preflight\n"
+        "from fedge.server.settings import RunSettings\n"
+        "preflight(RunSettings(codec='qsgd:bits=4', downlink_codec='lattice:ratio=0.05'), num_partitions=10)\n"
+        "assert 'numba' not in sys.modules, 'numba loaded by the checks'\n"
+        "from fedge.compression import kernels\n"
+        "assert kernels.available() and 'numba' in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FEDGE_KERNELS"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
