@@ -126,3 +126,22 @@ def test_a_reply_a_layer_refuses_or_that_holds_nan_is_left_out_with_its_reason_a
     for name in expected:  # only node 11's update is in the aggregate
         assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
     assert metrics["test_counter.step"] == 3  # every reply reached the door
+
+
+def test_the_engines_model_average_runs_in_a_flower_app_and_leaves_training_alone() -> None:
+    """The model average, one class (``ModelAverageLayer`` over ``fedge.aggregation.model_average``)
+    in both coordinators: around a Flower strategy it folds each round's model into the moving
+    average as the engine folds each published model (the same bytes as the engine's average of the
+    same models), while the strategy keeps training from its own latest model, not the average."""
+    from fedge.aggregation.model_average import ModelAverage
+    from fedge.server.engine.layers.model_average import ModelAverageLayer
+
+    layer = ModelAverageLayer(ModelAverage(0.5))
+    rounds = _rounds(layered(FedAvg(), layer), _model(), rounds=3)
+    engine = ModelAverage(0.5)  # what the engine's layer holds after the same published models
+    for arrays, _ in rounds:
+        expected = engine.update(torch.from_numpy(_flat(arrays)))
+    last = torch.from_numpy(_flat(rounds[-1][0]))
+    delivered = layer.delivered(last)
+    assert torch.equal(delivered, expected) and not torch.equal(delivered, last)
+    assert layer.state_dict()["count"] == 3
