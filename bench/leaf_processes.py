@@ -16,7 +16,6 @@ import argparse
 import json
 import platform
 import shlex
-import signal
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.sigterm import stop_on_sigterm  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
 
@@ -50,12 +50,8 @@ def one(mode: str, supernodes: int, leaves: int, rounds: int, seed: int, args: a
             "wall_seconds": wall}
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # launch() stops every process it started on the way out
-
-
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed benchmark leaves no SuperLink behind
+    stop_on_sigterm()  # a killed benchmark stops every process it started
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="digits")
     parser.add_argument("--supernodes", type=int, default=16, help="device SuperNodes (split over the leaves)")

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import shlex
-import signal
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.clientapp_cpu import process_memory  # noqa: E402
+from bench.sigterm import stop_on_sigterm  # noqa: E402
 from fedge.launcher.processes import processes_with_env  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
@@ -121,12 +121,8 @@ def one(devices: int, args: argparse.Namespace) -> dict:
             "wall_seconds": wall}
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # launch() stops every process it started on the way out
-
-
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed benchmark leaves no SuperLink behind
+    stop_on_sigterm()  # a killed benchmark stops every process it started
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="digits")
     parser.add_argument("--devices", type=int, nargs="+", default=[16, 100, 1000])
