@@ -90,7 +90,7 @@ def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:
         # the root's run and this bridge's index: the leaf stamps them on its devices' messages
         origin = RootOrigin(run=int(msg.metadata.run_id), leaf=int(context.node_config.get("partition-id", 0)))
         result = channel.step(config.round, start, origin)
-        if result.count < 1 or result.weight <= 0:
+        if (result.count < 1 or result.weight <= 0) and not result.empty_sample:
             raise ProtocolError(f"the leaf used no device's update in its step for root round {config.round}")
         metrics = {"leaf-count": result.count, LEAF_CONNECTED: result.connected,
                    **({"train-loss": result.train_loss} if result.train_loss is not None else {})}

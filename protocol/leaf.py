@@ -42,6 +42,10 @@ class LeafResult:
     #: devices connected to the leaf when its (last) step opened: under DP the root divides by the
     #: sampling rate times these (``fedge.server.engine.layers.differential_privacy``)
     connected: int = 0
+    #: central DP (tier=leaf): the leaf's Poisson draw picked no device this round. Its sum is empty
+    #: but valid: the bridge sends it, so that the root still counts the leaf's connected devices
+    #: (the draw's denominator), where a leaf whose devices failed has no answer
+    empty_sample: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,8 @@ def decode_request(data: bytes, numel: int | None = None) -> tuple[int, torch.Te
 def encode_result(root_round: int, result: LeafResult) -> bytes:
     return _save({"round": int(root_round), "delta": result.delta.detach().to(torch.float32).flatten().contiguous(),
                   "weight": float(result.weight), "count": int(result.count), "connected": int(result.connected),
-                  "train_loss": None if result.train_loss is None else float(result.train_loss)})
+                  "train_loss": None if result.train_loss is None else float(result.train_loss),
+                  "empty_sample": bool(result.empty_sample)})
 
 
 def decode_result(data: bytes, root_round: int, numel: int) -> LeafResult:
@@ -167,4 +172,9 @@ def decode_result(data: bytes, root_round: int, numel: int) -> LeafResult:
         raise LeafSpoolError(f"a leaf result's train loss must be finite, got {loss!r}")
     if not isinstance(connected, int) or isinstance(connected, bool) or not 0 <= connected <= MAX_COUNT:
         raise LeafSpoolError(f"a leaf result's connected devices must be a whole number >= 0, got {connected!r}")
-    return LeafResult(delta=delta, weight=weight, count=count, train_loss=loss, connected=connected)
+    empty = obj.get("empty_sample", False)
+    if not isinstance(empty, bool) or (empty and count):
+        raise LeafSpoolError(f"a leaf result's empty_sample must be true (with no device counted) or false, "
+                             f"got {empty!r} with count {count!r}")
+    return LeafResult(delta=delta, weight=weight, count=count, train_loss=loss, connected=connected,
+                      empty_sample=empty)

@@ -87,7 +87,8 @@ class LeafCoordinator:
             self.steps = self.engine.begin(model)
             self.engine.wait_for_nodes(self.grid)  # its devices, as a run waits before its first step
         self.engine.algorithm.start(model)
-        weight, count, losses, connected = 0.0, 0, [], 0
+        weight, count, losses, connected, empty = 0.0, 0, [], 0, False
+        dp = self.engine.layer("dp")
         for _ in range(self.rounds):
             self.steps += 1
             closed = self.engine.run_step(self.grid, self.steps)
@@ -96,6 +97,8 @@ class LeafCoordinator:
             connected = closed.step.connected
             if released is not None:
                 weight, count = released.weight, released.count  # the last step's devices
+            # under central DP an empty Poisson draw is an answer (an empty sum), not a failure
+            empty = getattr(dp, "tier", "") == "leaf" and row.clients_sampled == 0
             if closed.outcome.train_loss is not None:
                 losses.append(closed.outcome.train_loss)
             log.info("leaf step %d for root round %d: %d devices, weight %g", row.round, root_round, count, weight)
@@ -109,7 +112,8 @@ class LeafCoordinator:
             if torch.equal(model + applied, final):
                 delta = applied
         return LeafResult(delta=delta, weight=weight, count=count,
-                          train_loss=sum(losses) / len(losses) if losses else None, connected=connected)
+                          train_loss=sum(losses) / len(losses) if losses else None, connected=connected,
+                          empty_sample=empty and count == 0)
 
     def serve(self, spool: str | Path, stop: Callable[[], bool], poll: float = 0.05,
               sleep: Callable[[float], None] = time.sleep) -> int:

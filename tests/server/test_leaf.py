@@ -387,6 +387,61 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
         assert len(coordinator.engine.layer("dp").dp.ledger.rounds) == 0  # the root's ledger is the run's
 
 
+def _drop_in_round(dp, name: str, round_: int, keep) -> None:  # type: ignore[no-untyped-def]
+    """Patch ``dp``'s sampler ``name`` so that its draw for ``round_`` keeps only the nodes ``keep``
+    accepts (the draw itself still runs, so the rate is set as in a real round)."""
+    original, calls = getattr(dp, name), [0]
+
+    def draw(nodes, *args):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        drawn = original(nodes, *args)
+        return [n for n in drawn if keep(n)] if calls[0] == round_ else drawn
+
+    setattr(dp, name, draw)
+
+
+def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, monkeypatch) -> None:
+    """Central DP over leaves: a leaf whose Poisson draw picks none of its devices sends an empty
+    sum, not a failure, so the root still counts its devices in q times the federation. With leaf
+    b's draw empty in round 2, the tree releases the model of the flat DP run whose round-2 draw
+    left out the same three devices (same noise seed). Before, the bridge failed that round."""
+    import fedge.server.engine.layers.differential_privacy as dp_layer
+
+    monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
+    start = initial_params(make_task("digits"), 0)
+    flat = build_engine({**COMMON, "rounds": 2, "clients_per_round": 6, "differential_privacy": DP,
+                         "run_dir": str(tmp_path / "f")})
+    grid = InProcessGrid(6)
+    leaf_b_nodes = set(grid.get_node_ids()[3:])
+    _drop_in_round(flat.layer("dp").dp, "sample", 2, lambda node: node not in leaf_b_nodes)
+    flat_rows = flat.run(grid, start).rows
+
+    def leaf(name: str, partitions: range) -> LeafCoordinator:
+        return _leaf(tmp_path, name, partitions, rounds=2, leaf_spool=str(tmp_path / name / "spool"),
+                     differential_privacy=f"{DP},tier=leaf,rate=1")
+
+    leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
+    _drop_in_round(leaves[1].engine.layer("dp").dp, "sample_at", 2, lambda node: False)
+    root = build_engine({**COMMON, "rounds": 2, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
+                         "differential_privacy": f"{DP},tier=root,rate=1"})
+    rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
+    assert [r.clients_used for r in rows] == [2, 2] and not any(r.rejected for r in rows), rows
+    assert [r["clients_sampled"] for r in leaves[1].engine.run_dir.metrics.read()] == [3, 0]
+    assert flat_rows[1].clients_used == 3
+    # float sums in another order: equal to rounding (later rounds of training amplify it)
+    torch.testing.assert_close(root.algorithm.final_model(), flat.algorithm.final_model(), rtol=0, atol=1e-5)
+
+
+def test_an_empty_sample_flag_is_a_checked_part_of_a_leaf_result() -> None:
+    delta = torch.zeros(4)
+    empty = LeafResult(delta=delta, weight=0.0, count=0, connected=3, empty_sample=True)
+    decoded = decode_result(encode_result(2, empty), 2, 4)
+    assert (decoded.empty_sample, decoded.count, decoded.connected) == (True, 0, 3)
+    bad = encode_result(2, LeafResult(delta=delta, weight=1.0, count=1, connected=3, empty_sample=True))
+    with pytest.raises(LeafSpoolError, match="empty_sample"):
+        decode_result(bad, 2, 4)
+
+
 def test_the_root_stops_at_the_budget_where_the_flat_run_does(tmp_path) -> None:
     flat_rows, _, rows, _, _ = _dp_runs(tmp_path, f"{DP},budget=7", rounds=4)
     assert len(rows) == len(flat_rows) < 4  # the root's ledger ends the run, at the same round
