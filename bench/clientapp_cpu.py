@@ -95,14 +95,16 @@ def tree_cpu(home: Path) -> float:
     """CPU-seconds of the whole run so far: every process carrying the run's FLWR_HOME, its own
     user + system time plus that of its children it has reaped (``cutime``/``cstime``), so the
     ClientApp processes that have exited count too (as a cgroup's accounting would)."""
-    total = 0.0
-    for pid in processes_with_env("FLWR_HOME", str(home), under=True):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(v) for v in stat[11:15]) / _TICK  # utime stime cutime cstime
-    return total
+    return sum(process_cpu(pid) for pid in processes_with_env("FLWR_HOME", str(home), under=True))
+
+
+def process_cpu(pid: int) -> float:
+    """CPU-seconds of a process and of its children it has reaped (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(v) for v in stat[11:15]) / _TICK  # utime stime cutime cstime
 
 
 def _role(pid: str, home: bytes) -> str | None:

@@ -34,13 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.clientapp_cpu import process_memory  # noqa: E402
+from bench.clientapp_cpu import process_cpu, process_memory  # noqa: E402
 from bench.sigterm import stop_on_sigterm  # noqa: E402
 from fedge.launcher.processes import processes_with_env  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
 
-_TICK = os.sysconf("SC_CLK_TCK")
 _ROOT_ROLES = (b"flower-superlink", b"flower-superexec", b"flwr-serverapp")
 
 
@@ -52,12 +51,10 @@ def root_cpu(home: Path) -> float:
     for pid in processes_with_env("FLWR_HOME", str(home)):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if not any(role in cmdline for role in _ROOT_ROLES):
-                continue
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(v) for v in stat[11:15]) / _TICK  # utime stime cutime cstime
+        if any(role in cmdline for role in _ROOT_ROLES):
+            total += process_cpu(pid)
     return total
 
 

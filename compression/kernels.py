@@ -23,6 +23,7 @@ kernels live in :mod:`fedge.compression.jit`, imported the first time a codec as
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import types
@@ -54,23 +55,26 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_state: dict[str, types.ModuleType | None] = {}
-_load_lock = threading.Lock()
 
-
+@functools.cache
 def _kernels() -> types.ModuleType | None:
-    """The compiled kernels (:mod:`fedge.compression.jit`), imported on first use; None where they
-    cannot run (numba missing, ``FEDGE_KERNELS=off``, a big-endian host)."""
-    if "jit" not in _state:
-        with _load_lock:
-            if "jit" not in _state:
-                try:
-                    from fedge.compression import jit
-                except ImportError as err:  # pragma: no cover - exercised by the FEDGE_KERNELS=off test run
-                    log.debug("fused kernels unavailable (%s): using the torch reference path", err)
-                    jit = None  # type: ignore[assignment]
-                _state["jit"] = jit
-    return _state["jit"]
+    """The compiled kernels (:mod:`fedge.compression.jit`), imported on first use (Python's import
+    lock makes a concurrent first call wait for the same module); None where they cannot run
+    (numba missing, ``FEDGE_KERNELS=off``, a big-endian host)."""
+    try:
+        from fedge.compression import jit
+    except ImportError as err:  # pragma: no cover - exercised by the FEDGE_KERNELS=off test run
+        log.debug("fused kernels unavailable (%s): using the torch reference path", err)
+        return None
+    return jit
+
+
+def _k() -> Any:
+    """The loaded kernels, for the wrappers below (each caller has checked :func:`available`)."""
+    module = _kernels()
+    if module is None:
+        raise RuntimeError("the fused kernels are not available here; check kernels.available() first")
+    return module
 
 
 _reference = threading.local()
@@ -91,14 +95,6 @@ def reference_path() -> Iterator[None]:
 
 def available() -> bool:
     return not getattr(_reference, "on", False) and _kernels() is not None
-
-
-def _k() -> Any:
-    """The loaded kernels, for the wrappers below (each caller has checked :func:`available`)."""
-    module = _kernels()
-    if module is None:
-        raise RuntimeError("the fused kernels are not available here; check kernels.available() first")
-    return module
 
 
 def thread_buffer(owner: object, name: str, size: int, make: Callable[[int], T]) -> T:

@@ -88,7 +88,8 @@ class LeafCoordinator:
             self.engine.wait_for_nodes(self.grid)  # its devices, as a run waits before its first step
         self.engine.algorithm.start(model)
         weight, count, losses, connected, empty = 0.0, 0, [], 0, False
-        dp = self.engine.layer("dp")
+        # central DP samples a leaf's devices by Poisson draws: an empty draw is an answer (an empty sum)
+        poisson = getattr(self.engine.layer("dp"), "tier", "") == "leaf"
         for _ in range(self.rounds):
             self.steps += 1
             closed = self.engine.run_step(self.grid, self.steps)
@@ -97,8 +98,7 @@ class LeafCoordinator:
             connected = closed.step.connected
             if released is not None:
                 weight, count = released.weight, released.count  # the last step's devices
-            # under central DP an empty Poisson draw is an answer (an empty sum), not a failure
-            empty = getattr(dp, "tier", "") == "leaf" and row.clients_sampled == 0
+            empty = poisson and row.clients_sampled == 0
             if closed.outcome.train_loss is not None:
                 losses.append(closed.outcome.train_loss)
             log.info("leaf step %d for root round %d: %d devices, weight %g", row.round, root_round, count, weight)

@@ -63,6 +63,21 @@ def gpu_share(slots: int, gpus: int) -> float:
     return 0.0 if gpus <= 0 else min(1.0, round(gpus / max(1, slots), 4))
 
 
+def _simulated_federation(nodes: int, *, parallel_clients: int = 0, cluster: bool = False,
+                         gpus: int = 0) -> dict[str, Any]:
+    """Flower's federation config for ``nodes`` simulated ClientApps, one CPU each. Ray schedules one
+    actor per logical CPU it is told about (Flower takes whole CPUs only): ``parallel_clients``
+    more logical CPUs than cores means more ClientApps at once. On an existing Ray ``cluster`` the
+    nodes declared their CPUs when they started. With ``gpus``, each actor's share of them."""
+    config: dict[str, Any] = {"num-supernodes": nodes, "client-resources-num-cpus": 1}
+    if not cluster:
+        config["init-args-num-cpus"] = max(1, os.cpu_count() or 1, parallel_clients)
+    share = gpu_share(config.get("init-args-num-cpus") or os.cpu_count() or 1, gpus)
+    if share:  # Ray hides the GPUs from an actor that asks for none
+        config["client-resources-num-gpus"] = share
+    return config
+
+
 def launch(
     settings: RunSettings,
     *,
@@ -209,14 +224,8 @@ def launch(
             own_data = all("data" in ((node_config or {}).get(i) or {}) for i in range(num_supernodes))
             flower.start_warm_executor(cwd=run_dir, partitions=not own_data)
         else:
-            federation_config = {"num-supernodes": num_supernodes, "client-resources-num-cpus": 1}
-            if not ray_address:  # an existing cluster's nodes declared their CPUs when they started
-                # Ray schedules one actor per logical CPU it is told about (Flower takes whole
-                # CPUs only): more logical CPUs than cores means more ClientApps at once.
-                federation_config["init-args-num-cpus"] = max(1, os.cpu_count() or 1, parallel_clients)
-            share = gpu_share(federation_config.get("init-args-num-cpus") or os.cpu_count() or 1, gpus_here)
-            if share:  # Ray hides the GPUs from an actor that asks for none
-                federation_config["client-resources-num-gpus"] = share
+            federation_config = _simulated_federation(num_supernodes, parallel_clients=parallel_clients,
+                                                     cluster=bool(ray_address), gpus=gpus_here)
         runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
         if kill_leaf is not None:
             on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaf_plan, share_settings, run_dir, app),
@@ -359,9 +368,8 @@ def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Pat
     security = None if simulated else plan.security
     flower.start_superlink(tls=security.server if security else None, simulation=simulated, cwd=leaf_dir)
     federation_config: dict[str, Any] = {}
-    if simulated:
-        federation_config = {"num-supernodes": mapping.nodes, "client-resources-num-cpus": 1,
-                             "init-args-num-cpus": max(1, os.cpu_count() or 1)}
+    if simulated:  # no GPU share: two leaves' Ray instances would each hand out the same GPUs
+        federation_config = _simulated_federation(mapping.nodes)
     else:
         for j in range(mapping.nodes):
             partition = mapping.device(j)
