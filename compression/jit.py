@@ -23,6 +23,10 @@ if sys.byteorder != "little":
 
 import numba  # noqa: E402
 
+from fedge.compression.kernel_cache import install as _install_cache  # noqa: E402
+
+_install_cache()  # before the decorators below: one cache for every copy of this file (kernel_cache.py)
+
 # fastmath without nnan/ninf: the kernels must still see NaN and infinity to reject them.
 _FM = {"nsz", "arcp", "contract", "afn", "reassoc"}
 _jit: Any = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=_FM)

@@ -17,6 +17,9 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from typing import Any
 from fedge.launcher.environment import flower_environment
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.launcher.federation import LoopbackSecurity
-from fedge.launcher.processes import ProcessGroup
+from fedge.launcher.processes import ProcessGroup, free_port
 from fedge.launcher.sequence import FlowerLaunch, LaunchError
 from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
@@ -63,6 +66,33 @@ def gpu_share(slots: int, gpus: int) -> float:
     return 0.0 if gpus <= 0 else min(1.0, round(gpus / max(1, slots), 4))
 
 
+#: Ray starts a pool of idle Python workers with its raylet and again for the first driver; Flower's
+#: actors carry a runtime environment (its PYTHONPATH), so Ray starts workers of their own and the
+#: pool only took CPU on the run's critical path (two workers, 0.3 CPU-s each, on this machine).
+RAY_LEAN_START = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+
+
+def _ray_cpus(parallel_clients: int = 0) -> int:
+    """The logical CPUs Ray is told about: one actor (one ClientApp at a time) per CPU."""
+    return max(1, os.cpu_count() or 1, parallel_clients)
+
+
+def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> Path:
+    """This run's own Ray instance, ``ray start --head --block`` in the run's group (stopping it stops
+    Ray's processes; any that outlive it carry the group's marker). The simulation joins it through
+    ``RAY_ADDRESS``: Ray's head then starts with the run instead of after the simulation process has
+    loaded the ClientApp, and the actors are placed as soon as Flower asks. Its temporary directory
+    (returned) is its own: ``ray start`` records its address there, not in the machine's
+    ``/tmp/ray/ray_current_cluster``, where a user's later ``ray.init()`` would try to join this
+    run's stopped instance. A short path: Ray's sockets live under it."""
+    host, _, port = address.rpartition(":")
+    temp_dir = Path(tempfile.mkdtemp(prefix="fedge-ray-"))
+    group.start("ray-head", [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                             f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}",
+                             "--include-dashboard=false", "--disable-usage-stats"], cwd=cwd)
+    return temp_dir
+
+
 def _simulated_federation(nodes: int, *, parallel_clients: int = 0, cluster: bool = False,
                          gpus: int = 0) -> dict[str, Any]:
     """Flower's federation config for ``nodes`` simulated ClientApps, one CPU each. Ray schedules one
@@ -71,8 +101,8 @@ def _simulated_federation(nodes: int, *, parallel_clients: int = 0, cluster: boo
     nodes declared their CPUs when they started. With ``gpus``, each actor's share of them."""
     config: dict[str, Any] = {"num-supernodes": nodes, "client-resources-num-cpus": 1}
     if not cluster:
-        config["init-args-num-cpus"] = max(1, os.cpu_count() or 1, parallel_clients)
-    share = gpu_share(config.get("init-args-num-cpus") or os.cpu_count() or 1, gpus)
+        config["init-args-num-cpus"] = _ray_cpus(parallel_clients)
+    share = gpu_share(config.get("init-args-num-cpus") or _ray_cpus(parallel_clients), gpus)
     if share:  # Ray hides the GPUs from an actor that asks for none
         config["client-resources-num-gpus"] = share
     return config
@@ -164,10 +194,13 @@ def launch(
     RunDirectory(run_dir).prepare_launch()
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
-    # "local": a new Ray instance for this run, never a cluster some other `ray start` left running
+    # A simulation gets a Ray instance of its own, never a cluster some other `ray start` left running
     # on this machine (ray.init() would otherwise join it and refuse Flower's num_cpus), even when
-    # the caller's environment names one: only ``ray_address`` selects a cluster
-    env["RAY_ADDRESS"] = ray_address or "local"
+    # the caller's environment names one: only ``ray_address`` selects a cluster. Its head starts
+    # first thing, while the SuperLink, the app and the simulation process start, not after them.
+    ray_head = f"127.0.0.1:{free_port()}" if engine == "simulation" and not (ray_address or leaves) else None
+    env["RAY_ADDRESS"] = ray_address or ray_head or "local"
+    env.update(RAY_LEAN_START)
     if not ray_address:  # a Ray cluster's other machines have no such directory
         env[CACHE_ENV] = str(run_dir / "partitions")
     started = time.monotonic()
@@ -178,6 +211,7 @@ def launch(
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    ray_temp: Path | None = None
     tiers: list[tuple[ProcessGroup, Path]] = []  # each leaf's processes and spool
     share_settings = settings
 
@@ -189,6 +223,8 @@ def launch(
 
     app = flwr_home / "app"
     try:
+        if ray_head:
+            ray_temp = _start_ray_head(group, ray_head, _ray_cpus(parallel_clients), run_dir)
         if leaves:
             meanwhile()  # each leaf's processes read the partitions and the app as they start
             leaf_plan = _LeafPlan(leaves, num_supernodes, leaf_engine, leaf_sample, isolation, security)
@@ -225,7 +261,7 @@ def launch(
             flower.start_warm_executor(cwd=run_dir, partitions=not own_data)
         else:
             federation_config = _simulated_federation(num_supernodes, parallel_clients=parallel_clients,
-                                                     cluster=bool(ray_address), gpus=gpus_here)
+                                                     cluster=bool(ray_address or ray_head), gpus=gpus_here)
         runner = flower.submit(app, run_config, federation_config=federation_config, cwd=run_dir)
         if kill_leaf is not None:
             on_row = _leaf_power_cut(kill_leaf, tiers, lambda i: _start_leaf(i, leaf_plan, share_settings, run_dir, app),
@@ -238,6 +274,8 @@ def launch(
             (spool / LEAF_STOP).touch()
         finished = (run_dir / "summary.json").exists()  # its results are on disk: what is left is teardown
         group.stop(grace=0.3 if finished else 10.0, finished=finished)
+        if ray_temp is not None and finished:  # Ray's logs of a failed run stay for its post-mortem
+            shutil.rmtree(ray_temp, ignore_errors=True)
         for leaf_group, _ in tiers:
             leaf_group.stop()
     summary_path = run_dir / "summary.json"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedge.compression.kernel_cache import cache_dir  # one per-machine cache directory
+
 __all__ = ["CacheEntryInvalid", "cache_dir", "cached_arrays"]
 
 log = logging.getLogger(__name__)
@@ -35,14 +37,6 @@ Arrays = dict[str, np.ndarray]
 
 class CacheEntryInvalid(ValueError):
     """A cached entry that does not hold what its computation would: it is recomputed."""
-
-
-def cache_dir() -> Path:
-    """``$FEDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedge``, else ``~/.cache/fedge``."""
-    if os.environ.get("FEDGE_CACHE_DIR"):
-        return Path(os.environ["FEDGE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fedge"
 
 
 def _path(directory: Path, name: str, key: dict[str, object]) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -219,3 +220,41 @@ def test_numba_is_loaded_only_when_a_codec_first_needs_the_fused_path() -> None:
     )
     env = {k: v for k, v in os.environ.items() if k != "FEDGE_KERNELS"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+_CACHE_PROBE = """
+import json, torch
+from fedge.compression import jit, make_codec
+x = torch.linspace(-1.0, 1.0, 4096)
+for spec in ("qsgd:bits=4", "qsgd:bits=2", "terngrad"):
+    wire = make_codec(spec).for_round(1, 0)
+    wire.decode(wire.encode(x, torch.Generator().manual_seed(0)), 4096)
+kernels = [f for f in vars(jit).values() if hasattr(f, "stats")]
+kernels += [f for fs in jit.BY_BITS.values() for f in fs]
+print(json.dumps({"file": jit.__file__, "hits": sum(sum(f.stats.cache_hits.values()) for f in kernels),
+                  "misses": sum(sum(f.stats.cache_misses.values()) for f in kernels)}))
+"""
+
+
+def test_every_copy_of_the_kernels_shares_one_compiled_cache(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A Flower app bundle installs fedge afresh under each run's FLWR_HOME: with numba's per-directory
+    cache every run compiled every kernel again. Two copies of the code at different paths, as two
+    runs' bundles: the first compiles, the second loads all it uses from the cache, compiling none."""
+    from fedge.compression.kernel_cache import kernel_cache_path
+    from fedge.launcher.app_bundle import stage_packages
+
+    copies = [stage_packages(tmp_path / name, "", ["fedge.compression"]) for name in ("run-1", "run-2")]
+    env = {k: v for k, v in os.environ.items() if k not in ("FEDGE_KERNELS", "NUMBA_CACHE_DIR",
+                                                              "NUMBA_CACHE_LOCATOR_CLASSES")}
+    env["FEDGE_CACHE_DIR"] = str(tmp_path / "cache")
+    seen = []
+    for copy in copies:
+        done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env={**env, "PYTHONPATH": str(copy)},
+                              capture_output=True, text=True, timeout=300, check=True)
+        seen.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [s["file"] for s in seen] == [str(c / "fedge" / "compression" / "jit.py") for c in copies]
+    assert seen[0]["misses"] > 0 and seen[0]["hits"] == 0, seen[0]
+    assert seen[1]["misses"] == 0 and seen[1]["hits"] > 0, seen[1]
+    assert kernel_cache_path(copies[0] / "fedge" / "compression" / "jit.py") == \
+        kernel_cache_path(copies[1] / "fedge" / "compression" / "jit.py")
+    assert any(kernel_cache_path(copies[0] / "fedge" / "compression" / "jit.py").glob("*.nbi"))

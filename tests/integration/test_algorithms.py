@@ -7,6 +7,10 @@ test_serve.py), and every algorithm's stop/resume through the engine (tests/serv
 
 from __future__ import annotations
 
+import re
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -57,8 +61,17 @@ def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_n
     easgd = algorithm == "easgd"  # EASGD's center goes out as versioned lattice copies
     settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
                            downlink_codec="lattice:ratio=0.1" if easgd else "none", run_dir=str(tmp_path / "run"))
+    machine_wide = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # what a bare ray.init() joins
+    before = machine_wide.read_text() if machine_wide.exists() else None
     result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(result.run_dir / "flwr-home")
+    # the run's own Ray head (server/local.py): started with the run, its directory gone after it,
+    # and nothing left for a later ray.init() on this machine to join
+    head_log = (result.run_dir / "logs" / "ray-head.log").read_text()
+    assert "Ray runtime started" in head_log
+    session = re.search(r"saved to: (\S+)/session_", head_log)
+    assert session and "fedge-ray-" in session.group(1) and not Path(session.group(1)).exists()
+    assert (machine_wide.read_text() if machine_wide.exists() else None) == before
     assert [row["round"] for row in result.rows] == [1, 2, 3]
     last = result.rows[-1]
     assert last["algorithm"] == algorithm.split(":")[0] and last["clients_used"] == 4 and not last["rejected"]
