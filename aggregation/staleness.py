@@ -13,21 +13,24 @@ and an update staler than ``max_staleness`` versions is dropped (bounded stalene
 stale-synchronous parallel: Ho et al., NeurIPS 2013).
 
 What a reply does to an asynchronous version is here too, once for both coordinators (Fedge's
-engine and ``fedge.flower.FedBuff``): FedBuff adds s(τ)·Δ with the reply's weight to the version's
-aggregate (:meth:`Staleness.add`); FedAsync mixes the client's model into the current one
-(:func:`fedasync_mix`).
+engine and ``fedge.flower.FedBuff``): a version's :class:`VersionTally` admits it or drops it as
+too stale (and counts it), FedBuff adds s(τ)·Δ with the reply's weight to the version's aggregate
+(:meth:`VersionTally.add`), FedAsync mixes the client's model into the current one
+(:func:`fedasync_mix`), and the tally reports the version's staleness the same way in both.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from fedge.aggregation.partial import Accumulator
 
-__all__ = ["STALENESS_FUNCTIONS", "Staleness", "fedasync_mix"]
+__all__ = ["STALENESS_FUNCTIONS", "Staleness", "VersionTally", "fedasync_mix"]
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -76,6 +79,42 @@ class Staleness:
         is Σ s(τ_i) w_i Δ_i / Σ w_i (the update is not copied when s(τ) = 1)."""
         scale = self.weight(staleness)
         aggregate.add(delta * scale if scale != 1.0 else delta, weight)
+
+
+@dataclass
+class VersionTally:
+    """What one asynchronous version took in: the staleness of each update applied to it, and how
+    many were dropped as staler than the bound. Both coordinators keep one per version, so a
+    version's staleness figures mean the same in a metrics row and in a Flower app's metrics."""
+
+    rule: Staleness
+    staleness: list[int] = field(default_factory=list)
+    dropped: int = 0
+
+    def admits(self, staleness: int) -> bool:
+        """Whether an update this stale may join the version; one that may not is counted as dropped."""
+        if self.rule.dropped(staleness):
+            self.dropped += 1
+            return False
+        return True
+
+    def add(self, aggregate: Accumulator, delta: torch.Tensor, weight: float, staleness: int) -> None:
+        """FedBuff: the update into the version's ``aggregate``, weighted by s(τ) (:meth:`Staleness.add`)."""
+        self.rule.add(aggregate, delta, weight, staleness)
+        self.staleness.append(staleness)
+
+    def applied(self, staleness: int) -> None:
+        """FedAsync: an update mixed into the model (:func:`fedasync_mix`), not summed."""
+        self.staleness.append(staleness)
+
+    def report(self) -> dict[str, Any]:
+        """The version's staleness mean, maximum and histogram (None when nothing was applied), and
+        the updates dropped as too stale."""
+        seen = self.staleness
+        return {"staleness_mean": statistics.fmean(seen) if seen else None,
+                "staleness_max": max(seen) if seen else None,
+                "staleness_histogram": {str(t): seen.count(t) for t in sorted(set(seen))},
+                "dropped_stale": self.dropped}
 
 
 def fedasync_mix(current: torch.Tensor, started_from: torch.Tensor, delta: torch.Tensor, alpha_t: float) -> torch.Tensor:

@@ -15,8 +15,10 @@ through the engine's dispatcher (``fedge.protocol.dispatcher``), so timeouts are
 ``FedAsync`` is ``buffer=1`` with a mixing rate: x ← (1 − α_t)·x + α_t·(x_v + Δ), α_t = α·s(τ), the
 client's model rebuilt from the version v it started from (Xie et al. 2019), as in the engine. The
 schedule (which nodes are busy, when a freed slot is refilled) is the engine's own
-(``fedge.protocol.async_loop``), and so is what a reply does to a version
-(``fedge.aggregation.staleness``).
+(``fedge.protocol.async_loop``), and so is what a reply does to a version and how a version's
+staleness is counted (``fedge.aggregation.staleness``). A message sent at version v names round
+v + 1, the version it helps build, as the engine's messages do: a device encodes the same payload
+for either coordinator (``tests/flower/test_one_coordinator.py``).
 
 With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
 each message carries the lattice change that brings its node's copy to the current version, a
@@ -48,7 +50,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedge.aggregation.robust import Aggregator, make_aggregator
-from fedge.aggregation.staleness import Staleness, fedasync_mix
+from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.flower.downlink import ServerDownlink
 from fedge.protocol.layout import Layout, LayoutError
@@ -67,10 +69,10 @@ _NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
 @dataclass
 class _Buffer:
     """One version's buffer: the aggregation rule's accumulator (the engine's: O(model) for the
-    mean), the staleness of each update in it and the records its metrics come from."""
+    mean), the engine's tally of its updates' staleness and the records its metrics come from."""
 
     mean: Aggregator
-    staleness: list[int] = field(default_factory=list)
+    tally: VersionTally
     contents: list[RecordDict] = field(default_factory=list)
     last: tuple[int, np.ndarray] | None = None  # (version it started from, update): FedAsync's one update
 
@@ -132,7 +134,7 @@ class FedBuff:
         rng = random.Random(self.seed)
         loop = AsyncLoop(grid, Dispatcher(grid, clock=clock, sleep=sleep), self.concurrency, self.reply_timeout)
         version = 0
-        buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
+        buffer = self._new_buffer(layout)
         deadline = clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
 
@@ -172,10 +174,10 @@ class FedBuff:
             result.arrays = layout.rebuild(model, like)
             result.train_metrics_clientapp[version] = self._train_metrics(buffer)
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
-                     float(np.mean(buffer.staleness)))
+                     buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:
                 self._evaluate(evaluate_fn, version, result.arrays, result)
-            buffer = _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer))
+            buffer = self._new_buffer(layout)
             if version >= num_versions:
                 return True
             for old in [v for v in sent_models if v not in set(loop.busy.values()) | {version}]:
@@ -190,6 +192,9 @@ class FedBuff:
                  wait=lambda: sleep(_NODE_WAIT))  # no node connected yet: wait for one, as the engine does
         return result
 
+    def _new_buffer(self, layout: Layout) -> _Buffer:
+        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer), VersionTally(self.staleness))
+
     def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
@@ -202,13 +207,12 @@ class FedBuff:
         if update is None:
             return
         tau = version - started
-        if self.staleness.dropped(tau):
+        if not buffer.tally.admits(tau):
             self.dropped_stale += 1
             log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
             return
         delta, weight, content = update
-        self.staleness.add(buffer.mean, torch.from_numpy(delta), weight, tau)
-        buffer.staleness.append(tau)
+        buffer.tally.add(buffer.mean, torch.from_numpy(delta), weight, tau)
         buffer.contents.append(content)
         buffer.last = (started, delta)
 
@@ -217,7 +221,7 @@ class FedBuff:
                  train_config: ConfigRecord | None) -> Message:
         config = ConfigRecord(dict(train_config or {}))
         if self.uplink is not None:
-            write_uplink(config, self.uplink, layout.digest, version, self.seed)
+            write_uplink(config, self.uplink, layout.digest, version + 1, self.seed)
         return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
 
@@ -233,7 +237,7 @@ class FedBuff:
                     raise LayoutError("a compressed update, but this strategy asked for none")
                 payload = reply_payload(reply)
                 self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
-                delta = codec.for_round(started, self.seed).decode(payload, layout.numel).numpy()
+                delta = codec.for_round(started + 1, self.seed).decode(payload, layout.numel).numpy()
             elif MODEL_RECORD in reply.content.array_records:
                 self.uplink_bytes += array_bytes(reply.content, (MODEL_RECORD,))
                 delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[started]
@@ -266,7 +270,7 @@ class FedBuff:
             values = [c.metric_records["metrics"][key] for c in buffer.contents]
             if all(isinstance(v, (int, float)) for v in values):
                 out[key] = float(np.average(values, weights=weights))
-        out["staleness-mean"] = float(np.mean(buffer.staleness))
+        out["staleness-mean"] = float(buffer.tally.report()["staleness_mean"])
         out["fedge-uplink-bytes"] = float(self.uplink_bytes)
         out["fedge-downlink-bytes"] = float(self.downlink_bytes)
         out["fedge-dropped-stale"] = float(self.dropped_stale)
@@ -292,9 +296,9 @@ class FedAsync(FedBuff):
         self.alpha = float(alpha)
 
     def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
-        assert buffer.last is not None and len(buffer.staleness) == 1
+        assert buffer.last is not None and len(buffer.tally.staleness) == 1
         started, delta = buffer.last
-        alpha_t = self.alpha * self.staleness.weight(buffer.staleness[0])
+        alpha_t = self.alpha * self.staleness.weight(buffer.tally.staleness[0])
         mixed = fedasync_mix(torch.from_numpy(model), torch.from_numpy(sent_models[started]), torch.from_numpy(delta),
                              alpha_t)
         return mixed.numpy().astype(np.float32)

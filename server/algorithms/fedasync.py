@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from fedge.aggregation.staleness import fedasync_mix
+from fedge.aggregation.staleness import VersionTally, fedasync_mix
 from fedge.server.algorithms.fedbuff import FedBuff, FedBuffStep
 from fedge.server.engine.algorithm import Outgoing, Rejected, Reply, RunContext, Step, StepOutcome, Update, finite_or_previous
 
@@ -75,7 +75,7 @@ class FedAsync(FedBuff):
         self._in_flight.clear()
 
     def open_step(self, number: int, nodes: list[int]) -> FedAsyncStep:
-        return FedAsyncStep(number, list(nodes))
+        return FedAsyncStep(number, list(nodes), tally=VersionTally(self.staleness))
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         version = step.number - 1
@@ -103,7 +103,7 @@ class FedAsync(FedBuff):
         step.loss_sum += update.train_loss
         step.loss_weight += 1.0
         step.used.append(update.node)
-        step.staleness.append(tau)
+        step.tally.applied(tau)
 
     def missed(self, step: Step, node: int, reason: str) -> None:
         self._in_flight.pop(node, None)
@@ -117,10 +117,7 @@ class FedAsync(FedBuff):
         assert isinstance(step, FedAsyncStep)
         extra: dict[str, Any] = {
             "version": step.number, "updates_applied": 0, "alpha_t": None,
-            "staleness_mean": float(step.staleness[0]) if step.staleness else None,
-            "staleness_max": step.staleness[0] if step.staleness else None,
-            "staleness_histogram": {str(t): 1 for t in step.staleness},
-            "dropped_stale": step.dropped,
+            **step.tally.report(),
             "nodes": list(step.used),
         }
         notes: list[dict[str, Any]] = []

@@ -24,14 +24,13 @@ version with fresh messages.
 from __future__ import annotations
 
 import logging
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedge.aggregation.robust import make_aggregator
-from fedge.aggregation.staleness import Staleness
+from fedge.aggregation.staleness import Staleness, VersionTally
 from fedge.compression import Codec
 from fedge.protocol.failures import FailureKind
 from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
@@ -52,10 +51,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FedBuffStep(FedAvgStep):
-    """One model version: the buffer of updates and their staleness."""
+    """One model version: the buffer of updates (``aggregate``) and their staleness (``tally``)."""
 
-    staleness: list[int] = field(default_factory=list)
-    dropped: int = 0
+    tally: VersionTally = field(default_factory=lambda: VersionTally(Staleness()))
 
 
 class FedBuff(FedAvg):
@@ -92,7 +90,7 @@ class FedBuff(FedAvg):
     # -- the engine's asynchronous loop calls these ---------------------------------------------
     def open_step(self, number: int, nodes: list[int]) -> FedBuffStep:
         aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=self.buffer)
-        return FedBuffStep(number, list(nodes), aggregate=aggregator)
+        return FedBuffStep(number, list(nodes), aggregate=aggregator, tally=VersionTally(self.staleness))
 
     # configure: FedAvg's; ``step.number`` = version + 1, so every message starts training from the
     # current version (with a lattice downlink, what brings each copy from the version it holds)
@@ -104,8 +102,7 @@ class FedBuff(FedAvg):
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
         tau = self.version - reply.started
-        if self.staleness.dropped(tau):
-            step.dropped += 1
+        if not step.tally.admits(tau):
             raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped",
                            kind=FailureKind.STALE)
 
@@ -116,12 +113,10 @@ class FedBuff(FedAvg):
 
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedBuffStep) and update.started is not None
-        tau = self.version - update.started
-        self.staleness.add(step.aggregate, update.vector, update.weight, tau)
+        step.tally.add(step.aggregate, update.vector, update.weight, self.version - update.started)
         step.loss_sum += update.train_loss * update.weight
         step.loss_weight += update.weight
         step.used.append(update.node)
-        step.staleness.append(tau)
 
     def ready(self, step: Step) -> bool:
         assert isinstance(step, FedBuffStep)
@@ -129,13 +124,10 @@ class FedBuff(FedAvg):
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, FedBuffStep)
-        aggregator, staleness = step.aggregate, step.staleness
+        aggregator = step.aggregate
         extra: dict[str, Any] = {
             "version": step.number, "aggregator": aggregator.spec, "updates_applied": aggregator.count,
-            "staleness_mean": statistics.fmean(staleness) if staleness else None,
-            "staleness_max": max(staleness) if staleness else None,
-            "staleness_histogram": {str(t): staleness.count(t) for t in sorted(set(staleness))},
-            "dropped_stale": step.dropped,
+            **step.tally.report(),
             "nodes": list(step.used),  # whose updates made this version
         }
         notes: list[dict[str, Any]] = []

@@ -5,10 +5,14 @@ Uplink: the engine's device (``fedge.edge_client.local.encode``, what the FedAvg
 ``compression_mod`` encode the same update, with the same randomness, into the same payload, round
 after round (the error-feedback memory evolves the same way), for qsgd, DGC and ``tcs``. Downlink:
 the engine's downlink layer and ``compressed(..., downlink="lattice:...")`` send each node the same
-lattice record for the same sequence of models, catch-ups included.
+lattice record for the same sequence of models, catch-ups included. Asynchronous: FedBuff and
+FedAsync, the engine's algorithms and ``fedge.flower``'s, get the same payloads from a device and
+make the same versions from the same replies, stale drops included.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,14 +23,21 @@ from flwr.serverapp.strategy import FedAvg
 import fedge.edge_client.compression_mod as client_mod
 from fedge.edge_client import local
 from fedge.edge_client.node_store import NodeStore
-from fedge.flower import compressed
+from fedge.aggregation.staleness import Staleness
+from fedge.flower import FedAsync, FedBuff, compressed
+from fedge.flower.messages import ROUND_KEY
+from flwr.supercore.task_identity import TaskIdentity
 from fedge.protocol.layout import Layout
 from fedge.flower.strategy import CompressedStrategy
 from fedge.protocol.records import DOWNLINK_RECORD, UPDATE_RECORD, read_payload
 from fedge.protocol.round_config import RoundConfig
+from fedge.server.algorithms.registry import make_algorithm
+from fedge.server.engine.algorithm import Rejected, Reply, RunContext, Update
 from fedge.server.engine.layers.downlink import Downlink, _StepTally
+from fedge.server.settings import RunSettings
 from fedge.tasks import flatten_state, make_task, seeded_initial_params, unflatten_state
-from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _task, _user_app  # noqa: F401
+from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _task, _user_app  # noqa: F401
+from tests.flower.test_fedbuff_strategy import Clock, LatencyGrid
 
 SEED = 7
 FIXED = (12345).to_bytes(8, "little")  # what compression_mod's os.urandom returns here: its generator's seed
@@ -118,3 +129,98 @@ def start_model() -> torch.nn.Module:
     model = task.build_model()
     model.load_state_dict(unflatten_state(seeded_initial_params(task, SEED), model.state_dict()))
     return model
+
+
+class _RecordingGrid(LatencyGrid):
+    """The Flower side's traffic as events, in order: each message sent (its node and the version it
+    carries) and each reply delivered (its node, payload and weight)."""
+
+    def __init__(self, versions: list[np.ndarray], *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.versions = versions  # the models published so far (version 0 first)
+        self.events: list[tuple[str, int, Any]] = []
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        for message in messages:
+            self.events.append(("send", message.metadata.dst_node_id, len(self.versions) - 1))
+            assert message.content.config_records["config"][ROUND_KEY] == len(self.versions)  # the engine's round
+        return super().push_messages(messages)
+
+    def pull_messages(self, ids):  # type: ignore[no-untyped-def]
+        replies = super().pull_messages(ids)
+        for reply in replies:
+            self.events.append(("reply", reply.metadata.src_node_id, reply))
+        return replies
+
+
+@pytest.mark.parametrize("algorithm", ["fedbuff:concurrency=3,buffer=2,max-staleness=1",
+                                       "fedasync:alpha=0.6,concurrency=3,max-staleness=1"])
+def test_the_engines_async_algorithms_and_the_flower_wrappers_make_the_same_versions(monkeypatch, algorithm: str) -> None:
+    """The same device replies, in the same order, through ``fedge.flower.FedBuff``/``FedAsync`` and
+    through the engine's algorithm (admit, decode with its reply codec, absorb, close): the same
+    versions, the same staleness tally, the same updates dropped as too stale. Node 13 is slow, so
+    its updates arrive stale and some beyond the bound. The devices encode with the round the
+    engine would name (version + 1), so each payload is what the same device sends the engine."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    monkeypatch.setattr(client_mod.os, "urandom", lambda n: FIXED[:n])
+    name = algorithm.split(":")[0]
+    clock = Clock()
+    flower_versions: list[np.ndarray] = []
+    grid = _RecordingGrid(flower_versions, {n: _user_app() for n in NODES}, {11: 1.0, 12: 1.3, 13: 3.1}, clock)
+    staleness = Staleness("poly", max_staleness=1)
+    wrapper = (FedBuff(concurrency=3, buffer=2, uplink="qsgd:bits=4", staleness=staleness, seed=SEED)
+               if name == "fedbuff" else
+               FedAsync(concurrency=3, alpha=0.6, uplink="qsgd:bits=4", staleness=staleness, seed=SEED))
+    arrays = _model()
+    layout = Layout(arrays)
+    wrapper.start(grid, initial_arrays=arrays, num_versions=6, train_config=ConfigRecord({"lr": 0.1}),
+                  evaluate_fn=lambda v, a: flower_versions.append(layout.flatten(a)) or None,
+                  clock=clock, sleep=clock.sleep)
+    assert wrapper.dropped_stale >= 1 and not wrapper.refused  # node 13's later updates are too stale
+
+    task = make_task("digits")
+    template = task.build_model().state_dict()
+    settings = RunSettings(algorithm=algorithm, codec="qsgd:bits=4", clients_per_round=3, seed=SEED)
+    ctx = RunContext(settings=settings, task=task, template=template, numel=layout.numel, fp32_bytes=0,
+                     nodes_expected=3)
+    alg = make_algorithm(algorithm, ctx)
+    alg.start(torch.from_numpy(flower_versions[0]))
+    engine_versions, dropped, started = [flower_versions[0]], 0, {}
+    device_state = {n: RecordDict() for n in NODES}  # the engine's device keeps its error memory here
+    step = alg.open_step(1, [])
+    for kind, node, what in grid.events:
+        if len(engine_versions) == len(flower_versions):
+            break
+        if kind == "send":
+            assert what == step.number - 1  # the version the message carries: the one being built, less one
+            alg.configure(step, [node])
+            started[node] = what
+            continue
+        reply = Reply(node, what.content, started=started[node])
+        # the engine's device, given the model this message carried and the round the engine names
+        received = layout.rebuild(flower_versions[started[node]], arrays)
+        delta = torch.from_numpy(layout.flatten(_trained(node, started[node] + 1, received)) - layout.flatten(received))
+        config = RoundConfig(round=started[node] + 1, task=task.spec, partitioning="iid", codec="qsgd:bits=4",
+                             error_feedback=True, local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=SEED)
+        generator = torch.Generator().manual_seed(int.from_bytes(FIXED, "little") >> 1)
+        device_payload, _ = local.encode(delta.to(torch.float32), config, task,
+                                         NodeStore(device_state[node], "fedavg"), generator)
+        assert read_payload(what.content, UPDATE_RECORD) == device_payload, (node, started[node])
+        try:
+            alg.admit(step, reply)
+        except Rejected:
+            dropped += 1
+            continue
+        payload = read_payload(what.content, UPDATE_RECORD)
+        vector = alg.reply_codec(step, reply).decode(payload, layout.numel)
+        weight = float(what.content.metric_records["metrics"]["num-examples"]) if alg.weighted else 1.0
+        alg.absorb(step, Update(node, vector, weight, {"train-loss": 0.0}, payload, what.content, started=reply.started))
+        if alg.ready(step):
+            outcome = alg.close(step)
+            engine_versions.append(outcome.model.numpy().copy())
+            step = alg.open_step(step.number + 1, [])
+    assert len(engine_versions) == len(flower_versions) == 7
+    for v, (ours, theirs) in enumerate(zip(engine_versions, flower_versions)):
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6, err_msg=f"version {v}")
+    assert dropped == wrapper.dropped_stale
