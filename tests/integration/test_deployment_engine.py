@@ -19,12 +19,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 def test_superlink_and_two_supernodes_with_a_slow_device_train_and_sign_a_bundle(tmp_path, assert_no_leftovers) -> None:
     """The deployment engine end to end, asynchronously and secured: FedBuff (2 versions) on a real
     SuperLink and two SuperNodes over TLS with SuperNode authentication (registered keys), one node
-    ten times slower (its own node config ``slowdown=10``), then the signed bundle verified and run as
-    on a device. Refusals (unregistered key, plaintext): ``test_tls.py``. FedAvg: the next test."""
+    forty times slower (its own node config ``slowdown=40``: a warm device's message is about 0.1 s
+    of work, and ten times that no longer outlasted the fast node's next message through the
+    SuperLink), then the signed bundle verified and run as on a device. Refusals (unregistered key, plaintext): ``test_tls.py``. FedAvg: the next test."""
     settings = RunSettings(algorithm="fedbuff:concurrency=2,buffer=1", rounds=2, clients_per_round=2,
                            local_epochs=3, run_dir=str(tmp_path / "run"), round_timeout=240, wait_for_nodes=120,
                            export_bundle="auto")
-    result = launch(settings, engine="deployment", num_supernodes=2, node_config={1: {"slowdown": 10}}, timeout=500,
+    result = launch(settings, engine="deployment", num_supernodes=2, node_config={1: {"slowdown": 40}}, timeout=500,
                     tls=True)
     assert_no_leftovers(result.run_dir / "flwr-home")
     assert "Uvicorn running on https://" in result.logs["superlink"].read_text()
