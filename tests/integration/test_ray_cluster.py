@@ -74,3 +74,21 @@ def test_a_run_on_a_two_node_ray_cluster(tmp_path, assert_no_leftovers) -> None:
                 pass
             node.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_runs_own_ray_head_that_cannot_start_fails_the_run_at_once(tmp_path, monkeypatch, assert_no_leftovers) -> None:
+    """A simulation joins its own Ray head through RAY_ADDRESS, and ray.init() waits minutes for a
+    GCS that never comes: a head that exits (here: a CPU count Ray refuses) must end the run with
+    its log, not leave it waiting for its timeout."""
+    import fedge.server.local as local
+    from fedge.server.local import EngineError
+
+    start_head = local._start_ray_head
+    monkeypatch.setattr(local, "_start_ray_head", lambda group, address, cpus, cwd: start_head(group, address, -1, cwd))
+    began = time.monotonic()
+    with pytest.raises(EngineError, match="ray-head exited with code 1") as failure:
+        launch(RunSettings(rounds=1, clients_per_round=2, local_epochs=1, run_dir=str(tmp_path / "run")),
+               engine="simulation", num_supernodes=2, timeout=240)
+    assert time.monotonic() - began < 90
+    assert "Resource quantities must be nonnegative" in str(failure.value)
+    assert_no_leftovers(tmp_path / "run" / "flwr-home")
