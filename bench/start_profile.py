@@ -3,7 +3,8 @@ Flower's own FedAvg app (``examples/flower-app`` as Flower wrote it, docs/flower
 out, run with the demo's training: 5 local epochs, batch 32, lr 0.1, Dirichlet(0.5)), interleaved,
 on this machine, as whole processes.
 
-Phases of ``fedge demo``, from its run directory (file times, and each metrics row's
+Phases of ``fedge demo`` (and with ``--local-cluster`` of ``fedge local-cluster``, the deployment
+engine: a SuperLink and a SuperNode per client), from its run directory (file times, and each metrics row's
 ``wall_seconds`` from the engine's start): the partitions written (the CLI's imports, data and
 partitioning), the ServerApp started (``config.json``), the engine begun (``algorithm.json``: task,
 model and algorithm built), the first round done, the last round done, the summary written, and
@@ -12,6 +13,7 @@ output stamped as each line arrives: the SuperLink up, the run submitted, the fi
 ``[ROUND 1/...]`` line, the last round's line, and the exit. Both end with every process stopped.
 
     .venv/bin/python bench/start_profile.py --repeats 2                  # 10 clients, 30 rounds, digits
+    .venv/bin/python bench/start_profile.py --repeats 1 --local-cluster  # and the deployment engine
 """
 
 from __future__ import annotations
@@ -38,17 +40,20 @@ from tests.integration.test_flower_app import APP, plain_flower_app  # noqa: E40
 FEDGE = str(Path(sys.executable).parent / "fedge")
 
 
-def fedge_demo(tmp: Path, name: str, clients: int, rounds: int) -> dict:
+def fedge_demo(tmp: Path, name: str, clients: int, rounds: int, command: str = "demo") -> dict:
+    """``fedge demo`` (simulation engine) or ``fedge local-cluster`` (deployment engine: a SuperLink
+    and a SuperNode per client on 127.0.0.1), with the same training."""
     run_dir = tmp / name
     began = time.time()
-    done = subprocess.run([FEDGE, "demo", "--clients", str(clients), "--rounds", str(rounds), "--export-bundle", "",
+    nodes = ["--clients", str(clients)] if command == "demo" else ["--supernodes", str(clients)]
+    done = subprocess.run([FEDGE, command, *nodes, "--rounds", str(rounds), "--export-bundle", "",
                            "--run-dir", str(run_dir)], capture_output=True, text=True, check=False)
     ended = time.time()
     if done.returncode != 0:
-        raise SystemExit(f"fedge demo failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(f"fedge {command} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     engine = (run_dir / "algorithm.json").stat().st_mtime
-    return {"system": "fedge demo", "wall_s": ended - began, "phases": {
+    return {"system": f"fedge {command}", "wall_s": ended - began, "phases": {
         "partitions written": (run_dir / "partitions").stat().st_mtime - began,
         "ServerApp started": (run_dir / "config.json").stat().st_mtime - began,
         "engine begun": engine - began,
@@ -102,6 +107,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved pairs (Flower, then fedge demo)")
+    parser.add_argument("--local-cluster", action="store_true",
+                        help="also `fedge local-cluster` (the deployment engine) after each pair")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "start-profile.json"))
     args = parser.parse_args()
     command = shlex.join([".venv/bin/python", "bench/start_profile.py", *sys.argv[1:]])
@@ -112,15 +119,21 @@ def main() -> int:
         for repeat in range(args.repeats):
             runs.append(flower_app(tmp, app, f"flower-{repeat}", args.clients, args.rounds))
             runs.append(fedge_demo(tmp, f"demo-{repeat}", args.clients, args.rounds))
+            if args.local_cluster:
+                runs.append(fedge_demo(tmp, f"cluster-{repeat}", args.clients, args.rounds, "local-cluster"))
     print(f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, {args.clients} clients, {args.rounds} "
           f"rounds, digits, {args.repeats} interleaved pair(s): `{command}`\n")
     for r in runs:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items())
         print(f"- {r['system']}: {r['wall_s']:.1f} s, accuracy {100 * r['final_accuracy']:.1f}% ({phases})")
-    flower = [r["wall_s"] for r in runs if r["system"] != "fedge demo"]
+    flower = [r["wall_s"] for r in runs if r["system"] == "Flower's FedAvg app"]
     fedge = [r["wall_s"] for r in runs if r["system"] == "fedge demo"]
     ratio = sum(fedge) / sum(flower)
     print(f"\nfedge demo / Flower's app, whole processes: {ratio:.2f}x ({', '.join(f'{f / w:.2f}x' for f, w in zip(fedge, flower))} per pair)")
+    cluster = [r["wall_s"] for r in runs if r["system"] == "fedge local-cluster"]
+    if cluster:
+        print(f"fedge local-cluster / Flower's app: {sum(cluster) / sum(flower):.2f}x "
+              f"({', '.join(f'{c / w:.2f}x' for c, w in zip(cluster, flower))} per pair)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": command, "runs": runs, "ratio": ratio}, indent=2) + "\n")
