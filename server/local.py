@@ -77,6 +77,14 @@ def _ray_cpus(parallel_clients: int = 0) -> int:
     return max(1, os.cpu_count() or 1, parallel_clients)
 
 
+def _root_settings(settings: RunSettings, leaves: int, devices: int) -> RunSettings:
+    """The root's settings over ``leaves`` leaves: secure aggregation runs in each leaf, over its
+    devices, and the root sees the leaves' sums; its privacy is its tier's."""
+    return settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
+                            min_replies=min(settings.min_replies, leaves), secure_aggregation="none",
+                            **_tier_privacy(settings, devices, "root"))
+
+
 def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> Path:
     """This run's own Ray instance, ``ray start --head --block`` in the run's group (stopping it stops
     Ray's processes; any that outlive it carry the group's marker). The simulation joins it through
@@ -191,7 +199,13 @@ def launch(
     if client_device == "cuda" and not gpus_here:
         raise EngineError("--client-device cuda, but this machine has no CUDA device; use auto or cpu")
     run_dir = Path(settings.run_dir).resolve()
-    RunDirectory(run_dir).prepare_launch()
+    if tls:  # a TLS federation's devices are issued their identities by the run's CA (made below)
+        settings = settings.replace(
+            secure_aggregation=LoopbackSecurity(run_dir / "tls").issue_secure_aggregation(settings.secure_aggregation))
+    # what the root's ServerApp will record: a run this directory's run cannot become is refused now,
+    # before anything in the directory is touched (not after the earlier run's summary is dropped)
+    root_settings = _root_settings(settings, leaves, num_supernodes) if leaves else settings
+    RunDirectory(run_dir).prepare_launch(root_settings.replace(run_dir=str(run_dir)))
     flwr_home = (flwr_home or run_dir / "flwr-home").resolve()
     env = flower_environment(flwr_home)
     # A simulation gets a Ray instance of its own, never a cluster some other `ray start` left running
@@ -206,8 +220,6 @@ def launch(
     started = time.monotonic()
     # one key per device and, with leaves, one per bridge (node-N, node-N+1, ...)
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes + leaves) if tls else None
-    if security is not None:
-        settings = settings.replace(secure_aggregation=security.issue_secure_aggregation(settings.secure_aggregation))
     run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
 
     group = ProcessGroup(run_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
@@ -229,10 +241,7 @@ def launch(
             meanwhile()  # each leaf's processes read the partitions and the app as they start
             leaf_plan = _LeafPlan(leaves, num_supernodes, leaf_engine, leaf_sample, isolation, security)
             tiers = [_start_leaf(i, leaf_plan, settings, run_dir, app) for i in range(leaves)]
-            # secure aggregation runs in each leaf, over its devices; the root sees the leaves' sums
-            settings = settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
-                                        min_replies=min(settings.min_replies, leaves), secure_aggregation="none",
-                                        **_tier_privacy(settings, num_supernodes, "root"))
+            settings = root_settings
             run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
         flower.start_superlink(tls=security.server if security else None, simulation=engine == "simulation",

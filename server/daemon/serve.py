@@ -169,7 +169,7 @@ class Daemon:
         config = self.config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        self.run_directory.prepare_launch()  # also clears a stale stop request
+        self.run_directory.prepare_launch(config.settings)  # clears a stale stop request; refuses a bad resume
         rows_log = MetricsLog(config.run_dir / "metrics.jsonl")
         for row in rows_log.read():  # the run so far: counters are totals of the run, not of this process
             self.metrics.observe_row(row)

@@ -48,20 +48,29 @@ class RunDirectory:
         #: present while the operator wants the run to stop at the next step boundary
         self.stop_path = self.path / "stop-requested"
 
+    def refusal(self, settings: RunSettings) -> str | None:
+        """Why a run under ``settings`` cannot continue the run recorded here (None: it can, or this
+        directory holds none): a setting changed that a resumed run cannot take."""
+        if not self.config_path.exists():
+            return None
+        old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
+        new = settings.to_run_config()
+        blocking = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in _RESUMABLE_CHANGES)
+        if not blocking:
+            return None
+        details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in blocking)
+        return f"{self.path} holds a run with different settings ({details}); use a new run directory or the original settings"
+
     def start(self, settings: RunSettings, extra: dict[str, Any] | None = None) -> None:
         """Create the directory and record the settings; refuse to resume under incompatible ones."""
         self.path.mkdir(parents=True, exist_ok=True)
         new = settings.to_run_config()
+        why = self.refusal(settings)
+        if why is not None:
+            raise SettingsError(why)
         if self.config_path.exists():
             old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
             changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            blocking = [k for k in changed if k not in _RESUMABLE_CHANGES]
-            if blocking:
-                details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in blocking)
-                raise SettingsError(
-                    f"{self.path} holds a run with different settings ({details}); "
-                    "use a new run directory or the original settings"
-                )
             if changed:
                 log.info("resuming with changed settings: %s", ", ".join(changed))
         record = {
@@ -82,11 +91,17 @@ class RunDirectory:
     def clear_stop(self) -> None:
         self.stop_path.unlink(missing_ok=True)
 
-    def prepare_launch(self) -> None:
+    def prepare_launch(self, settings: RunSettings | None = None) -> None:
         """Before a (re)start of the processes: create the directory, drop the summary of an earlier
         launch (a summary marks a finished run: only this launch may write it), clear an earlier stop
         request, and drop metrics rows past the last checkpoint (they belong to steps that run again;
-        the ServerApp does the same when it resumes) so progress does not report them twice."""
+        the ServerApp does the same when it resumes) so progress does not report them twice.
+
+        With the ``settings`` the ServerApp will record, a run this directory's run cannot become is
+        refused here (``SettingsError``), before anything in it is touched: the ServerApp refuses it
+        too, but only after this had dropped the earlier run's summary."""
+        if settings is not None and (why := self.refusal(settings)) is not None:
+            raise SettingsError(why)
         self.path.mkdir(parents=True, exist_ok=True)
         self.summary_path.unlink(missing_ok=True)
         self.clear_stop()

@@ -75,3 +75,24 @@ def test_run_directory_refuses_incompatible_resume(tmp_path) -> None:
     with pytest.raises(SettingsError, match="codec"):
         run.start(RunSettings(codec="fp16"))
     assert os.path.exists(run.config_path)
+
+
+def test_a_launch_its_run_directory_cannot_resume_is_refused_before_anything_there_changes(tmp_path) -> None:
+    """A finished run, launched again with a setting it cannot resume under: refused by the launcher
+    before it drops the summary or any metrics row (the ServerApp would refuse it too, but only once
+    the launcher had cleared the directory for a new launch), with no process started."""
+    from fedge.server.local import launch
+
+    path = tmp_path / "run"
+    run = RunDirectory(path)
+    run.start(RunSettings(rounds=2, run_dir=str(path)))
+    MetricsLog(run.path / "metrics.jsonl").append({"round": 1, "accuracy": 0.5})
+    MetricsLog(run.path / "metrics.jsonl").append({"round": 2, "accuracy": 0.6})  # past any checkpoint
+    run.write_summary({"rounds": 2})
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    with pytest.raises(SettingsError, match=r"different settings \(codec: 'qsgd:bits=4\S* -> 'fp16'\)"):
+        launch(RunSettings(rounds=2, codec="fp16", run_dir=str(path)), engine="simulation", num_supernodes=2)
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+    assert not (path / "logs").exists() and not (path / "flwr-home").exists()  # nothing was started
+    run.prepare_launch(RunSettings(rounds=5, run_dir=str(path)))  # more rounds resume: cleared for the launch
+    assert not run.summary_path.exists() and MetricsLog(run.path / "metrics.jsonl").read() == []
