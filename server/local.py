@@ -90,9 +90,9 @@ def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> 
     Ray's processes; any that outlive it carry the group's marker). The simulation joins it through
     ``RAY_ADDRESS``: Ray's head then starts with the run instead of after the simulation process has
     loaded the ClientApp, and the actors are placed as soon as Flower asks. Its temporary directory
-    (returned) is its own: ``ray start`` records its address there, not in the machine's
-    ``/tmp/ray/ray_current_cluster``, where a user's later ``ray.init()`` would try to join this
-    run's stopped instance. A short path: Ray's sockets live under it."""
+    (returned) is its own: ``ray start`` records its address there, not in the machine-wide
+    ``ray_current_cluster`` file of Ray's default directory, where a user's later ``ray.init()``
+    would try to join this run's stopped instance. A short path: Ray's sockets live under it."""
     host, _, port = address.rpartition(":")
     temp_dir = Path(tempfile.mkdtemp(prefix="fedge-ray-"))
     group.start("ray-head", [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",

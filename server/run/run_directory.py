@@ -48,31 +48,35 @@ class RunDirectory:
         #: present while the operator wants the run to stop at the next step boundary
         self.stop_path = self.path / "stop-requested"
 
-    def refusal(self, settings: RunSettings) -> str | None:
-        """Why a run under ``settings`` cannot continue the run recorded here (None: it can, or this
-        directory holds none): a setting changed that a resumed run cannot take."""
-        if not self.config_path.exists():
-            return None
-        old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
+    def _changes(self, settings: RunSettings) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+        """The recorded settings, ``settings``'s, and the keys that differ (none without a run here)."""
         new = settings.to_run_config()
-        blocking = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k not in _RESUMABLE_CHANGES)
+        if not self.config_path.exists():
+            return {}, new, []
+        old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
+        return old, new, sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+    def _refusal(self, old: dict[str, Any], new: dict[str, Any], changed: list[str]) -> str | None:
+        blocking = [k for k in changed if k not in _RESUMABLE_CHANGES]
         if not blocking:
             return None
         details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in blocking)
         return f"{self.path} holds a run with different settings ({details}); use a new run directory or the original settings"
 
+    def refusal(self, settings: RunSettings) -> str | None:
+        """Why a run under ``settings`` cannot continue the run recorded here (None: it can, or this
+        directory holds none): a setting changed that a resumed run cannot take."""
+        return self._refusal(*self._changes(settings))
+
     def start(self, settings: RunSettings, extra: dict[str, Any] | None = None) -> None:
         """Create the directory and record the settings; refuse to resume under incompatible ones."""
         self.path.mkdir(parents=True, exist_ok=True)
-        new = settings.to_run_config()
-        why = self.refusal(settings)
+        old, new, changed = self._changes(settings)
+        why = self._refusal(old, new, changed)
         if why is not None:
             raise SettingsError(why)
-        if self.config_path.exists():
-            old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
-            changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            if changed:
-                log.info("resuming with changed settings: %s", ", ".join(changed))
+        if changed:
+            log.info("resuming with changed settings: %s", ", ".join(changed))
         record = {
             "settings": new,
             "versions": _versions(),
