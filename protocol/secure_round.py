@@ -99,7 +99,10 @@ class SecureRound:
                  pins: dict[int, bytes], *, weighted: bool = True, issuer: Any = None,
                  noise: SkellamParams | None = None) -> None:
         self.spec = spec
-        # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1
+        # an algorithm that counts every reply once (EASGD) sends weight 1 on a grid capped at 1, and
+        # so does every device under distributed DP (each weighs 1 in the noisy sum): one plan whichever
+        # coordinator asks, not the cap of a weight nobody sends
+        weighted = weighted and noise is None
         sent = max(1, math.ceil(spec.ratio * dimension)) if spec.ratio < 1 else dimension
         self.plan = SecAggPlan(RoundContext(run_id, number), tuple(sorted(nodes)),
                                SharedGrid(spec.bits, spec.clip, spec.weight_cap if weighted else 1), sent,

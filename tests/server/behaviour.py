@@ -13,8 +13,14 @@ adaptive clipping count sums centred bits; noise 0.4 instead of 0.1, whose PLD a
 took 25 s); ``dp`` and ``dp-adaptive`` (2026-11-25, Privacy II L6: the Poisson sample comes from
 the OS CSPRNG directly, and rows under DP carry no training loss).
 
-Training is bit-reproducible for one torch build and CPU kind; the fingerprints name the torch
-version they were recorded with, and the test skips on another. Secure aggregation's masks come
+Training is bit-reproducible for one torch build and CPU kind only: torch, oneDNN and MKL pick their
+kernels by the CPU's vendor and instruction set, and each rounds differently (the same commit gives
+other digests on an AVX-512 Intel Xeon than on the AMD EPYC these were first recorded on; no
+``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA``/``MKL_CBWR`` setting reproduces the other's). So
+``behaviour.json`` holds one set of fingerprints per platform (:func:`platform`: torch's version,
+the CPU's vendor and torch's CPU capability), each with the commit it was recorded at; the test
+checks the set of the platform it runs on and skips, saying so, on one that has none. ``--write``
+adds or replaces this platform's set and leaves the others. Secure aggregation's masks come
 from fresh X25519 keys, so its uploads differ every run; its fingerprint is the unmasked model and
 the upload sizes. Central DP draws its noise and its sample from the OS; the fingerprint run
 stands a fixed source in for both.
@@ -39,7 +45,7 @@ from fedge.tasks import make_task
 from tests.server.engines import build_engine
 from tests.server.in_process_grid import InProcessGrid
 
-__all__ = ["CASES", "FINGERPRINTS", "fingerprint"]
+__all__ = ["CASES", "FINGERPRINTS", "fingerprint", "platform", "recorded_for", "recorded_here"]
 
 FINGERPRINTS = Path(__file__).with_name("behaviour.json")
 
@@ -66,6 +72,42 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
     "secure-easgd": ({"algorithm": "easgd", "secure_aggregation": "secagg:bits=8,clip=0.2,weight-cap=256",
                       "clients_per_round": 5}, {"num_nodes": 5}, False),
 }
+
+
+def platform() -> dict[str, str]:
+    """What decides the float results of training: torch's build, the CPU vendor, the kernels' ISA."""
+    vendor = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"torch": torch.__version__, "cpu_vendor": vendor, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def recorded_for(recorded: dict[str, Any], here: dict[str, str]) -> dict[str, Any] | None:
+    """This platform's recorded set, or None. A set recorded before platforms were named carries
+    only its vendor: it stands for that vendor's CPUs whatever their capability."""
+    for entry in recorded["platforms"]:
+        if all(entry["platform"].get(k, here[k]) == here[k] for k in here):
+            return entry
+    return None
+
+
+def recorded_here() -> dict[str, Any]:
+    """This platform's recorded cases; skips the calling test, saying how to record them, when this
+    platform has none (a test module's fingerprint checks call it)."""
+    import pytest
+
+    here = platform()
+    entry = recorded_for(json.loads(FINGERPRINTS.read_text()), here)
+    if entry is None:
+        pytest.skip(f"no fingerprints recorded for this platform ({here}): training rounds differently on each; "
+                    "record them at a commit whose behaviour is known with "
+                    "`.venv/bin/python -m tests.server.behaviour --write`")
+    return entry["cases"]
 
 
 def _digest(data: bytes) -> str:
@@ -135,16 +177,26 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write {FINGERPRINTS.name}")
     parser.add_argument("--case", action="append", help="only these cases (default: all)")
     args = parser.parse_args()
+
+    import subprocess
     import tempfile
 
     torch.set_num_threads(1)
-    out: dict[str, Any] = {"torch": torch.__version__, "cases": {}}
+    here = platform()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=FINGERPRINTS.parent).stdout.strip()
+    out: dict[str, Any] = {"platform": here, "commit": commit, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.case or CASES:
             out["cases"][name] = fingerprint(name, Path(tmp) / name)
             print(name, out["cases"][name]["model"], flush=True)
     if args.write:
-        FINGERPRINTS.write_text(json.dumps(out, indent=1) + "\n")
+        recorded = json.loads(FINGERPRINTS.read_text()) if FINGERPRINTS.exists() else {"platforms": []}
+        old = recorded_for(recorded, here)
+        if old is not None and args.case:  # only some cases: the others stay as recorded
+            out["cases"] = {**old["cases"], **out["cases"]}
+        recorded["platforms"] = [e for e in recorded["platforms"] if e is not old] + [out]
+        FINGERPRINTS.write_text(json.dumps(recorded, indent=1) + "\n")
     else:
         print(json.dumps(out, indent=1))
 

@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 
-from tests.server.behaviour import CASES, FINGERPRINTS, fingerprint
-
-RECORDED = json.loads(FINGERPRINTS.read_text())
+from tests.server.behaviour import CASES, fingerprint, recorded_here
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_seeded_runs_move_the_same_bytes_and_train_the_same_model(tmp_path, case) -> None:
-    if torch.__version__ != RECORDED["torch"]:
-        pytest.skip(f"fingerprints recorded with torch {RECORDED['torch']}, this is {torch.__version__}")
+    expected = recorded_here()[case]
     got = fingerprint(case, tmp_path / "run")
-    expected = RECORDED["cases"][case]
     for mine, theirs in zip(got["rows"], expected["rows"], strict=True):
         assert mine == theirs, f"{case}: round {theirs['round']} differs"
     assert got["model"] == expected["model"], f"{case}: the delivered model differs"

@@ -347,12 +347,19 @@ def test_a_leaf_request_carries_its_origin_and_a_bad_one_is_refused() -> None:
 DP = "gaussian:noise=0.8,clip=1.0,delta=1e-5"
 
 
+def _releasing(engine):  # type: ignore[no-untyped-def]
+    """``engine`` with ``released``: its model after each round's row."""
+    engine.released = []
+    engine.on_row = lambda row: engine.released.append(engine.algorithm.params.clone())
+    return engine
+
+
 def _dp_runs(tmp_path, dp: str, rounds: int = 3):  # type: ignore[no-untyped-def]
     """The flat DP run over six devices, and the tree (a root over two leaves of three) with the
     same DP split over its tiers, every device sampled (q = 1); (flat rows, flat, root rows, root, leaves)."""
     start = initial_params(make_task("digits"), 0)
-    flat = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 6, "differential_privacy": dp,
-                         "run_dir": str(tmp_path / "f")})
+    flat = _releasing(build_engine({**COMMON, "rounds": rounds, "clients_per_round": 6, "differential_privacy": dp,
+                                    "run_dir": str(tmp_path / "f")}))
     flat_rows = flat.run(InProcessGrid(6), start).rows
 
     def leaf(name: str, partitions: range) -> LeafCoordinator:
@@ -360,8 +367,8 @@ def _dp_runs(tmp_path, dp: str, rounds: int = 3):  # type: ignore[no-untyped-def
                      differential_privacy=f"{dp},tier=leaf,rate=1")
 
     leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
-    root = build_engine({**COMMON, "rounds": rounds, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
-                         "differential_privacy": f"{dp},tier=root,rate=1"})
+    root = _releasing(build_engine({**COMMON, "rounds": rounds, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
+                                    "differential_privacy": f"{dp},tier=root,rate=1"}))
     rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows
     return flat_rows, flat, rows, root, leaves
 
@@ -380,7 +387,10 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
         assert tree_row.clients_used == 2 and not tree_row.rejected, tree_row.rejected
         assert tree_row.extra["dp_epsilon"] == pytest.approx(flat_row.extra["dp_epsilon"], rel=1e-9)
         assert tree_row.extra["dp_tier"] == "root" and tree_row.train_loss is None
-    torch.testing.assert_close(root.algorithm.final_model(), flat.algorithm.final_model(), rtol=0, atol=1e-5)
+    # the first release, from the same model: equal but for the order the float sums ran in. Later
+    # rounds train from models that differ by that rounding, and training amplifies it (3e-8, 8.5e-5,
+    # 3.1e-3 after rounds 1-3 on an AVX-512 Xeon, 2026-11-28), so only the first is compared
+    torch.testing.assert_close(root.released[0], flat.released[0], rtol=0, atol=1e-6)
     for coordinator in leaves.values():
         leaf_rows = coordinator.engine.run_dir.metrics.read()
         assert all(r["clients_used"] == 3 and r["dp_tier"] == "leaf" and "dp_epsilon" not in r for r in leaf_rows)
