@@ -40,9 +40,6 @@ class NodeStore:
     def _key(self, key: str) -> str:
         return f"{_PREFIX}/{self.namespace}/{key}"
 
-    def has(self, key: str) -> bool:
-        return self._key(key) in self._state
-
     def get_tensors(self, key: str) -> dict[str, torch.Tensor] | None:
         """The tensors stored under ``key`` as float32 (copies, safe to modify), or None; fp16 and
         int8 storage (:meth:`put_tensors`) are expanded back."""
@@ -113,11 +110,6 @@ class NodeStore:
 
     def put_meta(self, key: str, values: dict[str, Any]) -> None:
         self._state[self._key(key)] = ConfigRecord(values)
-
-    def delete(self, key: str) -> None:
-        full = self._key(key)
-        if full in self._state:
-            del self._state[full]
 
     def keys(self) -> list[str]:
         """Keys of this namespace (and its children), without the prefix."""

@@ -49,10 +49,6 @@ class Dispatcher:
         #: slots once a pull's replies are all in, so simultaneous replies start from one version
         self.batch_left = 0
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
     def push(self, messages: list[Message], timeout: float) -> None:
         """Send ``messages``; each must be answered within ``timeout`` seconds from now."""
         if not messages:
