@@ -15,3 +15,19 @@ def test_seeded_runs_move_the_same_bytes_and_train_the_same_model(tmp_path, case
     for mine, theirs in zip(got["rows"], expected["rows"], strict=True):
         assert mine == theirs, f"{case}: round {theirs['round']} differs"
     assert got["model"] == expected["model"], f"{case}: the delivered model differs"
+
+
+def test_each_platform_is_checked_against_its_own_recorded_set() -> None:
+    """A set names the platform it was recorded on; one recorded before platforms were named (its
+    vendor only) stands for that vendor's CPUs; a platform with no set gets none (the test skips)."""
+    from tests.server.behaviour import recorded_for
+
+    legacy = {"platform": {"torch": "2.13.0+cpu", "cpu_vendor": "AuthenticAMD"}, "cases": {"a": 1}}
+    intel = {"platform": {"torch": "2.13.0+cpu", "cpu_vendor": "GenuineIntel", "cpu_capability": "AVX512"},
+             "cases": {"a": 2}}
+    recorded = {"platforms": [legacy, intel]}
+    here = {"torch": "2.13.0+cpu", "cpu_vendor": "GenuineIntel", "cpu_capability": "AVX512"}
+    assert recorded_for(recorded, here) is intel
+    assert recorded_for(recorded, {**here, "cpu_capability": "AVX2"}) is None
+    assert recorded_for(recorded, {**here, "cpu_vendor": "AuthenticAMD", "cpu_capability": "AVX2"}) is legacy
+    assert recorded_for(recorded, {**here, "torch": "2.14.1+cpu"}) is None
