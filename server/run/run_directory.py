@@ -48,33 +48,25 @@ class RunDirectory:
         #: present while the operator wants the run to stop at the next step boundary
         self.stop_path = self.path / "stop-requested"
 
-    def _changes(self, settings: RunSettings) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-        """The recorded settings, ``settings``'s, and the keys that differ (none without a run here)."""
+    def _checked(self, settings: RunSettings) -> tuple[dict[str, Any], list[str]]:
+        """``settings``'s run config and the keys it changes from the run recorded here (none without
+        one); raises ``SettingsError`` when a changed key is one a resumed run cannot take."""
         new = settings.to_run_config()
         if not self.config_path.exists():
-            return {}, new, []
+            return new, []
         old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
-        return old, new, sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-
-    def _refusal(self, old: dict[str, Any], new: dict[str, Any], changed: list[str]) -> str | None:
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         blocking = [k for k in changed if k not in _RESUMABLE_CHANGES]
-        if not blocking:
-            return None
-        details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in blocking)
-        return f"{self.path} holds a run with different settings ({details}); use a new run directory or the original settings"
-
-    def refusal(self, settings: RunSettings) -> str | None:
-        """Why a run under ``settings`` cannot continue the run recorded here (None: it can, or this
-        directory holds none): a setting changed that a resumed run cannot take."""
-        return self._refusal(*self._changes(settings))
+        if blocking:
+            details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in blocking)
+            raise SettingsError(f"{self.path} holds a run with different settings ({details}); "
+                                "use a new run directory or the original settings")
+        return new, changed
 
     def start(self, settings: RunSettings, extra: dict[str, Any] | None = None) -> None:
         """Create the directory and record the settings; refuse to resume under incompatible ones."""
         self.path.mkdir(parents=True, exist_ok=True)
-        old, new, changed = self._changes(settings)
-        why = self._refusal(old, new, changed)
-        if why is not None:
-            raise SettingsError(why)
+        new, changed = self._checked(settings)
         if changed:
             log.info("resuming with changed settings: %s", ", ".join(changed))
         record = {
@@ -104,8 +96,8 @@ class RunDirectory:
         With the ``settings`` the ServerApp will record, a run this directory's run cannot become is
         refused here (``SettingsError``), before anything in it is touched: the ServerApp refuses it
         too, but only after this had dropped the earlier run's summary."""
-        if settings is not None and (why := self.refusal(settings)) is not None:
-            raise SettingsError(why)
+        if settings is not None:
+            self._checked(settings)
         self.path.mkdir(parents=True, exist_ok=True)
         self.summary_path.unlink(missing_ok=True)
         self.clear_stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.behaviour import CASES, fingerprint, recorded_here
+from tests.server.behaviour import CASES, fingerprint, recorded_for, recorded_here
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -20,8 +20,6 @@ def test_seeded_runs_move_the_same_bytes_and_train_the_same_model(tmp_path, case
 def test_each_platform_is_checked_against_its_own_recorded_set() -> None:
     """A set names the platform it was recorded on; one recorded before platforms were named (its
     vendor only) stands for that vendor's CPUs; a platform with no set gets none (the test skips)."""
-    from tests.server.behaviour import recorded_for
-
     legacy = {"platform": {"torch": "2.13.0+cpu", "cpu_vendor": "AuthenticAMD"}, "cases": {"a": 1}}
     intel = {"platform": {"torch": "2.13.0+cpu", "cpu_vendor": "GenuineIntel", "cpu_capability": "AVX512"},
              "cases": {"a": 2}}
