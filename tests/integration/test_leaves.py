@@ -72,7 +72,7 @@ def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoin
         assert_no_leftovers(resumed.run_dir / home)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path, assert_no_leftovers) -> None:
     """Leaves whose devices run under Flower's Simulation Engine (a SuperLink in ``--simulation``
     mode and a Ray instance per leaf) under a deployed root: each simulated node trains as the
@@ -83,7 +83,7 @@ def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path
     common = dict(rounds=2, local_epochs=1, codec="none", weight_cap="none", partitioning="iid", seed=3)
     settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=60.0,
                            round_timeout=120.0)
-    result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=240)
+    result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=360)
     assert [r["clients_used"] for r in result.rows] == [2, 2] and not any(r["rejected"] for r in result.rows)
     flat = build_engine({**common, "clients_per_round": 4, "round_timeout": 5.0, "wait_for_nodes": 1.0,
                          "run_dir": str(tmp_path / "flat")})
