@@ -101,6 +101,21 @@ def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> 
     return temp_dir
 
 
+def _keep_ray_logs(temp_dir: Path, into: Path) -> bool:
+    """A failed run's Ray session logs (GCS, raylet, agents, workers) copied from its head's
+    temporary directory into the run's own logs, for its post-mortem: where the run's other logs
+    are, and nothing of the run left in the machine's temporary directory. False (the directory
+    stays) when they could not be copied."""
+    try:
+        for logs in temp_dir.glob("session_*/logs"):
+            if not logs.parent.is_symlink():  # session_latest names the same session
+                shutil.copytree(logs, into / logs.parent.name, dirs_exist_ok=True, ignore_dangling_symlinks=True)
+    except (OSError, shutil.Error) as err:
+        log.warning("Ray's logs stay in %s (not copied into the run's: %s)", temp_dir, err)
+        return False
+    return True
+
+
 def _simulated_federation(nodes: int, *, parallel_clients: int = 0, cluster: bool = False,
                          gpus: int = 0) -> dict[str, Any]:
     """Flower's federation config for ``nodes`` simulated ClientApps, one CPU each. Ray schedules one
@@ -283,7 +298,7 @@ def launch(
             (spool / LEAF_STOP).touch()
         finished = (run_dir / "summary.json").exists()  # its results are on disk: what is left is teardown
         group.stop(grace=0.3 if finished else 10.0, finished=finished)
-        if ray_temp is not None and finished:  # Ray's logs of a failed run stay for its post-mortem
+        if ray_temp is not None and (finished or _keep_ray_logs(ray_temp, run_dir / "logs" / "ray")):
             shutil.rmtree(ray_temp, ignore_errors=True)
         for leaf_group, _ in tiers:
             leaf_group.stop()

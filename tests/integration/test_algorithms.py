@@ -112,6 +112,10 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None
     assert_no_leftovers(crashed.run_dir / "flwr-home")
+    # a run that did not finish: Ray's own logs are in the run's, and its head's directory is gone
+    session = re.search(r"saved to: (\S+)/session_", (crashed.run_dir / "logs" / "ray-head.log").read_text())
+    assert session and not Path(session.group(1)).exists()
+    assert list((crashed.run_dir / "logs" / "ray").glob("session_*/raylet.out"))
     saved = CheckpointStore(crashed.run_dir / "checkpoint").load()
     # versions come fast once the actors are up: a few more may land before every process is killed
     assert saved is not None and 1 <= saved.round < 10 and saved.state["version"] == saved.round
