@@ -13,7 +13,8 @@ a Flower strategy's train round, so one layer class works in both coordinators:
   ``weighted_by_key``); what a layer made of the update is what the strategy aggregates;
 - ``settle``; then ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
   layer releases another one (an unmasked or noised sum), the strategy aggregates one reply, the
-  sent model plus that mean, as with ``fedge.flower.secure``;
+  sent model plus that mean (``fedge.flower.secure`` is this wrapper with the engine's
+  secure-aggregation layer, ``fedge.protocol.secure_layer``);
 - ``close``: what a layer adds to the outcome's ``extra`` becomes the round's train metrics
   (numbers as they are, one level of dicts as ``name.key``).
 
@@ -39,7 +40,6 @@ from flwr.serverapp.strategy import Strategy
 from fedge.aggregation.partial import Partial
 from fedge.protocol.layout import Layout
 from fedge.flower.messages import REFUSED, Wrapper, grid_stages
-from fedge.flower.secure import SecureStrategy
 from fedge.flower.strategy import CompressedStrategy
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind
@@ -67,13 +67,17 @@ class LayeredStrategy(Wrapper):
     """``strategy`` with ``layers`` around its train rounds (see the module docstring)."""
 
     def __init__(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
-        if isinstance(strategy, (CompressedStrategy, SecureStrategy)):
+        if isinstance(strategy, CompressedStrategy) or getattr(strategy, "masks_updates", False):
             raise ValueError("layered(...) acts on the models the replies carry: wrap it inside compressed() or "
                              "secure(), e.g. compressed(layered(FedAvg(), layer), uplink=...)")
+        self._wrap(strategy, layers)
+
+    def _wrap(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
         self.strategy = strategy
         self.layers = order_layers(list(layers))  # LayerOrderError (a ValueError) with the reason
         self._started = False
         self._round: _Round | None = None
+        self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a round
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -124,6 +128,7 @@ class LayeredStrategy(Wrapper):
         state, self._round = self._round, None
         if state is None or state.step.number != server_round:
             return None, None
+        replies = list(replies)
         step, layout, key = state.step, state.layout, str(getattr(self.strategy, "weighted_by_key", "num-examples"))
         kept: list[Message] = []
         total, weight = torch.zeros(layout.numel, dtype=torch.float32), 0.0
@@ -162,11 +167,18 @@ class LayeredStrategy(Wrapper):
             stepped = layout.rebuild(state.sent + released.mean().numpy(), state.arrays)
             one = Message(RecordDict({MODEL_RECORD: stepped, "metrics": MetricRecord({key: 1})}),
                           reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
-            arrays, metrics = self.strategy.aggregate_train(server_round, [one])
-        outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(layout.flatten(arrays)))
+            if isinstance(self.strategy, CompressedStrategy):  # its downlink settles on the real replies
+                arrays, metrics = self.strategy.aggregate_released(server_round, replies, [one])
+            else:
+                arrays, metrics = self.strategy.aggregate_train(server_round, [one])
+        outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
-        return arrays, _with_extra(metrics, outcome.extra)
+        return arrays, self._metrics(state, _with_extra(metrics, outcome.extra))
+
+    def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord | None:
+        """The round's train metrics (a wrapper over one layer adds that layer's own names here)."""
+        return metrics
 
     def _update(self, state: _Round, message: Message, key: str) -> Update | None:
         """One reply through the layers' ``arrived`` and ``update`` (None: a layer took it whole);
@@ -199,6 +211,7 @@ class LayeredStrategy(Wrapper):
     def _missed(self, state: _Round, failure: Failure) -> None:
         log.warning("round %d: node %d left out: %s", state.step.number, failure.node, failure.reason)
         state.tally.failed(failure)
+        self.refused.append((state.step.number, failure.node, failure.reason))
         for layer in self.layers:
             layer.missed(state.step, failure)
 

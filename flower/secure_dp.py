@@ -34,9 +34,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
+import torch
 
+from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import parse_differential_privacy
+from fedge.protocol.layer import NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.step import Step, StepOutcome
+from fedge.protocol.tally import Tally
 
 __all__ = ["DistributedDP", "parsed"]
 
@@ -55,9 +60,14 @@ def parsed(parse: Callable[[str], T | None], text: str, name: str) -> T:
     return value
 
 
-class DistributedDP(DistributedRelease):
-    """The wrapper's adapter over the one distributed-DP mechanism (``fedge.privacy.distributed_release``,
-    which Fedge's engine uses too): the Poisson sample at the strategy's rate and the metrics' names."""
+class DistributedDP(DistributedRelease, Layer):
+    """The wrapper's DP layer over the one distributed-DP mechanism (``fedge.privacy.distributed_release``,
+    which Fedge's engine's DP layer uses too): the Poisson sample at the strategy's rate, the
+    release of the unmasked sum over q N, and the metrics' names."""
+
+    key = "dp"
+    provides = frozenset({SAMPLE, NOISE})
+    needs = frozenset({SUM})  # it noises the sum secure aggregation unmasked
 
     def __init__(self, spec: str, rate: float, numel: int = 0) -> None:
         super().__init__(parsed(parse_differential_privacy, spec, "differential_privacy"), numel)
@@ -68,9 +78,30 @@ class DistributedDP(DistributedRelease):
         #: the top-up's and the noise-only release's generator, from the OS CSPRNG
         self.rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
 
+    def start(self, params: torch.Tensor) -> None:
+        self.numel = self.numel or int(params.numel())
+
     def sample(self, nodes: list[int]) -> list[int]:
         """Each connected node independently with probability q (the OS CSPRNG)."""
         return [node for node in sorted(nodes) if self._sampler.random() < self.rate]
+
+    def select(self, nodes: list[int], count: int, key: int) -> list[int]:
+        return self.sample(nodes)
+
+    def exhausted(self, connected: int) -> bool:
+        return self.would_exceed(self.rate)
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        """The devices' noisy sum (plus the top-up for the planned ones that dropped) over q N, or
+        noise alone when no sum was unmasked: never a noiseless release."""
+        count = partial.count
+        released = self.released_mean(partial.sum().numpy() if count else None, self.rate, step.connected,
+                                          list(partial.members), partial.planned, self.rng)
+        return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(self.rate * step.connected, 1.0),
+                               count, members=partial.members, planned=partial.planned, noised=True)
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        outcome.extra.update(self.metrics())
 
     def metrics(self) -> dict[str, float]:
         return {"fedge-dp-epsilon": self.ledger.epsilon(), "fedge-dp-epsilon-coordinator": self.coordinator.worst()[0],

@@ -40,7 +40,7 @@ class DistributedRelease:
         """Each of the ``planned`` devices' share of the round's noise (what the secure plan carries)."""
         return round_noise(self.spec, self.numel, planned)
 
-    def exhausted(self, q: float) -> bool:
+    def would_exceed(self, q: float) -> bool:
         """Whether one more round at sampling rate ``q`` would spend more than the budget (0: none)."""
         spent = self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, q))
         if spent:
@@ -48,7 +48,7 @@ class DistributedRelease:
                      self.spec.delta)
         return spent
 
-    def release(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int], planned: int,
+    def released_mean(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int], planned: int,
                 rng: np.random.Generator) -> np.ndarray:
         """The mean update a round releases, recorded in the ledgers: the unmasked noisy sum of the
         updates of ``members`` plus the coordinator's top-up for the ``planned`` devices that dropped,

@@ -395,3 +395,23 @@ def test_distributed_dp_is_a_wrapper_of_its_own_around_secure_aggregation_only()
         distributed_dp(FedAvg(fraction_train=0.5), spec)
     with pytest.raises(ValueError, match="already carries distributed DP"):
         distributed_dp(wrapped, spec)
+
+
+def test_secure_over_layered_is_one_round_with_every_layer_and_a_layer_that_changes_each_update_is_refused() -> None:
+    """``secure(layered(strategy, *layers))`` runs the user's layers in the secure round, ordered with
+    the secure-aggregation layer by what each declares: one that counts the replies sees each masked
+    upload, one that releases a zero mean in place of the unmasked sum keeps the model exactly; a
+    layer that changes each update is refused when wrapped (the coordinator never sees one)."""
+    from fedge.flower import layered
+    from tests.flower.test_layered import _Frozen, _Halving
+    from tests.server.test_layers import CountingLayer
+
+    grid, arrays = Grid(), _model()
+    wrapped = secure(layered(FedAvg(), CountingLayer(), _Frozen()), SPEC)
+    _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert metrics["fedge-secagg-survivors"] == len(NODES) and metrics["test_counter.step"] == len(NODES)
+    np.testing.assert_array_equal(_flat(got), _flat(arrays))
+    with pytest.raises(ValueError, match="test-halving changes each update"):
+        secure(layered(FedAvg(), _Halving()), SPEC)
+    with pytest.raises(ValueError, match=r"secure\(\.\.\.\) already"):
+        secure(secure(FedAvg(), SPEC), SPEC)

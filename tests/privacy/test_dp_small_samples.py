@@ -88,7 +88,7 @@ def test_the_reported_epsilon_is_at_least_the_exact_one_at_small_expected_sample
         members = list(range(sampled)) if sampled >= 2 else []
         total = np.zeros(1, dtype=np.int64) if members else None
         without_sum += total is None
-        mechanism.release(total, q, devices, members, sampled, rng)
+        mechanism.released_mean(total, q, devices, members, sampled, rng)
     assert without_sum > 0 or expected == 10  # at q N = 2 some rounds have no sum
     reported = mechanism.ledger.epsilon()
     assert reported >= exact, (reported, exact)

@@ -159,7 +159,7 @@ class DifferentialPrivacyLayer(Layer):
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
         if self.distributed is not None:  # the mechanism logs it
-            return self.distributed.exhausted(self.dp.sampling_rate(connected, self.clients_per_round))
+            return self.distributed.would_exceed(self.dp.sampling_rate(connected, self.clients_per_round))
         q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
         spent = self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
         if spent:
@@ -214,7 +214,7 @@ class DifferentialPrivacyLayer(Layer):
             expected = self.dp.rate * step.connected
         else:  # recorded in the ledgers when a sum was unmasked
             expected = max(self.dp.rate * step.connected, 1.0)
-            released = self.distributed.release(partial.sum().numpy() if count else None,
+            released = self.distributed.released_mean(partial.sum().numpy() if count else None,
                                                 self.dp.rate, step.connected, list(partial.members),
                                                 partial.planned, self.dp.rng)
             noisy = torch.from_numpy(released.astype(np.float32))
