@@ -145,3 +145,13 @@ def test_the_engines_model_average_runs_in_a_flower_app_and_leaves_training_alon
     delivered = layer.delivered(last)
     assert torch.equal(delivered, expected) and not torch.equal(delivered, last)
     assert layer.state_dict()["count"] == 3
+
+
+def test_a_strategy_that_returns_other_dtypes_than_it_was_sent_runs_layered() -> None:
+    """FedAdam aggregates into float64 arrays from the float32 model it was sent: the layers' round
+    closes on what it returned (the outcome's model used to be flattened with the sent model's
+    layout, which refused the new dtypes)."""
+    from flwr.serverapp.strategy import FedAdam
+
+    (arrays, metrics), = _rounds(layered(FedAdam(eta=0.01, tau=0.1), CountingLayer()), _model(), rounds=1)
+    assert arrays is not None and metrics["test_counter.step"] == len(NODES)
