@@ -91,9 +91,9 @@ class FedBuff:
                 codec = make_codec(uplink)
             except (SpecError, ValueError) as err:
                 raise ValueError(f"uplink codec {uplink!r}: {err}") from None
-            if codec.shares_support:
-                raise ValueError(f"uplink codec {uplink!r} sends on a support shared with the last downlink change, "
-                                 "which FedBuff's asynchronous versions do not keep per node; use it with compressed()")
+            if codec.shares_support and not downlink.startswith("lattice"):
+                raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
+                                 "it needs a lattice downlink (downlink=\"lattice:...\")")
         ServerDownlink(downlink, start=start)  # an unknown downlink or rule is refused here, not mid-run
         make_aggregator(aggregator, 1, capacity=buffer)
         if not (server_lr > 0 and reply_timeout > 0):
@@ -125,7 +125,8 @@ class FedBuff:
         layout = Layout(initial_arrays)
         codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
-        downlink = ServerDownlink(self.downlink_spec, start=self.start_spec)  # this run's copies of the nodes
+        downlink = ServerDownlink(self.downlink_spec, start=self.start_spec,  # this run's copies of the nodes
+                                  track_supports=codec is not None and codec.shares_support)
         sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
         published: tuple[int, np.ndarray | None] | None = None  # (version, public copy) sent to the nodes
         result = Result(arrays=initial_arrays)
@@ -165,7 +166,7 @@ class FedBuff:
                 self.refused.append((version, node, item.reason))
             else:
                 downlink.settle_reply(item)
-                self._absorb(item, node, started, version, buffer, layout, codec, sent_models)
+                self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports)
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, sent_models)
@@ -200,10 +201,10 @@ class FedBuff:
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
     def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
-                codec: Codec | None, sent_models: dict[int, np.ndarray]) -> None:
+                codec: Codec | None, sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> None:
         """One reply into the buffer: decoded, dropped if staler than the bound, else added with its
         example weight times s(τ) (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine)."""
-        update = self._update(reply, node, started, layout, codec, sent_models)
+        update = self._update(reply, node, started, layout, codec, sent_models, supports)
         if update is None:
             return
         tau = version - started
@@ -226,8 +227,11 @@ class FedBuff:
                        message_type=MessageType.TRAIN)
 
     def _update(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
-                sent_models: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
-        """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`)."""
+                sent_models: dict[int, np.ndarray],
+                supports: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
+        """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`).
+        A ``tcs`` payload decodes on the coordinates its node's message moved (``supports``: the
+        node has one message in flight, so its latest is the one it trained from), as the engine's."""
         try:
             if reply.has_error():
                 raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
@@ -237,7 +241,10 @@ class FedBuff:
                     raise LayoutError("a compressed update, but this strategy asked for none")
                 payload = reply_payload(reply)
                 self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
-                delta = codec.for_round(started + 1, self.seed).decode(payload, layout.numel).numpy()
+                wire = codec.for_round(started + 1, self.seed)
+                if wire.shares_support:
+                    wire = wire.with_support(supports.get(node))
+                delta = wire.decode(payload, layout.numel).numpy()
             elif MODEL_RECORD in reply.content.array_records:
                 self.uplink_bytes += array_bytes(reply.content, (MODEL_RECORD,))
                 delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[started]

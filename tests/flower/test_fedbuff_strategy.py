@@ -257,6 +257,57 @@ def test_fedbuff_refuses_an_unknown_downlink_when_built() -> None:
         FedBuff(downlink="lattice:ratio=2")
 
 
-def test_a_tcs_uplink_is_refused_by_fedbuff() -> None:
-    with pytest.raises(ValueError, match="FedBuff"):
-        FedBuff(uplink="tcs:extra=0.01+qsgd:bits=4", downlink="lattice:ratio=0.05")
+@pytest.mark.parametrize("make", [lambda **kw: FedBuff(concurrency=3, buffer=2, **kw),
+                                  lambda **kw: FedAsync(concurrency=3, alpha=0.6, **kw)], ids=["FedBuff", "FedAsync"])
+def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(monkeypatch, make) -> None:
+    """``tcs`` with the lattice downlink, as the engine's FedBuff runs it: each node encodes on the
+    coordinates the change its message brought moved (none after a snapshot), and the strategy
+    decodes each reply on that node's support. Here the support is found independently, as where
+    the node's public copy moved between its messages, and this test decodes every reply on it
+    again: the same update, bit for bit, with extras outside the support. Without a lattice
+    downlink there is no support, and ``tcs`` is refused when the strategy is built."""
+    import fedge.flower.fedbuff as fedbuff_module
+    from fedge.compression import make_codec
+    from fedge.flower.downlink import ServerDownlink
+
+    spec = "tcs:extra=0.01,sample=0+qsgd:bits=4"
+    with pytest.raises(ValueError, match="needs a lattice downlink"):
+        FedBuff(uplink=spec)
+    expected: dict[int, list[np.ndarray]] = {}
+    held: dict[int, np.ndarray] = {}
+
+    class Recording(ServerDownlink):
+        def attach(self, messages, arrays):  # type: ignore[no-untyped-def]
+            messages = list(messages)
+            public = self.broadcast.public.numpy().copy()
+            for m in messages:
+                node = m.metadata.dst_node_id
+                snapshot = self.broadcast.message_for(node).kind == "snapshot"
+                before = held.get(node)
+                moved = np.zeros(0, np.int64) if snapshot or before is None else np.flatnonzero(public != before)
+                expected.setdefault(node, []).append(moved)
+                held[node] = public
+            return super().attach(messages, arrays)
+
+    decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    original = FedBuff._update
+
+    def recording(self, reply, node, started, layout, codec, sent_models, supports):  # type: ignore[no-untyped-def]
+        out = original(self, reply, node, started, layout, codec, sent_models, supports)
+        support = expected[node].pop(0)  # one message in flight per node: its replies come in order
+        wire = make_codec(spec).for_model(layout.sizes()).for_round(started + 1, self.seed).with_support(support)
+        decoded.append((support, wire.decode(read_payload(reply.content, UPDATE_RECORD), layout.numel).numpy(),
+                        out[0]))
+        return out
+
+    monkeypatch.setattr(fedbuff_module, "ServerDownlink", Recording)
+    monkeypatch.setattr(FedBuff, "_update", recording)
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 5.0}, clock)
+    strategy = make(uplink=spec, downlink="lattice:ratio=0.1")
+    result = _run(strategy, grid, 8, clock)
+    assert sorted(result.train_metrics_clientapp) == list(range(1, 9)) and not strategy.refused
+    assert sum(1 for support, _, _ in decoded if support.size) >= 4  # changes, not only first snapshots
+    for support, mine, theirs in decoded:
+        np.testing.assert_array_equal(mine, theirs)
+        assert set(np.flatnonzero(mine).tolist()) - set(support.tolist())  # the extras, outside it
