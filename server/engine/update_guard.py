@@ -15,7 +15,6 @@ import torch
 
 from fedge.aggregation.update_bounds import UpdateRejected, make_norm_bound, make_weight_cap
 from fedge.server.engine.algorithm import Rejected
-from fedge.server.settings import RunSettings
 
 __all__ = ["UpdateGuard"]
 
@@ -23,9 +22,12 @@ log = logging.getLogger(__name__)
 
 
 class UpdateGuard:
-    def __init__(self, settings: RunSettings) -> None:
-        self.norm = make_norm_bound(settings.update_norm)
-        self.cap = make_weight_cap(settings.weight_cap)
+    def __init__(self, update_norm: str = "none", weight_cap: str = "none") -> None:
+        """``update_norm`` and ``weight_cap`` are the run settings' specs (docs/settings: ``clip:max=M``,
+        ``reject:max=M``, ``median:factor=F``, ``fixed:max=N``); a Flower app passes them directly to
+        run the same guard through ``fedge.flower.layered``."""
+        self.norm = make_norm_bound(update_norm)
+        self.cap = make_weight_cap(weight_cap)
         self._clipped: list[dict[str, Any]] = []
         self._capped: list[dict[str, Any]] = []
 

@@ -155,3 +155,37 @@ def test_a_strategy_that_returns_other_dtypes_than_it_was_sent_runs_layered() ->
 
     (arrays, metrics), = _rounds(layered(FedAdam(eta=0.01, tau=0.1), CountingLayer()), _model(), rounds=1)
     assert arrays is not None and metrics["test_counter.step"] == len(NODES)
+
+
+def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuses_as_there() -> None:
+    """The update guard, one class in both coordinators: around FedAvg it clips each update to the
+    norm bound and caps each claimed example count before the strategy aggregates (FedAvg of the
+    guarded updates, computed here from the same replies), says so in the round's metrics, and in
+    reject mode leaves an update over the bound out, with its reason."""
+    from fedge.server.engine.layers.update_guard import UpdateGuardLayer
+    from fedge.server.engine.update_guard import UpdateGuard
+
+    model, limit, cap = _model(), 3.0, 25
+    start = _flat(model)
+    apps, contexts = {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    replies = _exchange(list(FedAvg().configure_train(1, model, ConfigRecord({}), Grid())), apps, contexts)
+    deltas = {r.metadata.src_node_id: _flat(r.content["arrays"]) - start for r in replies}
+    examples = {r.metadata.src_node_id: float(r.content["metrics"]["num-examples"]) for r in replies}
+    norms = {n: float(np.linalg.norm(d)) for n, d in deltas.items()}
+    assert sum(norm > limit for norm in norms.values()) >= 1 and max(examples.values()) > cap  # both bite
+
+    guard = UpdateGuardLayer(UpdateGuard(f"clip:max={limit:g}", f"fixed:max={cap}"), weighted=True)
+    (got, metrics), = _rounds(layered(FedAvg(), guard), model, rounds=1)
+    clipped = {n: d * min(1.0, limit / norms[n]) for n, d in deltas.items()}
+    weights = {n: min(examples[n], cap) for n in deltas}
+    expected = start + sum(weights[n] * clipped[n] for n in deltas) / sum(weights.values())
+    np.testing.assert_allclose(_flat(got), expected, rtol=0, atol=1e-6)
+    assert metrics["clipped"] == sum(norm > limit for norm in norms.values()) and metrics["weight_capped"] >= 1
+
+    rejecting = layered(FedAvg(), UpdateGuardLayer(UpdateGuard(f"reject:max={limit:g}"), weighted=True))
+    (kept, _), = _rounds(rejecting, model, rounds=1)
+    over = sorted(n for n in NODES if norms[n] > limit)
+    assert sorted(node for _, node, _ in rejecting.refused) == over
+    inside = [n for n in NODES if n not in over]
+    mean = sum(examples[n] * deltas[n] for n in inside) / sum(examples[n] for n in inside)
+    np.testing.assert_allclose(_flat(kept), start + mean, rtol=0, atol=1e-6)
