@@ -5,9 +5,9 @@ neighbourhood graph, Shamir shares of the mask seeds and keys, signed advertisem
 when devices drop out) around the wrapped strategy's round, from a user's own ServerApp against its
 ``Grid``; :func:`fedge.edge_client.secure_mod` is the device's side. It is
 :func:`fedge.flower.layered` with the layer Fedge's engine runs (``fedge.protocol.secure_layer``)
-and, under distributed DP, the DP layer of ``fedge.flower.secure_dp``: one secure coordinator. Around ``configure_train`` it
-advertises keys and routes the sealed shares among the nodes the strategy sampled (two exchanges
-on the grid), and only the nodes that dealt their shares train; each masked reply is checked
+and, under distributed DP, the DP layer of ``fedge.flower.secure_dp``: one secure coordinator.
+Around ``configure_train`` it advertises keys and routes the sealed shares among the nodes the
+strategy sampled (two exchanges on the grid), and only the nodes that dealt their shares train; each masked reply is checked
 against the plan (its size, and that it says nothing in clear about its data); at
 ``aggregate_train`` the survivors reveal what unmasks their sum, and the wrapped strategy
 aggregates one reply: the current model plus the survivors' weighted mean update. So FedAvg,
