@@ -7,13 +7,13 @@ when devices drop out) around the wrapped strategy's round, from a user's own Se
 :func:`fedge.flower.layered` with the layer Fedge's engine runs (``fedge.protocol.secure_layer``)
 and, under distributed DP, the DP layer of ``fedge.flower.secure_dp``: one secure coordinator.
 Around ``configure_train`` it advertises keys and routes the sealed shares among the nodes the
-strategy sampled (two exchanges on the grid), and only the nodes that dealt their shares train; each masked reply is checked
-against the plan (its size, and that it says nothing in clear about its data); at
-``aggregate_train`` the survivors reveal what unmasks their sum, and the wrapped strategy
+strategy sampled (two exchanges on the grid), and only the nodes that dealt their shares train; each
+masked reply is checked against the plan (its size, and that it says nothing in clear about its
+data); at ``aggregate_train`` the survivors reveal what unmasks their sum, and the wrapped strategy
 aggregates one reply: the current model plus the survivors' weighted mean update. So FedAvg,
-FedProx, FedAvgM and the server optimizers (FedAdam, FedYogi, FedAdagrad) step from the mean as
-they always do; a strategy that needs each update (FedMedian, Krum, trimmed mean, Bulyan, ...) is
-refused when it is wrapped, as Fedge's own runs refuse robust aggregators with secure aggregation.
+FedProx, FedAvgM and the server optimizers (FedAdam, FedYogi, FedAdagrad) step from the mean as they
+always do; a strategy that needs each update (FedMedian, Krum, trimmed mean, Bulyan, ...) is refused
+when it is wrapped, as Fedge's own runs refuse robust aggregators with secure aggregation.
 
 The stage messages are ``train`` messages carrying the ``secagg`` record, the convention of
 Flower's own SecAgg+ (``secaggplus_mod``): the user's ClientApp needs no handler of its own for
