@@ -40,6 +40,7 @@ from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.protocol.layer import NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.secure_layer import noised_release
 from fedge.protocol.step import Step, StepOutcome
 from fedge.protocol.tally import Tally
 
@@ -94,11 +95,7 @@ class DistributedDP(DistributedRelease, Layer):
     def release(self, step: Step, partial: Partial) -> Partial:
         """The devices' noisy sum (plus the top-up for the planned ones that dropped) over q N, or
         noise alone when no sum was unmasked: never a noiseless release."""
-        count = partial.count
-        released = self.released_mean(partial.sum().numpy() if count else None, self.rate, step.connected,
-                                          list(partial.members), partial.planned, self.rng)
-        return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(self.rate * step.connected, 1.0),
-                               count, members=partial.members, planned=partial.planned, noised=True)
+        return noised_release(self, partial, self.rate, step.connected, self.rng)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         outcome.extra.update(self.metrics())

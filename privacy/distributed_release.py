@@ -48,8 +48,8 @@ class DistributedRelease:
                      self.spec.delta)
         return spent
 
-    def released_mean(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int], planned: int,
-                rng: np.random.Generator) -> np.ndarray:
+    def released_mean(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int],
+                      planned: int, rng: np.random.Generator) -> np.ndarray:
         """The mean update a round releases, recorded in the ledgers: the unmasked noisy sum of the
         updates of ``members`` plus the coordinator's top-up for the ``planned`` devices that dropped,
         over the expected number of devices q N; or, when no sum was unmasked (``None``), noise of the

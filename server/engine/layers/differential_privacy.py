@@ -58,6 +58,7 @@ from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
 from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.secure_layer import noised_release
 from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -208,16 +209,11 @@ class DifferentialPrivacyLayer(Layer):
             expected = self.dp.rate * max(devices, 1)
             return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned,
                                    noised=True)
-        if self.distributed is None:
-            total = partial.mean() * count if count else torch.zeros(partial.numel)
-            noisy = self.dp.noisy_mean(total, step.connected)
-            expected = self.dp.rate * step.connected
-        else:  # recorded in the ledgers when a sum was unmasked
-            expected = max(self.dp.rate * step.connected, 1.0)
-            released = self.distributed.released_mean(partial.sum().numpy() if count else None,
-                                                self.dp.rate, step.connected, list(partial.members),
-                                                partial.planned, self.dp.rng)
-            noisy = torch.from_numpy(released.astype(np.float32))
+        if self.distributed is not None:  # recorded in the ledgers when a sum was unmasked
+            return noised_release(self.distributed, partial, self.dp.rate, step.connected, self.dp.rng)
+        total = partial.mean() * count if count else torch.zeros(partial.numel)
+        noisy = self.dp.noisy_mean(total, step.connected)
+        expected = self.dp.rate * step.connected
         return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
