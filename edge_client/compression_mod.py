@@ -2,7 +2,7 @@
 
 The user's ``@app.train()`` body is untouched: it receives the model and returns its trained
 ``ArrayRecord`` as always. When the train message carries the wrapper's codec config
-(``fedge.flower.strategy``), the mod replaces the reply's arrays by one Fedge payload: the update
+(``fedge.flower.compressed``), the mod replaces the reply's arrays by one Fedge payload: the update
 (trained minus received, the floating-point arrays flattened in the record's order) encoded with
 the codec the server asked for, through the one device-side encoder Fedge's own devices use
 (``fedge.edge_client.update_encoder.encode_update``: error feedback, DGC's momentum aged over the

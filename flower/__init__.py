@@ -18,7 +18,8 @@ each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.lay
 
 This package holds the server side: the strategy wrappers. The two ClientApp mods are the device's
 and live with its other parts (``fedge.edge_client.compression_mod``, ``fedge.edge_client.secure_mod``,
-the lattice copy in ``fedge.edge_client.downlink``); they are re-exported here, so an app imports
+the lattice copy in ``fedge.edge_client.downlink``; the server's is the engine's downlink layer,
+``fedge.protocol.downlink_layer``); they are re-exported here, so an app imports
 both sides from ``fedge.flower``. A model's layout and a named start model, which both sides read,
 are ``fedge.protocol.layout`` and ``fedge.protocol.start_model``.
 """
@@ -30,9 +31,8 @@ check_flower()  # before anything reads Flower: another release gets a clear err
 from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
 from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
-from fedge.flower.layered import LayeredStrategy, layered  # noqa: E402
+from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
-from fedge.flower.strategy import CompressedStrategy, compressed  # noqa: E402
 
 __all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy", "compressed",
            "compression_mod", "distributed_dp", "layered", "secure", "secure_mod"]

@@ -22,7 +22,7 @@ for either coordinator (``tests/flower/test_one_coordinator.py``).
 
 With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
 each message carries the lattice change that brings its node's copy to the current version, a
-catch-up over the versions it missed while it trained, or a snapshot (``fedge.flower.downlink``);
+catch-up over the versions it missed while it trained, or a snapshot (the engine's downlink layer, ``fedge.protocol.downlink_layer``);
 updates are then deltas from that public copy, and the exact model moves by them. A reply settles
 its own node's copy as it arrives, while the other nodes are still training.
 
@@ -52,12 +52,14 @@ from flwr.serverapp.strategy import Result
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
-from fedge.flower.downlink import ServerDownlink
-from fedge.protocol.layout import Layout, LayoutError
 from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
+from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.protocol.failures import Failure, FailureKind
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import MODEL_RECORD, ProtocolError, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.step import Outgoing, Reply, Step
 
 __all__ = ["FedAsync", "FedBuff"]
 
@@ -94,7 +96,7 @@ class FedBuff:
             if codec.shares_support and not downlink.startswith("lattice"):
                 raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
                                  "it needs a lattice downlink (downlink=\"lattice:...\")")
-        ServerDownlink(downlink, start=start)  # an unknown downlink or rule is refused here, not mid-run
+        DownlinkLayer.for_app(downlink, start=start)  # an unknown downlink or rule is refused here, not mid-run
         make_aggregator(aggregator, 1, capacity=buffer)
         if not (server_lr > 0 and reply_timeout > 0):
             raise ValueError("server_lr and reply_timeout must be positive")
@@ -125,10 +127,9 @@ class FedBuff:
         layout = Layout(initial_arrays)
         codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
-        downlink = ServerDownlink(self.downlink_spec, start=self.start_spec,  # this run's copies of the nodes
-                                  track_supports=codec is not None and codec.shares_support)
+        downlink = DownlinkLayer.for_app(self.downlink_spec, start=self.start_spec,  # the nodes' copies
+                                         track_supports=codec is not None and codec.shares_support)
         sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
-        published: tuple[int, np.ndarray | None] | None = None  # (version, public copy) sent to the nodes
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
@@ -148,12 +149,14 @@ class FedBuff:
             return free[:wanted]
 
         def send(nodes: list[int]) -> list[Message]:
-            nonlocal published
             arrays = result.arrays  # the current version, built once when it was published
-            if published is None or published[0] != version:  # with a lattice: the copy nodes train from
-                published = (version, downlink.public(arrays))
-            messages = downlink.attach([self._message(n, arrays, layout, version, train_config) for n in nodes], arrays)
-            sent_models.setdefault(version, model if published[1] is None else published[1])
+            messages = [self._message(n, arrays, layout, version, train_config) for n in nodes]
+            params = torch.from_numpy(layout.flatten(arrays).copy())
+            downlink.outgoing(Step(version), [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN,
+                                                       model=params) for m in messages])
+            # with a lattice, nodes train from the public copy
+            b = downlink.broadcast
+            sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
             return messages
 
@@ -162,10 +165,13 @@ class FedBuff:
             in_time()
             started = version if started is None else started
             if isinstance(item, Missing):
-                downlink.lost(node)
+                downlink.missed(Step(version), Failure(node, FailureKind.TIMEOUT, item.reason))
                 self.refused.append((version, node, item.reason))
             else:
-                downlink.settle_reply(item)
+                if item.has_error():
+                    downlink.missed(Step(version), Failure(node, FailureKind.CLIENT_ERROR, item.error.reason))
+                else:
+                    downlink.arrived(Step(version), Reply(node, item.content), memoryview(b""), {})
                 self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports)
             if buffer.mean.count < self.buffer:
                 return False

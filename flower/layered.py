@@ -1,4 +1,5 @@
-"""``layered(strategy, *layers)``: Fedge's engine layers around any Message-API strategy.
+"""``layered(strategy, *layers)`` and ``compressed(strategy, uplink=..., downlink=...)``: Fedge's
+engine layers, its uplink codecs and its downlink around any Message-API strategy.
 
 A layer (:class:`fedge.protocol.layer.Layer`) is written once, against one step's types
 (``fedge.protocol.step``). Fedge's engine calls its hooks around every algorithm's step; this
@@ -7,10 +8,12 @@ a Flower strategy's train round, so one layer class works in both coordinators:
 
 - ``start`` once, from the first round's model; ``exhausted``: a round the layer forbids sends nothing;
 - ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them;
-- ``open`` with an exchange over the user's grid, then ``outgoing`` on each train message;
-- per reply: ``missed`` for an error reply, ``arrived`` (a layer may take a reply whole), then
-  ``update`` on the reply's change from the sent model, with its weight (the strategy's
-  ``weighted_by_key``); what a layer made of the update is what the strategy aggregates;
+- ``open`` with an exchange over the user's grid, then ``outgoing`` on each train message (each with
+  its own ``config`` record);
+- per reply, the engine's door: ``missed`` for an error reply, ``arrived`` (a layer may take a reply
+  whole), the update (decoded with the uplink codec, or the reply's model minus the one sent), then
+  ``update`` with its weight (the strategy's ``weighted_by_key``); the strategy aggregates the
+  models those updates make;
 - ``settle``; then ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
   layer releases another one (an unmasked or noised sum), the strategy aggregates one reply, the
   sent model plus that mean (``fedge.flower.secure`` is this wrapper with the engine's
@@ -18,10 +21,23 @@ a Flower strategy's train round, so one layer class works in both coordinators:
 - ``close``: what a layer adds to the outcome's ``extra`` becomes the round's train metrics
   (numbers as they are, one level of dicts as ``name.key``).
 
-Wrap it inside ``compressed()`` or ``secure()`` (``compressed(layered(FedAvg(), layer), ...)``):
-it acts on the models the replies carry, which those wrappers decode or unmask. Not called here:
-``delivered`` and the layer's ``state_dict`` (a Flower app's ServerApp keeps its
-own model and has no checkpoint of Fedge's). Nothing here imports Fedge's coordinator.
+``compressed()`` is this wrapper with an uplink codec and the downlink layer Fedge's engine runs
+(``fedge.protocol.downlink_layer``): every train message names the codec, the model's layout digest,
+the round and the seed (``compression_mod`` on the ClientApp encodes with them, keeping error
+feedback in the node's ``Context``); each reply's payload is decoded into the update and the
+strategy aggregates the models as ever, so ``FedAvg``, ``FedAdam``, ``FedMedian``, ``Krum``, ...
+aggregate exactly what they would from uncompressed clients whose models differ by the compression
+error. With ``downlink="lattice:..."`` the model goes out as a versioned lattice change; the nodes'
+updates (from the copy they hold) move the strategy's exact model. A ``tcs`` uplink needs that
+downlink: each reply decodes on the coordinates its node's change moved. A reply without a payload
+(no ``compression_mod``) or whose payload does not decode is refused with its reason, never
+mis-decoded. Train metrics gain ``fedge-uplink-bytes``, ``fedge-downlink-bytes`` (records as Flower
+serializes them) and ``fedge-refused``.
+
+The wrappers merge: ``compressed(layered(s, *layers))`` and ``layered(compressed(s), *layers)`` are
+one round with every layer. Not called here: ``delivered`` and the layers' ``state_dict`` (a Flower
+app's ServerApp keeps its own model and has no checkpoint of Fedge's). Nothing here imports Fedge's
+coordinator.
 """
 
 from __future__ import annotations
@@ -35,20 +51,23 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
-from fedge.protocol.layout import Layout
-from fedge.flower.messages import REFUSED, Wrapper, grid_stages
-from fedge.flower.strategy import CompressedStrategy
+from fedge.compression import Codec, SpecError, make_codec
+from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_payload, reply_weight, with_raw, \
+    write_uplink
 from fedge.protocol.dispatcher import Missing
+from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Exchange, Layer, order_layers
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
+from fedge.protocol.layout import Layout
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-__all__ = ["LayeredStrategy", "layered"]
+__all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered"]
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +80,45 @@ class _Round:
     arrays: ArrayRecord
     sent: np.ndarray
     exchange: Exchange
+    wire: Codec | None  # the uplink codec of this round
 
 
 class LayeredStrategy(Wrapper):
-    """``strategy`` with ``layers`` around its train rounds (see the module docstring)."""
+    """``strategy`` with ``layers`` around its train rounds (see the module docstring); ``uplink``:
+    the codec the nodes encode their updates with (None: they send their models)."""
 
-    def __init__(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
-        if isinstance(strategy, CompressedStrategy) or getattr(strategy, "masks_updates", False):
-            raise ValueError("layered(...) acts on the models the replies carry: wrap it inside compressed() or "
-                             "secure(), e.g. compressed(layered(FedAvg(), layer), uplink=...)")
+    #: the codec the nodes encode their updates with, the seed of its round randomness, and whether
+    #: a plain mean is taken from one running sum (``compressed(..., streaming=True)``)
+    uplink: str | None = None
+    seed: int = 0
+    streaming: bool = False
+
+    def __init__(self, strategy: Strategy, layers: Iterable[Layer], uplink: str | None = None, seed: int = 0,
+                 streaming: bool = False) -> None:
+        layers = list(layers)
+        if getattr(strategy, "masks_updates", False):
+            raise ValueError("layered(...) and compressed(...) act on the updates the replies carry, which "
+                             "secure(...) masks: wrap them inside it, secure(compressed(strategy, uplink=\"none\", "
+                             "downlink=...)) or secure(layered(strategy, *layers))")
+        if isinstance(strategy, LayeredStrategy):  # one round with every layer
+            if uplink is not None and strategy.uplink is not None:
+                raise ValueError("the strategy is compressed(...) already: it has an uplink codec")
+            layers, uplink = [*strategy.layers, *layers], uplink if uplink is not None else strategy.uplink
+            seed, streaming = (seed, streaming) if strategy.uplink is None else (strategy.seed, strategy.streaming)
+            strategy = strategy.strategy
+        if uplink is not None:
+            try:
+                codec = make_codec(uplink)
+            except (SpecError, ValueError) as err:
+                raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+            downlink = next((layer for layer in layers if isinstance(layer, DownlinkLayer)), None)
+            if codec.shares_support and (downlink is None or downlink.parsed is None):
+                raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change "
+                                 "moved; it needs a lattice downlink (downlink=\"lattice:...\")")
+        if streaming and not is_plain_mean(strategy):
+            raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
+                             f"{type(strategy).__name__} has its own aggregate_train")
+        self.uplink, self.seed, self.streaming = uplink, int(seed), streaming
         self._wrap(strategy, layers)
 
     def _wrap(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
@@ -79,6 +128,12 @@ class LayeredStrategy(Wrapper):
         self._round: _Round | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a round
 
+    @property
+    def downlink(self) -> DownlinkLayer | None:
+        """The downlink layer (``compressed(..., downlink=...)``), if the round has one."""
+        return next((layer for layer in self.layers if isinstance(layer, DownlinkLayer)), None)
+
+    # -- train ----------------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         layout = Layout(arrays)
@@ -96,13 +151,18 @@ class LayeredStrategy(Wrapper):
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         messages = self._selected(messages, connected, server_round)
         step = Step(server_round, sorted({m.metadata.dst_node_id for m in messages}), connected=len(connected))
-        state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, _exchange(grid, server_round))
+        wire = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes()).for_round(
+            server_round, self.seed)
+        state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, _exchange(grid, server_round), wire)
         for layer in self.layers:
             for failure in layer.open(step, state.exchange):
                 self._missed(state, failure)
         kept = [m for m in messages if m.metadata.dst_node_id in set(step.nodes)]
-        outgoing = [Outgoing(m.metadata.dst_node_id, RecordDict(dict(m.content.items())), MessageType.TRAIN,
-                             model=params) for m in kept]
+        for message in kept:  # what is written for one node must not reach another
+            train_config = own_config(message)
+            if self.uplink is not None:
+                write_uplink(train_config, self.uplink, layout.digest, server_round, self.seed)
+        outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in kept]
         for layer in self.layers:
             layer.outgoing(step, outgoing)
         for message, out in zip(kept, outgoing):
@@ -132,6 +192,8 @@ class LayeredStrategy(Wrapper):
         step, layout, key = state.step, state.layout, str(getattr(self.strategy, "weighted_by_key", "num-examples"))
         kept: list[Message] = []
         total, weight = torch.zeros(layout.numel, dtype=torch.float32), 0.0
+        refused_before = len(self.refused)
+        uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
         for message in replies:
             node = message.metadata.src_node_id
             if message.has_error():
@@ -159,64 +221,152 @@ class LayeredStrategy(Wrapper):
             released = layer.release(step, released)
         step.released = released
         state.tally.used = released.count
-        if released is clear:
-            arrays, metrics = self.strategy.aggregate_train(server_round, kept)
-        elif released.is_empty:
+        if released.is_empty:
             arrays, metrics = None, None
+        elif released is clear and not self.streaming:
+            arrays, metrics = self.strategy.aggregate_train(server_round, kept)
+        elif released is clear:  # streaming: FedAvg's weighted mean, from the one running sum
+            arrays, metrics = self._streamed(state, released, kept, key)
         else:  # a layer released another sum: the strategy steps from its mean
             stepped = layout.rebuild(state.sent + released.mean().numpy(), state.arrays)
             one = Message(RecordDict({MODEL_RECORD: stepped, "metrics": MetricRecord({key: 1})}),
                           reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
-            if isinstance(self.strategy, CompressedStrategy):  # its downlink settles on the real replies
-                arrays, metrics = self.strategy.aggregate_released(server_round, replies, [one])
-            else:
-                arrays, metrics = self.strategy.aggregate_train(server_round, [one])
+            arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
-        return arrays, self._metrics(state, _with_extra(metrics, outcome.extra))
+        metrics = _with_extra(metrics, outcome.extra)
+        if self.uplink is not None or self.downlink is not None:
+            metrics = MetricRecord(dict(metrics or {}))
+            if self.uplink is not None:
+                metrics["fedge-uplink-bytes"] = uplink
+                metrics["fedge-refused"] = len(self.refused) - refused_before
+            if self.downlink is not None:
+                metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
+        return arrays, self._metrics(state, metrics)
+
+    def _streamed(self, state: _Round, released: Partial, kept: list[Message],
+                  key: str) -> tuple[ArrayRecord, MetricRecord | None]:
+        """FedAvg's weighted mean without one decoded model per reply: the sent model plus the
+        running sum's mean; integer buffers and metrics as the strategy takes them."""
+        layout, like = state.layout, state.arrays
+        floats = {name for name, _, _ in layout.floats}
+        raw_names = [name for name, _, _ in layout.entries if name not in floats]
+        if raw_names:  # integer buffers: the weighted mean of the clients' own, as FedAvg takes it
+            raws = [RecordDict({"raw": ArrayRecord({n: r.content.array_records.get(RAW_RECORD, like)[n]
+                                                    for n in raw_names}),
+                                "metrics": next(iter(r.content.metric_records.values()))}) for r in kept]
+            like = with_raw(like, aggregate_arrayrecords(raws, key))
+        arrays = layout.rebuild(state.sent + released.mean().numpy(), like)
+        contents = [RecordDict(dict(r.content.metric_records.items())) for r in kept]
+        return arrays, self.strategy.train_metrics_aggr_fn(contents, key)  # type: ignore[attr-defined]
 
     def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord | None:
         """The round's train metrics (a wrapper over one layer adds that layer's own names here)."""
         return metrics
 
     def _update(self, state: _Round, message: Message, key: str) -> Update | None:
-        """One reply through the layers' ``arrived`` and ``update`` (None: a layer took it whole);
-        the reply's content then holds what the layers made of it. Raises what refuses it."""
+        """One reply through the layers' ``arrived``, the uplink's decoding and the layers' ``update``
+        (None: a layer took it whole); the reply's content then holds the model the update makes.
+        Raises what refuses it."""
         step, layout, node = state.step, state.layout, message.metadata.src_node_id
         metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
         payload = memoryview(read_payload(message.content, UPDATE_RECORD)
                              if UPDATE_RECORD in message.content.array_records else b"")
         if any([layer.arrived(step, Reply(node, message.content), payload, metrics) for layer in self.layers]):
             return None  # every layer saw it; one consumed it
-        name = next((n for n in message.content.array_records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
-        if name is None:
-            raise ProtocolError("a train reply without its model's arrays")
-        record = message.content.array_records[name]
-        vector = torch.from_numpy(layout.flatten(record) - state.sent)
+        if state.wire is not None:  # a compressed update, from the model (or copy) the node was sent
+            weight, _ = reply_weight(message, key)
+            wire = state.wire if self.downlink is None else self.downlink.bind(state.wire, node)
+            vector = wire.decode(reply_payload(message), layout.numel)
+            name, record = MODEL_RECORD, with_raw(state.arrays,
+                                                  message.content.array_records.get(RAW_RECORD, ArrayRecord()))
+        else:
+            name = next((n for n in message.content.array_records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
+            if name is None:
+                raise ProtocolError("a train reply without its model's arrays")
+            record = message.content.array_records[name]
+            vector = torch.from_numpy(layout.flatten(record) - state.sent)
+            weight = float(metrics.get(key, 1.0))
         if not torch.isfinite(vector).all():
-            raise ProtocolError("the reply's model holds NaN or infinite values")
-        update = original = Update(node, vector, float(metrics.get(key, 1.0)), metrics, bytes(payload),
-                                   message.content)
+            raise ProtocolError("the reply's update holds NaN or infinite values")
+        update = original = Update(node, vector, weight, metrics, bytes(payload), message.content)
         for layer in self.layers:
             update = layer.update(step, update)
-        if update is not original:  # what the layers made of the update (untouched: the reply's own bytes)
-            content = RecordDict(dict(message.content.items()))
+        if (update is not original or state.wire is not None) and not self.streaming:
+            # what the layers made of the update, as the model the strategy aggregates
+            content = RecordDict({n: r for n, r in message.content.items() if n not in (UPDATE_RECORD, RAW_RECORD)})
             content[name] = layout.rebuild(state.sent + update.vector.numpy(), record)
-            content[next(iter(message.content.metric_records), "metrics")] = MetricRecord({**metrics,
-                                                                                          key: update.weight})
+            if update is not original:
+                content[next(iter(message.content.metric_records), "metrics")] = MetricRecord({**metrics,
+                                                                                              key: update.weight})
             message.content = content
         return update
 
     def _missed(self, state: _Round, failure: Failure) -> None:
-        log.warning("round %d: node %d left out: %s", state.step.number, failure.node, failure.reason)
+        log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node, failure.reason)
         state.tally.failed(failure)
         self.refused.append((state.step.number, failure.node, failure.reason))
         for layer in self.layers:
             layer.missed(state.step, failure)
 
+    # -- evaluate: the downlink ships the model there too ---------------------------------------
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        if self.downlink is None or not messages:
+            return messages
+        params = torch.from_numpy(Layout(arrays).flatten(arrays))
+        for message in messages:
+            own_config(message)
+        outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.EVALUATE, model=params)
+                    for m in messages]
+        self.downlink.outgoing(Step(server_round), outgoing)
+        return messages
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The wrapped strategy's; with a downlink, replies confirm the copies their messages brought,
+        and the metrics gain ``fedge-downlink-bytes``."""
+        replies = list(replies)
+        downlink = self.downlink
+        if downlink is None:
+            return self.strategy.aggregate_evaluate(server_round, replies)
+        step = Step(server_round)
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                downlink.missed(step, Failure(node, FailureKind.CLIENT_ERROR, reply.error.reason))
+            else:
+                downlink.arrived(step, Reply(node, reply.content), memoryview(b""), {})
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        if downlink.bytes:
+            metrics = metrics if metrics is not None else MetricRecord()
+            metrics["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
+        return metrics
+
     def describe(self) -> str:
-        return f"layers {', '.join(layer.key for layer in self.layers)}"
+        parts = [f"compressed uplink: {self.uplink}"] if self.uplink is not None else []
+        if self.downlink is not None:
+            parts.append(f"downlink: {self.downlink.spec}")
+        others = [layer.key for layer in self.layers if layer is not self.downlink]
+        return ", ".join(parts + ([f"layers {', '.join(others)}"] if others else [])) or "layered"
+
+
+class CompressedStrategy(LayeredStrategy):
+    """``strategy`` with Fedge-compressed uplink updates and a downlink (see the module docstring)."""
+
+    def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
+                 streaming: bool = False, start: str | None = None) -> None:
+        if getattr(strategy, "masks_updates", False):
+            raise ValueError("compressed(secure(...)) would decode masked uploads: secure aggregation is the uplink; "
+                             "wrap the other way, secure(compressed(strategy, uplink=\"none\", downlink=...)), to "
+                             "keep the lattice downlink")
+        try:
+            shares_support = make_codec(uplink).shares_support
+        except (SpecError, ValueError) as err:
+            raise ValueError(f"uplink codec {uplink!r}: {err}") from None
+        layer = DownlinkLayer.for_app(downlink, start=start, track_supports=shares_support)
+        super().__init__(strategy, [layer], uplink=uplink, seed=seed, streaming=streaming)
 
 
 def _exchange(grid: Grid, server_round: int) -> Exchange:
@@ -245,7 +395,24 @@ def _with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> Metri
     return out
 
 
+def is_plain_mean(strategy: Strategy) -> bool:
+    """Whether ``strategy`` aggregates train replies by FedAvg's weighted mean (FedAvg, FedProx, ...)."""
+    return isinstance(strategy, FedAvg) and type(strategy).aggregate_train is FedAvg.aggregate_train
+
+
 def layered(strategy: Strategy, *layers: Layer) -> LayeredStrategy:
     """Wrap ``strategy`` so ``layers`` (instances of :class:`fedge.protocol.layer.Layer`, the same
     classes Fedge's engine runs) act on its train rounds; see the module docstring."""
     return LayeredStrategy(strategy, layers)
+
+
+def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
+               downlink: str = "none", streaming: bool = False, start: str | None = None) -> CompressedStrategy:
+    """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates
+    (``uplink``, a Fedge codec spec) and, with ``downlink="lattice[:ratio=...]"``, receive the model as
+    a versioned lattice change instead of fp32 arrays. ``streaming=True`` (a plain weighted mean such
+    as FedAvg or FedProx only) decodes each reply straight into one sum. ``start="pkg.task:Net@0"``
+    names the constructor and seed of ``initial_arrays``, so nodes build the start model themselves
+    and the lattice downlink never sends it (``fedge.protocol.start_model``)."""
+    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming,
+                              start=start)

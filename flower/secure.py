@@ -32,12 +32,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
-from fedge.flower.layered import LayeredStrategy, _Round
+from fedge.flower.layered import LayeredStrategy, _Round, is_plain_mean
 from fedge.flower.messages import own_config
 from fedge.flower.secure_dp import DistributedDP, parsed
-from fedge.flower.strategy import CompressedStrategy, is_plain_mean
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.protocol.config_keys import UPLINK_KEYS, WEIGHT_KEY
+from fedge.protocol.config_keys import WEIGHT_KEY
+from fedge.compression import make_codec
+from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.layer import Layer
 from fedge.protocol.secure_layer import SecureAggregation, secure_round_of
 from fedge.protocol.secure_session import SecureSession
@@ -47,26 +48,21 @@ __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
 log = logging.getLogger(__name__)
 
 
-def refuse_reason(strategy: Strategy, layers: Iterable[Layer] = ()) -> str | None:
-    """Why ``strategy`` (with ``layers``, from ``secure(layered(strategy, *layers))``) cannot run on a
-    securely aggregated sum (None: it can). ``secure(compressed(s, uplink="none",
-    downlink="lattice:..."))`` composes: the lattice downlink ships the model, secure aggregation is
-    the uplink."""
+def refuse_reason(strategy: Strategy, layers: Iterable[Layer] = (), uplink: str | None = None) -> str | None:
+    """Why ``strategy`` (with ``layers`` and ``uplink``, from ``secure(layered(strategy, *layers))`` or
+    ``secure(compressed(strategy, ...))``) cannot run on a securely aggregated sum (None: it can).
+    ``secure(compressed(s, uplink="none", downlink="lattice:..."))`` composes: the lattice downlink
+    ships the model, secure aggregation is the uplink."""
     changing = [layer.key for layer in layers if type(layer).update is not Layer.update]
     if changing:
         return (f"layer {', '.join(changing)} changes each update, which secure aggregation never shows the "
                 "coordinator; only layers that act on the round (select, release, close) run under it")
     if getattr(strategy, "masks_updates", False):
         return "it is secure(...) already"
-    if isinstance(strategy, CompressedStrategy):
-        if strategy.uplink_codec.spec != "none":
-            return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
-                    "sees one to decode: give compressed() uplink=\"none\" (its downlink still applies), or wrap "
-                    "the strategy with secure(...) alone")
-        strategy = strategy.strategy
-    if isinstance(strategy, LayeredStrategy):
-        return ("layered(...) inside compressed(...) would see the round's one released mean as a reply; use "
-                "secure(layered(strategy, *layers)) without compressed(...)")
+    if uplink is not None and make_codec(uplink).spec != "none":
+        return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
+                "sees one to decode: give compressed() uplink=\"none\" (its downlink still applies), or wrap "
+                "the strategy with secure(...) alone")
     name = type(strategy).__name__
     if is_plain_mean(strategy) or isinstance(strategy, (FedOpt, FedAvgM)):
         return None  # the weighted mean, then (for these) a server step from it
@@ -85,9 +81,10 @@ class SecureStrategy(LayeredStrategy):
         #: what was wrapped (``distributed_dp`` wraps it again)
         self.wrapped = strategy
         layers: list[Layer] = []
+        uplink = None
         if isinstance(strategy, LayeredStrategy) and not getattr(strategy, "masks_updates", False):  # one round
-            strategy, layers = strategy.strategy, list(strategy.layers)
-        reason = refuse_reason(strategy, layers)
+            strategy, layers, uplink = strategy.strategy, list(strategy.layers), strategy.uplink
+        reason = refuse_reason(strategy, layers, uplink)
         if reason is not None:
             raise ValueError(f"secure aggregation cannot wrap {type(strategy).__name__}: {reason}")
         spec = parsed(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
@@ -101,7 +98,7 @@ class SecureStrategy(LayeredStrategy):
             if spec.ratio < 1:
                 raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
                                  "noise and the sensitivity cover the whole update; use ratio=1")
-            if isinstance(strategy, CompressedStrategy) and strategy.downlink.spec != "none":
+            if any(isinstance(layer, DownlinkLayer) and layer.parsed is not None for layer in layers):
                 raise ValueError("distributed DP samples nodes itself and re-addresses one train message to each, "
                                  "which a per-node lattice downlink cannot be; use compressed(...) without one")
             self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
@@ -120,11 +117,7 @@ class SecureStrategy(LayeredStrategy):
         message with the plan, their shares and the weight they report."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
         for message in messages:
-            train_config = own_config(message)
-            if isinstance(self.strategy, CompressedStrategy):  # its downlink ships the model; the uplink is ours
-                for key in UPLINK_KEYS:
-                    train_config.pop(key, None)
-            train_config[WEIGHT_KEY] = self.weight_key
+            own_config(message)[WEIGHT_KEY] = self.weight_key
         return messages
 
     def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord:

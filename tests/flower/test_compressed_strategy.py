@@ -144,8 +144,10 @@ def test_a_client_without_the_mod_or_a_corrupt_payload_is_refused_not_misdecoded
     from fedge.protocol.records import payload_record
 
     replies[2].content[UPDATE_RECORD] = payload_record(bytes(payload))
-    decoded = wrapped.decode_replies(1, replies)
-    assert [r.metadata.src_node_id for r in decoded] == [11]
+    aggregated, metrics = wrapped.aggregate_train(1, replies)
+    assert aggregated is not None and metrics is not None and metrics["fedge-refused"] == 2
+    kept = replies[0].content["arrays"]  # node 11's update, decoded into its model: the round's only one
+    assert all(np.array_equal(aggregated[name].numpy(), kept[name].numpy()) for name in kept)
     assert [node for _, node, _ in wrapped.refused] == [12, 13]
     assert "compression_mod" in wrapped.refused[0][2] and "refused the reply of node 13" in caplog.text
 
@@ -404,7 +406,7 @@ def test_a_tcs_reply_on_another_support_is_refused_and_tcs_needs_the_lattice_dow
     for server_round in (1, 2):
         replies = _exchange(list(wrapped.configure_train(server_round, arrays, ConfigRecord(), grid)), apps, contexts)
         if server_round == 2:  # the server's record of node 12's support no longer matches what it sent
-            wrapped._supports[12] = wrapped._supports[12][1:]
+            wrapped.downlink.broadcast.supports[12] = wrapped.downlink.broadcast.supports[12][1:]
         arrays, _ = wrapped.aggregate_train(server_round, replies)
     assert [(r, n) for r, n, _ in wrapped.refused] == [(2, 12)]
     assert "did not get the same downlink" in wrapped.refused[0][2] and "refused the reply of node 12" in caplog.text

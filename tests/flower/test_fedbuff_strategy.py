@@ -209,22 +209,20 @@ def test_with_the_lattice_downlink_nodes_train_from_the_public_copy_and_a_slow_o
     server holds for it; the slow node, versions behind when it returns, gets a catch-up (not the
     model); the downlink costs a fraction of fp32 and the run refuses nothing."""
     import fedge.flower.fedbuff as fedbuff_module
-    from fedge.flower.downlink import ServerDownlink
+    from fedge.protocol.downlink_layer import DownlinkLayer
     from fedge.protocol.records import DOWNLINK_RECORD
 
     sent: dict[int, list[np.ndarray]] = {}
     kinds: dict[int, list[str]] = {}
 
-    class Recording(ServerDownlink):
-        def attach(self, messages, arrays):  # type: ignore[no-untyped-def]
-            messages = list(messages)
-            for m in messages:
-                node = m.metadata.dst_node_id
-                sent.setdefault(node, []).append(self.broadcast.public.numpy().copy())
-                kinds.setdefault(node, []).append(self.broadcast.message_for(node).kind)
-            return super().attach(messages, arrays)
+    class Recording(DownlinkLayer):
+        def outgoing(self, step, outgoing):  # type: ignore[no-untyped-def]
+            super().outgoing(step, outgoing)
+            for o in outgoing:  # what each message brought (asked again: the same message, its node unconfirmed)
+                sent.setdefault(o.node, []).append(self.broadcast.public.numpy().copy())
+                kinds.setdefault(o.node, []).append(self.broadcast.message_for(o.node).kind)
 
-    monkeypatch.setattr(fedbuff_module, "ServerDownlink", Recording)
+    monkeypatch.setattr(fedbuff_module, "DownlinkLayer", Recording)
     clock, seen = Clock(), {}
     latency = {11: 1.0, 12: 1.0, 13: 5.0}
     pushed: list[bool] = []  # each message as it left: the lattice record, no fp32 model
@@ -268,7 +266,7 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
     downlink there is no support, and ``tcs`` is refused when the strategy is built."""
     import fedge.flower.fedbuff as fedbuff_module
     from fedge.compression import make_codec
-    from fedge.flower.downlink import ServerDownlink
+    from fedge.protocol.downlink_layer import DownlinkLayer
 
     spec = "tcs:extra=0.01,sample=0+qsgd:bits=4"
     with pytest.raises(ValueError, match="needs a lattice downlink"):
@@ -276,18 +274,16 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
     expected: dict[int, list[np.ndarray]] = {}
     held: dict[int, np.ndarray] = {}
 
-    class Recording(ServerDownlink):
-        def attach(self, messages, arrays):  # type: ignore[no-untyped-def]
-            messages = list(messages)
+    class Recording(DownlinkLayer):
+        def outgoing(self, step, outgoing):  # type: ignore[no-untyped-def]
+            super().outgoing(step, outgoing)
             public = self.broadcast.public.numpy().copy()
-            for m in messages:
-                node = m.metadata.dst_node_id
-                snapshot = self.broadcast.message_for(node).kind == "snapshot"
-                before = held.get(node)
+            for o in outgoing:  # asked again: the same message, its node unconfirmed
+                snapshot = self.broadcast.message_for(o.node).kind == "snapshot"
+                before = held.get(o.node)
                 moved = np.zeros(0, np.int64) if snapshot or before is None else np.flatnonzero(public != before)
-                expected.setdefault(node, []).append(moved)
-                held[node] = public
-            return super().attach(messages, arrays)
+                expected.setdefault(o.node, []).append(moved)
+                held[o.node] = public
 
     decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     original = FedBuff._update
@@ -300,7 +296,7 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
                         out[0]))
         return out
 
-    monkeypatch.setattr(fedbuff_module, "ServerDownlink", Recording)
+    monkeypatch.setattr(fedbuff_module, "DownlinkLayer", Recording)
     monkeypatch.setattr(FedBuff, "_update", recording)
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 5.0}, clock)

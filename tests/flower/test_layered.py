@@ -85,10 +85,14 @@ def test_what_a_layer_makes_of_the_updates_and_the_sum_is_what_the_strategy_aggr
     np.testing.assert_array_equal(_flat(frozen), start)
 
 
-def test_layered_goes_inside_the_wrappers_that_decode_and_layers_in_an_order_that_cannot_work_are_refused() -> None:
-    with pytest.raises(ValueError, match="wrap it inside compressed"):
-        layered(compressed(FedAvg()), CountingLayer())
-    compressed(layered(FedAvg(), CountingLayer()))  # the other way round composes
+def test_layered_and_compressed_merge_either_way_and_layers_in_an_order_that_cannot_work_are_refused() -> None:
+    one, other = layered(compressed(FedAvg(), downlink="lattice"), CountingLayer()), \
+        compressed(layered(FedAvg(), CountingLayer()), downlink="lattice")
+    for wrapped in (one, other):  # one round: the strategy itself, the counting and the downlink layer
+        assert type(wrapped.strategy) is FedAvg and wrapped.uplink == "qsgd:bits=4"
+        assert [layer.key for layer in wrapped.layers] == ["downlink", CountingLayer.key]
+    with pytest.raises(ValueError, match="compressed"):
+        compressed(compressed(FedAvg()))
 
     class _Twice(CountingLayer):
         provides = frozenset({"sum"})

@@ -4,8 +4,10 @@ same bytes, because each is one implementation with two thin adapters.
 Uplink: the engine's device (``fedge.edge_client.local.encode``, what the FedAvg handler calls) and
 ``compression_mod`` encode the same update, with the same randomness, into the same payload, round
 after round (the error-feedback memory evolves the same way), for qsgd, DGC and ``tcs``. Downlink:
-the engine's downlink layer and ``compressed(..., downlink="lattice:...")`` send each node the same
-lattice record for the same sequence of models, catch-ups included. Asynchronous: FedBuff and
+the engine's downlink layer and ``compressed(..., downlink="lattice:...")`` are one layer
+(``fedge.protocol.downlink_layer``) whose adapters choose the base: from the engine's seeded start
+model and a Flower app's named one, it sends each node the same lattice record for the same sequence
+of models, catch-ups included. Asynchronous: FedBuff and
 FedAsync, the engine's algorithms and ``fedge.flower``'s, get the same payloads from a device and
 make the same versions from the same replies, stale drops included.
 """
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 import fedge.edge_client.compression_mod as client_mod
@@ -28,14 +30,15 @@ from fedge.flower import FedAsync, FedBuff, compressed
 from fedge.flower.messages import ROUND_KEY
 from flwr.supercore.task_identity import TaskIdentity
 from fedge.protocol.layout import Layout
-from fedge.flower.strategy import CompressedStrategy
+from fedge.flower.layered import CompressedStrategy
 from fedge.protocol.records import DOWNLINK_RECORD, UPDATE_RECORD, read_payload
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Reply, RunContext, Update
-from fedge.server.engine.layers.downlink import Downlink, _StepTally
+from fedge.protocol.step import Outgoing, Step
+from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.server.settings import RunSettings
-from fedge.tasks import flatten_state, make_task, seeded_initial_params, unflatten_state
+from fedge.tasks import flatten_state, make_task, seeded_initial_params, tensor_sizes, unflatten_state
 from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _task, _user_app  # noqa: F401
 from tests.flower.test_fedbuff_strategy import Clock, LatencyGrid
 
@@ -91,32 +94,32 @@ def test_the_engines_downlink_and_the_wrappers_send_the_same_lattice_records() -
     task = make_task("digits")
     template = task.build_model().state_dict()
     start = seeded_initial_params(task, SEED)
-    engine = Downlink("lattice:ratio=0.05", task, template, SEED, init="")
+    engine = DownlinkLayer("lattice:ratio=0.05")  # as the engine's build() makes it: the seeded base
+    engine.begin(start, tensor_sizes(template), seeded=True)
     wrapper = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05",
                          start="tests.flower.test_one_coordinator:start_model@0").downlink
+    assert wrapper is not None
     g = torch.Generator().manual_seed(3)
     model = start.clone()
     for version in (1, 2, 3):
         nodes = [11, 13] if version == 2 else list(NODES)
         arrays = ArrayRecord({k: v.clone() for k, v in unflatten_state(model, template).items()})
         assert torch.equal(flatten_state(arrays.to_torch_state_dict()), model)
-        engine.publish(model, version)
-        wrapper.public(arrays, fresh=True)
-        tally = _StepTally()
-        for node in nodes:
-            _, record = engine.model_record(model, node, tally)
-            message = Message(RecordDict({"arrays": arrays, "config": ConfigRecord()}), dst_node_id=node,
-                              message_type=MessageType.TRAIN)
-            (sent,) = wrapper.attach([message], arrays)
-            theirs = sent.content.array_records[DOWNLINK_RECORD]
-            assert list(theirs) == list(record)
+        ours = [Outgoing(n, RecordDict({"config": ConfigRecord()}), MessageType.TRAIN, model=model) for n in nodes]
+        theirs = [Outgoing(n, RecordDict({"arrays": arrays, "config": ConfigRecord()}), MessageType.TRAIN,
+                           model=model) for n in nodes]
+        step = Step(version)
+        engine.outgoing(step, ours)
+        wrapper.outgoing(Step(version), theirs)
+        for mine, sent in zip(ours, theirs, strict=True):
+            record, got = mine.content.array_records[DOWNLINK_RECORD], sent.content.array_records[DOWNLINK_RECORD]
+            assert "arrays" not in sent.content and list(got) == list(record)
             for name in record:
-                mine = record[name]
-                assert (theirs[name].stype, theirs[name].shape, theirs[name].data) == \
-                    (mine.stype, mine.shape, mine.data), (version, node, name)
-            engine.replied(node, version)
-            wrapper.broadcast.confirm(node, version)  # type: ignore[union-attr]
-            wrapper.sent.pop(node, None)
+                assert (got[name].stype, got[name].shape, got[name].data) == \
+                    (record[name].stype, record[name].shape, record[name].data), (version, mine.node, name)
+            for layer, content in ((engine, mine.content), (wrapper, sent.content)):
+                layer.arrived(step, Reply(mine.node, content), memoryview(b""), {})
+        tally = step.layers["downlink"]
         kinds = {kind: count for kind, count in tally.messages.items() if count}
         assert kinds == ({"snapshot": 3} if version == 1 else {"current": 2} if version == 2
                          else {"current": 2, "catch-up": 1}), (version, kinds)

@@ -17,7 +17,9 @@ from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
 from fedge.server.engine.layers import Failure
-from fedge.server.engine.layers.downlink import Downlink, DownlinkLayer
+from fedge.protocol.step import Reply
+from fedge.server.engine.layers.downlink import DownlinkLayer
+from fedge.tasks import flatten_state, tensor_sizes
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import TASK, _engine, _start
 
@@ -48,7 +50,7 @@ def test_devices_missing_versions_rejoin_bit_identical_and_past_the_cache_get_a_
     assert sum(row.extra["downlink_catch_up"] for row in rows) > 0  # some came back within the cache
     later_snapshots = sum(row.extra["downlink_snapshot"] for row in rows[3:])
     assert later_snapshots > 0  # some were away longer than 2 versions (or new)
-    broadcast = engine.layer("downlink").downlink.broadcast
+    broadcast = engine.layer("downlink").broadcast
     contents = _send_current(engine, grid, 7)
     for node in grid.get_node_ids():  # everyone rejoins at version 7, from wherever it was
         copy = _receive(grid, node, contents[node])
@@ -63,7 +65,7 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     node, other = grid.get_node_ids()
     contents = _send_current(engine, grid, 1)
     _receive(grid, node, contents[node])  # a snapshot: accepted
-    downlink.downlink.replied(node, 1)
+    downlink.arrived(Step(1, [node]), Reply(node, contents[node]), memoryview(b""), {})
     engine.algorithm.params = engine.algorithm.params + 0.01
     contents = _send_current(engine, grid, 2)
     config = contents[node].config_records[CONFIG_RECORD]
@@ -82,7 +84,7 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     downlink.missed(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
     shipped = _send(downlink, engine.algorithm, 2, [other])[other]
     assert "base" in shipped.array_records[DOWNLINK_RECORD]
-    assert torch.equal(_receive(grid, other, shipped), downlink.downlink.broadcast.public)
+    assert torch.equal(_receive(grid, other, shipped), downlink.broadcast.public)
     payload = shipped.array_records[DOWNLINK_RECORD]
     payload["steps"] = payload["base"]  # a snapshot whose steps do not fit the model
     with pytest.raises(ProtocolError):
@@ -92,7 +94,9 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
 def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     """Devices cannot rebuild a model file's weights: the base travels with the first snapshot."""
     template = TASK.build_model().state_dict()
-    downlink = Downlink("lattice", TASK, template, seed=42, init="pretrained.pt")
+    downlink = DownlinkLayer("lattice")  # as build() makes it for a run with init = "pretrained.pt"
+    downlink.begin(flatten_state(template), tensor_sizes(template), seeded=False)
+    downlink.ship_start()
     engine = _engine(tmp_path / "b")
     start = _start(engine) + 0.05  # as if a model file had been loaded
     downlink.start(start)
@@ -100,7 +104,7 @@ def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     grid = InProcessGrid(1)
     (node,) = grid.get_node_ids()
     engine.algorithm.start(start)
-    content = _send(DownlinkLayer(downlink), engine.algorithm, 1, [node])[node]
+    content = _send(downlink, engine.algorithm, 1, [node])[node]
     assert "base" in content.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)
 
@@ -121,4 +125,4 @@ def test_a_tcs_uplink_sends_on_the_change_each_device_received(tmp_path, algorit
     assert all(row.uplink_bytes < row.clients_used * engine.ctx.numel // 4 for row in rows)  # under 2 bits each
     assert engine.evaluate(result.model)["accuracy"] > engine.evaluate(start)["accuracy"] + 0.3
     layer = engine.layer("downlink")
-    assert isinstance(layer, DownlinkLayer) and len(layer.downlink.broadcast.supports) == 3
+    assert isinstance(layer, DownlinkLayer) and len(layer.broadcast.supports) == 3
