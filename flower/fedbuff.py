@@ -52,13 +52,13 @@ from flwr.serverapp.strategy import Result
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
-from fedge.flower.messages import REFUSED, reply_payload, reply_weight, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, reply_update, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layout import Layout, LayoutError
-from fedge.protocol.records import MODEL_RECORD, ProtocolError, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.layout import Layout
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -238,31 +238,21 @@ class FedBuff:
         """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`).
         A ``tcs`` payload decodes on the coordinates its node's message moved (``supports``: the
         node has one message in flight, so its latest is the one it trained from), as the engine's."""
+        if not reply.has_error():  # what arrived, decodable or not
+            names = (UPDATE_RECORD,) if UPDATE_RECORD in reply.content.array_records else (MODEL_RECORD,)
+            self.uplink_bytes += array_bytes(reply.content, names)
         try:
-            if reply.has_error():
-                raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
-            weight, metrics = reply_weight(reply, self.weighted_by_key)
-            if UPDATE_RECORD in reply.content.array_records:
-                if codec is None:
-                    raise LayoutError("a compressed update, but this strategy asked for none")
-                payload = reply_payload(reply)
-                self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,))
+            wire = None
+            if codec is not None:  # the codec of the round its message named, on its node's support (tcs)
                 wire = codec.for_round(started + 1, self.seed)
-                if wire.shares_support:
-                    wire = wire.with_support(supports.get(node))
-                delta = wire.decode(payload, layout.numel).numpy()
-            elif MODEL_RECORD in reply.content.array_records:
-                self.uplink_bytes += array_bytes(reply.content, (MODEL_RECORD,))
-                delta = layout.flatten(reply.content.array_records[MODEL_RECORD]) - sent_models[started]
-            else:
-                raise LayoutError(f"neither {UPDATE_RECORD!r} nor {MODEL_RECORD!r} in the reply")
-            if not np.isfinite(delta).all():
-                raise LayoutError("the update holds NaN or infinite values")
+                wire = wire.with_support(supports.get(node)) if wire.shares_support else wire
+            vector, weight = reply_update(reply, layout, wire, sent_models[started], self.weighted_by_key)
         except REFUSED as err:
             log.warning("[FedBuff] refused the reply of node %d: %s", node, err)
             self.refused.append((started, node, str(err)))
             return None
-        return delta.astype(np.float32), weight, RecordDict({"metrics": metrics, **(
+        metrics = next(iter(reply.content.metric_records.values()))
+        return vector.numpy().astype(np.float32), weight, RecordDict({"metrics": metrics, **(
             {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
             else {})})
 

@@ -56,14 +56,13 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import Codec, SpecError, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_payload, reply_weight, with_raw, \
-    write_uplink
+from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_update, with_raw, write_uplink
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Exchange, Layer, order_layers
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
@@ -275,21 +274,12 @@ class LayeredStrategy(Wrapper):
                              if UPDATE_RECORD in message.content.array_records else b"")
         if any([layer.arrived(step, Reply(node, message.content), payload, metrics) for layer in self.layers]):
             return None  # every layer saw it; one consumed it
-        if state.wire is not None:  # a compressed update, from the model (or copy) the node was sent
-            weight, _ = reply_weight(message, key)
-            wire = state.wire if self.downlink is None else self.downlink.bind(state.wire, node)
-            vector = wire.decode(reply_payload(message), layout.numel)
-            name, record = MODEL_RECORD, with_raw(state.arrays,
-                                                  message.content.array_records.get(RAW_RECORD, ArrayRecord()))
-        else:
-            name = next((n for n in message.content.array_records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
-            if name is None:
-                raise ProtocolError("a train reply without its model's arrays")
-            record = message.content.array_records[name]
-            vector = torch.from_numpy(layout.flatten(record) - state.sent)
-            weight = float(metrics.get(key, 1.0))
-        if not torch.isfinite(vector).all():
-            raise ProtocolError("the reply's update holds NaN or infinite values")
+        wire = state.wire if state.wire is None or self.downlink is None else self.downlink.bind(state.wire, node)
+        # a compressed update is from the model (or copy) the node was sent; a clear one carries its model
+        vector, weight = reply_update(message, layout, wire, None if wire is not None else state.sent, key)
+        records = message.content.array_records
+        name = MODEL_RECORD if wire is not None else next(n for n in records if n not in (UPDATE_RECORD, RAW_RECORD))
+        record = with_raw(state.arrays, records.get(RAW_RECORD, ArrayRecord())) if wire is not None else records[name]
         update = original = Update(node, vector, weight, metrics, bytes(payload), message.content)
         for layer in self.layers:
             update = layer.update(step, update)

@@ -13,14 +13,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedge.compression import PayloadError
-from fedge.protocol.layout import LayoutError
+import numpy as np
+import torch
+
+from fedge.compression import Codec, PayloadError
+from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
-from fedge.protocol.records import ProtocolError, UPDATE_RECORD, read_payload
+from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.secure_round import StageExchange
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "reply_payload", "reply_weight", "with_raw",
-           "write_uplink"]
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "reply_payload", "reply_update", "reply_weight",
+           "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,29 @@ def reply_payload(reply: Message) -> bytes:
     if UPDATE_RECORD not in reply.content.array_records:
         raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
     return read_payload(reply.content, UPDATE_RECORD)
+
+
+def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.ndarray | None,
+                 key: str) -> tuple[torch.Tensor, float]:
+    """A reply's update and weight, as every door of ``fedge.flower`` takes them: its payload decoded
+    with ``wire`` (bound to its node's support), or its model minus ``sent`` (None: a payload is
+    required). Raises what refuses the reply (:data:`REFUSED`), never a mis-decoded update."""
+    if reply.has_error():
+        raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
+    weight, _ = reply_weight(reply, key)
+    records = reply.content.array_records
+    if UPDATE_RECORD in records or sent is None:
+        if wire is None:
+            raise LayoutError("a compressed update, but this strategy asked for none")
+        vector = wire.decode(reply_payload(reply), layout.numel)
+    else:
+        name = next((n for n in records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
+        if name is None:
+            raise ProtocolError("a train reply without its model's arrays")
+        vector = torch.from_numpy(layout.flatten(records[name]) - sent)
+    if not torch.isfinite(vector).all():
+        raise ProtocolError("the reply's update holds NaN or infinite values")
+    return vector, weight
 
 
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:

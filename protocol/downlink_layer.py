@@ -10,7 +10,8 @@ catch-up from the cache, or a snapshot. A step publishes a new version when its 
 for a train step, when the nodes' copy still lags it by a lattice step (what earlier versions did not
 carry goes out later: error feedback on the server). A reply confirms the version its node's message
 brought; a failure forgets the node's copy (a ``needs-base`` refusal also ships the base next time),
-except a stale update's, which did apply its message; a message never answered forgets it too.
+except a reply's that arrived and was then dropped (stale, or an update that does not decode): that
+device did apply its message. A message never answered forgets the copy too.
 
 The two coordinators differ only in what the lattice's base is, which their adapters choose:
 
@@ -243,8 +244,10 @@ class DownlinkLayer(Layer):
         return False
 
     def missed(self, step: Step, failure: Failure) -> None:
-        if failure.node is None or failure.kind == FailureKind.STALE:  # a stale update did apply its message
+        if failure.node is None:
             return
+        if failure.kind in (FailureKind.STALE, FailureKind.INVALID) and failure.node not in self.sent:
+            return  # its reply arrived (it confirmed the copy): a stale or undecodable update did apply its message
         # a node that cannot build the base says so (the engine's refusal; a Flower app's node errs)
         named = self._app is not None and self._app[0] is not None
         self._forget(failure.node, base=failure.kind == NEEDS_BASE or (named and failure.kind ==
