@@ -38,7 +38,6 @@ from fedge.flower.secure_dp import DistributedDP, parsed
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.compression import make_codec
-from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.layer import Layer
 from fedge.protocol.secure_layer import SecureAggregation, secure_round_of
 from fedge.protocol.secure_session import SecureSession
@@ -98,9 +97,6 @@ class SecureStrategy(LayeredStrategy):
             if spec.ratio < 1:
                 raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
                                  "noise and the sensitivity cover the whole update; use ratio=1")
-            if any(isinstance(layer, DownlinkLayer) and layer.parsed is not None for layer in layers):
-                raise ValueError("distributed DP samples nodes itself and re-addresses one train message to each, "
-                                 "which a per-node lattice downlink cannot be; use compressed(...) without one")
             self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
         #: the run id, the identity pins (trust on first use) and each round's flow, shared with Fedge's engine
         self.session = SecureSession(spec, self.seed)
