@@ -10,8 +10,9 @@ a Flower strategy's train round, so one layer class works in both coordinators:
 - ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them;
 - ``open`` with an exchange over the user's grid, then ``outgoing`` on each train message (each with
   its own ``config`` record);
-- per reply, the engine's door: ``missed`` for an error reply, ``arrived`` (a layer may take a reply
-  whole), the update (decoded with the uplink codec, or the reply's model minus the one sent), then
+- per reply, the engine's door: ``missed`` for an error reply or a node that did not answer,
+  ``arrived`` (a layer may take a reply whole; the reply is timed by its own ``created_at`` against
+  its message's, since a strategy sees replies only after the round's barrier), the update (decoded with the uplink codec, or the reply's model minus the one sent), then
   ``update`` with its weight (the strategy's ``weighted_by_key``); the strategy aggregates the
   models those updates make;
 - ``settle``; then ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
@@ -45,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -80,6 +81,7 @@ class _Round:
     sent: np.ndarray
     exchange: Exchange
     wire: Codec | None  # the uplink codec of this round
+    sent_at: dict[int, float] = field(default_factory=dict)  # node -> its message's created_at
 
 
 class LayeredStrategy(Wrapper):
@@ -166,6 +168,7 @@ class LayeredStrategy(Wrapper):
             layer.outgoing(step, outgoing)
         for message, out in zip(kept, outgoing):
             message.content = out.content
+            state.sent_at[message.metadata.dst_node_id] = message.metadata.created_at
         state.tally.sent(outgoing)
         self._round = state
         return kept
@@ -210,6 +213,11 @@ class LayeredStrategy(Wrapper):
             weight += update.weight
             state.tally.members.append(node)
             kept.append(message)
+        answered = {m.metadata.src_node_id for m in replies}
+        for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
+            log.info("round %d: no reply from node %d", server_round, node)
+            for layer in self.layers:
+                layer.missed(step, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
         for layer in self.layers:
             for failure in layer.settle(step, state.exchange, state.tally):
                 self._missed(state, failure)
@@ -272,7 +280,10 @@ class LayeredStrategy(Wrapper):
         metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
         payload = memoryview(read_payload(message.content, UPDATE_RECORD)
                              if UPDATE_RECORD in message.content.array_records else b"")
-        if any([layer.arrived(step, Reply(node, message.content), payload, metrics) for layer in self.layers]):
+        sent_at = state.sent_at.get(node)
+        reply = Reply(node, message.content, seconds=None if sent_at is None else
+                      max(0.0, message.metadata.created_at - sent_at))
+        if any([layer.arrived(step, reply, payload, metrics) for layer in self.layers]):
             return None  # every layer saw it; one consumed it
         wire = state.wire if state.wire is None or self.downlink is None else self.downlink.bind(state.wire, node)
         # a compressed update is from the model (or copy) the node was sent; a clear one carries its model

@@ -193,3 +193,52 @@ def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuse
     inside = [n for n in NODES if n not in over]
     mean = sum(examples[n] * deltas[n] for n in inside) / sum(examples[n] for n in inside)
     np.testing.assert_allclose(_flat(kept), start + mean, rtol=0, atol=1e-6)
+
+
+def test_oort_runs_in_a_flower_app_timing_each_reply_by_the_messages_own_timestamps() -> None:
+    """The engine's selection layer with Oort's rule around FedAvg: a Flower strategy sees its
+    replies only after the round's barrier, so each reply is timed by its own ``created_at`` against
+    its message's (what Flower's TTL check reads). Four of eight nodes take 10x longer; Oort learns
+    each node's time from the timestamps, asks the fast ones far more often, and its ``min-share``
+    keeps asking the slow ones now and then. A node that does not answer costs it the whole wait."""
+    from collections import Counter
+
+    from flwr.app import Context, RecordDict
+
+    from fedge.server.engine.layers.selection import Oort, SelectionLayer
+
+    nodes, slow = list(range(21, 29)), {25, 26, 27, 28}
+
+    class _Grid:
+        def get_node_ids(self) -> list[int]:
+            return list(nodes)
+
+    apps = {n: _user_app(with_mod=False) for n in nodes}
+    contexts = {n: Context(run_id=1, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in nodes}
+    now = [0.0]  # the coordinator's clock: times a node that never answers
+    layer = SelectionLayer(Oort(explore=0.25, min_share=0.25), seed=0, per_step=4, clock=lambda: now[0])
+    wrapped, arrays, asked = layered(FedAvg(fraction_train=0.5), layer), _model(), Counter()
+    for server_round in range(1, 13):
+        messages = list(wrapped.configure_train(server_round, arrays, ConfigRecord({}), _Grid()))
+        assert len(messages) == 4
+        sent = {m.metadata.dst_node_id: m.metadata.created_at for m in messages}
+        asked.update(sent)
+        replies = _exchange(messages, apps, contexts)
+        for reply in replies:  # as if each node had taken this long (the slow ones 20 s, the others 2 s)
+            node = reply.metadata.src_node_id
+            reply.metadata.created_at = sent[node] + (20.0 if node in slow else 2.0)
+        arrays, metrics = wrapped.aggregate_train(server_round, replies)
+        assert arrays is not None
+    assert layer.devices[21].duration == pytest.approx(2.0, abs=0.5)
+    assert layer.devices[25].duration == pytest.approx(20.0, abs=0.5)
+    fast_asks, slow_asks = sum(asked[n] for n in nodes if n not in slow), sum(asked[n] for n in slow)
+    assert fast_asks > 2 * slow_asks and all(asked[n] >= 1 for n in nodes), asked
+    assert metrics["participation.min"] >= 1 and metrics["participation.devices"] == 8
+    # a node that never answers is timed at the whole wait, as the engine's timeout
+    messages = list(wrapped.configure_train(13, arrays, ConfigRecord({}), _Grid()))
+    gone = messages[0].metadata.dst_node_id
+    replies = [r for r in _exchange(messages, apps, contexts) if r.metadata.src_node_id != gone]
+    before = layer.devices[gone].duration
+    now[0] += 60.0  # the round waited a minute for it
+    wrapped.aggregate_train(13, replies)
+    assert layer.devices[gone].duration == pytest.approx(0.5 * before + 0.5 * 60.0)  # smoothing 0.5

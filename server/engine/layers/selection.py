@@ -35,6 +35,11 @@ wall time over the last 64 reports, the time outside the devices.
   still bounds how often any device is asked.
 - Before any report, every device counts its round trip.
 
+In a user's Flower app (``fedge.flower.layered(strategy, SelectionLayer(Oort(), ...))``) the
+strategy sees its replies only after the round's barrier, so the wrapper times each reply by the
+messages' own timestamps (``Reply.seconds``: the reply's ``created_at`` minus its message's, which
+Flower's TTL check reads too); a node that never answers costs the whole wait, as here.
+
 A device that declined (``not-eligible``, ``over-budget``) is not asked again in the next step.
 The row gets ``participation``: Jain's fairness index over every connected device's selection
 count (1 = perfectly even), with the minimum and maximum count. Under ``uniform`` the layer only
@@ -235,15 +240,16 @@ class SelectionLayer(Layer):
         sent = self.sent.pop(reply.node, None)
         record = reply.content.metric_records.get(METRICS_RECORD)
         utility = None
-        if record is not None:
-            loss, examples = record.get("train-loss"), record.get("num-examples")
+        if record is not None:  # Fedge's devices report train-loss; Flower's quickstart apps train_loss
+            loss, examples = record.get("train-loss", record.get("train_loss")), record.get("num-examples")
             if isinstance(loss, (int, float)) and isinstance(examples, (int, float)) and math.isfinite(loss) \
                     and loss >= 0 and examples > 0:
                 utility = float(examples) * float(loss)
-        if self.rule is None or sent is None:  # uniform learns nothing from speed
+        trip = reply.seconds if reply.seconds is not None else None if sent is None else self.clock() - sent
+        if self.rule is None or trip is None:  # uniform learns nothing from speed
             self._observe(reply.node, None, utility)
             return False
-        self._observe(reply.node, self._device_seconds(max(0.0, self.clock() - sent), reply), utility)
+        self._observe(reply.node, self._device_seconds(max(0.0, trip), reply), utility)
         return False
 
     def missed(self, step: Step, failure: Failure) -> None:
