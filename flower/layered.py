@@ -33,7 +33,8 @@ updates (from the copy they hold) move the strategy's exact model. A ``tcs`` upl
 downlink: each reply decodes on the coordinates its node's change moved. A reply without a payload
 (no ``compression_mod``) or whose payload does not decode is refused with its reason, never
 mis-decoded. Train metrics gain ``fedge-uplink-bytes``, ``fedge-downlink-bytes`` (records as Flower
-serializes them) and ``fedge-refused``.
+serializes them) and ``fedge-refused``; any round of ``layered()`` counts its failures by kind
+(``fedge-failed.timeout``, ``fedge-failed.invalid``, ...: ``fedge.protocol.failures``).
 
 The wrappers merge: ``compressed(layered(s, *layers))`` and ``layered(compressed(s), *layers)`` are
 one round with every layer. Not called here: ``delivered`` and the layers' ``state_dict`` (a Flower
@@ -216,8 +217,10 @@ class LayeredStrategy(Wrapper):
         answered = {m.metadata.src_node_id for m in replies}
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
             log.info("round %d: no reply from node %d", server_round, node)
+            failure = Failure(node, FailureKind.TIMEOUT, "no reply within the round")
+            state.tally.failed(failure)
             for layer in self.layers:
-                layer.missed(step, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
+                layer.missed(step, failure)
         for layer in self.layers:
             for failure in layer.settle(step, state.exchange, state.tally):
                 self._missed(state, failure)
@@ -243,6 +246,10 @@ class LayeredStrategy(Wrapper):
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
         metrics = _with_extra(metrics, outcome.extra)
+        if state.tally.failures:  # typed, as the engine's rows and /metrics count them
+            metrics = MetricRecord(dict(metrics or {}))
+            for kind, count in sorted(state.tally.failures.items()):
+                metrics[f"fedge-failed.{kind}"] = count
         if self.uplink is not None or self.downlink is not None:
             metrics = MetricRecord(dict(metrics or {}))
             if self.uplink is not None:

@@ -146,6 +146,7 @@ def test_a_client_without_the_mod_or_a_corrupt_payload_is_refused_not_misdecoded
     replies[2].content[UPDATE_RECORD] = payload_record(bytes(payload))
     aggregated, metrics = wrapped.aggregate_train(1, replies)
     assert aggregated is not None and metrics is not None and metrics["fedge-refused"] == 2
+    assert metrics["fedge-failed.invalid"] == 2  # typed, as the engine counts them
     kept = replies[0].content["arrays"]  # node 11's update, decoded into its model: the round's only one
     assert all(np.array_equal(aggregated[name].numpy(), kept[name].numpy()) for name in kept)
     assert [node for _, node, _ in wrapped.refused] == [12, 13]

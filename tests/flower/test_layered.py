@@ -240,5 +240,6 @@ def test_oort_runs_in_a_flower_app_timing_each_reply_by_the_messages_own_timesta
     replies = [r for r in _exchange(messages, apps, contexts) if r.metadata.src_node_id != gone]
     before = layer.devices[gone].duration
     now[0] += 60.0  # the round waited a minute for it
-    wrapped.aggregate_train(13, replies)
+    _, metrics = wrapped.aggregate_train(13, replies)
     assert layer.devices[gone].duration == pytest.approx(0.5 * before + 0.5 * 60.0)  # smoothing 0.5
+    assert metrics["fedge-failed.timeout"] == 1 and not wrapped.refused  # counted by kind; no reply was refused
