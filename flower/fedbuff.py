@@ -22,9 +22,10 @@ for either coordinator (``tests/flower/test_one_coordinator.py``).
 
 With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
 each message carries the lattice change that brings its node's copy to the current version, a
-catch-up over the versions it missed while it trained, or a snapshot (the engine's downlink layer, ``fedge.protocol.downlink_layer``);
-updates are then deltas from that public copy, and the exact model moves by them. A reply settles
-its own node's copy as it arrives, while the other nodes are still training.
+catch-up over the versions it missed while it trained, or a snapshot (the engine's downlink layer,
+``fedge.protocol.downlink_layer``); updates are then deltas from that public copy, and the exact
+model moves by them. A reply settles its own node's copy as it arrives, while the other nodes are
+still training.
 
     strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
     result = strategy.start(grid, initial_arrays=arrays, num_versions=60, evaluate_fn=global_evaluate)

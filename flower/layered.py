@@ -12,9 +12,9 @@ a Flower strategy's train round, so one layer class works in both coordinators:
   its own ``config`` record);
 - per reply, the engine's door: ``missed`` for an error reply or a node that did not answer,
   ``arrived`` (a layer may take a reply whole; the reply is timed by its own ``created_at`` against
-  its message's, since a strategy sees replies only after the round's barrier), the update (decoded with the uplink codec, or the reply's model minus the one sent), then
-  ``update`` with its weight (the strategy's ``weighted_by_key``); the strategy aggregates the
-  models those updates make;
+  its message's, since a strategy sees replies only after the round's barrier), the update (decoded
+  with the uplink codec, or the reply's model minus the one sent), then ``update`` with its weight
+  (the strategy's ``weighted_by_key``); the strategy aggregates the models those updates make;
 - ``settle``; then ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
   layer releases another one (an unmasked or noised sum), the strategy aggregates one reply, the
   sent model plus that mean (``fedge.flower.secure`` is this wrapper with the engine's
