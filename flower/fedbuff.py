@@ -30,6 +30,11 @@ still training.
     strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
     result = strategy.start(grid, initial_arrays=arrays, num_versions=60, evaluate_fn=global_evaluate)
 
+``layers`` are the engine's layers (``fedge.protocol.layer``), called as its asynchronous loop calls
+them: ``select`` for each dispatch, ``outgoing``, ``arrived`` and ``update`` per reply, ``missed``,
+and ``close`` per version (its ``extra`` joins the version's train metrics); a layer that works on
+a whole round's sum (``SUM``, ``NOISE``) is refused.
+
 ``start`` returns Flower's own :class:`Result` (indexed by version) and logs each version as
 Flower's strategies log a round. A node that does not answer within ``reply_timeout`` seconds is
 counted and replaced; one that answers with an error or a payload that does not decode is refused
@@ -41,7 +46,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,14 +58,17 @@ from flwr.serverapp.strategy import Result
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, SpecError, make_codec
+from fedge.flower.layered import with_extra
 from fedge.flower.messages import REFUSED, reply_update, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
+from fedge.protocol.layer import NOISE, SUM, Layer, order_layers
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
-from fedge.protocol.step import Outgoing, Reply, Step
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
+from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.protocol.tally import Tally
 
 __all__ = ["FedAsync", "FedBuff"]
 
@@ -76,6 +84,8 @@ class _Buffer:
 
     mean: Aggregator
     tally: VersionTally
+    step: Step  # the version being built, as the layers see it
+    accounting: Tally
     contents: list[RecordDict] = field(default_factory=list)
     last: tuple[int, np.ndarray] | None = None  # (version it started from, update): FedAsync's one update
 
@@ -86,7 +96,8 @@ class FedBuff:
     def __init__(self, concurrency: int = 8, buffer: int = 4, uplink: str | None = "qsgd:bits=4",
                  staleness: Staleness | None = None, server_lr: float = 1.0,
                  weighted_by_key: str = "num-examples", seed: int = 0, reply_timeout: float = 600.0,
-                 downlink: str = "none", start: str | None = None, aggregator: str = "mean") -> None:
+                 downlink: str = "none", start: str | None = None, aggregator: str = "mean",
+                 layers: Iterable[Layer] = ()) -> None:
         if concurrency < 1 or buffer < 1:
             raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
         if uplink is not None:
@@ -97,7 +108,15 @@ class FedBuff:
             if codec.shares_support and not downlink.startswith("lattice"):
                 raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
                                  "it needs a lattice downlink (downlink=\"lattice:...\")")
-        DownlinkLayer.for_app(downlink, start=start)  # an unknown downlink or rule is refused here, not mid-run
+        layers = list(layers)
+        for layer in layers:  # what needs a whole round's sum or sample cannot run as updates land
+            facets = set(layer.provides) & {SUM, NOISE}
+            if facets:
+                raise ValueError(f"layer {layer.key} works on a whole round ({', '.join(sorted(facets))}); "
+                                 f"{type(self).__name__} aggregates each update as it lands")
+        # an unknown downlink or rule, or layers that cannot run together, are refused here, not mid-run
+        order_layers([DownlinkLayer.for_app(downlink, start=start), *layers])
+        self.layers = layers
         make_aggregator(aggregator, 1, capacity=buffer)
         if not (server_lr > 0 and reply_timeout > 0):
             raise ValueError("server_lr and reply_timeout must be positive")
@@ -130,14 +149,17 @@ class FedBuff:
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         downlink = DownlinkLayer.for_app(self.downlink_spec, start=self.start_spec,  # the nodes' copies
                                          track_supports=codec is not None and codec.shares_support)
+        layers = order_layers([downlink, *self.layers])
+        for layer in layers:
+            layer.start(torch.from_numpy(model.copy()))
         sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
         rng = random.Random(self.seed)
         loop = AsyncLoop(grid, Dispatcher(grid, clock=clock, sleep=sleep), self.concurrency, self.reply_timeout)
-        version = 0
-        buffer = self._new_buffer(layout)
+        version, dispatches = 0, 0
+        buffer = self._new_buffer(layout, 1, clock)
         deadline = clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
 
@@ -146,6 +168,12 @@ class FedBuff:
                 raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
 
         def pick(free: list[int], wanted: int) -> list[int]:
+            nonlocal dispatches
+            dispatches += 1
+            for layer in layers:  # a layer that chooses (Oort's rule), else a seeded shuffle
+                chosen = layer.select(list(free), wanted, dispatches)
+                if chosen is not None:
+                    return chosen
             rng.shuffle(free)
             return free[:wanted]
 
@@ -153,8 +181,10 @@ class FedBuff:
             arrays = result.arrays  # the current version, built once when it was published
             messages = [self._message(n, arrays, layout, version, train_config) for n in nodes]
             params = torch.from_numpy(layout.flatten(arrays).copy())
-            downlink.outgoing(Step(version), [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN,
-                                                       model=params) for m in messages])
+            outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
+            for layer in layers:
+                layer.outgoing(buffer.step, outgoing)
+            buffer.accounting.sent(outgoing)
             # with a lattice, nodes train from the public copy
             b = downlink.broadcast
             sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
@@ -166,26 +196,38 @@ class FedBuff:
             in_time()
             started = version if started is None else started
             if isinstance(item, Missing):
-                downlink.missed(Step(version), Failure(node, FailureKind.TIMEOUT, item.reason))
+                self._missed(layers, buffer, Failure(node, FailureKind.TIMEOUT, item.reason))
                 self.refused.append((version, node, item.reason))
+            elif item.has_error():
+                self._missed(layers, buffer, Failure(node, FailureKind.CLIENT_ERROR, item.error.reason))
+                self._update(item, node, started, layout, codec, sent_models, downlink.supports)  # refused, logged
             else:
-                if item.has_error():
-                    downlink.missed(Step(version), Failure(node, FailureKind.CLIENT_ERROR, item.error.reason))
-                else:
-                    downlink.arrived(Step(version), Reply(node, item.content), memoryview(b""), {})
-                self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports)
+                try:  # a malformed record is the door's to refuse (below), with its reason
+                    payload = memoryview(read_payload(item.content, UPDATE_RECORD)
+                                         if UPDATE_RECORD in item.content.array_records else b"")
+                except REFUSED:
+                    payload = memoryview(b"")
+                metrics = dict(next(iter(item.content.metric_records.values()), MetricRecord()))
+                reply = Reply(node, item.content, started=started)
+                for layer in layers:  # every layer sees it (the downlink: the node holds its copy)
+                    layer.arrived(buffer.step, reply, payload, metrics)
+                self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports,
+                             layers)
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, sent_models)
             version += 1
             like = self._like(like, buffer.contents)
             result.arrays = layout.rebuild(model, like)
-            result.train_metrics_clientapp[version] = self._train_metrics(buffer)
+            outcome = StepOutcome(model=torch.from_numpy(model.copy()))
+            for layer in layers:
+                layer.close(buffer.step, outcome, buffer.accounting)
+            result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer), outcome.extra)
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:
                 self._evaluate(evaluate_fn, version, result.arrays, result)
-            buffer = self._new_buffer(layout)
+            buffer = self._new_buffer(layout, version + 1, clock)
             if version >= num_versions:
                 return True
             for old in [v for v in sent_models if v not in set(loop.busy.values()) | {version}]:
@@ -200,26 +242,50 @@ class FedBuff:
                  wait=lambda: sleep(_NODE_WAIT))  # no node connected yet: wait for one, as the engine does
         return result
 
-    def _new_buffer(self, layout: Layout) -> _Buffer:
-        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer), VersionTally(self.staleness))
+    def _new_buffer(self, layout: Layout, number: int, clock: Callable[[], float]) -> _Buffer:
+        """The buffer of version ``number`` (the step the layers see builds it from the one before)."""
+        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer),
+                       VersionTally(self.staleness), Step(number), Tally(clock()))
+
+    @staticmethod
+    def _missed(layers: list[Layer], buffer: _Buffer, failure: Failure) -> None:
+        buffer.accounting.failed(failure)
+        for layer in layers:
+            layer.missed(buffer.step, failure)
 
     def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
     def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
-                codec: Codec | None, sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> None:
-        """One reply into the buffer: decoded, dropped if staler than the bound, else added with its
-        example weight times s(τ) (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine)."""
-        update = self._update(reply, node, started, layout, codec, sent_models, supports)
-        if update is None:
+                codec: Codec | None, sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray],
+                layers: list[Layer]) -> None:
+        """One reply into the buffer: decoded, dropped if staler than the bound, else through the
+        layers' ``update`` (bound, weight) and added with its weight times s(τ) (Σ s(τ_i) w_i Δ_i /
+        Σ w_i, as Fedge's engine)."""
+        decoded = self._update(reply, node, started, layout, codec, sent_models, supports)
+        if decoded is None:
+            self._missed(layers, buffer, Failure(node, FailureKind.INVALID, self.refused[-1][2]))
             return
         tau = version - started
         if not buffer.tally.admits(tau):
             self.dropped_stale += 1
             log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
+            self._missed(layers, buffer, Failure(node, FailureKind.STALE, f"stale by {tau} versions"))
             return
-        delta, weight, content = update
+        delta, weight, content = decoded
+        update = Update(node, torch.from_numpy(delta), weight, dict(content.metric_records["metrics"]), b"",
+                        reply.content, started=started)
+        try:
+            for layer in layers:
+                update = layer.update(buffer.step, update)
+        except REFUSED as err:  # a layer refused it (the update guard's reject mode)
+            log.warning("[FedBuff] refused the update of node %d: %s", node, err)
+            self.refused.append((started, node, str(err)))
+            self._missed(layers, buffer, Failure(node, FailureKind.INVALID, str(err)))
+            return
+        delta, weight = update.vector.numpy().astype(np.float32), update.weight
+        buffer.accounting.members.append(node)
         buffer.tally.add(buffer.mean, torch.from_numpy(delta), weight, tau)
         buffer.contents.append(content)
         buffer.last = (started, delta)

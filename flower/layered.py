@@ -245,7 +245,7 @@ class LayeredStrategy(Wrapper):
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
-        metrics = _with_extra(metrics, outcome.extra)
+        metrics = with_extra(metrics, outcome.extra)
         if state.tally.failures:  # typed, as the engine's rows and /metrics count them
             metrics = MetricRecord(dict(metrics or {}))
             for kind, count in sorted(state.tally.failures.items()):
@@ -388,7 +388,7 @@ def _exchange(grid: Grid, server_round: int) -> Exchange:
     return run
 
 
-def _with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:
+def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:
     """The strategy's metrics plus the layers' numbers (one level of dicts flattened)."""
     flat: dict[str, float] = {}
     for name, value in extra.items():

@@ -95,10 +95,6 @@ class Update:
     content: RecordDict
     #: asynchronous algorithms: the model version the reply's message was built from
     started: int | None = None
-    #: seconds from its message's creation to the reply's, by the two messages' own timestamps (set
-    #: by ``fedge.flower.layered``, which sees replies only after the round's barrier, as Flower's TTL
-    #: check reads them); None: the coordinator times the reply as it lands
-    seconds: float | None = None
 
     @property
     def train_loss(self) -> float:

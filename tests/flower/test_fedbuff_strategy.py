@@ -307,3 +307,44 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
     for support, mine, theirs in decoded:
         np.testing.assert_array_equal(mine, theirs)
         assert set(np.flatnonzero(mine).tolist()) - set(support.tolist())  # the extras, outside it
+
+
+@pytest.mark.parametrize("make", [lambda **kw: FedBuff(concurrency=3, buffer=2, **kw),
+                                  lambda **kw: FedAsync(concurrency=3, alpha=0.6, **kw)], ids=["FedBuff", "FedAsync"])
+def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
+    """A layer written for the engine (its test layer, and the update guard) runs in ``FedBuff``'s
+    asynchronous rounds as in the engine's: it sees every reply that arrives, bounds each update
+    before it is buffered, and reports on each version in its train metrics. A layer that works on
+    a whole round's sum is refused when the strategy is built."""
+    from fedge.aggregation.partial import Partial
+    from fedge.protocol.layer import Layer
+    from fedge.server.engine.layers.update_guard import UpdateGuardLayer
+    from fedge.server.engine.update_guard import UpdateGuard
+    from tests.server.test_layers import CountingLayer
+
+    class _Sum(Layer):
+        key = "test-sum"
+        provides = frozenset({"sum"})
+
+        def release(self, step, partial: Partial) -> Partial:  # type: ignore[no-untyped-def]
+            return partial
+
+    with pytest.raises(ValueError, match="whole round"):
+        make(layers=[_Sum()])
+    clock = Clock()
+    grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 2.5}, clock)
+    counting = CountingLayer()
+    guard = UpdateGuardLayer(UpdateGuard("clip:max=0.05", "none"), weighted=True)
+    strategy, start = make(uplink="qsgd:bits=4", layers=[counting, guard]), _model()
+    result = _run(strategy, grid, 5, clock, start)
+    metrics = result.train_metrics_clientapp
+    assert sorted(metrics) == [1, 2, 3, 4, 5] and not strategy.refused
+    assert [metrics[v]["test_counter.total"] for v in (1, 2, 3, 4, 5)] == \
+        list(np.cumsum([metrics[v]["test_counter.step"] for v in (1, 2, 3, 4, 5)]))
+    assert counting.total == len(grid.sent) - len(strategy.refused) - sum(
+        1 for mid in grid.waiting)  # every reply that arrived, none that is still in flight
+    # every buffered update was clipped to norm 0.05 (the user's updates are far larger), so five
+    # versions move the model by at most 5 x 0.05
+    moved = np.concatenate([(result.arrays[k].numpy() - start[k].numpy()).ravel() for k in start.keys()])
+    assert 0 < np.linalg.norm(moved) <= 5 * 0.05 + 1e-4
+    assert sum(metrics[v]["clipped"] for v in metrics) >= 5
