@@ -176,7 +176,8 @@ class DownlinkLayer(Layer):
             o.content[MODEL_RECORD] = tally.full[1]
             return
         layout = self._layout(o, arrays)
-        b = self._publish((step.number, o.message_type), o.model, fresh=o.message_type == MessageType.TRAIN)
+        train = o.message_type.split(".")[0] == MessageType.TRAIN  # train, or a named action (train.easgd)
+        b = self._publish((step.number, o.message_type), o.model, fresh=train)
         if o.node in self.sent:  # its last message was never answered: its copy is unknown
             self._forget(o.node)
         message = b.message_for(o.node)  # with track_supports, b.supports[node]: what it moves
