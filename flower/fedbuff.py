@@ -57,9 +57,9 @@ from flwr.serverapp.strategy import Result
 
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
-from fedge.compression import Codec, SpecError, make_codec
+from fedge.compression import Codec, make_codec
 from fedge.flower.layered import with_extra
-from fedge.flower.messages import REFUSED, reply_update, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, reply_update, uplink_codec, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
@@ -100,22 +100,16 @@ class FedBuff:
                  layers: Iterable[Layer] = ()) -> None:
         if concurrency < 1 or buffer < 1:
             raise ValueError(f"concurrency and buffer must be >= 1, got {concurrency}, {buffer}")
+        own = DownlinkLayer.for_app(downlink, start=start)  # an unknown downlink or rule is refused here
         if uplink is not None:
-            try:
-                codec = make_codec(uplink)
-            except (SpecError, ValueError) as err:
-                raise ValueError(f"uplink codec {uplink!r}: {err}") from None
-            if codec.shares_support and not downlink.startswith("lattice"):
-                raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change moved; "
-                                 "it needs a lattice downlink (downlink=\"lattice:...\")")
+            uplink_codec(uplink, own)
         layers = list(layers)
         for layer in layers:  # what needs a whole round's sum or sample cannot run as updates land
             facets = set(layer.provides) & {SUM, NOISE}
             if facets:
                 raise ValueError(f"layer {layer.key} works on a whole round ({', '.join(sorted(facets))}); "
                                  f"{type(self).__name__} aggregates each update as it lands")
-        # an unknown downlink or rule, or layers that cannot run together, are refused here, not mid-run
-        order_layers([DownlinkLayer.for_app(downlink, start=start), *layers])
+        order_layers([own, *layers])  # layers that cannot run together are refused here, not mid-run
         self.layers = layers
         make_aggregator(aggregator, 1, capacity=buffer)
         if not (server_lr > 0 and reply_timeout > 0):

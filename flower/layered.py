@@ -57,8 +57,9 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
-from fedge.compression import Codec, SpecError, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_update, with_raw, write_uplink
+from fedge.compression import Codec, make_codec
+from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_update, uplink_codec, with_raw, \
+    write_uplink
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
@@ -109,14 +110,10 @@ class LayeredStrategy(Wrapper):
             seed, streaming = (seed, streaming) if strategy.uplink is None else (strategy.seed, strategy.streaming)
             strategy = strategy.strategy
         if uplink is not None:
-            try:
-                codec = make_codec(uplink)
-            except (SpecError, ValueError) as err:
-                raise ValueError(f"uplink codec {uplink!r}: {err}") from None
             downlink = next((layer for layer in layers if isinstance(layer, DownlinkLayer)), None)
-            if codec.shares_support and (downlink is None or downlink.parsed is None):
-                raise ValueError(f"uplink codec {uplink!r} sends on the coordinates the downlink's last change "
-                                 "moved; it needs a lattice downlink (downlink=\"lattice:...\")")
+            codec = uplink_codec(uplink, downlink)
+            if downlink is not None:  # a tcs uplink decodes on the supports the downlink keeps
+                downlink.track_supports = codec.shares_support
         if streaming and not is_plain_mean(strategy):
             raise ValueError(f"streaming=True needs a strategy that aggregates by FedAvg's weighted mean; "
                              f"{type(strategy).__name__} has its own aggregate_train")
@@ -369,12 +366,8 @@ class CompressedStrategy(LayeredStrategy):
             raise ValueError("compressed(secure(...)) would decode masked uploads: secure aggregation is the uplink; "
                              "wrap the other way, secure(compressed(strategy, uplink=\"none\", downlink=...)), to "
                              "keep the lattice downlink")
-        try:
-            shares_support = make_codec(uplink).shares_support
-        except (SpecError, ValueError) as err:
-            raise ValueError(f"uplink codec {uplink!r}: {err}") from None
-        layer = DownlinkLayer.for_app(downlink, start=start, track_supports=shares_support)
-        super().__init__(strategy, [layer], uplink=uplink, seed=seed, streaming=streaming)
+        super().__init__(strategy, [DownlinkLayer.for_app(downlink, start=start)], uplink=uplink, seed=seed,
+                         streaming=streaming)
 
 
 def _exchange(grid: Grid, server_round: int) -> Exchange:

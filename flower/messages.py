@@ -16,14 +16,15 @@ from flwr.serverapp.strategy import Strategy
 import numpy as np
 import torch
 
-from fedge.compression import Codec, PayloadError
+from fedge.compression import Codec, PayloadError, SpecError, make_codec
+from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.secure_round import StageExchange
 
 __all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "reply_payload", "reply_update", "reply_weight",
-           "with_raw", "write_uplink"]
+           "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,19 @@ def own_config(message: Message) -> ConfigRecord:
     config = content["config"] = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
     message.content = content
     return config
+
+
+def uplink_codec(spec: str, downlink: DownlinkLayer | None) -> Codec:
+    """The uplink codec ``spec`` names, refused here with its reason when malformed, or when it sends
+    on the coordinates the downlink's last change moved (``tcs``) and ``downlink`` is not a lattice."""
+    try:
+        codec = make_codec(spec)
+    except (SpecError, ValueError) as err:
+        raise ValueError(f"uplink codec {spec!r}: {err}") from None
+    if codec.shares_support and (downlink is None or downlink.parsed is None):
+        raise ValueError(f"uplink codec {spec!r} sends on the coordinates the downlink's last change moved; it "
+                         "needs a lattice downlink (downlink=\"lattice:...\")")
+    return codec
 
 
 def write_uplink(config: ConfigRecord, spec: str, layout_digest: str, version: int, seed: int) -> None:

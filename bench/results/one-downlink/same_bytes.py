@@ -1,22 +1,22 @@
 """compressed(FedAvg(), ...) before and after the downlink became one layer: 6 rounds, 3 in-process
 nodes (the tests' user app with compression_mod), node 12 silent in round 3, a corrupt payload from
 node 13 in round 4; per round the model's digest and the bytes each way. Run it against two trees
-and diff the outputs (2026-11-29, 2-core Xeon; 83faa18.out and new.out here are identical but for
-the first line):
+and diff the outputs (2026-11-29, 2-core Xeon; 83faa18.out and new.out here are identical). From
+the repository root:
 
-    git worktree add /tmp/old 83faa18 && mkdir -p /tmp/oldroot && ln -s /tmp/old /tmp/oldroot/fedge
-    (cd /tmp && PYTHONPATH=/tmp/oldroot:/tmp/old /work/main/.venv/bin/python /work/main/bench/results/one-downlink/same_bytes.py) > old.out
+    ROOT=$PWD OLD=$(mktemp -d)
+    git worktree add "$OLD/tree" 83faa18 && ln -s "$OLD/tree" "$OLD/fedge"
+    (cd "$OLD" && PYTHONPATH="$OLD:$OLD/tree" "$ROOT/.venv/bin/python" "$ROOT/bench/results/one-downlink/same_bytes.py") > old.out
     PYTHONPATH=. .venv/bin/python bench/results/one-downlink/same_bytes.py > new.out; diff old.out new.out
 """
-import hashlib, sys
+import hashlib
 import numpy as np
-import fedge, fedge.edge_client.compression_mod as client_mod
+import fedge.edge_client.compression_mod as client_mod
 from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 from fedge.flower import compressed
 from fedge.protocol.records import UPDATE_RECORD, read_payload, payload_record
 from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _model, _user_app
-print("fedge from", list(fedge.__path__))
 from flwr.supercore.task_identity import TaskIdentity
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 import torch, random; torch.manual_seed(0)
