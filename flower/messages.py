@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -23,10 +24,22 @@ from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KE
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.secure_round import StageExchange
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "reply_payload", "reply_update", "reply_weight",
-           "uplink_codec", "with_raw", "write_uplink"]
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_update",
+           "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def parsed(parse: Callable[[str], T | None], text: str, name: str) -> T:
+    """``parse(text)``, its error (a ValueError) or a ``none`` named after the argument ``name``."""
+    try:
+        value = parse(text)
+    except ValueError as err:
+        raise ValueError(f"{name} {text!r}: {err}") from None
+    if value is None:
+        raise ValueError(f"{name} {text!r}: a spec is needed here, not 'none'")
+    return value
 
 
 class Wrapper(Strategy):

@@ -5,7 +5,7 @@ neighbourhood graph, Shamir shares of the mask seeds and keys, signed advertisem
 when devices drop out) around the wrapped strategy's round, from a user's own ServerApp against its
 ``Grid``; :func:`fedge.edge_client.secure_mod` is the device's side. It is
 :func:`fedge.flower.layered` with the layer Fedge's engine runs (``fedge.protocol.secure_layer``)
-and, under distributed DP, the DP layer of ``fedge.flower.secure_dp``: one secure coordinator.
+and, under distributed DP, the engine's distributed-DP layer: one secure coordinator.
 Around ``configure_train`` it advertises keys and routes the sealed shares among the nodes the
 strategy sampled (two exchanges on the grid), and only the nodes that dealt their shares train; each
 masked reply is checked against the plan (its size, and that it says nothing in clear about its
@@ -19,7 +19,12 @@ The stage messages are ``train`` messages carrying the ``secagg`` record, the co
 Flower's own SecAgg+ (``secaggplus_mod``): the user's ClientApp needs no handler of its own for
 them; the mod answers them and calls the user's ``@app.train()`` body only for the masked round.
 What the coordinator learns: the sum over the survivors and which nodes took part at each stage;
-with ``differential_privacy=...`` (``fedge.flower.secure_dp``) that sum carries the devices' noise.
+With ``differential_privacy="gaussian:noise=z,clip=C,delta=...,budget=..."`` that sum carries the
+devices' noise: distributed DP, the layer Fedge's engine runs (``fedge.protocol.distributed_dp_layer``),
+sampling each connected node with probability q = the strategy's ``fraction_train`` (Poisson, from
+the OS CSPRNG, what the accountant's amplification assumes; the strategy's own fixed-size sampler is
+not used); its ledger fields (``dp_epsilon``, ``dp_epsilon_coordinator``, ...) join the round's
+train metrics.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ from flwr.serverapp.strategy import FedAvgM, Strategy
 from flwr.serverapp.strategy.fedopt import FedOpt
 
 from fedge.flower.layered import LayeredStrategy, _Round, is_plain_mean
-from fedge.flower.messages import own_config
-from fedge.flower.secure_dp import DistributedDP, parsed
+from fedge.flower.messages import own_config, parsed
+from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.compression import make_codec
+from fedge.protocol.distributed_dp_layer import DistributedDP
 from fedge.protocol.layer import Layer
 from fedge.protocol.secure_layer import SecureAggregation, secure_round_of
 from fedge.protocol.secure_session import SecureSession
@@ -91,13 +97,20 @@ class SecureStrategy(LayeredStrategy):
             raise ValueError("issuer= (identities issued by the operator) needs Fedge's coordinator (fedge serve); "
                              "in a user's ServerApp identity keys are pinned on first use")
         self.spec, self.seed = spec, int(seed)
-        #: distributed DP (``fedge.flower.secure_dp``): the devices add Skellam noise inside the ring
+        #: distributed DP: the devices add Skellam noise inside the ring
         self.dp: DistributedDP | None = None
         if differential_privacy and differential_privacy.strip().lower() != "none":
             if spec.ratio < 1:
                 raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
                                  "noise and the sensitivity cover the whole update; use ratio=1")
-            self.dp = DistributedDP(differential_privacy, float(getattr(strategy, "fraction_train", 0.0)))
+            dp_spec = parsed(parse_differential_privacy, differential_privacy, "differential_privacy")
+            rate = float(getattr(strategy, "fraction_train", 0.0))
+            if not 0 < rate <= 1:
+                raise ValueError(f"Poisson sampling needs the strategy's fraction_train in (0, 1], got {rate}")
+            try:
+                self.dp = DistributedDP(dp_spec, lambda connected: rate)
+            except ValueError as err:
+                raise ValueError(f"differential_privacy {differential_privacy!r}: {err}") from None
         #: the run id, the identity pins (trust on first use) and each round's flow, shared with Fedge's engine
         self.session = SecureSession(spec, self.seed)
         #: the weight a device reports (under DP every device weighs 1: none)
@@ -118,7 +131,7 @@ class SecureStrategy(LayeredStrategy):
 
     def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord:
         """The wrapped strategy's metrics plus ``fedge-secagg-survivors`` and ``fedge-uplink-bytes``
-        (masked uploads and key exchange); under DP, the layer's ``fedge-dp-*``."""
+        (masked uploads and key exchange); under DP, the layer's ``dp_*`` fields."""
         secure, revealed = secure_round_of(state.step)
         out = MetricRecord(dict(metrics or {}))
         out["fedge-secagg-survivors"] = revealed.count if revealed is not None else 0
@@ -135,8 +148,8 @@ def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2
     :func:`fedge.edge_client.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
     ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout.
     ``differential_privacy="gaussian:noise=z,clip=C,..."``: distributed DP, the devices add the noise
-    inside the ring (``fedge.flower.secure_dp``); nodes are Poisson-sampled at the strategy's
-    ``fraction_train``."""
+    inside the ring (``fedge.protocol.distributed_dp_layer``); nodes are Poisson-sampled at the
+    strategy's ``fraction_train``."""
     return SecureStrategy(strategy, secure_aggregation, seed, differential_privacy)
 
 

@@ -21,13 +21,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import MessageType
 
 from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
-from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
 from fedge.protocol.dispatcher import Missing
@@ -38,7 +36,7 @@ from fedge.protocol.secure_session import SecureSession
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 
-__all__ = ["SecureAggregation", "noised_release", "secure_round_of"]
+__all__ = ["SecureAggregation", "secure_round_of"]
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +162,3 @@ def secure_round_of(step: Step) -> tuple[SecureRound | None, Partial | None]:
     state = step.layers.get(SecureAggregation.key)
     return (None, None) if state is None else (state.secure, state.revealed)
 
-
-def noised_release(mechanism: DistributedRelease, partial: Partial, q: float, connected: int,
-                   rng: np.random.Generator) -> Partial:
-    """Under distributed DP, the partial a round releases in place of the unmasked one: its noisy
-    sum (plus the top-up for the planned devices that dropped) over q N, or noise alone when no sum
-    was unmasked, recorded in ``mechanism``'s ledgers. The engine's DP layer and a Flower app's
-    (``fedge.flower.secure_dp``) both release through this."""
-    count = partial.count
-    released = mechanism.released_mean(partial.sum().numpy() if count else None, q, connected,
-                                       list(partial.members), partial.planned, rng)
-    return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(q * connected, 1.0), count,
-                           members=partial.members, planned=partial.planned, noised=True)

@@ -233,7 +233,7 @@ _OTHER_WORDS = {
     "require-secure-aggregation", "min-participants", "dp-min-noise", "dp-max-clip",  # a device's node config
     "leaf-count", "leaf-connected",  # a bridge's metrics
     "warm-device",  # bench/clientapp_cpu.py --isolation: warm execution as a device install runs it
-    "fedge-uplink-bytes", "fedge-downlink-bytes", "fedge-refused", "fedge-dropped-stale", "fedge-secagg-survivors", "fedge-dp-epsilon", "fedge-dp-epsilon-coordinator", "fedge-dp-delta",  # metrics fedge.flower adds to a Flower strategy's round
+    "fedge-uplink-bytes", "fedge-downlink-bytes", "fedge-refused", "fedge-dropped-stale", "fedge-secagg-survivors",  # metrics fedge.flower adds to a Flower strategy's round
 }
 
 

@@ -244,7 +244,7 @@ def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_de
     grid, arrays = Grid(), _model()
     wrapped = secure(FedAvg(fraction_train=1.0), SPEC, differential_privacy=DP)
     _, replies, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
-    assert metrics["fedge-secagg-survivors"] == 4 and metrics["fedge-dp-epsilon"] > 0
+    assert metrics["fedge-secagg-survivors"] == 4 and metrics["dp_epsilon"] > 0
     assert all(set(r.content.keys()) == {UPDATE_RECORD, "metrics"} for r in replies)
     params = wrapped.dp.noise(len(NODES))
     residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, 1, NODES, 1.0) / len(NODES)
@@ -254,7 +254,7 @@ def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_de
     assert len(wrapped.dp.ledger.rounds) == 1
     # against the coordinator, which sampled them, each of the four spent one unamplified round
     assert sorted(wrapped.dp.coordinator.devices) == sorted(str(n) for n in NODES)
-    assert metrics["fedge-dp-epsilon-coordinator"] == wrapped.dp.coordinator.worst()[0] > 0
+    assert metrics["dp_epsilon_coordinator"] == wrapped.dp.coordinator.worst()[0] > 0
 
 
 def test_under_distributed_dp_the_coordinator_tops_up_the_noise_of_a_node_that_dropped() -> None:
@@ -297,8 +297,8 @@ def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_is_
     assert 0.9 < moved.std() / expected_std < 1.1
     steps = moved * len(NODES) * params.scale  # the released noise in the ring's integer units
     assert np.allclose(steps, np.round(steps), atol=1e-2)  # on the lattice, not a float Gaussian
-    assert len(wrapped.dp.ledger.rounds) == 1 and metrics["fedge-dp-epsilon"] > 0
-    assert wrapped.dp.coordinator.devices == {} and metrics["fedge-dp-epsilon-coordinator"] == 0
+    assert len(wrapped.dp.ledger.rounds) == 1 and metrics["dp_epsilon"] > 0
+    assert wrapped.dp.coordinator.devices == {} and metrics["dp_epsilon_coordinator"] == 0
 
 
 def test_poisson_sampling_at_the_strategys_fraction() -> None:
@@ -306,7 +306,7 @@ def test_poisson_sampling_at_the_strategys_fraction() -> None:
     of sampled nodes has mean 4 q = 1.2 and variance 4 q (1 - q) = 0.84; each band is at least 6
     standard errors wide (a false alarm less than once in 10^8 runs)."""
     wrapped = secure(FedAvg(fraction_train=0.3), SPEC, differential_privacy=DP)
-    counts = np.array([len(wrapped.dp.sample(NODES)) for _ in range(4000)])
+    counts = np.array([len(wrapped.dp.select(NODES, 0, 1)) for _ in range(4000)])
     assert abs(counts.mean() - 1.2) < 6 * np.sqrt(0.84 / 4000)
     assert abs(counts.var() - 0.84) < 6 * 0.84 * np.sqrt(2 / 4000) * 1.5
 
@@ -374,7 +374,7 @@ def test_distributed_dp_with_the_lattice_downlink_releases_the_clipped_sum_plus_
         got, metrics = wrapped.aggregate_train(server_round, grid.send_and_receive(messages))
         params = wrapped.dp.noise(len(NODES))
         expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
-        assert metrics["fedge-secagg-survivors"] == 4 and metrics["fedge-dp-epsilon"] > 0
+        assert metrics["fedge-secagg-survivors"] == 4 and metrics["dp_epsilon"] > 0
         if server_round > 1:
             assert 0 < metrics["fedge-downlink-bytes"] < len(NODES) * fp32 / 4
         residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, server_round, NODES,

@@ -177,5 +177,5 @@ def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp
     if dp == "none":
         assert run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
     else:
-        epsilons = [run["train_metrics"][v]["fedge-dp-epsilon"] for v in ("1", "2", "3")]
+        epsilons = [run["train_metrics"][v]["dp_epsilon"] for v in ("1", "2", "3")]
         assert 0 < epsilons[0] < epsilons[1] < epsilons[2], epsilons

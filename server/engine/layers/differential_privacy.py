@@ -10,11 +10,9 @@ is checkpointed. Rows under DP carry no training loss (a noiseless aggregate of 
 
 The coordinator sees each clipped update before it adds noise: this protects the released models
 (and everything derived from them) against whoever receives them, not the devices against the
-coordinator. With secure aggregation the devices add the noise inside the ring (distributed DP,
-``fedge.privacy.distributed_dp``) and the coordinator never sees a noiseless sum. It still draws the
-sample and sees who took part, so against it sampling amplifies nothing: rows then report two
-epsilons, the amplified one (against whoever sees only the released models) and the worst device's
-against the coordinator (``CoordinatorLedger``).
+coordinator. With secure aggregation the devices add the noise inside the ring and the coordinator
+never sees a noiseless sum: distributed DP, whose coordinator side is the layer both coordinators
+run (``fedge.protocol.distributed_dp_layer``); this module builds it and refuses what it cannot do.
 
 As a layer of the engine (``fedge.server.engine.layers``): it replaces the step's sample (Poisson),
 ends the run before a step would overspend the budget, stamps each message with the round's
@@ -50,15 +48,14 @@ import numpy as np
 import torch
 
 from fedge.aggregation.partial import Partial
-from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger
-from fedge.privacy.distributed_release import DistributedRelease
+from fedge.privacy.accountant import PrivacyLedger
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
 from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
-from fedge.protocol.secure_layer import noised_release
+from fedge.protocol.distributed_dp_layer import DistributedDP
 from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -109,23 +106,17 @@ class DifferentialPrivacyLayer(Layer):
     provides = frozenset({SAMPLE, NOISE})
     needs = frozenset({BOUNDED, SUM})
 
-    def __init__(self, dp: CentralDP, clients_per_round: int, numel: int = 0, distributed: bool = False) -> None:
+    def __init__(self, dp: CentralDP, clients_per_round: int) -> None:
         self.dp = dp
         self.tier = dp.spec.tier  # "" (one tier), "leaf" or "root"
         self.clients_per_round = clients_per_round
-        #: with secure aggregation (distributed DP): the devices add the noise inside the ring
-        #: (Skellam); the coordinator only samples (``dp``), releases and accounts, through the one
-        #: mechanism ``fedge.flower.secure`` uses too
-        self.distributed = DistributedRelease(dp.spec, numel) if distributed else None
-
-    @property
-    def coordinator(self) -> CoordinatorLedger | None:
-        """Under distributed DP: what each device has spent against the coordinator."""
-        return None if self.distributed is None else self.distributed.coordinator
 
     @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | None:
-        """The run's DP mechanism, or None; a combination it cannot account for is refused here."""
+    def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | DistributedDP | None:
+        """The run's DP mechanism, or None; a combination it cannot account for is refused here.
+        With secure aggregation, distributed DP: the layer both coordinators run
+        (``fedge.protocol.distributed_dp_layer``), sampling at clients-per-round over the connected
+        devices."""
         settings = algorithm.ctx.settings
         try:
             spec = parse_differential_privacy(settings.differential_privacy)
@@ -139,11 +130,15 @@ class DifferentialPrivacyLayer(Layer):
         reason = _tier_refusal(settings, spec)
         if reason is not None:
             raise SettingsError(f"differential-privacy {spec.spec!r}: {reason}")
+        if settings.secure_aggregation != "none":
+            rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
+            cpr = settings.clients_per_round
+            return DistributedDP(spec, lambda connected: min(1.0, cpr / max(connected, 1)), algorithm.ctx.numel,
+                                 rng=rng, sampler=_system_random())
         dp = CentralDP(spec)
         if spec.adaptive:
             dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
-        distributed = settings.secure_aggregation != "none"
-        return cls(dp, settings.clients_per_round, algorithm.ctx.numel, distributed)
+        return cls(dp, settings.clients_per_round)
 
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
         """Poisson sampling from the OS CSPRNG at rate clients-per-round / connected (what the
@@ -159,8 +154,6 @@ class DifferentialPrivacyLayer(Layer):
     def exhausted(self, connected: int) -> bool:
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
-        if self.distributed is not None:  # the mechanism logs it
-            return self.distributed.would_exceed(self.dp.sampling_rate(connected, self.clients_per_round))
         q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
         spent = self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
         if spent:
@@ -209,8 +202,6 @@ class DifferentialPrivacyLayer(Layer):
             expected = self.dp.rate * max(devices, 1)
             return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned,
                                    noised=True)
-        if self.distributed is not None:  # recorded in the ledgers when a sum was unmasked
-            return noised_release(self.distributed, partial, self.dp.rate, step.connected, self.dp.rng)
         total = partial.mean() * count if count else torch.zeros(partial.numel)
         noisy = self.dp.noisy_mean(total, step.connected)
         expected = self.dp.rate * step.connected
@@ -220,8 +211,6 @@ class DifferentialPrivacyLayer(Layer):
         if self.tier == "leaf":  # no release here: the root accounts for it
             outcome.extra.update({"dp_tier": "leaf", "dp_sampling_rate": self.dp.spec.rate,
                                   "dp_clip": self.dp.clip_bound})
-        elif self.distributed is not None:
-            outcome.extra.update(self._close_distributed(step))
         else:
             outcome.extra.update(self.dp.close_round())
             if self.tier == "root":
@@ -231,33 +220,12 @@ class DifferentialPrivacyLayer(Layer):
         # operator sees them anyway; they are not released with the model. docs/privacy.md)
         outcome.train_loss = None
 
-    def _close_distributed(self, step: Step) -> dict[str, Any]:
-        """The row's DP fields (the release recorded the round, charged with or without a sum; against
-        the coordinator only the members' rounds count). RDP's epsilon only (no PLD for Skellam)."""
-        assert self.distributed is not None
-        received: Partial = self.scratch(step, dict)["received"]  # the unmasked sum, before the noise
-        survivors, planned = received.count, received.planned
-        q = self.dp.sampling_rate(step.connected, self.clients_per_round)
-        epsilon = self.distributed.ledger.epsilon()
-        against_coordinator, most = self.distributed.coordinator.worst()
-        return {"dp_epsilon": epsilon, "dp_epsilon_rdp": epsilon, "dp_delta": self.dp.spec.delta,
-                "dp_sampling_rate": q, "dp_noise_multiplier": self.dp.spec.noise, "dp_clip": self.dp.spec.clip,
-                "dp_mechanism": "skellam", "dp_topped_up_devices": planned - survivors if survivors else 0,
-                "dp_epsilon_coordinator": against_coordinator, "dp_coordinator_rounds": most}
-
     def state_dict(self) -> dict[str, Any]:
-        if self.distributed is not None:
-            return self.distributed.state_dict()
         return self.dp.state_dict()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
-        if self.distributed is not None:
-            if not self.distributed.load_state_dict(state):
-                log.warning("the checkpoint has no per-device ledger: epsilon against the coordinator counts "
-                            "only the rounds from here on")
-            return
         self.dp.load_state_dict(state)
 
 
@@ -281,11 +249,6 @@ class CentralDP:
         #: 1/2 whatever it is); taking it from each round's connected devices let a round with fewer
         #: of them than clients-per-round break z < 2 sigma_b mid-run (privacy audit 2, N8)
         self.count_devices = 1.0
-
-    @property
-    def rng(self) -> np.random.Generator:
-        """The noise's generator (seeded from the OS CSPRNG; the distributed release draws its top-up from it)."""
-        return self._rng
 
     def _count_noise_std(self) -> float:
         """Andrew et al.'s sigma_b = m / 20 for the m expected devices the run was built for."""
