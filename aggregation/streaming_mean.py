@@ -1,8 +1,8 @@
 """Streaming weighted mean: decode each client payload straight into one running sum.
 
 Flower's built-in strategies receive every reply, then aggregate; their memory grows with the number
-of clients. Here each payload is validated and decoded into a single accumulator as soon as it
-arrives and can be dropped right after, so the coordinator's memory is O(model) whatever the number
+of clients. Here each update is decoded (and validated) into a single accumulator as soon as it
+arrives and its payload can be dropped right after, so the coordinator's memory is O(model) whatever the number
 of clients: one accumulator plus one decoded temporary.
 """
 
@@ -13,7 +13,6 @@ import math
 import torch
 
 from fedge.aggregation.partial import Partial
-from fedge.compression import Codec
 
 __all__ = ["StreamingMean", "check_weight"]
 
@@ -33,18 +32,9 @@ class StreamingMean:
         self.total_weight = 0.0
         self.count = 0
 
-    def add_payload(self, payload: bytes | bytearray | memoryview, codec: Codec, weight: float) -> None:
-        """Decode ``payload`` with ``codec`` and accumulate it with ``weight``.
-
-        Validation happens completely before the accumulator is touched: a :class:`PayloadError`
-        (or a bad weight) leaves the running mean exactly as it was.
-        """
-        check_weight(weight)
-        decoded = codec.decode(payload, self.numel)
-        self._accumulate(decoded, weight)
-
     def add(self, vector: torch.Tensor, weight: float) -> None:
-        """Accumulate an already-decoded vector."""
+        """Accumulate a decoded vector (the caller decodes first: a payload that does not decode
+        never reaches the sum). A bad weight or size leaves the running mean as it was."""
         check_weight(weight)
         flat = vector.reshape(-1)
         if flat.numel() != self.numel:

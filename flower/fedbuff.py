@@ -54,6 +54,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
@@ -326,19 +327,14 @@ class FedBuff:
         return like
 
     def _train_metrics(self, buffer: _Buffer) -> MetricRecord:
-        """The example-weighted mean of the buffered replies' numeric metrics, and the staleness."""
-        out: dict[str, float] = {}
-        weights = [float(c.metric_records["metrics"].get(self.weighted_by_key, 1)) for c in buffer.contents]
-        keys = set.intersection(*(set(c.metric_records["metrics"].keys()) for c in buffer.contents))
-        for key in sorted(keys - {self.weighted_by_key}):
-            values = [c.metric_records["metrics"][key] for c in buffer.contents]
-            if all(isinstance(v, (int, float)) for v in values):
-                out[key] = float(np.average(values, weights=weights))
+        """The replies' metrics averaged as Flower's FedAvg averages them (weighted by
+        ``weighted_by_key``), the staleness, and Fedge's counters."""
+        out = aggregate_metricrecords(buffer.contents, self.weighted_by_key)
         out["staleness-mean"] = float(buffer.tally.report()["staleness_mean"])
         out["fedge-uplink-bytes"] = float(self.uplink_bytes)
         out["fedge-downlink-bytes"] = float(self.downlink_bytes)
         out["fedge-dropped-stale"] = float(self.dropped_stale)
-        return MetricRecord(out)
+        return out
 
     @staticmethod
     def _evaluate(evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None], version: int,
