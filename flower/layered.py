@@ -53,7 +53,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import FedAvg, FedAvgM, Strategy
+from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
@@ -63,13 +64,13 @@ from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, rep
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import Exchange, Layer, order_layers
+from fedge.protocol.layer import NOISE, SUM, Exchange, Layer, order_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-__all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered"]
+__all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered", "mean_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,11 @@ class LayeredStrategy(Wrapper):
     def _wrap(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
         self.strategy = strategy
         self.layers = order_layers(list(layers))  # LayerOrderError (a ValueError) with the reason
+        releasing = [layer.key for layer in self.layers if set(layer.provides) & {SUM, NOISE}]
+        reason = None if not releasing else mean_refusal(strategy)
+        if reason is not None:  # the strategy would aggregate one reply: the released mean
+            raise ValueError(f"layer {', '.join(releasing)} releases the round's sum in place of the updates; "
+                             f"{reason}")
         self._started = False
         self._round: _Round | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a round
@@ -399,6 +405,15 @@ def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> Metric
 def is_plain_mean(strategy: Strategy) -> bool:
     """Whether ``strategy`` aggregates train replies by FedAvg's weighted mean (FedAvg, FedProx, ...)."""
     return isinstance(strategy, FedAvg) and type(strategy).aggregate_train is FedAvg.aggregate_train
+
+
+def mean_refusal(strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot step from one released mean (secure aggregation's sum, a DP release)
+    in place of the round's updates (None: it can: FedAvg, FedProx, FedAvgM, the server optimizers)."""
+    if is_plain_mean(strategy) or isinstance(strategy, (FedOpt, FedAvgM)):
+        return None
+    return (f"{type(strategy).__name__} aggregates each update itself (it ranks, trims or reweights them), and "
+            "only their sum is released")
 
 
 def layered(strategy: Strategy, *layers: Layer) -> LayeredStrategy:

@@ -34,10 +34,9 @@ from collections.abc import Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvgM, Strategy
-from flwr.serverapp.strategy.fedopt import FedOpt
+from flwr.serverapp.strategy import Strategy
 
-from fedge.flower.layered import LayeredStrategy, _Round, is_plain_mean
+from fedge.flower.layered import LayeredStrategy, _Round, mean_refusal
 from fedge.flower.messages import own_config, parsed
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
@@ -68,11 +67,7 @@ def refuse_reason(strategy: Strategy, layers: Iterable[Layer] = (), uplink: str 
         return ("secure aggregation quantizes each update itself (secagg:bits=...) and the coordinator never "
                 "sees one to decode: give compressed() uplink=\"none\" (its downlink still applies), or wrap "
                 "the strategy with secure(...) alone")
-    name = type(strategy).__name__
-    if is_plain_mean(strategy) or isinstance(strategy, (FedOpt, FedAvgM)):
-        return None  # the weighted mean, then (for these) a server step from it
-    return (f"{name} aggregates each update itself (it ranks, trims or reweights them); secure aggregation "
-            "only reveals their sum")
+    return mean_refusal(strategy)  # the weighted mean, then (FedAvgM, the server optimizers) a step from it
 
 
 class SecureStrategy(LayeredStrategy):
@@ -160,8 +155,8 @@ def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrat
     refused here, with the reason."""
     if not isinstance(strategy, SecureStrategy):
         raise ValueError(f"distributed DP adds its noise inside secure aggregation's ring: wrap secure(...) first, "
-                         f"distributed_dp(secure({type(strategy).__name__}(...)), ...); for central DP use Flower's "
-                         "DifferentialPrivacyServerSideFixedClipping")
+                         f"distributed_dp(secure({type(strategy).__name__}(...)), ...); for central DP, layered(strategy, "
+                         "DifferentialPrivacyLayer.central(...)) (fedge.server.engine.layers.differential_privacy)")
     if strategy.dp is not None:
         raise ValueError("this secure(...) already carries distributed DP")
     return SecureStrategy(strategy.wrapped, strategy.spec.spec, strategy.seed, differential_privacy)

@@ -243,3 +243,46 @@ def test_oort_runs_in_a_flower_app_timing_each_reply_by_the_messages_own_timesta
     _, metrics = wrapped.aggregate_train(13, replies)
     assert layer.devices[gone].duration == pytest.approx(0.5 * before + 0.5 * 60.0)  # smoothing 0.5
     assert metrics["fedge-failed.timeout"] == 1 and not wrapped.refused  # counted by kind; no reply was refused
+
+
+def test_the_engines_central_dp_runs_in_a_flower_app_and_releases_the_clipped_sum_plus_its_noise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Central DP, one class in both coordinators: around FedAvg the engine's DP layer samples every
+    node (q = clients-per-round over the connected nodes = 1), clips each update to C, weighs every
+    device 1 and releases (sum of clipped updates + N(0, (zC)^2)) / (q N), the noise drawn from a
+    generator seeded by the OS CSPRNG (here a fixed stand-in, so the noise is reproduced exactly).
+    The round's train metrics carry the ledger's epsilon and no training loss; the run stops before
+    a round would spend more than the budget; a strategy that ranks its updates is refused."""
+    from flwr.serverapp.strategy import FedMedian
+
+    from fedge.server.engine.layers import differential_privacy as dp_layer
+
+    seed = bytes(range(16))
+    monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: seed[:n])
+    noise, clip, budget = 0.5, 1.0, 22.0  # three rounds: epsilon 10.0, 15.5, 20.1, then 24.4
+    layer = dp_layer.DifferentialPrivacyLayer.central(f"gaussian:noise={noise},clip={clip},delta=1e-5,budget={budget}",
+                                                      clients_per_round=len(NODES))
+    model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    start = _flat(model)
+    wrapped = layered(FedAvg(fraction_train=0.5), layer)  # the layer's Poisson sample replaces FedAvg's
+    messages = list(wrapped.configure_train(1, model, ConfigRecord({}), Grid()))
+    assert sorted(m.metadata.dst_node_id for m in messages) == NODES
+    assert all(m.content["config"]["dp-clip"] == clip for m in messages)  # what a Fedge device clips to
+    replies = _exchange(messages, apps, contexts)
+    deltas = [_flat(r.content["arrays"]) - start for r in replies]
+    assert max(float(np.linalg.norm(d)) for d in deltas) > clip  # the clip bites
+    got, metrics = wrapped.aggregate_train(1, replies)
+    clipped = sum(d * min(1.0, clip / float(np.linalg.norm(d))) for d in deltas)
+    drawn = np.random.default_rng(int.from_bytes(seed, "little")).normal(0.0, noise * clip, size=start.size)
+    expected = start + (clipped + drawn.astype(np.float32)) / len(NODES)
+    np.testing.assert_allclose(_flat(got), expected, rtol=0, atol=1e-5)
+    assert metrics["dp_epsilon"] > 0 and metrics["dp_sampling_rate"] == 1.0 and "train_loss" not in metrics
+    rounds = 1
+    while messages := list(wrapped.configure_train(rounds + 1, got, ConfigRecord({}), Grid())):  # until the budget
+        rounds += 1
+        got, _ = wrapped.aggregate_train(rounds, _exchange(messages, apps, contexts))
+        assert rounds < 4
+    assert len(layer.dp.ledger.rounds) == rounds and layer.dp.ledger.epsilon_pld() <= budget
+    assert layer.dp.ledger.would_exceed(budget, 1.0, noise)
+    with pytest.raises(ValueError, match="FedMedian aggregates each update itself"):
+        layered(FedMedian(), dp_layer.DifferentialPrivacyLayer.central("gaussian:noise=1,clip=1", clients_per_round=2))

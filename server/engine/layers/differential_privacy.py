@@ -135,10 +135,26 @@ class DifferentialPrivacyLayer(Layer):
             cpr = settings.clients_per_round
             return DistributedDP(spec, lambda connected: min(1.0, cpr / max(connected, 1)), algorithm.ctx.numel,
                                  rng=rng, sampler=_system_random())
+        return cls.central(spec, settings.clients_per_round)
+
+    @classmethod
+    def central(cls, spec: DPSpec | str, clients_per_round: int) -> DifferentialPrivacyLayer:
+        """Central DP from its spec (``"gaussian:noise=z,clip=C,delta=...,budget=..."``, adaptive
+        clipping too), sampling each connected device with probability clients-per-round over their
+        number. The engine builds it from its settings; a Flower app hands it to
+        ``fedge.flower.layered(strategy, DifferentialPrivacyLayer.central(...))``. A noise that
+        adaptive clipping's count cannot share raises ``SettingsError`` (a ``ValueError``)."""
+        if isinstance(spec, str):
+            parsed = parse_differential_privacy(spec)
+            if parsed is None:
+                raise ValueError(f"differential privacy {spec!r}: a spec is needed here, not 'none'")
+            spec = parsed
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
         dp = CentralDP(spec)
         if spec.adaptive:
-            dp.update_noise_multiplier(float(settings.clients_per_round))  # refuses a noise the count cannot share
-        return cls(dp, settings.clients_per_round)
+            dp.update_noise_multiplier(float(clients_per_round))  # refuses a noise the count cannot share
+        return cls(dp, clients_per_round)
 
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
         """Poisson sampling from the OS CSPRNG at rate clients-per-round / connected (what the
@@ -283,13 +299,14 @@ class CentralDP:
         return [node for node, keep in zip(sorted(nodes), chosen) if keep]
 
     def clip(self, vector: torch.Tensor, fitted: object = None) -> torch.Tensor:
-        """Bound one decoded update; count the device's bit, centred: +1/2 if its own update fitted
-        under the bound, -1/2 if not. Centred, adding or removing one device moves the count by at
+        """Bound one decoded update; count the device's bit (``fitted``, or None: the update is the
+        device's own, unclipped), centred: +1/2 if its own update fitted under the bound, -1/2 if not. Centred, adding or removing one device moves the count by at
         most 1/2, the sensitivity Andrew et al.'s split of the noise, z^-2 = z_update^-2 + (2 sigma_b)^-2,
         assumes (summing {0, 1} bits, as before 2026-11-25, moved it by 1 and under-reported epsilon)."""
-        if self.spec.adaptive:
-            self.fitted += 0.5 if fitted in (1, 1.0, True) else -0.5
         norm = float(vector.norm())
+        if self.spec.adaptive:  # a device that did not clip (a Flower app's node) sent its own update: its norm says
+            bit = norm <= self.clip_bound if fitted is None else fitted in (1, 1.0, True)
+            self.fitted += 0.5 if bit else -0.5
         if norm > self.clip_bound:
             return vector * (self.clip_bound / norm)
         return vector
