@@ -88,9 +88,6 @@ class SecureStrategy(LayeredStrategy):
         if reason is not None:
             raise ValueError(f"secure aggregation cannot wrap {type(strategy).__name__}: {reason}")
         spec = parsed(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
-        if spec.issuer:
-            raise ValueError("issuer= (identities issued by the operator) needs Fedge's coordinator (fedge serve); "
-                             "in a user's ServerApp identity keys are pinned on first use")
         self.spec, self.seed = spec, int(seed)
         #: distributed DP: the devices add Skellam noise inside the ring
         self.dp: DistributedDP | None = None

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fedge.deploy.certs import IDENTITY_NODE_CONFIG
 from fedge.edge_client.edge_cli import build_parser as edge_parser
 from fedge.server.cli.main import build_parser as fedge_parser
 from fedge.server.settings import OPTIONS
@@ -231,6 +232,7 @@ _OTHER_WORDS = {
     "train-seconds",  # a reply's metric
     "min-share", "max-share",  # parameters of selection=oort
     "require-secure-aggregation", "min-participants", "dp-min-noise", "dp-max-clip",  # a device's node config
+    *IDENTITY_NODE_CONFIG,  # a device's issued identity, in its node config
     "leaf-count", "leaf-connected",  # a bridge's metrics
     "warm-device",  # bench/clientapp_cpu.py --isolation: warm execution as a device install runs it
     "fedge-uplink-bytes", "fedge-downlink-bytes", "fedge-refused", "fedge-dropped-stale", "fedge-secagg-survivors",  # metrics fedge.flower adds to a Flower strategy's round

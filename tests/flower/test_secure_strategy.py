@@ -447,3 +447,43 @@ def test_secure_over_layered_is_one_round_with_every_layer_and_a_layer_that_chan
         secure(layered(FedAvg(), _Halving()), SPEC)
     with pytest.raises(ValueError, match=r"secure\(\.\.\.\) already"):
         secure(secure(FedAvg(), SPEC), SPEC)
+
+
+def test_with_an_issuer_a_flower_app_checks_identities_and_runs_the_consistency_round(tmp_path) -> None:
+    """``secagg:...,issuer=ca.crt`` in a user's ServerApp, as in Fedge's engine (one session and
+    round, ``fedge.protocol.secure_session``): every node presents a credential from the operator's
+    CA (its node config names its key, endorsement and the CA, as ``fedge-edge join`` writes them)
+    and the survivors sign the survivor set before they reveal; the sum is the plain mean up to the
+    grid's rounding. A node whose key another CA endorsed is refused with the reason; with four
+    nodes the other three cannot reach the threshold an issuer requires (above two thirds of their
+    neighbours), so that round releases nothing."""
+    from fedge.protocol.secagg import secure_stage
+    from tests.server.test_secure_aggregation import _issued_federation
+
+    ca, config = _issued_federation(tmp_path, len(NODES) + 1, rogue=(len(NODES),))
+    grid, arrays = Grid(), _model()
+    for i, node in enumerate(NODES):
+        grid.contexts[node] = Context(run_id=1, node_id=node, node_config=config[i], state=RecordDict(), run_config={})
+    stages: list[str | None] = []
+    send = grid.send_and_receive
+
+    def recording(messages, *, timeout=None):  # type: ignore[no-untyped-def]
+        stages.extend(secure_stage(m) for m in messages)
+        return send(messages, timeout=timeout)
+
+    grid.send_and_receive = recording  # type: ignore[method-assign]
+    wrapped = secure(FedAvg(), f"{SPEC},issuer={ca}")
+    _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
+    assert metrics["fedge-secagg-survivors"] == len(NODES) and not wrapped.refused
+    assert stages.count("consistency") == len(NODES)
+    expected = _plain_mean(arrays, 1, NODES)
+    for name, array in arrays.items():
+        if array.numpy().dtype.kind == "f":
+            assert np.abs(got[name].numpy() - expected[name]).max() <= _bound(NODES)
+    rogue = NODES[1]  # now holds a key endorsed by another CA
+    grid.contexts[rogue] = Context(run_id=1, node_id=rogue, node_config=config[len(NODES)], state=RecordDict(),
+                                   run_config={})
+    _, _, (again, metrics) = _run_round(wrapped, grid, got, 2)
+    assert [node for _, node, _ in wrapped.refused][:1] == [rogue]
+    assert "not endorsed by the operator's CA" in wrapped.refused[0][2]
+    assert again is None and (metrics or {}).get("fedge-secagg-survivors", 0) == 0
