@@ -88,6 +88,7 @@ def _signflip(msg: Message, payload: bytes) -> bytes:
 
     config = local.round_config(msg)
     task = local.task_of(config)
-    codec = local.codec_for(config.codec, task).for_round(config.round, config.seed)
-    numel = numel_of(task.build_model().state_dict())
+    model = task.build_model()  # once: its layout gives the codec and the size
+    codec = local.codec_for(config.codec, task, model).for_round(config.round, config.seed)
+    numel = numel_of(model.state_dict())
     return codec.encode(codec.decode(payload, numel) * BYZANTINE_SCALE)
