@@ -29,6 +29,7 @@ from fedge.protocol import (
     flat_array,
     payload_record,
 )
+from fedge.protocol.config_keys import MEMORY_STORAGE
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
 from fedge.tasks.device import DeviceUnavailable, resolve_device
@@ -135,7 +136,7 @@ def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeSt
            support: np.ndarray | None = None) -> tuple[bytes, float]:
     """The update encoded with the round's codec through the node's persistent compression memory
     (``support``: what the last downlink change moved, for a ``tcs`` codec)."""
-    storage = str(config.extra.get("memory-storage", "fp32"))
+    storage = str(config.extra.get(MEMORY_STORAGE, "fp32"))
     return encode_update(update, codec_for(config.codec, task, model), memory, server_round=config.round,
                          seed=config.seed, error_feedback=config.error_feedback, generator=generator,
                          storage=storage, support=support)

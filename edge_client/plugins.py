@@ -12,6 +12,7 @@ from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.protocol import CONFIG_RECORD, ProtocolError
+from fedge.protocol.config_keys import PLUGINS
 from fedge.protocol.plugins import device_handler, load_plugins
 
 __all__ = ["plugins_mod", "train"]
@@ -27,7 +28,7 @@ def _config_text(msg: Message, key: str) -> str:
 
 def plugins_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Import the installed plugins and the run's ``plugins`` modules before the handler runs."""
-    load_plugins(_config_text(msg, "plugins"))
+    load_plugins(_config_text(msg, PLUGINS))
     return call_next(msg, context)
 
 

@@ -48,6 +48,7 @@ from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
+from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGINS
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -129,8 +130,8 @@ class RunContext:
             round=step, task=self.task.spec, partitioning=s.partitioning, codec=self.codec.spec,
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
             lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout,
-            extra={**({"plugins": s.plugins} if s.plugins else {}),
-                   **({"memory-storage": s.memory_storage} if s.memory_storage != "fp32" else {}), **extra},
+            extra={**({PLUGINS: s.plugins} if s.plugins else {}),
+                   **({MEMORY_STORAGE: s.memory_storage} if s.memory_storage != "fp32" else {}), **extra},
         )
 
 
