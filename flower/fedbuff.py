@@ -65,7 +65,7 @@ from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import NOISE, SUM, Layer, order_layers
+from fedge.protocol.layer import NOISE, SUM, Layer, order_layers, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -76,6 +76,10 @@ __all__ = ["FedAsync", "FedBuff"]
 log = logging.getLogger(__name__)
 
 _NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
+
+
+class _Stale(Exception):
+    """An update staler than the bound: dropped and counted, not refused."""
 
 
 @dataclass
@@ -194,18 +198,11 @@ class FedBuff:
                 self._missed(layers, buffer, Failure(node, FailureKind.TIMEOUT, item.reason))
                 self.refused.append((version, node, item.reason))
             elif item.has_error():
+                reason = f"the client answered with an error: {item.error.reason}"
+                log.warning("[FedBuff] refused the reply of node %d: %s", node, reason)
+                self.refused.append((started, node, reason))
                 self._missed(layers, buffer, Failure(node, FailureKind.CLIENT_ERROR, item.error.reason))
-                self._update(item, node, started, layout, codec, sent_models, downlink.supports)  # refused, logged
             else:
-                try:  # a malformed record is the door's to refuse (below), with its reason
-                    payload = memoryview(read_payload(item.content, UPDATE_RECORD)
-                                         if UPDATE_RECORD in item.content.array_records else b"")
-                except REFUSED:
-                    payload = memoryview(b"")
-                metrics = dict(next(iter(item.content.metric_records.values()), MetricRecord()))
-                reply = Reply(node, item.content, started=started)
-                for layer in layers:  # every layer sees it (the downlink: the node holds its copy)
-                    layer.arrived(buffer.step, reply, payload, metrics)
                 self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports,
                              layers)
             if buffer.mean.count < self.buffer:
@@ -255,37 +252,61 @@ class FedBuff:
     def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
                 codec: Codec | None, sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray],
                 layers: list[Layer]) -> None:
-        """One reply into the buffer: decoded, dropped if staler than the bound, else through the
-        layers' ``update`` (bound, weight) and added with its weight times s(τ) (Σ s(τ_i) w_i Δ_i /
-        Σ w_i, as Fedge's engine)."""
-        decoded = self._update(reply, node, started, layout, codec, sent_models, supports)
-        if decoded is None:
-            self._missed(layers, buffer, Failure(node, FailureKind.INVALID, self.refused[-1][2]))
-            return
+        """One reply into the buffer through the door both coordinators share (``through_layers``):
+        every layer sees it (the downlink: the node holds its copy), then it is decoded, dropped if
+        staler than the bound, passed through the layers' ``update`` (bound, weight) and added with
+        its weight times s(τ) (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine)."""
+        self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,) if UPDATE_RECORD in reply.content.array_records
+                                         else (MODEL_RECORD,))  # what arrived, decodable or not
+        metrics = dict(next(iter(reply.content.metric_records.values()), MetricRecord()))
         tau = version - started
-        if not buffer.tally.admits(tau):
+
+        def decode() -> Update:
+            vector, weight = self._decode(reply, node, started, layout, codec, sent_models, supports)
+            if not buffer.tally.admits(tau):
+                raise _Stale(f"stale by {tau} versions")
+            return Update(node, torch.from_numpy(vector), weight, metrics, b"", reply.content, started=started)
+
+        try:  # a malformed record is the decoder's to refuse, with its reason
+            payload = memoryview(read_payload(reply.content, UPDATE_RECORD)
+                                 if UPDATE_RECORD in reply.content.array_records else b"")
+        except REFUSED:
+            payload = memoryview(b"")
+        try:
+            update = through_layers(layers, buffer.step, Reply(node, reply.content, started=started), payload, metrics,
+                                    decode)
+        except _Stale as err:
             self.dropped_stale += 1
             log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
-            self._missed(layers, buffer, Failure(node, FailureKind.STALE, f"stale by {tau} versions"))
+            self._missed(layers, buffer, Failure(node, FailureKind.STALE, str(err)))
             return
-        delta, weight, content = decoded
-        update = Update(node, torch.from_numpy(delta), weight, dict(content.metric_records["metrics"]), b"",
-                        reply.content, started=started)
-        try:
-            for layer in layers:
-                update = layer.update(buffer.step, update)
-        except REFUSED as err:  # a layer refused it (the update guard's reject mode)
+        except REFUSED as err:  # it does not decode, or a layer refused it (the update guard's reject mode)
             log.warning("[FedBuff] refused the update of node %d: %s", node, err)
             self.refused.append((started, node, str(err)))
             self._missed(layers, buffer, Failure(node, FailureKind.INVALID, str(err)))
             return
-        delta, weight = update.vector.numpy().astype(np.float32), update.weight
+        assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
+        delta = update.vector.numpy().astype(np.float32)
         buffer.accounting.members.append(node)
-        buffer.tally.add(buffer.mean, torch.from_numpy(delta), weight, tau)
-        buffer.contents.append(content)
+        buffer.tally.add(buffer.mean, torch.from_numpy(delta), update.weight, tau)
+        buffer.contents.append(RecordDict({"metrics": next(iter(reply.content.metric_records.values())), **(
+            {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
+            else {})}))
         buffer.last = (started, delta)
 
     # -- pieces ---------------------------------------------------------------------------------
+    def _decode(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
+                sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> tuple[np.ndarray, float]:
+        """A reply's update and weight (raises what refuses it). A ``tcs`` payload decodes on the
+        coordinates its node's message moved (``supports``: the node has one message in flight, so
+        its latest is the one it trained from), as the engine's."""
+        wire = None
+        if codec is not None:  # the codec of the round its message named, on its node's support (tcs)
+            wire = codec.for_round(started + 1, self.seed)
+            wire = wire.with_support(supports.get(node)) if wire.shares_support else wire
+        vector, weight = reply_update(reply, layout, wire, sent_models[started], self.weighted_by_key)
+        return vector.numpy().astype(np.float32), weight
+
     def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
                  train_config: ConfigRecord | None) -> Message:
         config = ConfigRecord(dict(train_config or {}))
@@ -293,30 +314,6 @@ class FedBuff:
             write_uplink(config, self.uplink, layout.digest, version + 1, self.seed)
         return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
-
-    def _update(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
-                sent_models: dict[int, np.ndarray],
-                supports: dict[int, np.ndarray]) -> tuple[np.ndarray, float, RecordDict] | None:
-        """(update, weight, metrics) of a reply, or None (refused, logged, kept in :attr:`refused`).
-        A ``tcs`` payload decodes on the coordinates its node's message moved (``supports``: the
-        node has one message in flight, so its latest is the one it trained from), as the engine's."""
-        if not reply.has_error():  # what arrived, decodable or not
-            names = (UPDATE_RECORD,) if UPDATE_RECORD in reply.content.array_records else (MODEL_RECORD,)
-            self.uplink_bytes += array_bytes(reply.content, names)
-        try:
-            wire = None
-            if codec is not None:  # the codec of the round its message named, on its node's support (tcs)
-                wire = codec.for_round(started + 1, self.seed)
-                wire = wire.with_support(supports.get(node)) if wire.shares_support else wire
-            vector, weight = reply_update(reply, layout, wire, sent_models[started], self.weighted_by_key)
-        except REFUSED as err:
-            log.warning("[FedBuff] refused the reply of node %d: %s", node, err)
-            self.refused.append((started, node, str(err)))
-            return None
-        metrics = next(iter(reply.content.metric_records.values()))
-        return vector.numpy().astype(np.float32), weight, RecordDict({"metrics": metrics, **(
-            {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
-            else {})})
 
     @staticmethod
     def _like(like: ArrayRecord, metrics_seen: list[RecordDict]) -> ArrayRecord:

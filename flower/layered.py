@@ -64,7 +64,7 @@ from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, rep
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import NOISE, SUM, Exchange, Layer, order_layers
+from fedge.protocol.layer import NOISE, SUM, Exchange, Layer, order_layers, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -293,17 +293,20 @@ class LayeredStrategy(Wrapper):
         sent_at = state.sent_at.get(node)
         reply = Reply(node, message.content, seconds=None if sent_at is None else
                       max(0.0, message.metadata.created_at - sent_at))
-        if any([layer.arrived(step, reply, payload, metrics) for layer in self.layers]):
-            return None  # every layer saw it; one consumed it
         wire = state.wire if state.wire is None or self.downlink is None else self.downlink.bind(state.wire, node)
-        # a compressed update is from the model (or copy) the node was sent; a clear one carries its model
-        vector, weight = reply_update(message, layout, wire, None if wire is not None else state.sent, key)
-        records = message.content.array_records
+        decoded: list[Update] = []
+
+        def decode() -> Update:  # a compressed update is from the model (or copy) sent; a clear one carries its model
+            vector, weight = reply_update(message, layout, wire, None if wire is not None else state.sent, key)
+            decoded.append(Update(node, vector, weight, metrics, bytes(payload), message.content))
+            return decoded[0]
+
+        update = through_layers(self.layers, step, reply, payload, metrics, decode)
+        if update is None:
+            return None  # every layer saw it; one consumed it
+        original, records = decoded[0], message.content.array_records
         name = MODEL_RECORD if wire is not None else next(n for n in records if n not in (UPDATE_RECORD, RAW_RECORD))
         record = with_raw(state.arrays, records.get(RAW_RECORD, ArrayRecord())) if wire is not None else records[name]
-        update = original = Update(node, vector, weight, metrics, bytes(payload), message.content)
-        for layer in self.layers:
-            update = layer.update(step, update)
         if (update is not original or state.wire is not None) and not self.streaming:
             # what the layers made of the update, as the model the strategy aggregates
             content = RecordDict({n: r for n, r in message.content.items() if n not in (UPDATE_RECORD, RAW_RECORD)})

@@ -63,7 +63,8 @@ if TYPE_CHECKING:
 
     from fedge.protocol.dispatcher import Missing
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "order_layers"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "order_layers",
+           "through_layers"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
@@ -158,6 +159,21 @@ class Layer:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict`'s output (``None`` when the checkpoint has no entry for this
         layer); raise ``ValueError`` when it does not fit this run."""
+
+
+def through_layers(layers: list[Layer], step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float],
+                   decode: Callable[[], Update]) -> Update | None:
+    """The layers' part of the one door every update passes, in both coordinators: every layer sees
+    the reply as it arrived, before anything is decoded (one may take it whole, a masked upload:
+    then None); ``decode`` makes its update (raising what refuses the reply: the algorithm's
+    admission, the codec's checks); every layer's ``update`` then bounds, clips or reweighs it, in
+    the layers' order."""
+    if any([layer.arrived(step, reply, payload, metrics) for layer in layers]):  # every layer sees it
+        return None
+    update = decode()
+    for layer in layers:
+        update = layer.update(step, update)
+    return update
 
 
 def order_layers(layers: list[Layer]) -> list[Layer]:

@@ -61,6 +61,7 @@ from fedge.server.engine.algorithm import (
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
+from fedge.protocol.layer import through_layers
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
@@ -317,21 +318,20 @@ class Engine:
         screen_reply(reply.content, self.ctx.fp32_bytes)
         metrics = reply_metrics(reply.content)
         payload = read_payload(reply.content, UPDATE_RECORD)
-        taken = [layer.arrived(step, reply, payload, metrics) for layer in self.layers]  # every layer sees it
-        if any(taken):  # a layer consumed it whole (a masked upload)
-            return
-        alg.admit(step, reply)
-        codec = alg.reply_codec(step, reply)
-        if codec.shares_support:  # tcs: on the support of the change this node's message carried
-            downlink = self.layer("downlink")
-            assert isinstance(downlink, DownlinkLayer)  # every run has one; it refused tcs without a lattice
-            codec = downlink.bind(codec, reply.node)
-        vector = codec.decode(payload, self.ctx.numel)
-        update = Update(node=reply.node, vector=vector, weight=1.0, metrics=metrics, payload=bytes(payload),
-                        content=reply.content, started=reply.started)
-        for layer in self.layers:
-            update = layer.update(step, update)
-        alg.absorb(step, update)
+
+        def decode() -> Update:
+            alg.admit(step, reply)
+            codec = alg.reply_codec(step, reply)
+            if codec.shares_support:  # tcs: on the support of the change this node's message carried
+                downlink = self.layer("downlink")
+                assert isinstance(downlink, DownlinkLayer)  # every run has one; it refused tcs without a lattice
+                codec = downlink.bind(codec, reply.node)
+            return Update(node=reply.node, vector=codec.decode(payload, self.ctx.numel), weight=1.0, metrics=metrics,
+                          payload=bytes(payload), content=reply.content, started=reply.started)
+
+        update = through_layers(self.layers, step, reply, payload, metrics, decode)
+        if update is not None:  # None: a layer consumed it whole (a masked upload)
+            alg.absorb(step, update)
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty

@@ -286,7 +286,7 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
                 held[o.node] = public
 
     decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    original = FedBuff._update
+    original = FedBuff._decode
 
     def recording(self, reply, node, started, layout, codec, sent_models, supports):  # type: ignore[no-untyped-def]
         out = original(self, reply, node, started, layout, codec, sent_models, supports)
@@ -297,7 +297,7 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
         return out
 
     monkeypatch.setattr(fedbuff_module, "DownlinkLayer", Recording)
-    monkeypatch.setattr(FedBuff, "_update", recording)
+    monkeypatch.setattr(FedBuff, "_decode", recording)
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 5.0}, clock)
     strategy = make(uplink=spec, downlink="lattice:ratio=0.1")
