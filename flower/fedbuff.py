@@ -64,7 +64,7 @@ from fedge.flower.messages import REFUSED, reply_update, uplink_codec, with_raw,
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
-from fedge.protocol.failures import Failure, FailureKind
+from fedge.protocol.failures import Failure, FailureKind, Rejected
 from fedge.protocol.layer import NOISE, SUM, Layer, order_layers, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
@@ -76,10 +76,6 @@ __all__ = ["FedAsync", "FedBuff"]
 log = logging.getLogger(__name__)
 
 _NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
-
-
-class _Stale(Exception):
-    """An update staler than the bound: dropped and counted, not refused."""
 
 
 @dataclass
@@ -264,7 +260,7 @@ class FedBuff:
         def decode() -> Update:
             vector, weight = self._decode(reply, node, started, layout, codec, sent_models, supports)
             if not buffer.tally.admits(tau):
-                raise _Stale(f"stale by {tau} versions")
+                raise Rejected(f"stale by {tau} versions", kind=FailureKind.STALE)
             return Update(node, torch.from_numpy(vector), weight, metrics, b"", reply.content, started=started)
 
         try:  # a malformed record is the decoder's to refuse, with its reason
@@ -275,15 +271,15 @@ class FedBuff:
         try:
             update = through_layers(layers, buffer.step, Reply(node, reply.content, started=started), payload, metrics,
                                     decode)
-        except _Stale as err:
-            self.dropped_stale += 1
-            log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
-            self._missed(layers, buffer, Failure(node, FailureKind.STALE, str(err)))
-            return
-        except REFUSED as err:  # it does not decode, or a layer refused it (the update guard's reject mode)
-            log.warning("[FedBuff] refused the update of node %d: %s", node, err)
-            self.refused.append((started, node, str(err)))
-            self._missed(layers, buffer, Failure(node, FailureKind.INVALID, str(err)))
+        except REFUSED as err:  # stale; or it does not decode, or a layer refused it (the guard's reject mode)
+            failure = Rejected.failure(node, err)
+            if failure.kind is FailureKind.STALE:
+                self.dropped_stale += 1
+                log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
+            else:
+                log.warning("[FedBuff] refused the update of node %d: %s", node, err)
+                self.refused.append((started, node, str(err)))
+            self._missed(layers, buffer, failure)
             return
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
         delta = update.vector.numpy().astype(np.float32)

@@ -63,7 +63,7 @@ from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, rep
     write_uplink
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
-from fedge.protocol.failures import Failure, FailureKind
+from fedge.protocol.failures import Failure, FailureKind, Rejected
 from fedge.protocol.layer import NOISE, SUM, Exchange, Layer, order_layers, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
@@ -209,7 +209,7 @@ class LayeredStrategy(Wrapper):
             try:
                 update = self._update(state, message, key)
             except REFUSED as err:  # what the engine's door refuses, refused here too: logged, left out
-                self._missed(state, Failure(node, FailureKind.INVALID, str(err)))
+                self._missed(state, Rejected.failure(node, err))
                 continue
             if update is None:  # a layer took the reply whole
                 continue

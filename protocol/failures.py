@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["DECLINED", "REFUSALS", "Failure", "FailureKind"]
+__all__ = ["DECLINED", "REFUSALS", "Failure", "FailureKind", "Rejected"]
 
 
 class FailureKind(str, Enum):
@@ -87,3 +87,20 @@ class Failure:
     def entry(self) -> dict[str, Any]:
         """The metrics row's ``rejected`` entry."""
         return {"node": self.node, "kind": self.kind.value, "reason": self.reason}
+
+
+class Rejected(ValueError):
+    """A reply a coordinator cannot use, raised inside its door (by the algorithm, a layer, or the
+    decoding): the message is the reason recorded, ``kind`` what code acts on (``INVALID``;
+    ``STALE`` for an asynchronous update older than the bound, which still applied its message's
+    downlink). Both coordinators' doors turn it into a :class:`Failure` of that kind."""
+
+    def __init__(self, reason: str, kind: FailureKind = FailureKind.INVALID) -> None:
+        super().__init__(reason)
+        self.kind = FailureKind.of(kind)
+
+    @staticmethod
+    def failure(node: int | None, err: Exception) -> Failure:
+        """The failure ``err`` raised in the door makes: its kind when it is a :class:`Rejected`,
+        else ``INVALID`` (a payload or protocol error: the reply did not decode)."""
+        return Failure(node, err.kind if isinstance(err, Rejected) else FailureKind.INVALID, str(err))

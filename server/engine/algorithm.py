@@ -49,7 +49,7 @@ from torch.utils.data import Dataset
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGINS
-from fedge.protocol.failures import FailureKind
+from fedge.protocol.failures import Rejected
 from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.server.settings import RunSettings
@@ -67,16 +67,6 @@ __all__ = [
     "reply_metrics",
     "warn_if_not_contractive",
 ]
-
-
-class Rejected(ValueError):
-    """A reply the engine or the algorithm cannot use; the message is the reason recorded in the
-    metrics, ``kind`` what code acts on (``INVALID``; ``STALE`` for an asynchronous update older
-    than the bound, which still applied its message's downlink)."""
-
-    def __init__(self, reason: str, kind: FailureKind = FailureKind.INVALID) -> None:
-        super().__init__(reason)
-        self.kind = FailureKind.of(kind)
 
 
 @dataclass(frozen=True)

@@ -495,12 +495,9 @@ class Engine:
                         number, node, refusal[1], refusal[0])
                 return Failure(node, refusal[0], refusal[1])
             consume(Reply(node, item.content, started=started))
-        except Rejected as err:
+        except (Rejected, PayloadError, ProtocolError) as err:
             log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
-            return Failure(node, err.kind, str(err))
-        except (PayloadError, ProtocolError) as err:
-            log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
-            return Failure(node, FailureKind.INVALID, str(err))
+            return Rejected.failure(node, err)
         return None
 
     def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
