@@ -14,7 +14,9 @@ Message-API strategy (FedAvg, FedAdam, FedProx, FedMedian, Krum, ...) aggregates
 ServerApp against its Grid. ``secure(strategy, ...)`` with ``secure_mod`` on the ClientApp runs the
 round over Fedge's secure aggregation: the strategy aggregates only the survivors' sum
 (``fedge.flower.secure``). ``layered(strategy, *layers)`` runs Fedge's engine layers (one class
-each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.layered``). Nothing here imports Fedge's coordinator (``fedge.server``).
+each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.layered``);
+``layered(FedAvg(), ElasticAveraging())`` with ``elastic_mod`` runs EASGD. Nothing here imports
+Fedge's coordinator (``fedge.server``).
 
 This package holds the server side: the strategy wrappers. The two ClientApp mods are the device's
 and live with its other parts (``fedge.edge_client.compression_mod``, ``fedge.edge_client.secure_mod``,
@@ -29,10 +31,12 @@ from fedge.protocol.flower_release import check_flower
 check_flower()  # before anything reads Flower: another release gets a clear error, not a mid-run one
 
 from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
+from fedge.edge_client.elastic_mod import elastic_mod  # noqa: E402
 from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
+from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
 
-__all__ = ["CompressedStrategy", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy", "compressed",
-           "compression_mod", "distributed_dp", "layered", "secure", "secure_mod"]
+__all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy",
+           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "secure", "secure_mod"]

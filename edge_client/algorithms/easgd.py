@@ -12,6 +12,7 @@ import time
 
 from flwr.app import Context, Message
 
+from fedge.aggregation.elastic import elastic_difference
 from fedge.edge_client import local
 from fedge.edge_client.layers import start_model, upload, uses_device_layers
 from fedge.protocol.config_keys import EASGD_ALPHA
@@ -39,10 +40,7 @@ def train(msg: Message, context: Context) -> Message:
     local.load_flat(task, x, model)
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator, device=local.node_device(context))
-    x = local.flat_of(model)
-    distance = float((x - center).norm())
-    delta = alpha * (x - center)
-    x = x - delta
+    delta, x, distance = elastic_difference(local.flat_of(model), center, alpha)
     store.put_tensor("local", x)
     measured = {}
     if SECAGG_RECORD not in msg.content.config_records:  # masked rounds report nothing in clear

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from fedge.aggregation import StreamingMean
+from fedge.aggregation.elastic import center_step
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -122,9 +123,8 @@ class EASGD(Algorithm):
         notes: list[dict[str, Any]] = []
         extra: dict[str, Any] = {"alpha": self.alpha, "beta": self.beta}
         if released.ready(self.ctx.settings.min_replies):
-            scale = self.beta / (self.alpha * used)
-            total = released.sum()
-            self.center, notes = finite_or_previous(self.center + scale * total, self.center, step.number)
+            moved = center_step(released.sum(), used, self.alpha, self.beta)
+            self.center, notes = finite_or_previous(self.center + moved, self.center, step.number)
             if step.absorbed:  # the distances came with the updates (none when only their sum came)
                 extra["center_distance"] = step.distance / step.absorbed
             if step.scored:

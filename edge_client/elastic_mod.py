@@ -1,0 +1,69 @@
+"""``elastic_mod``: elastic averaging (EASGD) on a Flower app's node, around the user's own body.
+
+The node keeps its own model x_i between rounds (in its ``Context`` state, as Fedge's EASGD
+handler keeps it in its node store). On a train message that names the elastic coupling α
+(``fedge.protocol.elastic_layer`` writes it), the mod hands the user's ``@app.train()`` body x_i in
+place of the center x̃ the message brought (the center itself the first time), then takes what it
+trained through the elastic step both coordinators share (``fedge.aggregation.elastic``): it keeps
+x_i − δ_i and replies x̃ + δ_i, so that the update any outer mod or the strategy computes (reply
+minus message) is δ_i = α(x_i − x̃). The reply's metrics gain ``center-distance`` (‖x_i − x̃‖).
+
+It goes last in the ClientApp's mods, next to the body: ``ClientApp(mods=[compression_mod,
+elastic_mod])``, so that ``compression_mod`` encodes δ_i and its lattice downlink has rebuilt x̃
+first. A message without the coupling passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+
+from fedge.aggregation.elastic import elastic_difference
+from fedge.edge_client.node_store import NodeStore
+from fedge.protocol.config_keys import EASGD_ALPHA
+from fedge.protocol.layout import Layout, LayoutError
+from fedge.protocol.records import MODEL_RECORD
+
+__all__ = ["elastic_mod"]
+
+_NAMESPACE = "flower-easgd"  # the node store's namespace of the node's own model
+
+
+def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    config = msg.content.config_records.get("config")
+    if not msg.metadata.message_type.startswith("train") or config is None or EASGD_ALPHA not in config:
+        return call_next(msg, context)
+    alpha = config[EASGD_ALPHA]
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (math.isfinite(alpha) and 0 < alpha <= 1):
+        raise ValueError(f"{EASGD_ALPHA} must be a number in (0, 1], got {alpha!r}")
+    received = msg.content.array_records.get(MODEL_RECORD)
+    if received is None:
+        raise LayoutError(f"an elastic train message needs the center in its {MODEL_RECORD!r} ArrayRecord")
+    layout = Layout(received)
+    center = torch.from_numpy(layout.flatten(received))
+    store = NodeStore(context.state, _NAMESPACE)
+    own = store.get_tensor("local")
+    if own is None or own.numel() != center.numel():
+        own = center  # the first round this node takes part in
+    content = RecordDict(dict(msg.content.items()))  # the body trains the node's own model, not the center
+    content[MODEL_RECORD] = layout.rebuild(own.numpy(), received)
+    msg.content = content
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    trained = reply.content.array_records.get(MODEL_RECORD)
+    if trained is None:
+        raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to take the elastic step from")
+    delta, kept, distance = elastic_difference(torch.from_numpy(layout.flatten(trained)), center, alpha)
+    store.put_tensor("local", kept)
+    out = RecordDict(dict(reply.content.items()))
+    out[MODEL_RECORD] = layout.rebuild((center + delta).numpy(), trained)
+    name = next(iter(reply.content.metric_records), "metrics")
+    out[name] = MetricRecord({**dict(reply.content.metric_records.get(name, MetricRecord())),
+                              "center-distance": distance})
+    reply.content = out
+    msg.content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
+    return reply
