@@ -57,7 +57,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from fedge.flower import FedBuff, compressed, secure
+from fedge.flower import ElasticAveraging, FedBuff, compressed, layered, secure
 
 from digitsapp.server_app import global_evaluate
 from digitsapp.task import Net
@@ -91,6 +91,8 @@ def main(grid: Grid, context: Context) -> None:
         fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes, min_available_nodes=nodes)
         if config["strategy"] == "secure":  # the uplink names the secure-aggregation spec
             strategy = secure(fedavg, secure_aggregation=uplink, differential_privacy=str(config["dp"]))
+        elif config["strategy"] == "easgd":  # the strategy's model is the center
+            strategy = layered(compressed(fedavg, uplink=uplink, downlink=downlink), ElasticAveraging())
         else:
             strategy = compressed(fedavg, uplink=uplink, downlink=downlink)
         result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
@@ -104,12 +106,12 @@ CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the
 
 from flwr.clientapp import ClientApp
 from fedge.edge_client.slowdown import slowdown_mod
-from fedge.flower import compression_mod, secure_mod
+from fedge.flower import compression_mod, elastic_mod, secure_mod
 
 from digitsapp.client_app import train
 
 # the slow clients are slow at encoding too; each mod passes through what the other's server sends
-app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod])
+app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod, elastic_mod])
 app.train()(train)
 '''
 

@@ -179,3 +179,22 @@ def test_secure_aggregation_from_the_apps_serverapp_on_the_simulation_engine(tmp
     else:
         epsilons = [run["train_metrics"][v]["dp_epsilon"] for v in ("1", "2", "3")]
         assert 0 < epsilons[0] < epsilons[1] < epsilons[2], epsilons
+
+
+@pytest.mark.slow
+def test_easgd_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path) -> None:
+    """``layered(compressed(FedAvg(...)), ElasticAveraging())`` from a user's ServerApp and
+    ``elastic_mod`` on its ClientApp, on Flower's simulation engine (real SuperLink, Ray actors):
+    each node trains its own model and sends its 4-bit elastic difference, the center learns, and
+    every round reports how far the nodes' models stand from it."""
+    import argparse
+
+    from bench.flower_stragglers import bench_app, run_app
+
+    args = argparse.Namespace(rounds=3, local_epochs=2, lr=0.05, alpha=0.5, codec="qsgd:bits=4", clients=3,
+                              stragglers="none", target=0.5, timeout=400)
+    run = run_app(bench_app(tmp_path), args, "easgd", tmp_path)
+    assert run["versions"] == 3 and run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
+    for version in ("1", "2", "3"):
+        metrics = run["train_metrics"][version]
+        assert metrics["center_distance"] > 0 and metrics["fedge-uplink-bytes"] > 0, metrics
