@@ -23,6 +23,7 @@ from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.aggregation.elastic import elastic_difference
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.user_update import train_user_update
 from fedge.protocol.config_keys import EASGD_ALPHA
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import MODEL_RECORD
@@ -51,9 +52,21 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
     content = RecordDict(dict(msg.content.items()))  # the body trains the node's own model, not the center
     content[MODEL_RECORD] = layout.rebuild(own.numpy(), received)
     msg.content = content
-    reply = call_next(msg, context)
-    if reply.has_error():
-        return reply
+    update = train_user_update(msg, context, call_next, "take the elastic step from")
+    content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
+    if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
+        return update
+    trained = torch.from_numpy(layout.flatten(update.trained))
+    delta, kept, distance = elastic_difference(trained, center, alpha)
+    store.put_tensor("local", kept)
+    reply = update.reply
+    out = RecordDict(dict(reply.content.items()))
+    out[MODEL_RECORD] = layout.rebuild((center + delta).numpy(), update.trained)
+    name = next(iter(reply.content.metric_records), "metrics")
+    out[name] = MetricRecord({**dict(reply.content.metric_records.get(name, MetricRecord())),
+                              "center-distance": distance})
+    reply.content = out
+    return reply
     trained = reply.content.array_records.get(MODEL_RECORD)
     if trained is None:
         raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to take the elastic step from")

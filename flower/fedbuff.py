@@ -33,7 +33,7 @@ still training.
 ``layers`` are the engine's layers (``fedge.protocol.layer``), called as its asynchronous loop calls
 them: ``select`` for each dispatch, ``outgoing``, ``arrived`` and ``update`` per reply, ``missed``,
 and ``close`` per version (its ``extra`` joins the version's train metrics); a layer that works on
-a whole round's sum (``SUM``, ``NOISE``) is refused.
+a whole round's aggregate (its ``release`` hook: secure aggregation, DP) is refused.
 
 ``start`` returns Flower's own :class:`Result` (indexed by version) and logs each version as
 Flower's strategies log a round. A node that does not answer within ``reply_timeout`` seconds is
@@ -65,7 +65,7 @@ from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind, Rejected
-from fedge.protocol.layer import NOISE, SUM, Layer, order_layers, through_layers
+from fedge.protocol.layer import Layer, order_layers, releases_aggregate, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -88,7 +88,7 @@ class _Buffer:
     step: Step  # the version being built, as the layers see it
     accounting: Tally
     contents: list[RecordDict] = field(default_factory=list)
-    last: tuple[int, np.ndarray] | None = None  # (version it started from, update): FedAsync's one update
+    last: tuple[int, torch.Tensor] | None = None  # (version it started from, update): FedAsync's one update
 
 
 class FedBuff:
@@ -105,11 +105,10 @@ class FedBuff:
         if uplink is not None:
             uplink_codec(uplink, own)
         layers = list(layers)
-        for layer in layers:  # what needs a whole round's sum or sample cannot run as updates land
-            facets = set(layer.provides) & {SUM, NOISE}
-            if facets:
-                raise ValueError(f"layer {layer.key} works on a whole round ({', '.join(sorted(facets))}); "
-                                 f"{type(self).__name__} aggregates each update as it lands")
+        for layer in layers:  # what releases a whole round's aggregate cannot run as updates land
+            if releases_aggregate(layer):
+                raise ValueError(f"layer {layer.key} releases a whole round's aggregate; {type(self).__name__} "
+                                 "aggregates each update as it lands")
         order_layers([own, *layers])  # layers that cannot run together are refused here, not mid-run
         self.layers = layers
         make_aggregator(aggregator, 1, capacity=buffer)
@@ -261,7 +260,7 @@ class FedBuff:
             vector, weight = self._decode(reply, node, started, layout, codec, sent_models, supports)
             if not buffer.tally.admits(tau):
                 raise Rejected(f"stale by {tau} versions", kind=FailureKind.STALE)
-            return Update(node, torch.from_numpy(vector), weight, metrics, b"", reply.content, started=started)
+            return Update(node, vector, weight, metrics, b"", reply.content, started=started)
 
         try:  # a malformed record is the decoder's to refuse, with its reason
             payload = memoryview(read_payload(reply.content, UPDATE_RECORD)
@@ -282,9 +281,9 @@ class FedBuff:
             self._missed(layers, buffer, failure)
             return
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
-        delta = update.vector.numpy().astype(np.float32)
+        delta = update.vector
         buffer.accounting.members.append(node)
-        buffer.tally.add(buffer.mean, torch.from_numpy(delta), update.weight, tau)
+        buffer.tally.add(buffer.mean, delta, update.weight, tau)
         buffer.contents.append(RecordDict({"metrics": next(iter(reply.content.metric_records.values())), **(
             {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
             else {})}))
@@ -292,7 +291,7 @@ class FedBuff:
 
     # -- pieces ---------------------------------------------------------------------------------
     def _decode(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
-                sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> tuple[np.ndarray, float]:
+                sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> tuple[torch.Tensor, float]:
         """A reply's update and weight (raises what refuses it). A ``tcs`` payload decodes on the
         coordinates its node's message moved (``supports``: the node has one message in flight, so
         its latest is the one it trained from), as the engine's."""
@@ -301,7 +300,7 @@ class FedBuff:
             wire = codec.for_round(started + 1, self.seed)
             wire = wire.with_support(supports.get(node)) if wire.shares_support else wire
         vector, weight = reply_update(reply, layout, wire, sent_models[started], self.weighted_by_key)
-        return vector.numpy().astype(np.float32), weight
+        return vector.to(torch.float32), weight
 
     def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
                  train_config: ConfigRecord | None) -> Message:
@@ -352,6 +351,5 @@ class FedAsync(FedBuff):
         assert buffer.last is not None and len(buffer.tally.staleness) == 1
         started, delta = buffer.last
         alpha_t = self.alpha * self.staleness.weight(buffer.tally.staleness[0])
-        mixed = fedasync_mix(torch.from_numpy(model), torch.from_numpy(sent_models[started]), torch.from_numpy(delta),
-                             alpha_t)
+        mixed = fedasync_mix(torch.from_numpy(model), torch.from_numpy(sent_models[started]), delta, alpha_t)
         return mixed.numpy().astype(np.float32)

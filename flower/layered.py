@@ -64,7 +64,7 @@ from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, rep
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind, Rejected
-from fedge.protocol.layer import Exchange, Layer, order_layers, through_layers
+from fedge.protocol.layer import Exchange, Layer, order_layers, releases_aggregate, through_layers
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -124,7 +124,7 @@ class LayeredStrategy(Wrapper):
     def _wrap(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
         self.strategy = strategy
         self.layers = order_layers(list(layers))  # LayerOrderError (a ValueError) with the reason
-        releasing = [layer.key for layer in self.layers if type(layer).release is not Layer.release]
+        releasing = [layer.key for layer in self.layers if releases_aggregate(layer)]
         reason = None if not releasing else mean_refusal(strategy)
         if reason is not None:  # the strategy would aggregate one reply: the released mean
             raise ValueError(f"layer {', '.join(releasing)} releases its own aggregate in place of the updates; "

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from fedge.protocol.dispatcher import Missing
 
 __all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "order_layers",
-           "through_layers"]
+           "releases_aggregate", "through_layers"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
@@ -159,6 +159,13 @@ class Layer:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict`'s output (``None`` when the checkpoint has no entry for this
         layer); raise ``ValueError`` when it does not fit this run."""
+
+
+def releases_aggregate(layer: Layer) -> bool:
+    """Whether ``layer`` puts its own aggregate in place of the clear sum (its ``release`` hook:
+    secure aggregation, DP, EASGD's center step): a driver that never releases a whole round's
+    aggregate (FedBuff's) cannot run it, and a Flower strategy must step from that one mean."""
+    return type(layer).release is not Layer.release
 
 
 def through_layers(layers: list[Layer], step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float],
