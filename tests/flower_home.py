@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -45,3 +46,25 @@ def stop_flower_home(home: Path, timeout: float = 30.0) -> None:
             raise AssertionError(f"after {timeout:g} s, processes {left} of {home} or Flower's local ports "
                                  f"{[p for p in LOCAL_PORTS if _in_use(p)]} are still there")
         time.sleep(0.2)
+
+
+#: Flower 1.42's ``flwr`` gives the local SuperLink it starts a fixed 15 s
+#: (``LOCAL_SUPERLINK_STARTUP_TIMEOUT``, not configurable); on 2 busy cores that start alone took
+#: longer once (CI of 2026-11-29: "Failed to start local SuperLink within 15s").
+SUPERLINK_LATE = "Failed to start local SuperLink within"
+
+
+def run_flwr(args: list[str], cwd: Path, env: dict[str, str], home: Path, timeout: float,
+             attempts: int = 2) -> subprocess.CompletedProcess[str]:
+    """Run a ``flwr`` command on Flower's default local federation of ``home``.
+
+    Only a run whose SuperLink missed Flower's own fixed start deadline is tried again, after that
+    attempt's processes are stopped and the ports are free: that is Flower's CLI racing the machine's
+    load, not the code under test. Any other outcome, success or failure, is returned as it came,
+    with its processes left to the caller's ``stop_flower_home``."""
+    for attempt in range(1, attempts + 1):
+        done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0 or SUPERLINK_LATE not in done.stdout + done.stderr or attempt == attempts:
+            return done
+        stop_flower_home(home)
+    raise AssertionError("unreachable")

@@ -165,15 +165,14 @@ def test_the_installed_wheel_runs_anywhere(fedge_install: tuple[str, Path], tmp_
             (app / f"{name}.py").write_text(f'raise SystemExit("the user\'s {name}.py was imported")\n')
     home = tmp_path / "flwr-home"
     from fedge.launcher.environment import flower_environment
-    from tests.flower_home import stop_flower_home
+    from tests.flower_home import run_flwr, stop_flower_home
 
     commands = readme_commands((app / "README.md").read_text())
     assert [c.split()[:2] for c in commands] == [["flwr", "run"], ["fedge", "demo"], ["fedge", "local-cluster"]]
     app_env = {**flower_environment(home, env), "PATH": env["PATH"]}  # the wheel's flwr and fedge
     try:
         for command in commands + ["flwr list"]:  # and the README's way to find the run
-            done = subprocess.run(["bash", "-c", command], cwd=app, env=app_env, capture_output=True, text=True,
-                                  timeout=900)
+            done = run_flwr(["bash", "-c", command], cwd=app, env=app_env, home=home, timeout=900)
             assert done.returncode == 0, f"{command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     finally:
         stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports

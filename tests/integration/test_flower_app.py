@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from fedge.launcher.environment import flower_environment
-from tests.flower_home import stop_flower_home
+from tests.flower_home import run_flwr, stop_flower_home
 from tests.test_packaging import readme_commands
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -78,10 +77,9 @@ def apply_docs_diff(app: Path) -> int:
 
 def _flwr_run(app: Path, home: Path) -> str:
     """``flwr run . --stream`` in ``app`` as the page writes it; the log (every process stopped)."""
-    env = flower_environment(home)
     try:
-        done = subprocess.run(["bash", "-c", "flwr run . --stream"], cwd=app, env=env, capture_output=True, text=True,
-                              timeout=500)
+        done = run_flwr(["bash", "-c", "flwr run . --stream"], cwd=app, env=flower_environment(home), home=home,
+                        timeout=500)
     finally:
         stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports
     log = done.stdout + done.stderr

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fedge.launcher.environment import flower_environment
-from tests.flower_home import stop_flower_home
+from tests.flower_home import run_flwr, stop_flower_home
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +38,15 @@ def test_fedge_new_then_flwr_run_trains_on_flowers_default_federation(tmp_path, 
     assert sorted(p.name for p in app.iterdir()) == ["README.md", "pyproject.toml", "task.py"]
     home = tmp_path / "flwr-home"
     env = flower_environment(home)
+    # Flower's own command on its default local simulation (2 SuperNodes): nothing of Fedge's
+    # launcher, the app's components are Fedge's ServerApp and ClientApp, its code is task.py
     try:
-        # Flower's own command on its default local simulation (2 SuperNodes): nothing of Fedge's
-        # launcher, the app's components are Fedge's ServerApp and ClientApp, its code is task.py
-        out = _run([str(BIN / "flwr"), "run", ".", "--stream", "--run-config", "rounds=3"], cwd=app, env=env)
+        done = run_flwr([str(BIN / "flwr"), "run", ".", "--stream", "--run-config", "rounds=3"], cwd=app, env=env,
+                        home=home, timeout=600)
     finally:
         stop_flower_home(home)  # flwr leaves its SuperLink running on Flower's fixed ports
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
     assert_no_leftovers(home)
     (summary_path,) = app.glob("runs/run-*/summary.json")
     summary = json.loads(summary_path.read_text())
