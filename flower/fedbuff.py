@@ -60,15 +60,16 @@ from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
 from fedge.flower.layered import with_extra
-from fedge.flower.messages import REFUSED, reply_update, uplink_codec, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, reply_through_layers, uplink_codec, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
-from fedge.protocol.failures import Failure, FailureKind, Rejected
-from fedge.protocol.layer import Layer, order_layers, releases_aggregate, through_layers
+from fedge.protocol.door import door
+from fedge.protocol.failures import FailureKind, Rejected
+from fedge.protocol.layer import Layer, failed, order_layers, releases_aggregate
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -189,17 +190,15 @@ class FedBuff:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
-            if isinstance(item, Missing):
-                self._missed(layers, buffer, Failure(node, FailureKind.TIMEOUT, item.reason))
-                self.refused.append((version, node, item.reason))
-            elif item.has_error():
-                reason = f"the client answered with an error: {item.error.reason}"
-                log.warning("[FedBuff] refused the reply of node %d: %s", node, reason)
-                self.refused.append((started, node, reason))
-                self._missed(layers, buffer, Failure(node, FailureKind.CLIENT_ERROR, item.error.reason))
-            else:
-                self._absorb(item, node, started, version, buffer, layout, codec, sent_models, downlink.supports,
-                             layers)
+            failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, layout, codec,
+                                                                     sent_models, downlink, layers),
+                           started=started, refuses=REFUSED)
+            if failure is not None and failure.kind is FailureKind.STALE:
+                self.dropped_stale += 1
+            elif failure is not None:
+                self.refused.append((version if failure.kind is FailureKind.TIMEOUT else started, node, failure.reason))
+            if failure is not None:
+                failed(layers, buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, sent_models)
@@ -234,74 +233,41 @@ class FedBuff:
         return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer),
                        VersionTally(self.staleness), Step(number), Tally(clock()))
 
-    @staticmethod
-    def _missed(layers: list[Layer], buffer: _Buffer, failure: Failure) -> None:
-        buffer.accounting.failed(failure)
-        for layer in layers:
-            layer.missed(buffer.step, failure)
-
     def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
-    def _absorb(self, reply: Message, node: int, started: int, version: int, buffer: _Buffer, layout: Layout,
-                codec: Codec | None, sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray],
+    def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, layout: Layout,
+                codec: Codec | None, sent_models: dict[int, np.ndarray], downlink: DownlinkLayer,
                 layers: list[Layer]) -> None:
-        """One reply into the buffer through the door both coordinators share (``through_layers``):
-        every layer sees it (the downlink: the node holds its copy), then it is decoded, dropped if
-        staler than the bound, passed through the layers' ``update`` (bound, weight) and added with
-        its weight times s(τ) (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine)."""
-        self.uplink_bytes += array_bytes(reply.content, (UPDATE_RECORD,) if UPDATE_RECORD in reply.content.array_records
+        """One reply into the buffer through the layers' part of the door both coordinators share:
+        every layer sees it (the downlink: the node holds its copy); an update staler than the bound
+        is refused before it is decoded, as in the engine; it is decoded with the codec of the round
+        its message named (``tcs``: on the coordinates its node's message moved), passed through the
+        layers' ``update`` (bound, weight) and added with its weight times s(τ)
+        (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine). Raises what refuses it."""
+        self.uplink_bytes += array_bytes(message.content, (UPDATE_RECORD,)
+                                         if UPDATE_RECORD in message.content.array_records
                                          else (MODEL_RECORD,))  # what arrived, decodable or not
-        metrics = dict(next(iter(reply.content.metric_records.values()), MetricRecord()))
-        tau = version - started
+        assert reply.started is not None
+        started, tau = reply.started, version - reply.started
 
-        def decode() -> Update:
-            vector, weight = self._decode(reply, node, started, layout, codec, sent_models, supports)
+        def admit() -> None:
             if not buffer.tally.admits(tau):
                 raise Rejected(f"stale by {tau} versions", kind=FailureKind.STALE)
-            return Update(node, vector, weight, metrics, b"", reply.content, started=started)
 
-        try:  # a malformed record is the decoder's to refuse, with its reason
-            payload = memoryview(read_payload(reply.content, UPDATE_RECORD)
-                                 if UPDATE_RECORD in reply.content.array_records else b"")
-        except REFUSED:
-            payload = memoryview(b"")
-        try:
-            update = through_layers(layers, buffer.step, Reply(node, reply.content, started=started), payload, metrics,
-                                    decode)
-        except REFUSED as err:  # stale; or it does not decode, or a layer refused it (the guard's reject mode)
-            failure = Rejected.failure(node, err)
-            if failure.kind is FailureKind.STALE:
-                self.dropped_stale += 1
-                log.info("[FedBuff] dropped an update %d versions stale (node %d)", tau, node)
-            else:
-                log.warning("[FedBuff] refused the update of node %d: %s", node, err)
-                self.refused.append((started, node, str(err)))
-            self._missed(layers, buffer, failure)
-            return
+        wire = None if codec is None else downlink.bind(codec.for_round(started + 1, self.seed), reply.node)
+        update, _ = reply_through_layers(layers, buffer.step, message, reply, layout, wire, sent_models[started],
+                                         self.weighted_by_key, admit)
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
-        delta = update.vector
-        buffer.accounting.members.append(node)
-        buffer.tally.add(buffer.mean, delta, update.weight, tau)
-        buffer.contents.append(RecordDict({"metrics": next(iter(reply.content.metric_records.values())), **(
-            {RAW_RECORD: reply.content.array_records[RAW_RECORD]} if RAW_RECORD in reply.content.array_records
-            else {})}))
-        buffer.last = (started, delta)
+        buffer.accounting.members.append(reply.node)
+        buffer.tally.add(buffer.mean, update.vector, update.weight, tau)
+        buffer.contents.append(RecordDict({"metrics": next(iter(message.content.metric_records.values())), **(
+            {RAW_RECORD: message.content.array_records[RAW_RECORD]}
+            if RAW_RECORD in message.content.array_records else {})}))
+        buffer.last = (started, update.vector)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _decode(self, reply: Message, node: int, started: int, layout: Layout, codec: Codec | None,
-                sent_models: dict[int, np.ndarray], supports: dict[int, np.ndarray]) -> tuple[torch.Tensor, float]:
-        """A reply's update and weight (raises what refuses it). A ``tcs`` payload decodes on the
-        coordinates its node's message moved (``supports``: the node has one message in flight, so
-        its latest is the one it trained from), as the engine's."""
-        wire = None
-        if codec is not None:  # the codec of the round its message named, on its node's support (tcs)
-            wire = codec.for_round(started + 1, self.seed)
-            wire = wire.with_support(supports.get(node)) if wire.shares_support else wire
-        vector, weight = reply_update(reply, layout, wire, sent_models[started], self.weighted_by_key)
-        return vector.to(torch.float32), weight
-
     def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
                  train_config: ConfigRecord | None) -> Message:
         config = ConfigRecord(dict(train_config or {}))

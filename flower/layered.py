@@ -34,7 +34,8 @@ downlink: each reply decodes on the coordinates its node's change moved. A reply
 (no ``compression_mod``) or whose payload does not decode is refused with its reason, never
 mis-decoded. Train metrics gain ``fedge-uplink-bytes``, ``fedge-downlink-bytes`` (records as Flower
 serializes them) and ``fedge-refused``; any round of ``layered()`` counts its failures by kind
-(``fedge-failed.timeout``, ``fedge-failed.invalid``, ...: ``fedge.protocol.failures``).
+(``fedge-failed.timeout``, ``fedge-failed.invalid``, ...: ``fedge.protocol.failures``), and the
+replies its devices declined by their owners' policy (``fedge-declined.not-eligible``, ...).
 
 The wrappers merge: ``compressed(layered(s, *layers))`` and ``layered(compressed(s), *layers)`` are
 one round with every layer. Not called here: ``delivered`` and the layers' ``state_dict`` (a Flower
@@ -59,14 +60,15 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_update, uplink_codec, with_raw, \
-    write_uplink
+from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_through_layers, uplink_codec, \
+    with_raw, write_uplink
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
-from fedge.protocol.failures import Failure, FailureKind, Rejected
-from fedge.protocol.layer import Exchange, Layer, order_layers, releases_aggregate, through_layers
+from fedge.protocol.door import door
+from fedge.protocol.failures import Failure, FailureKind
+from fedge.protocol.layer import Exchange, Layer, failed, order_layers, releases_aggregate
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes, read_payload
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
@@ -200,30 +202,24 @@ class LayeredStrategy(Wrapper):
         total, weight = torch.zeros(layout.numel, dtype=torch.float32), 0.0
         refused_before = len(self.refused)
         uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
-        for message in replies:
-            node = message.metadata.src_node_id
-            if message.has_error():
-                self._missed(state, Failure(node, FailureKind.CLIENT_ERROR,
-                                            f"client error {message.error.code}: {message.error.reason}"))
+        for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
+            taken: list[Update | None] = []
+            failure = door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
+                self._update(state, m, reply, key)), refuses=REFUSED)
+            if failure is not None:
+                self._missed(state, failure)
                 continue
-            try:
-                update = self._update(state, message, key)
-            except REFUSED as err:  # what the engine's door refuses, refused here too: logged, left out
-                self._missed(state, Rejected.failure(node, err))
-                continue
+            update = taken[0]
             if update is None:  # a layer took the reply whole
                 continue
             total += update.weight * update.vector
             weight += update.weight
-            state.tally.members.append(node)
+            state.tally.members.append(update.node)
             kept.append(message)
         answered = {m.metadata.src_node_id for m in replies}
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
             log.info("round %d: no reply from node %d", server_round, node)
-            failure = Failure(node, FailureKind.TIMEOUT, "no reply within the round")
-            state.tally.failed(failure)
-            for layer in self.layers:
-                layer.missed(step, failure)
+            failed(self.layers, step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
         for layer in self.layers:
             for failure in layer.settle(step, state.exchange, state.tally):
                 self._missed(state, failure)
@@ -249,10 +245,12 @@ class LayeredStrategy(Wrapper):
         for layer in self.layers:
             layer.close(step, outcome, state.tally)
         metrics = with_extra(metrics, outcome.extra)
-        if state.tally.failures:  # typed, as the engine's rows and /metrics count them
+        if state.tally.failures or state.tally.declined:  # typed, as the engine's rows and /metrics count them
             metrics = MetricRecord(dict(metrics or {}))
             for kind, count in sorted(state.tally.failures.items()):
                 metrics[f"fedge-failed.{kind}"] = count
+            for kind, count in sorted(state.tally.declined.items()):  # the device's policy: not a failure
+                metrics[f"fedge-declined.{kind}"] = count
         if self.uplink is not None or self.downlink is not None:
             metrics = MetricRecord(dict(metrics or {}))
             if self.uplink is not None:
@@ -282,29 +280,20 @@ class LayeredStrategy(Wrapper):
         """The round's train metrics (a wrapper over one layer adds that layer's own names here)."""
         return metrics
 
-    def _update(self, state: _Round, message: Message, key: str) -> Update | None:
-        """One reply through the layers' ``arrived``, the uplink's decoding and the layers' ``update``
-        (None: a layer took it whole); the reply's content then holds the model the update makes.
-        Raises what refuses it."""
+    def _update(self, state: _Round, message: Message, reply: Reply, key: str) -> Update | None:
+        """One reply through the layers' part of the door (:func:`reply_through_layers`; None: a
+        layer took it whole); the reply's content then holds the model the update makes. Raises
+        what refuses it."""
         step, layout, node = state.step, state.layout, message.metadata.src_node_id
-        metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
-        payload = memoryview(read_payload(message.content, UPDATE_RECORD)
-                             if UPDATE_RECORD in message.content.array_records else b"")
         sent_at = state.sent_at.get(node)
-        reply = Reply(node, message.content, seconds=None if sent_at is None else
-                      max(0.0, message.metadata.created_at - sent_at))
+        reply.seconds = None if sent_at is None else max(0.0, message.metadata.created_at - sent_at)
         wire = state.wire if state.wire is None or self.downlink is None else self.downlink.bind(state.wire, node)
-        decoded: list[Update] = []
-
-        def decode() -> Update:  # a compressed update is from the model (or copy) sent; a clear one carries its model
-            vector, weight = reply_update(message, layout, wire, None if wire is not None else state.sent, key)
-            decoded.append(Update(node, vector, weight, metrics, bytes(payload), message.content))
-            return decoded[0]
-
-        update = through_layers(self.layers, step, reply, payload, metrics, decode)
+        update, original = reply_through_layers(self.layers, step, message, reply, layout, wire,
+                                                None if wire is not None else state.sent, key)
         if update is None:
             return None  # every layer saw it; one consumed it
-        original, records = decoded[0], message.content.array_records
+        assert original is not None
+        records, metrics = message.content.array_records, original.metrics
         name = MODEL_RECORD if wire is not None else next(n for n in records if n not in (UPDATE_RECORD, RAW_RECORD))
         record = with_raw(state.arrays, records.get(RAW_RECORD, ArrayRecord())) if wire is not None else records[name]
         if (update is not original or state.wire is not None) and not self.streaming:
@@ -319,10 +308,8 @@ class LayeredStrategy(Wrapper):
 
     def _missed(self, state: _Round, failure: Failure) -> None:
         log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node, failure.reason)
-        state.tally.failed(failure)
         self.refused.append((state.step.number, failure.node, failure.reason))
-        for layer in self.layers:
-            layer.missed(state.step, failure)
+        failed(self.layers, state.step, state.tally, failure)
 
     # -- evaluate: the downlink ships the model there too ---------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

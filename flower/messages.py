@@ -22,9 +22,11 @@ from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
+from fedge.protocol.layer import Layer, through_layers
 from fedge.protocol.secure_round import StageExchange
+from fedge.protocol.step import Reply, Step, Update
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_update",
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_through_layers", "reply_update",
            "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,30 @@ def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.nd
     if not torch.isfinite(vector).all():
         raise ProtocolError("the reply's update holds NaN or infinite values")
     return vector, weight
+
+
+def reply_through_layers(layers: list[Layer], step: Step, message: Message, reply: Reply, layout: Layout,
+                         wire: Codec | None, sent: np.ndarray | None, key: str,
+                         admit: Callable[[], None] = lambda: None) -> tuple[Update | None, Update | None]:
+    """The layers' part of the door for a Flower-app driver (``layered``, ``FedBuff``), as Fedge's
+    engine runs it (``protocol.layer.through_layers``): every layer sees the reply, then ``admit``
+    (raises to refuse it before it is decoded: a stale update), :func:`reply_update` and every
+    layer's ``update``. Returns (the update the layers made, the one decoded); (None, None) when a
+    layer took the reply whole. Raises what refuses it (:data:`REFUSED`)."""
+    metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
+    payload = memoryview(read_payload(message.content, UPDATE_RECORD)
+                         if UPDATE_RECORD in message.content.array_records else b"")
+    decoded: list[Update] = []
+
+    def decode() -> Update:
+        admit()
+        vector, weight = reply_update(message, layout, wire, sent, key)
+        decoded.append(Update(reply.node, vector.to(torch.float32), weight, metrics, bytes(payload), message.content,
+                              started=reply.started))
+        return decoded[0]
+
+    update = through_layers(layers, step, reply, payload, metrics, decode)
+    return (None, None) if update is None else (update, decoded[0])
 
 
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from fedge.protocol.dispatcher import Missing
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "order_layers",
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "failed", "order_layers",
            "releases_aggregate", "through_layers"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
@@ -181,6 +181,14 @@ def through_layers(layers: list[Layer], step: Step, reply: Reply, payload: memor
     for layer in layers:
         update = layer.update(step, update)
     return update
+
+
+def failed(layers: list[Layer], step: Step, tally: Tally, failure: Failure) -> None:
+    """A node gave no usable reply (``failure`` says why, by kind): counted in the step's tally and
+    heard by every layer, in every driver."""
+    tally.failed(failure)
+    for layer in layers:
+        layer.missed(step, failure)
 
 
 def order_layers(layers: list[Layer]) -> list[Layer]:

@@ -42,15 +42,13 @@ import torch
 from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.partial import Partial
-from fedge.compression import PayloadError, derive_seed
-from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, ProtocolError, array_bytes, read_payload
+from fedge.compression import derive_seed
+from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.config_keys import PLUGIN_HANDLER
-from fedge.protocol.failures import FailureKind
-from fedge.protocol.refusals import read_refusal
+from fedge.protocol.door import door
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
-    Rejected,
     Reply,
     RunContext,
     Step,
@@ -61,7 +59,7 @@ from fedge.server.engine.algorithm import (
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
-from fedge.protocol.layer import through_layers
+from fedge.protocol.layer import failed, through_layers
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
@@ -467,11 +465,9 @@ class Engine:
             self._failed(step, failure, tally)
 
     def _failed(self, step: Step, failure: Failure, tally: Tally) -> None:
-        tally.failed(failure)
         if failure.node is not None:
             self.algorithm.missed(step, failure.node, failure.reason)
-        for layer in self.layers:
-            layer.missed(step, failure)
+        failed(self.layers, step, tally, failure)
 
     def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
         """Hand one reply to the door; None if it was used, else why not."""
@@ -479,26 +475,9 @@ class Engine:
 
     def _door(self, number: int, item: Message | Missing, consume: Callable[[Reply], None],
               started: int | None = None, what: str = "update") -> Failure | None:
-        """What every reply, an update or a federated evaluation, goes through: a missing reply, a
-        Flower error or a device's typed refusal becomes its :class:`Failure`; anything else goes to
-        ``consume``, whose refusal (:class:`Rejected`, a payload or protocol error) becomes one too.
-        None: the reply was used."""
-        if isinstance(item, Missing):
-            return Failure(item.node, FailureKind.TIMEOUT, item.reason)
-        node = item.metadata.src_node_id
-        if item.has_error():
-            return Failure(node, FailureKind.CLIENT_ERROR, f"client error {item.error.code}: {item.error.reason}")
-        try:
-            refusal = read_refusal(item.content)
-            if refusal is not None:
-                log.log(logging.INFO if refusal[0].declined else logging.WARNING, "round %d: node %d refused: %s (%s)",
-                        number, node, refusal[1], refusal[0])
-                return Failure(node, refusal[0], refusal[1])
-            consume(Reply(node, item.content, started=started))
-        except (Rejected, PayloadError, ProtocolError) as err:
-            log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
-            return Rejected.failure(node, err)
-        return None
+        """The one door (``fedge.protocol.door``) every reply goes through, an update or a federated
+        evaluation; None: the reply was used."""
+        return door(number, item, consume, started, what)
 
     def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
         return [

@@ -286,18 +286,18 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
                 held[o.node] = public
 
     decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    original = FedBuff._decode
+    original = fedbuff_module.reply_through_layers
 
-    def recording(self, reply, node, started, layout, codec, sent_models, supports):  # type: ignore[no-untyped-def]
-        out = original(self, reply, node, started, layout, codec, sent_models, supports)
-        support = expected[node].pop(0)  # one message in flight per node: its replies come in order
-        wire = make_codec(spec).for_model(layout.sizes()).for_round(started + 1, self.seed).with_support(support)
-        decoded.append((support, wire.decode(read_payload(reply.content, UPDATE_RECORD), layout.numel).numpy(),
-                        out[0]))
+    def recording(layers, step, message, reply, layout, wire, sent, key, admit):  # type: ignore[no-untyped-def]
+        support = expected[reply.node].pop(0)  # one message in flight per node: its replies come in order
+        out = original(layers, step, message, reply, layout, wire, sent, key, admit)
+        mine = make_codec(spec).for_model(layout.sizes()).for_round(reply.started + 1, strategy.seed)
+        decoded.append((support, mine.with_support(support).decode(read_payload(message.content, UPDATE_RECORD),
+                                                                   layout.numel).numpy(), out[1].vector.numpy()))
         return out
 
     monkeypatch.setattr(fedbuff_module, "DownlinkLayer", Recording)
-    monkeypatch.setattr(FedBuff, "_decode", recording)
+    monkeypatch.setattr(fedbuff_module, "reply_through_layers", recording)
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 5.0}, clock)
     strategy = make(uplink=spec, downlink="lattice:ratio=0.1")

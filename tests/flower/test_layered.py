@@ -132,6 +132,41 @@ def test_a_reply_a_layer_refuses_or_that_holds_nan_is_left_out_with_its_reason_a
     assert metrics["test_counter.step"] == 3  # every reply reached the door
 
 
+def test_a_devices_typed_refusal_reaches_the_layers_by_its_kind_through_the_one_door() -> None:
+    """A Flower app's replies pass the engine's door (``fedge.protocol.door``): a device's typed
+    refusal (``refusal_mod``) reaches every layer's ``missed`` with its own kind, not as an
+    undecodable reply; a policy decline is counted apart from the failures, as the engine counts it."""
+    from fedge.protocol.failures import FailureKind
+    from fedge.protocol.refusals import refusal_content
+
+    class _Heard(Layer):
+        key = "test-heard"
+
+        def __init__(self) -> None:
+            self.kinds: dict[int, FailureKind] = {}
+
+        def missed(self, step: Step, failure) -> None:  # type: ignore[no-untyped-def]
+            self.kinds[failure.node] = failure.kind
+
+    model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    heard, plain = _Heard(), FedAvg()
+    wrapped = layered(FedAvg(), heard)
+    list(plain.configure_train(1, model, ConfigRecord({}), Grid()))
+    replies = _exchange(list(wrapped.configure_train(1, model, ConfigRecord({}), Grid())), apps, contexts)
+    expected, _ = plain.aggregate_train(1, _copy([r for r in replies if r.metadata.src_node_id == 11]))
+    for reply in replies:
+        if reply.metadata.src_node_id == 12:
+            reply.content = refusal_content(FailureKind.OUT_OF_SYNC, "copy at version 3, message for 4")
+        elif reply.metadata.src_node_id == 13:
+            reply.content = refusal_content(FailureKind.NOT_ELIGIBLE, "trains only while charging")
+    got, metrics = wrapped.aggregate_train(1, replies)
+    for name in expected:  # node 11's update alone
+        assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
+    assert heard.kinds == {12: FailureKind.OUT_OF_SYNC, 13: FailureKind.NOT_ELIGIBLE}
+    assert metrics["fedge-failed.out-of-sync"] == 1 and metrics["fedge-declined.not-eligible"] == 1
+    assert "fedge-failed.not-eligible" not in metrics and "fedge-failed.invalid" not in metrics
+
+
 def test_the_engines_model_average_runs_in_a_flower_app_and_leaves_training_alone() -> None:
     """The model average, one class (``ModelAverageLayer`` over ``fedge.aggregation.model_average``)
     in both coordinators: around a Flower strategy it folds each round's model into the moving
