@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from fedge.compression import Codec, PayloadError, SpecError, make_codec
-from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.protocol.downlink_layer import DownlinkLayer, uplink_refusal
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
@@ -92,9 +92,9 @@ def uplink_codec(spec: str, downlink: DownlinkLayer | None) -> Codec:
         codec = make_codec(spec)
     except (SpecError, ValueError) as err:
         raise ValueError(f"uplink codec {spec!r}: {err}") from None
-    if codec.shares_support and (downlink is None or downlink.parsed is None):
-        raise ValueError(f"uplink codec {spec!r} sends on the coordinates the downlink's last change moved; it "
-                         "needs a lattice downlink (downlink=\"lattice:...\")")
+    reason = uplink_refusal(codec, downlink)
+    if reason is not None:
+        raise ValueError(f"uplink codec {spec!r} {reason} (downlink=\"lattice:...\")")
     return codec
 
 

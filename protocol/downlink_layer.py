@@ -66,7 +66,7 @@ from fedge.protocol.start_model import parse_start
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 
-__all__ = ["DownlinkLayer"]
+__all__ = ["DownlinkLayer", "uplink_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -290,3 +290,12 @@ class DownlinkLayer(Layer):
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.broadcast is not None and state:
             self.broadcast.load_state_dict(state)
+
+
+def uplink_refusal(codec: Codec, downlink: DownlinkLayer | None) -> str | None:
+    """Why ``codec`` cannot encode the uplink beside ``downlink`` (None: it can), for both
+    coordinators: a codec that sends on the coordinates the downlink's last change moved (``tcs``)
+    has no such change without a lattice downlink."""
+    if codec.shares_support and (downlink is None or downlink.parsed is None):
+        return "sends on the coordinates the downlink's last change moved; it needs a lattice downlink"
+    return None

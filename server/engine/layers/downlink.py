@@ -11,6 +11,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord
 
 from fedge.protocol.downlink_layer import DownlinkLayer as SharedDownlink
+from fedge.protocol.downlink_layer import uplink_refusal
 from fedge.server.engine.algorithm import Algorithm
 from fedge.server.settings import SettingsError
 from fedge.tasks import flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
@@ -26,9 +27,6 @@ class DownlinkLayer(SharedDownlink):
         """Every run has one (``none`` ships full models); a malformed spec is refused here."""
         ctx, s = algorithm.ctx, algorithm.ctx.settings
         shares_support = ctx.codec.shares_support
-        if shares_support and not s.downlink_codec.startswith("lattice"):
-            raise SettingsError(f"codec {s.codec!r} sends on the coordinates the downlink's last change moved; it "
-                                "needs a lattice downlink (downlink-codec = \"lattice:...\")")
         if shares_support and (algorithm.device_handler or algorithm.name) != "fedavg":
             raise SettingsError(f"codec {s.codec!r} sends on the support of the model change each device received; "
                                 f"{algorithm.name}'s devices do not send an update from that model (FedAvg, FedProx "
@@ -39,6 +37,9 @@ class DownlinkLayer(SharedDownlink):
                         full_record=lambda params: ArrayRecord(unflatten_state(params, template)))
         except ValueError as err:
             raise SettingsError(f"downlink-codec: {err}") from None
+        reason = uplink_refusal(ctx.codec, layer)
+        if reason is not None:
+            raise SettingsError(f"codec {s.codec!r} {reason} (downlink-codec = \"lattice:...\")")
         if layer.parsed is not None:  # from a model file, the base is that model (shipped, set in start())
             base = flatten_state(template) if s.init else seeded_initial_params(ctx.task, s.seed)
             layer.begin(base, tensor_sizes(template), seeded=not s.init)
