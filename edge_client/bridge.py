@@ -29,6 +29,8 @@ from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
 from fedge.protocol.leaf import (
+    DOWN_AFTER,
+    HEARTBEAT,
     LEAF_CONNECTED,
     LEAF_SPOOL,
     LEAF_TIMEOUT,
@@ -54,12 +56,17 @@ class LeafTimeout(ProtocolError):
 class SpoolChannel:
     """The bridge's side of the leaf-local spool (``fedge.protocol.leaf``): ask by writing the
     round's request, wait for the leaf's result. A result already there (the leaf answered before
-    this process restarted) is returned as it is, so a root round is answered by one leaf step."""
+    this process restarted) is returned as it is, so a root round is answered by one leaf step.
+
+    The wait ends early when the leaf is down: its heartbeat was fresh during this wait and then
+    went ``down_after`` seconds without a beat (a leaf that is starting, its heartbeat still old
+    from before, is waited for up to ``timeout``)."""
 
     def __init__(self, spool: str | Path, timeout: float = 3600.0, poll: float = 0.05,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.spool, self.timeout, self.poll = Path(spool), timeout, poll
-        self.clock, self.sleep = clock, sleep
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 down_after: float = DOWN_AFTER, wall: Callable[[], float] = time.time) -> None:
+        self.spool, self.timeout, self.poll, self.down_after = Path(spool), timeout, poll, down_after
+        self.clock, self.sleep, self.wall = clock, sleep, wall
         self.spool.mkdir(parents=True, exist_ok=True)
 
     def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
@@ -67,14 +74,24 @@ class SpoolChannel:
         request = self.spool / request_name(root_round)
         if not result.exists() and not request.exists():
             atomic_write_bytes(request, encode_request(root_round, model, origin))
-        deadline = self.clock() + self.timeout
+        deadline, seen_alive = self.clock() + self.timeout, False
         while not result.exists():
-            if self.clock() > deadline:
+            silent = self._silent()
+            seen_alive = seen_alive or (silent is not None and silent < self.down_after)
+            down = seen_alive and silent is not None and silent >= self.down_after
+            if down or self.clock() > deadline:
                 request.unlink(missing_ok=True)  # withdrawn: the root's round goes on without this leaf
-                raise LeafTimeout(f"the leaf at {self.spool} did not answer round {root_round} within "
-                                  f"{self.timeout:g} s")
+                why = f"it is down (no heartbeat for {silent:.0f} s)" if down else f"within {self.timeout:g} s"
+                raise LeafTimeout(f"the leaf at {self.spool} did not answer round {root_round}: {why}")
             self.sleep(self.poll)
         return decode_result(result.read_bytes(), root_round, model.numel())
+
+    def _silent(self) -> float | None:
+        """Seconds since the leaf's last heartbeat (None: it has none yet)."""
+        try:
+            return max(0.0, self.wall() - (self.spool / HEARTBEAT).stat().st_mtime)
+        except FileNotFoundError:
+            return None
 
 
 def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:

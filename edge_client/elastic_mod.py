@@ -67,16 +67,3 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
                               "center-distance": distance})
     reply.content = out
     return reply
-    trained = reply.content.array_records.get(MODEL_RECORD)
-    if trained is None:
-        raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to take the elastic step from")
-    delta, kept, distance = elastic_difference(torch.from_numpy(layout.flatten(trained)), center, alpha)
-    store.put_tensor("local", kept)
-    out = RecordDict(dict(reply.content.items()))
-    out[MODEL_RECORD] = layout.rebuild((center + delta).numpy(), trained)
-    name = next(iter(reply.content.metric_records), "metrics")
-    out[name] = MetricRecord({**dict(reply.content.metric_records.get(name, MetricRecord())),
-                              "center-distance": distance})
-    reply.content = out
-    msg.content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
-    return reply

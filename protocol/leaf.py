@@ -19,7 +19,7 @@ import torch
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["LEAF_CONNECTED", "LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "RootOrigin",
+__all__ = ["DOWN_AFTER", "HEARTBEAT", "HEARTBEAT_EVERY", "LEAF_CONNECTED", "LEAF_SPOOL", "LEAF_STOP", "LEAF_TIMEOUT", "LeafChannel", "LeafResult", "LeafSpoolError", "RootOrigin",
            "decode_request", "decode_result", "encode_request", "encode_result", "request_name", "result_name"]
 
 #: at most this many devices behind one leaf step (a larger count is a corrupt file)
@@ -81,9 +81,17 @@ class LeafSpoolError(ProtocolError):
 LEAF_STOP = "stop"
 #: the node config key that makes a SuperNode a leaf's bridge: the leaf's spool directory
 LEAF_SPOOL = "leaf-spool"
-#: the node config key of how long a bridge waits for its leaf's step (seconds; the launcher gives
-#: 0.8 x the root's round timeout, so a dead leaf's bridge answers before the root closes the round)
+#: the node config key of how long a bridge waits for its leaf's step at the most (seconds; the
+#: launcher gives 0.8 x the root's round timeout, so a leaf that never answers does not hold the
+#: root's round; one whose heartbeat stops is given up sooner)
 LEAF_TIMEOUT = "leaf-timeout"
+#: the file a serving leaf touches every :data:`HEARTBEAT_EVERY` seconds, from a thread of its own
+#: (so a long step does not silence it): a bridge that saw it fresh during its wait and then sees it
+#: go :data:`DOWN_AFTER` seconds without a beat answers at once that its leaf is down, instead of
+#: holding the root's round for the whole ``leaf-timeout``
+HEARTBEAT = "leaf-alive"
+HEARTBEAT_EVERY = 1.0
+DOWN_AFTER = 10.0
 #: the metric a bridge reports beside its leaf's change: the devices connected to the leaf (what
 #: central DP's divisor counts at the root)
 LEAF_CONNECTED = "leaf-connected"

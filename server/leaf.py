@@ -14,8 +14,10 @@ engine unchanged: FedAvg over leaves weighted by their examples is FedAvg over a
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +27,8 @@ from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
 from fedge.protocol.layer import Layer, order_layers
 from fedge.protocol.leaf import (
+    HEARTBEAT,
+    HEARTBEAT_EVERY,
     LeafResult,
     LeafSpoolError,
     RootOrigin,
@@ -35,9 +39,34 @@ from fedge.protocol.leaf import (
 from fedge.protocol.step import Outgoing, Step
 from fedge.server.engine.loop import Engine
 
-__all__ = ["LeafCoordinator", "LeafError"]
+__all__ = ["LeafCoordinator", "LeafError", "heartbeat"]
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def heartbeat(path: Path, every: float) -> Iterator[None]:
+    """Touch ``path`` every ``every`` seconds from a thread of its own while the block runs: the
+    leaf's bridge reads it to tell a leaf that is stepping from one that is down. Left in place at
+    the end, so it goes stale when the leaf stops, as when it dies."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                path.touch()
+            except OSError as err:  # a full disk must not stop the leaf; its bridge may then give up early
+                log.warning("leaf heartbeat %s: %s", path, err)
+            if done.wait(every):
+                return
+
+    thread = threading.Thread(target=beat, name="leaf-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class LeafError(ValueError):
@@ -121,8 +150,13 @@ class LeafCoordinator:
         newest round without a result is served (an older one's root round is over), and a round
         with a result is never stepped again: a leaf that crashed between its step and its answer
         runs that round's step afresh from the root's model, so the root counts it once."""
-        spool, answered = Path(spool), 0
+        spool = Path(spool)
         spool.mkdir(parents=True, exist_ok=True)
+        with heartbeat(spool / HEARTBEAT, HEARTBEAT_EVERY):  # the bridge tells a busy leaf from a dead one
+            return self._serve(spool, stop, poll, sleep)
+
+    def _serve(self, spool: Path, stop: Callable[[], bool], poll: float, sleep: Callable[[float], None]) -> int:
+        answered = 0
         while not stop():
             pending = sorted(p for p in spool.glob("request-*.pt")
                              if not (spool / p.name.replace("request-", "result-")).exists())

@@ -37,8 +37,9 @@ def test_a_killed_root_resumes_and_a_killed_leaf_rejoins_each_from_its_checkpoin
       from theirs (a round a leaf had already answered before the crash is answered from its spool,
       not stepped again).
     - A leaf: after root round 3 every process of leaf 1 is SIGKILLed. Root round 4 completes with
-      leaf 0 alone (leaf 1's bridge answers with an error before the root's timeout); leaf 1 is
-      started again, resumes from its checkpoint and is in root round 5.
+      leaf 0 alone (leaf 1's bridge answers with an error once the leaf's heartbeat has been silent
+      10 s, or at the latest after its wait); leaf 1 is started again, resumes from its checkpoint
+      and is in root round 5.
 
     The root's rows are rounds 1-5 once each; each leaf stepped once per root round it answered,
     never twice for one. Every process stops at the end."""

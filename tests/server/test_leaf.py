@@ -5,7 +5,9 @@ devices: the tree's model is the flat run's, round after round (fp32 updates bot
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from flwr.app import Context, Message
 
 from fedge.edge_client.bridge import LeafTimeout, SpoolChannel, bridge_app
 from fedge.protocol.leaf import (
+    HEARTBEAT,
     LeafResult,
     LeafSpoolError,
     RootOrigin,
@@ -23,7 +26,7 @@ from fedge.protocol.leaf import (
     request_name,
     result_name,
 )
-from fedge.server.leaf import LeafCoordinator, LeafError
+from fedge.server.leaf import LeafCoordinator, LeafError, heartbeat
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import SettingsError
 from fedge.tasks import make_task
@@ -156,7 +159,7 @@ def test_across_processes_the_leaf_and_its_bridge_meet_in_a_spool(tmp_path) -> N
     torch.testing.assert_close(result.model, flat.algorithm.final_model(), rtol=0, atol=1e-6)
     # one request and one answer per round; the spool keeps the last two rounds
     assert sorted(p.name for p in (tmp_path / "spool-0").iterdir()) == sorted(
-        f"{kind}-{r:09d}.pt" for r in (2, 3) for kind in ("request", "result"))
+        [HEARTBEAT] + [f"{kind}-{r:09d}.pt" for r in (2, 3) for kind in ("request", "result")])
 
 
 def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None:
@@ -185,6 +188,48 @@ def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None
     (spool / request_name(4)).write_bytes(encode_request(4, start))
     served = leaf.serve(spool, stop=lambda: (spool / result_name(4)).exists(), sleep=lambda s: None)
     assert served == 1 and leaf.steps == 2 and not (spool / result_name(2)).exists()
+
+
+def test_a_bridge_answers_at_once_when_its_leaf_goes_down_and_waits_for_one_that_is_starting(tmp_path) -> None:
+    """The leaf's heartbeat (``server.leaf.heartbeat``, touched from a thread of its own while it
+    serves) tells its bridge a busy leaf from a dead one: a heartbeat seen fresh during the wait and
+    then silent for ``down_after`` seconds ends the wait at once (the request withdrawn), not after
+    the whole ``leaf-timeout``; a heartbeat old from before the wait (a leaf that is starting again)
+    is waited for, and its answer taken."""
+    start = torch.zeros(5)
+    answer = LeafResult(delta=torch.full((5,), 0.25), weight=3.0, count=2)
+
+    def channel(spool, beat_age: float, answer_at: float | None = None):  # type: ignore[no-untyped-def]
+        spool.mkdir()
+        now = [1e9]
+        (spool / HEARTBEAT).touch()
+        os.utime(spool / HEARTBEAT, (now[0] - beat_age, now[0] - beat_age))
+
+        def sleep(seconds: float) -> None:
+            now[0] += 1.0
+            if answer_at is not None and now[0] - 1e9 >= answer_at and not (spool / result_name(1)).exists():
+                (spool / result_name(1)).write_bytes(encode_result(1, answer))
+                os.utime(spool / HEARTBEAT, (now[0], now[0]))  # the restarted leaf beats
+
+        return SpoolChannel(spool, timeout=3600, poll=1.0, clock=lambda: now[0], sleep=sleep,
+                            down_after=10.0, wall=lambda: now[0]), now
+
+    bridge, now = channel(tmp_path / "down", beat_age=0.0)
+    with pytest.raises(LeafTimeout, match=r"did not answer round 1: it is down \(no heartbeat for 10 s\)"):
+        bridge.step(1, start)
+    assert now[0] - 1e9 == 10.0 and not (tmp_path / "down" / request_name(1)).exists()
+    bridge, now = channel(tmp_path / "starting", beat_age=1000.0, answer_at=40.0)
+    assert torch.equal(bridge.step(1, start).delta, answer.delta) and now[0] - 1e9 == 40.0
+    beating = tmp_path / "beating" / HEARTBEAT
+    beating.parent.mkdir()
+    with heartbeat(beating, every=0.05):
+        time.sleep(0.3)
+        first = beating.stat().st_mtime
+        time.sleep(0.3)
+        assert beating.stat().st_mtime > first  # beats while the block runs
+    last = beating.stat().st_mtime
+    time.sleep(0.2)
+    assert beating.stat().st_mtime == last  # and not after: it goes stale, as when the leaf dies
 
 
 @pytest.mark.parametrize("data, error", [
@@ -237,7 +282,7 @@ def test_the_spool_keeps_the_last_two_rounds_and_a_newer_request(tmp_path) -> No
     polls = iter(range(50))
     leaf.serve(spool, stop=lambda: next(polls) >= 3 or (spool / result_name(4)).exists(), sleep=lambda s: None)
     assert sorted(p.name for p in spool.iterdir()) == sorted(
-        [request_name(3), result_name(3), request_name(4), result_name(4), request_name(5)])
+        [HEARTBEAT, request_name(3), result_name(3), request_name(4), result_name(4), request_name(5)])
 
 
 def test_fedbuff_at_the_root_takes_each_leafs_step_as_it_lands_weighted_by_its_staleness(tmp_path) -> None:
