@@ -51,15 +51,17 @@ def heartbeat(path: Path, every: float) -> Iterator[None]:
     the end, so it goes stale when the leaf stops, as when it dies."""
     done = threading.Event()
 
-    def beat() -> None:
-        while True:
-            try:
-                path.touch()
-            except OSError as err:  # a full disk must not stop the leaf; its bridge may then give up early
-                log.warning("leaf heartbeat %s: %s", path, err)
-            if done.wait(every):
-                return
+    def touch() -> None:
+        try:
+            path.touch()
+        except OSError as err:  # a full disk must not stop the leaf; its bridge may then give up early
+            log.warning("leaf heartbeat %s: %s", path, err)
 
+    def beat() -> None:
+        while not done.wait(every):
+            touch()
+
+    touch()  # the first beat before the block runs
     thread = threading.Thread(target=beat, name="leaf-heartbeat", daemon=True)
     thread.start()
     try:
