@@ -11,7 +11,8 @@ counted), and added to the buffer: the engine's aggregation rule (``aggregator``
 streaming mean, O(model) memory; a robust rule of ``fedge.aggregation.robust`` holds its updates).
 After ``buffer`` updates the buffer's weighted mean moves the model by ``server_lr`` and a new
 version is published; the node that replied gets the new model at once. Messages and replies go
-through the engine's dispatcher (``fedge.protocol.dispatcher``), so timeouts are counted the same way.
+through the engine's dispatcher (``fedge.protocol.dispatcher``) and door (``fedge.protocol.door``),
+so timeouts, errors and a device's typed refusals are counted the same way.
 ``FedAsync`` is ``buffer=1`` with a mixing rate: x ← (1 − α_t)·x + α_t·(x_v + Δ), α_t = α·s(τ), the
 client's model rebuilt from the version v it started from (Xie et al. 2019), as in the engine. The
 schedule (which nodes are busy, when a freed slot is refilled) is the engine's own
@@ -193,11 +194,12 @@ class FedBuff:
             failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, layout, codec,
                                                                      sent_models, downlink, layers),
                            started=started, refuses=REFUSED)
-            if failure is not None and failure.kind is FailureKind.STALE:
-                self.dropped_stale += 1
-            elif failure is not None:
-                self.refused.append((version if failure.kind is FailureKind.TIMEOUT else started, node, failure.reason))
             if failure is not None:
+                if failure.kind is FailureKind.STALE:
+                    self.dropped_stale += 1
+                else:  # a node that did not answer is counted at the version it was waited for
+                    at = version if failure.kind is FailureKind.TIMEOUT else started
+                    self.refused.append((at, node, failure.reason))
                 failed(layers, buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False

@@ -21,13 +21,13 @@ from fedge.compression import Codec, PayloadError, SpecError, make_codec
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_refusal
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
-from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.layer import Layer, through_layers
+from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.secure_round import StageExchange
 from fedge.protocol.step import Reply, Step, Update
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_through_layers", "reply_update",
-           "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_through_layers",
+           "reply_update", "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
