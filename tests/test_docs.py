@@ -223,6 +223,7 @@ def test_setting_names_in_prose_and_examples_are_settings() -> None:
 #: hyphenated words the docs may show in backticks that are not run settings: programs, packages,
 #: the daemon's [service] keys (added below), spec parameters and values, metric and message names
 _OTHER_WORDS = {
+    "leaf-alive", "leaf-timeout",  # a leaf's heartbeat file and its bridge's node config key
     "fedge-edge", "flower-superlink", "flower-supernode", "flwr-clientapp", "flwr-serverapp", "flwr-simulation",
     "local-cluster", "client-resources-num-gpus",
     "flwr-datasets", "dataset-fashion-mnist", "dp-accounting",
