@@ -206,8 +206,9 @@ class LayeredStrategy(Wrapper):
             taken: list[Update | None] = []
             failure = door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
                 self._update(state, m, reply, key)), refuses=REFUSED)
-            if failure is not None:
-                self._missed(state, failure)
+            if failure is not None:  # the door logged a refusal already; a silence or an error it does not
+                self._missed(state, failure, logged=failure.kind not in (FailureKind.TIMEOUT,
+                                                                         FailureKind.CLIENT_ERROR))
                 continue
             update = taken[0]
             if update is None:  # a layer took the reply whole
@@ -306,8 +307,10 @@ class LayeredStrategy(Wrapper):
             message.content = content
         return update
 
-    def _missed(self, state: _Round, failure: Failure) -> None:
-        log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node, failure.reason)
+    def _missed(self, state: _Round, failure: Failure, logged: bool = False) -> None:
+        if not logged:
+            log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node,
+                        failure.reason)
         self.refused.append((state.step.number, failure.node, failure.reason))
         failed(self.layers, state.step, state.tally, failure)
 
