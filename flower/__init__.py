@@ -18,8 +18,9 @@ each, ``fedge.protocol.layer``) around any strategy's rounds (``fedge.flower.lay
 ``layered(FedAvg(), ElasticAveraging())`` with ``elastic_mod`` runs EASGD. Nothing here imports
 Fedge's coordinator (``fedge.server``).
 
-This package holds the server side: the strategy wrappers. The two ClientApp mods are the device's
+This package holds the server side: the strategy wrappers. The ClientApp mods are the device's
 and live with its other parts (``fedge.edge_client.compression_mod``, ``fedge.edge_client.secure_mod``,
+``refusal_mod``, first on the ClientApp, sending a device's typed refusals as the engine's devices do,
 the lattice copy in ``fedge.edge_client.downlink``; the server's is the engine's downlink layer,
 ``fedge.protocol.downlink_layer``); they are re-exported here, so an app imports
 both sides from ``fedge.flower``. A model's layout and a named start model, which both sides read,
@@ -32,6 +33,7 @@ check_flower()  # before anything reads Flower: another release gets a clear err
 
 from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
 from fedge.edge_client.elastic_mod import elastic_mod  # noqa: E402
+from fedge.edge_client.layers import refusal_mod  # noqa: E402
 from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
@@ -39,4 +41,5 @@ from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: 
 from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
 
 __all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy",
-           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "secure", "secure_mod"]
+           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "refusal_mod", "secure",
+           "secure_mod"]

@@ -329,21 +329,26 @@ class LayeredStrategy(Wrapper):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The wrapped strategy's; with a downlink, replies confirm the copies their messages brought,
-        and the metrics gain ``fedge-downlink-bytes``."""
-        replies = list(replies)
-        downlink = self.downlink
-        if downlink is None:
-            return self.strategy.aggregate_evaluate(server_round, replies)
-        step = Step(server_round)
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if reply.has_error():
-                downlink.missed(step, Failure(node, FailureKind.CLIENT_ERROR, reply.error.reason))
-            else:
-                downlink.arrived(step, Reply(node, reply.content), memoryview(b""), {})
-        metrics = self.strategy.aggregate_evaluate(server_round, replies)
-        if downlink.bytes:
+        """The wrapped strategy's, over the replies the one door lets through (``fedge.protocol.door``:
+        a device's typed refusal is logged and left out, as in a train round; Flower's error replies
+        pass on, for the strategy to count); with a downlink, each reply confirms the copy its
+        message brought, a failure forgets it, and the metrics gain ``fedge-downlink-bytes``."""
+        downlink, step, passed = self.downlink, Step(server_round), []
+
+        def take(reply: Reply, message: Message) -> None:
+            passed.append(message)
+            if downlink is not None:
+                downlink.arrived(step, reply, memoryview(b""), {})
+
+        for message in replies:
+            failure = door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
+                           what="evaluation", refuses=REFUSED)
+            if failure is not None and downlink is not None:
+                downlink.missed(step, failure)
+            if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:
+                passed.append(message)
+        metrics = self.strategy.aggregate_evaluate(server_round, passed)
+        if downlink is not None and downlink.bytes:
             metrics = metrics if metrics is not None else MetricRecord()
             metrics["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
         return metrics

@@ -30,8 +30,11 @@ class Grid:
         return list(NODES)
 
 
-def _user_app(with_mod: bool = True, seen: dict[int, list[ArrayRecord]] | None = None) -> ClientApp:
-    app = ClientApp(mods=[compression_mod] if with_mod else [])
+def _user_app(with_mod: bool = True, seen: dict[int, list[ArrayRecord]] | None = None,
+              refusals: bool = False) -> ClientApp:
+    from fedge.flower import refusal_mod
+
+    app = ClientApp(mods=([refusal_mod] if refusals else []) + ([compression_mod] if with_mod else []))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out
@@ -412,3 +415,63 @@ def test_a_tcs_reply_on_another_support_is_refused_and_tcs_needs_the_lattice_dow
         arrays, _ = wrapped.aggregate_train(server_round, replies)
     assert [(r, n) for r, n, _ in wrapped.refused] == [(2, 12)]
     assert "did not get the same downlink" in wrapped.refused[0][2] and "rejected update from node 12" in caplog.text
+
+
+def test_with_refusal_mod_a_node_that_lost_its_copy_says_so_by_kind_and_gets_the_model_again() -> None:
+    """``refusal_mod`` first on a Flower app's ClientApp sends the device's typed refusals as refusal
+    replies, and the wrapper's door (the engine's, ``fedge.protocol.door``) hears their kind: a node
+    that lost its lattice copy answers ``out-of-sync`` (without the mod: a bare client error), is
+    counted so, and the next round sends it a snapshot it trains from."""
+    from fedge.protocol.records import DOWNLINK_RECORD
+
+    arrays, grid = _model(), Grid()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
+    apps, contexts = {n: _user_app(refusals=True) for n in NODES}, _contexts()
+    metrics_of = {}
+    for server_round in (1, 2, 3):
+        if server_round == 2:  # node 12 loses its state (a reinstalled device): no copy, no layout
+            contexts[12] = Context(run_id=1, node_id=12, node_config={}, state=RecordDict(), run_config={})
+        messages = list(wrapped.configure_train(server_round, arrays, ConfigRecord(), grid))
+        assert all(DOWNLINK_RECORD in m.content for m in messages)
+        replies = _exchange(messages, apps, contexts)
+        arrays, metrics_of[server_round] = wrapped.aggregate_train(server_round, replies)
+    assert metrics_of[2]["fedge-failed.out-of-sync"] == 1 and "fedge-failed.client-error" not in metrics_of[2]
+    assert [(r, n) for r, n, _ in wrapped.refused] == [(2, 12)]
+    # round 1: a snapshot each; round 2: changes only; round 3: node 12's copy again, and it trains
+    assert [metrics_of[r]["downlink_snapshot"] for r in (1, 2, 3)] == [3, 0, 1]
+    assert not any(k.startswith("fedge-failed") for k in metrics_of[3])
+
+
+def test_evaluate_replies_pass_the_one_door_a_refusal_is_left_out_and_its_kind_reaches_the_downlink() -> None:
+    """``aggregate_evaluate`` passes its replies through the same door as a train round: the
+    strategy aggregates the metrics of the replies it lets through and Flower's error replies (for
+    it to count), never a device's refusal record (Flower's consistency check would refuse the whole
+    round); a ``needs-base`` refusal has the downlink ship that node the base with its next model."""
+    from flwr.app import Error
+
+    from fedge.protocol.failures import FailureKind
+    from fedge.protocol.records import DOWNLINK_BASE_KEY, DOWNLINK_RECORD
+    from fedge.protocol.refusals import refusal_content
+
+    arrays, grid = _model(), Grid()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
+    apps, contexts = {n: _user_app() for n in NODES}, _contexts()
+    arrays, _ = wrapped.aggregate_train(1, _exchange(list(wrapped.configure_train(1, arrays, ConfigRecord(), grid)),
+                                                     apps, contexts))
+    messages = list(wrapped.configure_evaluate(1, arrays, ConfigRecord(), grid))
+    assert sorted(m.metadata.dst_node_id for m in messages) == NODES
+    replies = []
+    for message in messages:
+        message.metadata.__dict__["_message_id"] = message.object_id
+        node = message.metadata.dst_node_id
+        content = {11: RecordDict({"metrics": MetricRecord({"num-examples": 10, "accuracy": 0.75})}),
+                   12: refusal_content(FailureKind.NEEDS_BASE, "the base built here differs"),
+                   13: Error(code=0, reason="boom")}[node]
+        reply = Message(content, reply_to=message)
+        reply.metadata.__dict__["_src_node_id"] = node
+        replies.append(reply)
+    metrics = wrapped.aggregate_evaluate(1, replies)
+    assert metrics is not None and metrics["accuracy"] == 0.75 and metrics["fedge-downlink-bytes"] > 0
+    again = {m.metadata.dst_node_id: m for m in wrapped.configure_train(2, arrays, ConfigRecord(), grid)}
+    assert DOWNLINK_BASE_KEY in again[12].content[DOWNLINK_RECORD]  # needs-base: the base, once
+    assert DOWNLINK_BASE_KEY not in again[11].content[DOWNLINK_RECORD]
