@@ -26,7 +26,7 @@ from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, rea
 from fedge.protocol.secure_round import StageExchange
 from fedge.protocol.step import Reply, Step, Update
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_payload", "reply_through_layers",
+__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_through_layers",
            "reply_update", "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
@@ -114,26 +114,20 @@ def reply_weight(reply: Message, key: str) -> tuple[float, MetricRecord]:
     return float(weight), metrics  # type: ignore[return-value]
 
 
-def reply_payload(reply: Message) -> bytes:
-    """The encoded update ``compression_mod`` sent (checked; the codec checks the bytes)."""
-    if UPDATE_RECORD not in reply.content.array_records:
-        raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
-    return read_payload(reply.content, UPDATE_RECORD)
-
-
-def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.ndarray | None,
-                 key: str) -> tuple[torch.Tensor, float]:
-    """A reply's update and weight, as every door of ``fedge.flower`` takes them: its payload decoded
-    with ``wire`` (bound to its node's support), or its model minus ``sent`` (None: a payload is
-    required). Raises what refuses the reply (:data:`REFUSED`), never a mis-decoded update."""
-    if reply.has_error():
-        raise ProtocolError(f"the client answered with an error: {reply.error.reason}")
+def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.ndarray | None, key: str,
+                 payload: bytes | memoryview) -> tuple[torch.Tensor, float]:
+    """A reply's update and weight, as every door of ``fedge.flower`` takes them: its ``payload`` (the
+    update record's bytes, read once by the caller) decoded with ``wire`` (bound to its node's
+    support), or its model minus ``sent`` (None: a payload is required). Raises what refuses the
+    reply (:data:`REFUSED`), never a mis-decoded update."""
     weight, _ = reply_weight(reply, key)
     records = reply.content.array_records
     if UPDATE_RECORD in records or sent is None:
         if wire is None:
             raise LayoutError("a compressed update, but this strategy asked for none")
-        vector = wire.decode(reply_payload(reply), layout.numel)
+        if UPDATE_RECORD not in records:
+            raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
+        vector = wire.decode(payload, layout.numel)
     else:
         name = next((n for n in records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
         if name is None:
@@ -159,7 +153,7 @@ def reply_through_layers(layers: list[Layer], step: Step, message: Message, repl
 
     def decode() -> Update:
         admit()
-        vector, weight = reply_update(message, layout, wire, sent, key)
+        vector, weight = reply_update(message, layout, wire, sent, key, payload)
         decoded.append(Update(reply.node, vector.to(torch.float32), weight, metrics, bytes(payload), message.content,
                               started=reply.started))
         return decoded[0]

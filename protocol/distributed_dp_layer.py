@@ -39,6 +39,7 @@ import torch
 from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec
+from fedge.privacy.sampling import poisson_sample
 from fedge.protocol.config_keys import DP_CLIP
 from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
 from fedge.protocol.records import CONFIG_RECORD
@@ -78,8 +79,7 @@ class DistributedDP(DistributedRelease, Layer):
 
     def sample(self, nodes: list[int]) -> list[int]:
         """Each of ``nodes`` independently with probability q, from the sampler."""
-        drawn = [self._sampler.random() < self.rate for _ in nodes]
-        return [node for node, keep in zip(sorted(nodes), drawn) if keep]
+        return poisson_sample(nodes, self.rate, self._sampler)
 
     def exhausted(self, connected: int) -> bool:
         return self.would_exceed(self._rate(connected))

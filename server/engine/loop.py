@@ -355,7 +355,7 @@ class Engine:
             federated.absorb(reply.node, reply.content)
 
         for item in self._exchange(grid, number)(outgoing, self.settings.round_timeout, "eval"):
-            failure = self._door(number, item, absorb, what="evaluation")
+            failure = door(number, item, absorb, what="evaluation")  # the same door as an update's
             if failure is not None:
                 federated.ignore(failure)
         if mode == "federated":
@@ -471,13 +471,7 @@ class Engine:
 
     def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
         """Hand one reply to the door; None if it was used, else why not."""
-        return self._door(step.number, item, lambda reply: self.absorb_reply(step, reply), started)
-
-    def _door(self, number: int, item: Message | Missing, consume: Callable[[Reply], None],
-              started: int | None = None, what: str = "update") -> Failure | None:
-        """The one door (``fedge.protocol.door``) every reply goes through, an update or a federated
-        evaluation; None: the reply was used."""
-        return door(number, item, consume, started, what)
+        return door(step.number, item, lambda reply: self.absorb_reply(step, reply), started)
 
     def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
         return [

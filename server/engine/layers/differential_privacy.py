@@ -50,6 +50,7 @@ import torch
 from fedge.aggregation.partial import Partial
 from fedge.privacy.accountant import PrivacyLedger
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
+from fedge.privacy.sampling import poisson_sample, sampling_rate
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
@@ -133,7 +134,7 @@ class DifferentialPrivacyLayer(Layer):
         if settings.secure_aggregation != "none":
             rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
             cpr = settings.clients_per_round
-            return DistributedDP(spec, lambda connected: min(1.0, cpr / max(connected, 1)), algorithm.ctx.numel,
+            return DistributedDP(spec, lambda connected: sampling_rate(cpr, connected), algorithm.ctx.numel,
                                  rng=rng, sampler=_system_random())
         return cls.central(spec, settings.clients_per_round)
 
@@ -286,7 +287,7 @@ class CentralDP:
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
 
     def sampling_rate(self, connected: int, clients_per_round: int) -> float:
-        return min(1.0, clients_per_round / max(connected, 1))
+        return sampling_rate(clients_per_round, connected)
 
     def sample(self, nodes: list[int], clients_per_round: int) -> list[int]:
         """Poisson sampling: each connected node independently with probability q."""
@@ -295,8 +296,7 @@ class CentralDP:
     def sample_at(self, nodes: list[int], rate: float) -> list[int]:
         """Poisson sampling at ``rate`` (a leaf's: the federation's q)."""
         self.rate = rate
-        chosen = [self._sampler.random() < self.rate for _ in nodes]
-        return [node for node, keep in zip(sorted(nodes), chosen) if keep]
+        return poisson_sample(nodes, rate, self._sampler)
 
     def clip(self, vector: torch.Tensor, fitted: object = None) -> torch.Tensor:
         """Bound one decoded update; count the device's bit (``fitted``, or None: the update is the

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord
 
-from fedge.protocol.downlink_layer import DownlinkLayer as SharedDownlink
-from fedge.protocol.downlink_layer import uplink_refusal
+from fedge.protocol.downlink_layer import DownlinkLayer as SharedDownlink, uplink_refusal
 from fedge.server.engine.algorithm import Algorithm
 from fedge.server.settings import SettingsError
 from fedge.tasks import flatten_state, seeded_initial_params, tensor_sizes, unflatten_state
