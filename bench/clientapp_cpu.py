@@ -301,6 +301,37 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
         return out
 
 
+#: run in a fresh interpreter: the warm process's imports one at a time, then its warm-up, with the
+#: process's resident memory after each (``VmRSS``, and its anonymous and file-backed parts)
+_LADDER = """
+import importlib, json, sys
+from fedge.edge_client.warm_executor import PRELOAD, PARTITION_PRELOAD, WarmExecutor, WarmNode
+def memory():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "RssAnon", "RssFile")]
+rows = [("python and the warm executor's module", memory())]
+preload = PRELOAD + (PARTITION_PRELOAD if sys.argv[1] == "partitions" else ())
+for name in preload:
+    importlib.import_module(name)
+    rows.append(("import " + name, memory()))
+WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=()).warm_up()
+rows.append(("warm-up (torch to one thread; codec kernels when numba is there)", memory()))
+print(json.dumps(rows))
+"""
+
+
+def import_ladder(device: bool) -> list[tuple[str, list[float]]]:
+    """What the warm process holds, step by step: a fresh interpreter imports what it preloads (as a
+    device installs it with ``device``: no partitioners, no numba) and warms up as it does, and
+    reports its resident memory after each step (MiB: RSS, anonymous, file-backed)."""
+    import subprocess
+
+    env = {**os.environ, **({"FEDGE_KERNELS": "off"} if device else {})}
+    done = subprocess.run([sys.executable, "-c", _LADDER, "device" if device else "partitions"], env=env,
+                          capture_output=True, text=True, check=True, timeout=300)
+    return [(step, values) for step, values in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--supernodes", type=int, default=4)
@@ -372,6 +403,16 @@ def main() -> int:
         if run.get("warm_peak_rss_mib_median") is not None:
             verdict += (f" Warm process: {run['warm_peak_rss_mib_median']:.0f} MiB RSS, "
                         f"{run['warm_peak_pss_mib_median']:.0f} MiB PSS (shared with the children it forks).")
+    for isolation in [i for i in isolations if i.startswith("warm")]:
+        ladder = import_ladder(isolation == "warm-device")
+        for run in runs:
+            if run["isolation"] == isolation:
+                run["import_ladder"] = ladder
+        verdict += (f"\n\n{isolation}: what the warm process holds, step by step (a fresh interpreter doing what "
+                    "it does; resident MiB after each step):\n\n| step | RSS | anonymous | file-backed | RSS added |\n"
+                    "|---|---|---|---|---|\n" + "\n".join(
+                        f"| {step} | {rss:.0f} | {anon:.0f} | {file:.0f} | {rss - (ladder[i - 1][1][0] if i else 0):+.0f} |"
+                        for i, (step, (rss, anon, file)) in enumerate(ladder)))
     print(header + "\n\n" + table + verdict)
     out = Path(args.out or ROOT / "bench" / "results" / "clientapp-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -112,8 +112,8 @@ class WarmExecutor:
         self.crashed = 0
 
     def warm_up(self) -> float:
-        """Import everything a message needs and compile the codecs' kernels, once; the seconds it
-        took. torch is held to one thread here: the parent must never start a thread pool that its
+        """Import everything a message needs and compile the codecs' kernels (where numba is there to
+        compile them), once; the seconds it took. torch is held to one thread here: the parent must never start a thread pool that its
         forked children would inherit half-initialized (each child sets its own, ``threads_mod``)."""
         started = time.perf_counter()
         for name in self.preload:
@@ -123,9 +123,13 @@ class WarmExecutor:
                 log.info("not preloaded (each message imports it if it needs it): %s (%s)", name, err)
         import torch
 
+        from fedge.compression import kernels
         from fedge.compression.warmup import warm_up
 
         torch.set_num_threads(1)
+        if not kernels.available():  # nothing to compile: a warm-up would only touch pages a child may never use
+            log.info("no codec kernels to warm here (numba missing or FEDGE_KERNELS=off): the torch reference path")
+            return time.perf_counter() - started
         failed = warm_up()
         if failed:
             log.info("codec kernels not warmed (they compile on first use instead): %s", ", ".join(failed))

@@ -57,3 +57,22 @@ def test_flags_for_each_isolation(tmp_path: Path) -> None:
     assert node.address == "127.0.0.1:9094" and node.flwr_home == (tmp_path / "h0").resolve()
     with pytest.raises(ValueError):
         WarmNode.parse("nohostport")
+
+
+def test_a_warm_process_without_codec_kernels_skips_the_codec_warm_up(monkeypatch, caplog) -> None:
+    """The warm-up exists to compile numba's kernels once before the fork; where there are none (a
+    device's install, ``FEDGE_KERNELS=off``) it would only touch pages each child may never use
+    (15 MiB of the warm process's RSS, docs/capacity.md), so it is skipped and the reason logged."""
+    from fedge.compression import kernels, warmup
+    from fedge.edge_client.warm_executor import WarmExecutor
+
+    warmed: list[bool] = []
+    monkeypatch.setattr(warmup, "warm_up", lambda *a, **k: warmed.append(True) or [])
+    executor = WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=())
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    with caplog.at_level(logging.INFO, logger="fedge.edge.warm"):
+        executor.warm_up()
+    assert warmed == [] and "no codec kernels to warm" in caplog.text
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    executor.warm_up()
+    assert warmed == [True]
