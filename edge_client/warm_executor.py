@@ -9,7 +9,8 @@ of the operator's choosing claims each task (``AcquireTask``, the same call Flow
 makes, authenticated with the SuperExec shared secret) and runs it with the task's token. This module
 is that process. It imports the heavy modules once, then for each task it ``fork()``\\ s a child
 that runs Flower's own ``run_clientapp`` (pull the message, install the run's FAB, load its ClientApp
-by FAB hash, push the reply, exit).
+by FAB hash, push the reply, exit). A FAB's bytes are extracted and checked by Flower once per node,
+not once per message (:func:`install_once`).
 
 Why a fresh fork per message, not a worker per run: a forked child starts in microseconds with every
 module already imported and shares the parent's pages copy-on-write, and it ends with its message,
@@ -33,6 +34,8 @@ turn, and each child sets its node's ``FLWR_HOME`` before it installs the FAB.
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import importlib
 import json
 import logging
@@ -42,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +262,48 @@ def _own_cpu() -> float:
     return times.user + times.system
 
 
+#: where a warm child notes, per FAB (by its SHA-256), the app directory Flower installed it to
+INSTALLED_NOTES = ".fedge-installed-fabs"
+
+
+def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
+    """Flower's ``install_from_fab`` as a warm child calls it: each FAB's bytes installed once.
+
+    Flower's ClientApp runtime installs the run's FAB for every message: it extracts the whole
+    archive into a temporary directory and checks every file's hash, then finds the app installed
+    already (its directory is named by the FAB's SHA-256) and keeps nothing of that work. With
+    Fedge's bundle (some 190 files) that was about 0.1 CPU-s of every message on a device. Here the
+    first install of a FAB's bytes is Flower's own, every check included; the directory it returns
+    is then noted under the bytes' SHA-256 in the node's Flower home, and a later message with the
+    same bytes gets that directory, while it exists, without extracting them again: what Flower
+    itself returns once it finds the directory. Any other call is Flower's, unchanged."""
+
+    @functools.wraps(install)
+    def install_from_fab(fab_file: Path | bytes, install_dir: Path | None = None,
+                         skip_prompt: bool = False) -> Path:
+        home = os.environ.get("FLWR_HOME")
+        if not isinstance(fab_file, bytes) or install_dir is not None or not skip_prompt or not home:
+            return install(fab_file, install_dir, skip_prompt)
+        note = Path(home) / INSTALLED_NOTES / hashlib.sha256(fab_file).hexdigest()
+        try:
+            installed = Path(note.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            installed = None
+        if installed is not None and installed.is_dir():
+            return installed
+        installed = Path(install(fab_file, install_dir, skip_prompt))
+        try:  # atomically: a message killed mid-write leaves no half a path for the next one
+            note.parent.mkdir(parents=True, exist_ok=True)
+            partial = note.with_name(f"{note.name}.{os.getpid()}.tmp")
+            partial.write_text(str(installed), encoding="utf-8")
+            os.replace(partial, note)
+        except OSError as err:  # the next message installs again, as Flower would
+            logging.getLogger("fedge.edge.warm").warning("could not note the installed app: %s", err)
+        return installed
+
+    return install_from_fab
+
+
 def _run_child(node: WarmNode, token: str, *, parent_pid: int) -> None:
     """Run one message with Flower's own ClientApp runtime, then leave without running the
     parent's exit handlers (``os._exit``): the child owns nothing of the parent's to clean up."""
@@ -268,9 +313,10 @@ def _run_child(node: WarmNode, token: str, *, parent_pid: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if node.flwr_home is not None:
             os.environ["FLWR_HOME"] = str(node.flwr_home)
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
+        import flwr.supernode.runtime.run_clientapp as runtime
 
-        run_clientapp(runtime_api_address=node.address, token=token, insecure=True, certificates=None,
+        runtime.install_from_fab = install_once(runtime.install_from_fab)  # this child's runtime only
+        runtime.run_clientapp(runtime_api_address=node.address, token=token, insecure=True, certificates=None,
                       parent_pid=parent_pid, runtime_dependency_install=False)
         code = 0
     except SystemExit as done:  # Flower's flwr_exit: its exit handlers have pushed the outcome
