@@ -115,9 +115,10 @@ class WarmExecutor:
         self.crashed = 0
 
     def warm_up(self) -> float:
-        """Import everything a message needs and compile the codecs' kernels (where numba is there to
-        compile them), once; the seconds it took. torch is held to one thread here: the parent must never start a thread pool that its
-        forked children would inherit half-initialized (each child sets its own, ``threads_mod``)."""
+        """Import everything a message needs and compile the codecs' kernels (where numba is there
+        to compile them), once; the seconds it took. torch is held to one thread here: the parent must
+        never start a thread pool that its forked children would inherit half-initialized (each child
+        sets its own, ``threads_mod``)."""
         started = time.perf_counter()
         for name in self.preload:
             try:
@@ -272,7 +273,7 @@ def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
     Flower's ClientApp runtime installs the run's FAB for every message: it extracts the whole
     archive into a temporary directory and checks every file's hash, then finds the app installed
     already (its directory is named by the FAB's SHA-256) and keeps nothing of that work. With
-    Fedge's bundle (some 190 files) that was about 0.1 CPU-s of every message on a device. Here the
+    Fedge's bundle (some 190 files) that was 0.15-0.2 CPU-s of every message on a device. Here the
     first install of a FAB's bytes is Flower's own, every check included; the directory it returns
     is then noted under the bytes' SHA-256 in the node's Flower home, and a later message with the
     same bytes gets that directory, while it exists, without extracting them again: what Flower
@@ -298,7 +299,7 @@ def install_once(install: Callable[..., Path]) -> Callable[..., Path]:
             partial.write_text(str(installed), encoding="utf-8")
             os.replace(partial, note)
         except OSError as err:  # the next message installs again, as Flower would
-            logging.getLogger("fedge.edge.warm").warning("could not note the installed app: %s", err)
+            log.warning("could not note the installed app: %s", err)
         return installed
 
     return install_from_fab
@@ -317,7 +318,7 @@ def _run_child(node: WarmNode, token: str, *, parent_pid: int) -> None:
 
         runtime.install_from_fab = install_once(runtime.install_from_fab)  # this child's runtime only
         runtime.run_clientapp(runtime_api_address=node.address, token=token, insecure=True, certificates=None,
-                      parent_pid=parent_pid, runtime_dependency_install=False)
+                              parent_pid=parent_pid, runtime_dependency_install=False)
         code = 0
     except SystemExit as done:  # Flower's flwr_exit: its exit handlers have pushed the outcome
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
