@@ -6,16 +6,17 @@ A layer (:class:`fedge.protocol.layer.Layer`) is written once, against one step'
 wrapper calls the same hooks, in the same order (:func:`~fedge.protocol.layer.order_layers`), around
 a Flower strategy's train round, so one layer class works in both coordinators:
 
-- ``start`` once, from the first round's model; ``exhausted``: a round the layer forbids sends nothing;
-- ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them;
-- ``open`` with an exchange over the user's grid, then ``outgoing`` on each train message (each with
-  its own ``config`` record);
+- ``start`` once, from the first round's model;
+- ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them; a
+  round it forbids (``RunComplete``: a spent budget) sends nothing;
+- ``open``, the step's exchange over the user's grid, then ``outgoing`` on each train message (each
+  with its own ``config`` record);
 - per reply, the engine's door: ``missed`` for an error reply or a node that did not answer,
   ``arrived`` (a layer may take a reply whole; the reply is timed by its own ``created_at`` against
   its message's, since a strategy sees replies only after the round's barrier), the update (decoded
   with the uplink codec, or the reply's model minus the one sent), then ``update`` with its weight
   (the strategy's ``weighted_by_key``); the strategy aggregates the models those updates make;
-- ``settle``; then ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
+- ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
   layer releases another one (an unmasked or noised sum), the strategy aggregates one reply, the
   sent model plus that mean (``fedge.flower.secure`` is this wrapper with the engine's
   secure-aggregation layer, ``fedge.protocol.secure_layer``);
@@ -60,13 +61,12 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_stages, own_config, reply_through_layers, uplink_codec, \
+from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, reply_through_layers, uplink_codec, \
     with_raw, write_uplink
-from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import Exchange, Layer, failed, order_layers, releases_aggregate
+from fedge.protocol.layer import Layer, RunComplete, failed, order_layers, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -84,7 +84,6 @@ class _Round:
     layout: Layout
     arrays: ArrayRecord
     sent: np.ndarray
-    exchange: Exchange
     wire: Codec | None  # the uplink codec of this round
     sent_at: dict[int, float] = field(default_factory=dict)  # node -> its message's created_at
 
@@ -152,18 +151,20 @@ class LayeredStrategy(Wrapper):
             self._started = True
         self._round = None
         connected = sorted(grid.get_node_ids())
-        if any(layer.exhausted(len(connected)) for layer in self.layers):
-            log.info("round %d: a layer ends the run here (its budget is spent)", server_round)
-            return []
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        messages = self._selected(messages, connected, server_round)
-        step = Step(server_round, sorted({m.metadata.dst_node_id for m in messages}), connected=len(connected))
+        try:
+            messages = self._selected(messages, connected, server_round)
+        except RunComplete as why:
+            log.info("round %d: a layer ends the run here: %s", server_round, why)
+            return []
+        step = Step(server_round, sorted({m.metadata.dst_node_id for m in messages}), connected=len(connected),
+                    exchange=grid_exchange(grid, server_round))
         wire = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes()).for_round(
             server_round, self.seed)
-        state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, _exchange(grid, server_round), wire)
+        state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, wire)
+        step.on_failure = lambda failure: self._missed(state, failure)
         for layer in self.layers:
-            for failure in layer.open(step, state.exchange):
-                self._missed(state, failure)
+            layer.open(step)
         kept = [m for m in messages if m.metadata.dst_node_id in set(step.nodes)]
         for message in kept:  # what is written for one node must not reach another
             train_config = own_config(message)
@@ -221,9 +222,6 @@ class LayeredStrategy(Wrapper):
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
             log.info("round %d: no reply from node %d", server_round, node)
             failed(self.layers, step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
-        for layer in self.layers:
-            for failure in layer.settle(step, state.exchange, state.tally):
-                self._missed(state, failure)
         clear = Partial.of_sum(total, weight, len(kept), members=tuple(state.tally.members)) if kept \
             else Partial.empty(layout.numel)
         released = clear
@@ -372,17 +370,6 @@ class CompressedStrategy(LayeredStrategy):
                              "keep the lattice downlink")
         super().__init__(strategy, [DownlinkLayer.for_app(downlink, start=start)], uplink=uplink, seed=seed,
                          streaming=streaming)
-
-
-def _exchange(grid: Grid, server_round: int) -> Exchange:
-    """A layer's own exchange (key agreement, ...) as ``train`` messages on the user's grid."""
-    stages = grid_stages(grid, server_round)
-
-    def run(outgoing: list[Outgoing], timeout: float, label: str):  # type: ignore[no-untyped-def]
-        for item in stages([(o.node, o.content) for o in outgoing], timeout, label):
-            yield Missing(item[0], item[1]) if isinstance(item, tuple) else item
-
-    return run
 
 
 def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -23,10 +23,10 @@ from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.layer import Layer, through_layers
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
-from fedge.protocol.secure_round import StageExchange
-from fedge.protocol.step import Reply, Step, Update
+from fedge.protocol.dispatcher import Missing
+from fedge.protocol.step import Exchange, Outgoing, Reply, Step, Update
 
-__all__ = ["REFUSED", "Wrapper", "grid_stages", "own_config", "parsed", "reply_through_layers",
+__all__ = ["REFUSED", "Wrapper", "grid_exchange", "own_config", "parsed", "reply_through_layers",
            "reply_update", "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
@@ -167,19 +167,19 @@ def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
 
 
-def grid_stages(grid: Grid, server_round: int) -> StageExchange:
-    """A coordinator's own exchanges (secure aggregation's stages, a layer's key agreement) as ``train``
+def grid_exchange(grid: Grid, server_round: int) -> Exchange:
+    """A step's own exchanges (secure aggregation's key agreement and unmasking) as ``train``
     messages on the user's grid, Flower's SecAgg+ convention; a node that did not answer in time
-    comes back as ``(node, why)``."""
+    comes back as a :class:`Missing`."""
 
-    def run(asks: list[tuple[int, RecordDict]], timeout: float, label: str):  # type: ignore[no-untyped-def]
-        messages = [Message(content, node, MessageType.TRAIN, group_id=str(server_round)) for node, content in asks]
+    def run(outgoing: list[Outgoing], timeout: float, label: str) -> Iterable[Message | Missing]:
+        messages = [Message(o.content, o.node, o.message_type, group_id=str(server_round)) for o in outgoing]
         answered = set()
         for reply in grid.send_and_receive(messages, timeout=timeout):
             answered.add(reply.metadata.src_node_id)
             yield reply
-        for node, _ in asks:
-            if node not in answered:
-                yield node, f"no reply to {label} within {timeout:g} s"
+        for o in outgoing:
+            if o.node not in answered:
+                yield Missing(o.node, f"no reply to {label} within {timeout:g} s")
 
     return run

@@ -41,7 +41,7 @@ from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.sampling import poisson_sample
 from fedge.protocol.config_keys import DP_CLIP
-from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
 from fedge.protocol.records import CONFIG_RECORD
 from fedge.protocol.step import Outgoing, Step, StepOutcome
 from fedge.protocol.tally import Tally
@@ -73,16 +73,16 @@ class DistributedDP(DistributedRelease, Layer):
         self.numel = self.numel or int(params.numel())
 
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
-        """The step's Poisson sample, whatever ``count`` and ``key``."""
+        """The step's Poisson sample, whatever ``count`` and ``key``; :class:`RunComplete` when the
+        step would take epsilon past the budget."""
         self.rate = self._rate(len(nodes))
+        if self.would_exceed(self.rate):
+            raise RunComplete(f"one more round would spend more than the privacy budget epsilon={self.spec.budget:g}")
         return self.sample(nodes)
 
     def sample(self, nodes: list[int]) -> list[int]:
         """Each of ``nodes`` independently with probability q, from the sampler."""
         return poisson_sample(nodes, self.rate, self._sampler)
-
-    def exhausted(self, connected: int) -> bool:
-        return self.would_exceed(self._rate(connected))
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         for o in outgoing:  # the clipping bound, for the device's upload layer (the ring clips to it too)

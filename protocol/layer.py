@@ -23,21 +23,21 @@ hook          when (and what it may do)
 ``start``     a fresh run, from the initial model (a resumed one loads ``state_dict``)
 ``select``    choosing ``count`` of the nodes for a step, or of the free nodes for an
               asynchronous dispatch (``key``: the step or dispatch): may replace the engine's
-              seeded sample (Poisson under DP, Oort's rule)
-``exhausted`` before a synchronous step: whether the run must end now (a spent budget)
+              seeded sample (Poisson under DP, Oort's rule); raises :class:`RunComplete`
+              when no step may run any more (a spent privacy budget)
 ``open``      after the algorithm opened the step, before it configures messages: exchanges
-              of its own (key agreement), narrowing ``step.nodes``; returns the nodes it
-              dropped, as :class:`Failure`
+              of its own over ``step.exchange`` (key agreement), narrowing ``step.nodes``;
+              a node it drops goes to ``step.drop`` as a :class:`Failure`
 ``outgoing``  every message the algorithm built, before it is sent
 ``arrived``   every reply that passed the screen, with its checked metrics and its payload,
               before anything is decoded; every layer sees it, and one that consumes it whole
               (a masked upload) returns True, which ends the door there
 ``update``    every decoded update, before the algorithm absorbs it: bound, clip, reweight
 ``missed``    a node gave no usable reply (its :class:`Failure` says why, by kind)
-``settle``    after the replies: the layer's own closing exchange (unmasking)
-``release``   the step's aggregate, a :class:`Partial`, on its way to the algorithm: a chain,
-              each layer returns the partial the next receives (secure aggregation puts the
-              unmasked sum in place of the clear one, DP noises it)
+``release``   after the replies, the step's aggregate, a :class:`Partial`, on its way to the
+              algorithm: a chain, each layer returns the partial the next receives (secure
+              aggregation unmasks the survivors' sum over ``step.exchange`` and puts it in
+              place of the clear one, DP noises it)
 ``close``     after the algorithm closed the step: rewrite the outcome, add the row's fields
 ``delivered`` the model the run delivers (evaluated, saved, exported)
 ============  ============================================================================
@@ -48,23 +48,18 @@ what persists lives on the layer and in its ``state_dict``, checkpointed under `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.protocol.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-if TYPE_CHECKING:
-    from flwr.app import Message
-
-    from fedge.protocol.dispatcher import Missing
-
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "failed", "order_layers",
-           "releases_aggregate", "through_layers"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "RunComplete",
+           "failed", "order_layers", "releases_aggregate", "through_layers"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
@@ -82,8 +77,9 @@ class LayerOrderError(ValueError):
     """Layers that cannot run together: two provide one facet, or their needs form a cycle."""
 
 
-#: a layer's own message exchange: (messages, timeout seconds, group name) -> replies as they land
-Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+class RunComplete(Exception):
+    """Raised by a layer's ``select``: no step may run any more (its privacy budget is spent). The
+    run ends complete before the step, as it would after its last round."""
 
 
 class Layer:
@@ -117,11 +113,8 @@ class Layer:
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         return None
 
-    def exhausted(self, connected: int) -> bool:
-        return False
-
-    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
-        return []
+    def open(self, step: Step) -> None:
+        pass
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         pass
@@ -134,9 +127,6 @@ class Layer:
 
     def missed(self, step: Step, failure: Failure) -> None:
         pass
-
-    def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
-        return []
 
     def release(self, step: Step, partial: Partial) -> Partial:
         return partial

@@ -1,18 +1,18 @@
 """Secure aggregation as a layer, once for both coordinators: the coordinator learns only the sum of
 a round's updates (``fedge.protocol.secure_round`` runs the protocol's stages).
 
-Around a step: before messages are configured, the layer runs the key agreement (advertise,
-share) and narrows the step to the devices that dealt their shares; it staples each train message
-with the plan and the shares for that device; each masked reply comes through the door like any
-other (screened, its metrics checked) and the layer takes it whole, after checking its size
-against the plan; after the replies it unmasks the survivors' sum and releases it (``release``)
-as the step's :class:`~fedge.aggregation.partial.Partial`, in place of the clear one, which holds
-nothing.
+Around a step: before messages are configured (``open``), the layer runs the key agreement
+(advertise, share) and narrows the step to the devices that dealt their shares; it staples each
+train message with the plan and the shares for that device; each masked reply comes through the
+door like any other (screened, its metrics checked) and the layer takes it whole, after checking
+its size against the plan; after the replies (``release``) it unmasks the survivors' sum and
+releases it as the step's :class:`~fedge.aggregation.partial.Partial`, in place of the clear one,
+which holds nothing. A device the protocol drops at any stage goes to ``step.drop``.
 
 Fedge's engine runs it as ``server/engine/layers/secure_aggregation.py`` (which adds what its
 settings refuse); a user's ServerApp runs the same class through ``fedge.flower.secure``, which is
 ``fedge.flower.layered`` with this layer. What differs between them is only how a stage reaches the
-devices (the :class:`~fedge.protocol.layer.Exchange` each coordinator hands the layer).
+devices (the :data:`~fedge.protocol.step.Exchange` each coordinator gives the step).
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import MessageType
-
 from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
-from fedge.protocol.dispatcher import Missing
-from fedge.protocol.layer import MODEL, SUM, Exchange, Failure, Layer
+from fedge.protocol.layer import MODEL, SUM, Layer
 from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.protocol.secure_round import SecureRound, StageExchange
+from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.secure_session import SecureSession
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
@@ -39,17 +36,6 @@ from fedge.protocol.tally import Tally
 __all__ = ["SecureAggregation", "secure_round_of"]
 
 log = logging.getLogger(__name__)
-
-
-def _stages(exchange: Exchange) -> StageExchange:
-    """The protocol's stages over a coordinator's exchange (``train`` messages with the ``secagg``
-    record, Flower's SecAgg+ convention: one convention, ``fedge.protocol.secagg``)."""
-
-    def run(asks: list[tuple[int, Any]], timeout: float, label: str):  # type: ignore[no-untyped-def]
-        for item in exchange([Outgoing(node, content, MessageType.TRAIN) for node, content in asks], timeout, label):
-            yield (item.node, item.reason) if isinstance(item, Missing) else item
-
-    return run
 
 
 @dataclass
@@ -81,18 +67,18 @@ class SecureAggregation(Layer):
     def start(self, params: torch.Tensor) -> None:
         self.numel = self.numel or int(params.numel())
 
-    def open(self, step: Step, exchange: Exchange) -> list[Failure]:
+    def open(self, step: Step) -> None:
         """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
         state: _Round = self.scratch(step, _Round)
         try:
             noise = None if self.dp_spec is None else round_noise(self.dp_spec, self.numel, len(step.nodes))
             state.secure = self.session.round(step.number, step.nodes, self.numel, weighted=self.weighted,
                                               noise=noise)
-            step.nodes = state.secure.open(_stages(exchange))
+            step.nodes = state.secure.open(step.exchange)
         except SecAggError as error:  # the round cannot go on (a CredentialError too): nobody trains
             self._abandon(step, state, error)
             step.nodes = []
-        return state.secure.dropped() if state.secure is not None else []
+        self._dropped(step, state)
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         state: _Round = self.scratch(step, _Round)
@@ -110,26 +96,24 @@ class SecureAggregation(Layer):
         state.secure.take(reply.node, metrics, payload)
         return True
 
-    def settle(self, step: Step, exchange: Exchange, tally: Tally) -> list[Failure]:
-        """Stage 4: unmask the survivors' sum (their weighted mean, their count and total weight)."""
-        state: _Round = self.scratch(step, _Round)
-        if state.secure is None or not step.nodes:
-            return []
-        try:
-            mean, count, weight, survivors = state.secure.reveal(_stages(exchange))
-            state.revealed = Partial.of_mean(mean, weight, count, members=tuple(survivors),
-                                             planned=state.secure.planned)
-        except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
-            self._abandon(step, state, error)
-        return state.secure.dropped()
-
     def release(self, step: Step, partial: Partial) -> Partial:
-        """The unmasked sum in place of the clear one (which holds nothing: every upload was masked);
-        an empty partial when the round could not unmask, so the step changes nothing."""
+        """Stage 4: unmask the survivors' sum (their weighted mean, their count and total weight) and
+        release it in place of the clear one (which holds nothing: every upload was masked); an
+        empty partial when the round could not unmask, so the step changes nothing."""
         state: _Round = self.scratch(step, _Round)
         assert not partial.count, "arrived() takes every reply of a secure round: none reaches the clear sum"
-        planned = state.secure.planned if state.secure is not None else 0
-        return state.revealed if state.revealed is not None else Partial.empty(partial.numel, planned=planned)
+        if state.secure is None:
+            return Partial.empty(partial.numel)
+        if step.nodes:
+            try:
+                mean, count, weight, survivors = state.secure.reveal(step.exchange)
+                state.revealed = Partial.of_mean(mean, weight, count, members=tuple(survivors),
+                                                 planned=state.secure.planned)
+            except SecAggError as error:  # the sum cannot be unmasked: the round changes nothing
+                self._abandon(step, state, error)
+            self._dropped(step, state)
+        return state.revealed if state.revealed is not None else Partial.empty(partial.numel,
+                                                                                planned=state.secure.planned)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         state: _Round = self.scratch(step, _Round)
@@ -141,6 +125,11 @@ class SecureAggregation(Layer):
         outcome.extra.update({"secure_aggregation": self.spec.spec, "secagg_ring_bits": state.secure.plan.bits,
                               "secagg_neighbours": state.secure.plan.degree,
                               "secagg_consistency": state.secure.plan.consistency})
+
+    @staticmethod
+    def _dropped(step: Step, state: _Round) -> None:
+        for failure in state.secure.dropped() if state.secure is not None else []:
+            step.drop(failure)
 
     def _abandon(self, step: Step, state: _Round, error: Exception) -> None:
         log.error("round %d: secure aggregation failed: %s; no device's update this round", step.number, error)

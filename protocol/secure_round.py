@@ -1,7 +1,7 @@
 """One round with secure aggregation on a coordinator: the four exchanges around the train message.
 
 The coordinator (Fedge's engine, or ``fedge.flower.secure`` in a user's ServerApp) runs each stage
-through a :data:`StageExchange` it provides, each with its own timeout, and carries on with whoever
+through the :data:`~fedge.protocol.step.Exchange` it gives every step, each with its own timeout, and carries on with whoever
 answered: a device that misses the advertisement or the share
 stage is simply not in the sum; one that dealt shares and then vanished (the hard case) has its
 pairwise masks removed from the survivors' uploads with the key shares its neighbours reveal. What
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from flwr.app import Message, RecordDict
+from flwr.app import MessageType, RecordDict
 
 from fedge.compression import derive_seed
 from fedge.privacy.credentials import Credential, check_distinct, verify_credential
@@ -37,9 +36,11 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
+from fedge.protocol.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
+from fedge.protocol.step import Exchange, Outgoing
 from fedge.protocol.secagg import (
     MASKED_STAGE,
     SECAGG_RECORD,
@@ -50,15 +51,9 @@ from fedge.protocol.secagg import (
     unpack_blobs,
 )
 
-__all__ = ["SecureRound", "StageExchange", "check_noisy_range", "check_range"]
+__all__ = ["SecureRound", "check_noisy_range", "check_range"]
 
 log = logging.getLogger(__name__)
-
-#: One stage: send each (node, content) and wait at most the timeout (seconds); the label names the
-#: stage in logs. Yields each reply, or (node, why) for one that did not come. Behind it, the engine's
-#: dispatcher or a user's Flower ``Grid``; the messages are ``train`` messages either way (the
-#: convention of Flower's SecAgg+: a ClientApp needs no handler of its own for them).
-StageExchange = Callable[[list[tuple[int, RecordDict]], float, str], Iterable["Message | tuple[int, str]"]]
 
 
 def check_range(plan: SecAggPlan, level_sum: np.ndarray, count: int) -> None:
@@ -133,7 +128,7 @@ class SecureRound:
         return len(self.plan.participants)
 
     # -- the round's flow, as both coordinators drive it ------------------------------------------
-    def open(self, exchange: StageExchange) -> list[int]:
+    def open(self, exchange: Exchange) -> list[int]:
         """Stages 1 and 2: the nodes that dealt their shares, the only ones to train. Raises
         :class:`SecAggError` when the round cannot start."""
         self.advertise(exchange)
@@ -143,7 +138,7 @@ class SecureRound:
         """Hold ``node``'s masked upload once :meth:`check_upload` passed (ProtocolError otherwise)."""
         self.uploads[node] = self.check_upload(metrics, payload)
 
-    def reveal(self, exchange: StageExchange) -> tuple[torch.Tensor, int, int, list[int]]:
+    def reveal(self, exchange: Exchange) -> tuple[torch.Tensor, int, int, list[int]]:
         """Stage 4 over the uploads taken: (the survivors' weighted mean, their count, their total
         weight, the survivors). Raises :class:`SecAggError` when the sum cannot be unmasked."""
         survivors = self.masked_inputs(self.uploads)
@@ -172,7 +167,7 @@ class SecureRound:
         return [Failure(n, self.kinds.get(n, FailureKind.SECAGG), r) for n, r in fresh]
 
     # -- stage 1 ----------------------------------------------------------------------------------
-    def advertise(self, exchange: StageExchange) -> None:
+    def advertise(self, exchange: Exchange) -> None:
         ads: dict[int, bytes] = {}
         identities: dict[int, Ed25519PublicKey] = {}
         raw_keys: dict[int, bytes] = {}
@@ -220,7 +215,7 @@ class SecureRound:
         self._identities = {n: raw_keys[n] for n in self._routed_ads}
 
     # -- stage 2 ----------------------------------------------------------------------------------
-    def share(self, exchange: StageExchange) -> list[int]:
+    def share(self, exchange: Exchange) -> list[int]:
         """The devices that dealt their shares: the ones to train (stage 3)."""
         assert self.server is not None
         asks = {}
@@ -256,7 +251,7 @@ class SecureRound:
         return survivors
 
     # -- the consistency round (with an issuer) ---------------------------------------------------
-    def consistency(self, exchange: StageExchange, survivors: list[int]) -> list[int]:
+    def consistency(self, exchange: Exchange, survivors: list[int]) -> list[int]:
         """Every survivor signs the survivor set; the ones whose signature verified (a quorum, else
         the round aborts) are the ones asked to unmask."""
         assert self.server is not None
@@ -269,7 +264,7 @@ class SecureRound:
             self.missing.update(self.server.refused)
 
     # -- stage 4 ----------------------------------------------------------------------------------
-    def unmask(self, exchange: StageExchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
+    def unmask(self, exchange: Exchange, survivors: list[int]) -> tuple[torch.Tensor, int, int]:
         """(the weighted mean of the survivors' updates, the number of survivors, their total weight).
         With the consistency round, only the devices that signed are asked, and each gets every
         signature with the signers' identities and credentials to check before it reveals."""
@@ -301,15 +296,16 @@ class SecureRound:
         return torch.from_numpy(mean.astype(np.float32)), count, weight
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _ask(self, exchange: StageExchange, asks: dict[int, dict], stage: str):  # type: ignore[no-untyped-def]
+    def _ask(self, exchange: Exchange, asks: dict[int, dict], stage: str):  # type: ignore[no-untyped-def]
         outgoing = []
         for node, fields in asks.items():
             record = plan_record(self.plan, stage, **fields)
             self.downlink += config_bytes(record)
-            outgoing.append((node, RecordDict({SECAGG_RECORD: record})))
+            # train messages with the secagg record: Flower's SecAgg+ convention (no handler of its own)
+            outgoing.append(Outgoing(node, RecordDict({SECAGG_RECORD: record}), MessageType.TRAIN))
         for item in exchange(outgoing, self.spec.timeout, f"secagg-{stage}"):
-            if isinstance(item, tuple):
-                self._drop(item[0], f"{stage}: {item[1]}")
+            if isinstance(item, Missing):
+                self._drop(item.node, f"{stage}: {item.reason}")
                 continue
             node = item.metadata.src_node_id
             if item.has_error():

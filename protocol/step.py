@@ -9,15 +9,18 @@ here, not in the engine, for that reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import Message, RecordDict
 
 from fedge.aggregation.partial import Accumulator, Partial
+from fedge.protocol.dispatcher import Missing
+from fedge.protocol.failures import Failure
 
-__all__ = ["Outgoing", "Reply", "Step", "StepOutcome", "Update"]
+__all__ = ["Exchange", "Outgoing", "Reply", "Step", "StepOutcome", "Update"]
 
 
 @dataclass
@@ -46,6 +49,15 @@ class Reply:
     seconds: float | None = None
 
 
+#: a coordinator's message exchange with its devices: (messages, timeout seconds, group name) ->
+#: each reply as it lands, or a :class:`Missing` for a node that did not answer in time
+Exchange = Callable[[list[Outgoing], float, str], Iterable["Message | Missing"]]
+
+
+def _no_exchange(outgoing: list[Outgoing], timeout: float, group: str) -> Iterable[Message | Missing]:
+    raise RuntimeError("this step was opened without an exchange: its driver talks to no devices")
+
+
 @dataclass
 class Step:
     """One step's accumulators: :meth:`Algorithm.open_step` makes it, the other calls of the step act
@@ -66,6 +78,18 @@ class Step:
     connected: int = 0
     #: each layer's state for this step, by layer key (``Layer.scratch``)
     layers: dict[str, Any] = field(default_factory=dict)
+    #: how a layer talks to the step's devices itself (secure aggregation's key agreement and
+    #: unmasking): the driver that opened the step sets it, over its dispatcher or the user's grid
+    exchange: Exchange = _no_exchange
+    #: where a node a layer dropped from the step goes (:meth:`drop`): the driver counts it and the
+    #: algorithm and every layer hear of it; unset, a drop is an error
+    on_failure: Callable[[Failure], None] | None = None
+
+    def drop(self, failure: Failure) -> None:
+        """A layer dropped ``failure.node`` from the step (it did not deal its shares, say)."""
+        if self.on_failure is None:
+            raise RuntimeError(f"step {self.number} dropped node {failure.node} but its driver hears no failures")
+        self.on_failure(failure)
 
     def aggregated(self) -> Partial:
         """The step's aggregate as the algorithm closes it: what the layers released, or (an

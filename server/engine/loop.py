@@ -4,8 +4,9 @@ Per run: resume from the run directory's checkpoint (or start the algorithm and 
 wait for nodes, then run steps. Every step, synchronous or asynchronous, secure or clear, is one
 sequence:
 
-1. **open**: select nodes (a seeded sample, or a layer's: Poisson under DP), let the algorithm open
-   the step, then the layers (secure aggregation's key agreement narrows the step's nodes);
+1. **open**: select nodes (a seeded sample, or a layer's: Poisson under DP, which ends the run when
+   its budget is spent), let the algorithm open the step, then the layers (secure aggregation's
+   key agreement, over the step's exchange, narrows the step's nodes);
 2. **send**: the algorithm's messages, passed through every layer (the downlink ships the model,
    DP stamps the clipping bound, secure aggregation staples its plan);
 3. **receive**: each reply the moment it is pulled, through one door (:meth:`Engine.absorb_reply`):
@@ -13,10 +14,10 @@ sequence:
    algorithm's admission → decode with the codec of its round → layers (the guard's bound and
    weight, DP's clip) → the algorithm. Timeouts, client errors, refusals and rejected replies become typed
    :class:`~fedge.server.engine.layers.Failure` entries, counted by kind;
-4. **close** (:meth:`Engine.close`): layers settle (unmasking), the step's aggregate, one typed
+4. **close** (:meth:`Engine.close`): the step's aggregate, one typed
    :class:`~fedge.aggregation.partial.Partial`, passes every layer's ``release`` (secure
-   aggregation's unmasked sum, DP's noise), the algorithm closes from it, layers close (ledger,
-   downlink tally, guard report, model average);
+   aggregation unmasks the survivors' sum, DP noises it), the algorithm closes from it, layers
+   close (ledger, downlink tally, guard report, model average);
 5. **publish** (:meth:`Engine.publish`): measure the step's model on held-out data or on devices,
    write one metrics row, then an atomic checkpoint, in that order (after a crash in between, the
    step runs again and its row is replaced). Closing and publishing are apart so that a step can
@@ -59,7 +60,7 @@ from fedge.server.engine.algorithm import (
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
-from fedge.protocol.layer import failed, through_layers
+from fedge.protocol.layer import RunComplete, failed, through_layers
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
@@ -205,12 +206,12 @@ class Engine:
             self._run_async(grid, start, result)
         else:
             for step in range(start + 1, self.settings.rounds + 1):
-                connected = len(grid.get_node_ids())  # type: ignore[attr-defined]
-                if any(layer.exhausted(connected) for layer in self.layers):
-                    log.info("run complete after round %d", step - 1)
+                try:
+                    self.step(grid, step, result)
+                except RunComplete as why:  # raised while choosing the step's nodes: nothing was sent
+                    log.info("run complete after round %d: %s", step - 1, why)
                     result.budget_spent = True
                     break
-                self.step(grid, step, result)
                 if self._reached_target(result) or self._stop_requested(result):
                     break
         result.model = self._final_model()
@@ -235,7 +236,7 @@ class Engine:
         tally.sampled = len(selected)  # those a layer dropped before training were sampled too
         for item in exchange(outgoing, self.settings.round_timeout, "train"):
             self._receive(state, item, tally)
-        return ClosedStep(state, self.close(state, tally, exchange), tally, selected)
+        return ClosedStep(state, self.close(state, tally), tally, selected)
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
         """The nodes of a sampled step: a layer's sample (Poisson under DP) or the seeded one."""
@@ -250,13 +251,10 @@ class Engine:
                 return chosen
         return sample_nodes(nodes, count, self.settings.seed, step=key)
 
-    def close(self, step: Step, tally: Tally, exchange: Exchange) -> StepOutcome:
-        """Close a step without publishing it: layers settle, the step's aggregate passes every
-        layer's ``release`` (``step.released``: what a leaf coordinator would forward), the algorithm
-        closes from it, layers close. Nothing is measured, written or checkpointed here."""
-        for layer in self.layers:
-            for failure in layer.settle(step, exchange, tally):
-                self._failed(step, failure, tally)
+    def close(self, step: Step, tally: Tally) -> StepOutcome:
+        """Close a step without publishing it: the step's aggregate passes every layer's ``release``
+        (``step.released``: what a leaf coordinator would forward), the algorithm closes from it,
+        layers close. Nothing is measured, written or checkpointed here."""
         if step.aggregate is not None:
             step.released = self.release(step, tally)
             tally.used = step.released.count  # the updates in what the step releases (one count, here)
@@ -398,7 +396,7 @@ class Engine:
             if not alg.ready(state):
                 return False
             version += 1
-            outcome = self.close(state, tally, self._exchange(grid, version))
+            outcome = self.close(state, tally)
             self.publish(grid, ClosedStep(state, outcome, tally, self._evaluators(grid, version)), result)
             tally = Tally(self.clock())
             state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
@@ -418,13 +416,13 @@ class Engine:
 
     # -- the step's parts -----------------------------------------------------------------------
     def _open(self, number: int, nodes: list[int], connected: int, exchange: Exchange, tally: Tally) -> Step:
-        """The algorithm opens the step, then each layer (which may run its own exchanges and
-        drop nodes, each recorded as a failure)."""
+        """The algorithm opens the step, then each layer (which may run its own exchanges over
+        ``exchange`` and drop nodes, each recorded as a failure)."""
         state = self.algorithm.open_step(number, nodes)
-        state.connected = connected
+        state.connected, state.exchange = connected, exchange
+        state.on_failure = lambda failure: self._failed(state, failure, tally)
         for layer in self.layers:
-            for failure in layer.open(state, exchange):
-                self._failed(state, failure, tally)
+            layer.open(state)
         return state
 
     def _configure(self, step: Step, nodes: list[int], tally: Tally) -> list[Outgoing]:

@@ -55,7 +55,7 @@ from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
-from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer
+from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
 from fedge.protocol.distributed_dp_layer import DistributedDP
 from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
@@ -160,7 +160,10 @@ class DifferentialPrivacyLayer(Layer):
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
         """Poisson sampling from the OS CSPRNG at rate clients-per-round / connected (what the
         accountant assumes), whatever ``count`` and ``key`` (DP runs are synchronous). With leaves:
-        a leaf samples its devices at the federation's rate; the root asks every leaf."""
+        a leaf samples its devices at the federation's rate; the root asks every leaf. Raises
+        :class:`RunComplete` when one more round would spend more than the budget."""
+        if self._spent(len(nodes)):
+            raise RunComplete(f"one more round would spend more than the privacy budget epsilon={self.dp.spec.budget:g}")
         if self.tier == "root":
             self.dp.rate = self.dp.spec.rate
             return sorted(nodes)
@@ -168,7 +171,7 @@ class DifferentialPrivacyLayer(Layer):
             return self.dp.sample_at(nodes, self.dp.spec.rate)
         return self.dp.sample(nodes, self.clients_per_round)
 
-    def exhausted(self, connected: int) -> bool:
+    def _spent(self, connected: int) -> bool:
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
         q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
