@@ -67,7 +67,7 @@ from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
-from fedge.protocol.layer import Layer, failed, order_layers, releases_aggregate
+from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
@@ -111,7 +111,7 @@ class FedBuff:
             if releases_aggregate(layer):
                 raise ValueError(f"layer {layer.key} releases a whole round's aggregate; {type(self).__name__} "
                                  "aggregates each update as it lands")
-        order_layers([own, *layers])  # layers that cannot run together are refused here, not mid-run
+        LayerStack([own, *layers])  # layers that cannot run together are refused here, not mid-run
         self.layers = layers
         make_aggregator(aggregator, 1, capacity=buffer)
         if not (server_lr > 0 and reply_timeout > 0):
@@ -145,9 +145,8 @@ class FedBuff:
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         downlink = DownlinkLayer.for_app(self.downlink_spec, start=self.start_spec,  # the nodes' copies
                                          track_supports=codec is not None and codec.shares_support)
-        layers = order_layers([downlink, *self.layers])
-        for layer in layers:
-            layer.start(torch.from_numpy(model.copy()))
+        layers = LayerStack([downlink, *self.layers])
+        layers.start(torch.from_numpy(model.copy()))
         sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
@@ -166,11 +165,10 @@ class FedBuff:
         def pick(free: list[int], wanted: int) -> list[int]:
             nonlocal dispatches
             dispatches += 1
-            for layer in layers:  # a layer that chooses (Oort's rule), else a seeded shuffle
-                chosen = layer.select(list(free), wanted, dispatches)
-                if chosen is not None:
-                    return chosen
-            rng.shuffle(free)
+            chosen = layers.select(free, wanted, dispatches)  # a layer that chooses (Oort's rule)
+            if chosen is not None:
+                return chosen
+            rng.shuffle(free)  # else a seeded shuffle
             return free[:wanted]
 
         def send(nodes: list[int]) -> list[Message]:
@@ -178,8 +176,7 @@ class FedBuff:
             messages = [self._message(n, arrays, layout, version, train_config) for n in nodes]
             params = torch.from_numpy(layout.flatten(arrays).copy())
             outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
-            for layer in layers:
-                layer.outgoing(buffer.step, outgoing)
+            layers.outgoing(buffer.step, outgoing)
             buffer.accounting.sent(outgoing)
             # with a lattice, nodes train from the public copy
             b = downlink.broadcast
@@ -200,7 +197,7 @@ class FedBuff:
                 else:  # a node that did not answer is counted at the version it was waited for
                     at = version if failure.kind is FailureKind.TIMEOUT else started
                     self.refused.append((at, node, failure.reason))
-                failed(layers, buffer.step, buffer.accounting, failure)
+                layers.failed(buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, sent_models)
@@ -208,8 +205,7 @@ class FedBuff:
             like = self._like(like, buffer.contents)
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
-            for layer in layers:
-                layer.close(buffer.step, outcome, buffer.accounting)
+            layers.close(buffer.step, outcome, buffer.accounting)
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer), outcome.extra)
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
@@ -241,7 +237,7 @@ class FedBuff:
 
     def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, layout: Layout,
                 codec: Codec | None, sent_models: dict[int, np.ndarray], downlink: DownlinkLayer,
-                layers: list[Layer]) -> None:
+                layers: LayerStack) -> None:
         """One reply into the buffer through the layers' part of the door both coordinators share:
         every layer sees it (the downlink: the node holds its copy); an update staler than the bound
         is refused before it is decoded, as in the engine; it is decoded with the codec of the round

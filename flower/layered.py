@@ -3,7 +3,7 @@ engine layers, its uplink codecs and its downlink around any Message-API strateg
 
 A layer (:class:`fedge.protocol.layer.Layer`) is written once, against one step's types
 (``fedge.protocol.step``). Fedge's engine calls its hooks around every algorithm's step; this
-wrapper calls the same hooks, in the same order (:func:`~fedge.protocol.layer.order_layers`), around
+wrapper calls the same hooks, composed as the engine composes them (:class:`~fedge.protocol.layer.LayerStack`), around
 a Flower strategy's train round, so one layer class works in both coordinators:
 
 - ``start`` once, from the first round's model;
@@ -66,7 +66,7 @@ from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, r
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import Layer, RunComplete, failed, order_layers, releases_aggregate
+from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -124,8 +124,8 @@ class LayeredStrategy(Wrapper):
 
     def _wrap(self, strategy: Strategy, layers: Iterable[Layer]) -> None:
         self.strategy = strategy
-        self.layers = order_layers(list(layers))  # LayerOrderError (a ValueError) with the reason
-        releasing = [layer.key for layer in self.layers if releases_aggregate(layer)]
+        self.layers = LayerStack(layers)  # LayerOrderError (a ValueError) with the reason
+        releasing = self.layers.releasing
         reason = None if not releasing else mean_refusal(strategy)
         if reason is not None:  # the strategy would aggregate one reply: the released mean
             raise ValueError(f"layer {', '.join(releasing)} releases its own aggregate in place of the updates; "
@@ -146,8 +146,7 @@ class LayeredStrategy(Wrapper):
         sent = layout.flatten(arrays)
         params = torch.from_numpy(sent)
         if not self._started:
-            for layer in self.layers:
-                layer.start(params)
+            self.layers.start(params)
             self._started = True
         self._round = None
         connected = sorted(grid.get_node_ids())
@@ -163,16 +162,14 @@ class LayeredStrategy(Wrapper):
             server_round, self.seed)
         state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, wire)
         step.on_failure = lambda failure: self._missed(state, failure)
-        for layer in self.layers:
-            layer.open(step)
+        self.layers.open(step)
         kept = [m for m in messages if m.metadata.dst_node_id in set(step.nodes)]
         for message in kept:  # what is written for one node must not reach another
             train_config = own_config(message)
             if self.uplink is not None:
                 write_uplink(train_config, self.uplink, layout.digest, server_round, self.seed)
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in kept]
-        for layer in self.layers:
-            layer.outgoing(step, outgoing)
+        self.layers.outgoing(step, outgoing)
         for message, out in zip(kept, outgoing):
             message.content = out.content
             state.sent_at[message.metadata.dst_node_id] = message.metadata.created_at
@@ -182,15 +179,11 @@ class LayeredStrategy(Wrapper):
 
     def _selected(self, messages: list[Message], connected: list[int], server_round: int) -> list[Message]:
         """The strategy's messages, re-addressed to the nodes a layer chose (when one does)."""
-        if not messages:
+        chosen = self.layers.select(connected, len(messages), server_round) if messages else None
+        if chosen is None:
             return messages
-        for layer in self.layers:
-            chosen = layer.select(list(connected), len(messages), server_round)
-            if chosen is not None:
-                template = messages[0]
-                return [Message(RecordDict(dict(template.content.items())), node, MessageType.TRAIN,
-                                group_id=str(server_round)) for node in chosen]
-        return messages
+        return [Message(RecordDict(dict(messages[0].content.items())), node, MessageType.TRAIN,
+                        group_id=str(server_round)) for node in chosen]
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -221,13 +214,10 @@ class LayeredStrategy(Wrapper):
         answered = {m.metadata.src_node_id for m in replies}
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
             log.info("round %d: no reply from node %d", server_round, node)
-            failed(self.layers, step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
+            self.layers.failed(step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
         clear = Partial.of_sum(total, weight, len(kept), members=tuple(state.tally.members)) if kept \
             else Partial.empty(layout.numel)
-        released = clear
-        for layer in self.layers:
-            released = layer.release(step, released)
-        step.released = released
+        step.released = released = self.layers.release(step, clear)
         state.tally.used = released.count
         if released.is_empty:
             arrays, metrics = None, None
@@ -241,8 +231,7 @@ class LayeredStrategy(Wrapper):
                           reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
-        for layer in self.layers:
-            layer.close(step, outcome, state.tally)
+        self.layers.close(step, outcome, state.tally)
         metrics = with_extra(metrics, outcome.extra)
         if state.tally.failures or state.tally.declined:  # typed, as the engine's rows and /metrics count them
             metrics = MetricRecord(dict(metrics or {}))
@@ -310,7 +299,7 @@ class LayeredStrategy(Wrapper):
             log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node,
                         failure.reason)
         self.refused.append((state.step.number, failure.node, failure.reason))
-        failed(self.layers, state.step, state.tally, failure)
+        self.layers.failed(state.step, state.tally, failure)
 
     # -- evaluate: the downlink ships the model there too ---------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

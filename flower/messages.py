@@ -21,7 +21,7 @@ from fedge.compression import Codec, PayloadError, SpecError, make_codec
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_refusal
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
-from fedge.protocol.layer import Layer, through_layers
+from fedge.protocol.layer import LayerStack
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, Update
@@ -138,11 +138,11 @@ def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.nd
     return vector, weight
 
 
-def reply_through_layers(layers: list[Layer], step: Step, message: Message, reply: Reply, layout: Layout,
+def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply: Reply, layout: Layout,
                          wire: Codec | None, sent: np.ndarray | None, key: str,
                          admit: Callable[[], None] = lambda: None) -> tuple[Update | None, Update | None]:
     """The layers' part of the door for a Flower-app driver (``layered``, ``FedBuff``), as Fedge's
-    engine runs it (``protocol.layer.through_layers``): every layer sees the reply, then ``admit``
+    engine runs it (``LayerStack.through``): every layer sees the reply, then ``admit``
     (raises to refuse it before it is decoded: a stale update), :func:`reply_update` and every
     layer's ``update``. Returns (the update the layers made, the one decoded); (None, None) when a
     layer took the reply whole. Raises what refuses it (:data:`REFUSED`)."""
@@ -158,7 +158,7 @@ def reply_through_layers(layers: list[Layer], step: Step, message: Message, repl
                               started=reply.started))
         return decoded[0]
 
-    update = through_layers(layers, step, reply, payload, metrics, decode)
+    update = layers.through(step, reply, payload, metrics, decode)
     return (None, None) if update is None else (update, decoded[0])
 
 

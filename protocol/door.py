@@ -5,7 +5,7 @@ Whether a reply is used or why it is not is decided here once, so the two coordi
 a node that did not answer, a Flower error reply and a device's typed refusal (declined by its
 owner's policy, out of sync, ...) each become their :class:`Failure`; anything else goes to the
 driver's ``consume``, whose refusal (:class:`Rejected`, a payload or protocol error) becomes one too.
-What ``consume`` does with the reply (the layers' part of the door, ``protocol.layer.through_layers``,
+What ``consume`` does with the reply (the layers' part of the door, ``protocol.layer.LayerStack.through``,
 then the algorithm or the strategy) is the driver's.
 """
 

@@ -12,7 +12,12 @@ names the facets of a step it ``provides`` (``SUM``: it produces the step's sum)
 sum secure aggregation unmasked). :func:`order_layers` sorts the run's
 layers by these declarations, and refuses, before the run, two layers that provide one facet or a
 cycle. The step's aggregate travels between them as one typed value, a
-:class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`.
+:class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`. Every driver holds the
+run's layers as one :class:`LayerStack`, which writes down once how each hook composes.
+
+The hooks fall in five groups, as a Flower mod's work does: the state (``start``, ``delivered``,
+``state_dict``), the selection (``select``), what goes out (``open``, ``outgoing``), each reply
+(``arrived``, ``update``, ``missed``) and the step's close (``release``, ``close``).
 
 ============  ============================================================================
 hook          when (and what it may do)
@@ -48,7 +53,7 @@ what persists lives on the layer and in its ``state_dict``, checkpointed under `
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -58,8 +63,8 @@ from fedge.protocol.failures import Failure
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "RunComplete",
-           "failed", "order_layers", "releases_aggregate", "through_layers"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "LayerStack",
+           "RunComplete", "order_layers", "releases_aggregate"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
@@ -158,27 +163,99 @@ def releases_aggregate(layer: Layer) -> bool:
     return type(layer).release is not Layer.release
 
 
-def through_layers(layers: list[Layer], step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float],
-                   decode: Callable[[], Update]) -> Update | None:
-    """The layers' part of the one door every update passes, in both coordinators: every layer sees
-    the reply as it arrived, before anything is decoded (one may take it whole, a masked upload:
-    then None); ``decode`` makes its update (raising what refuses the reply: the algorithm's
-    admission, the codec's checks); every layer's ``update`` then bounds, clips or reweighs it, in
-    the layers' order."""
-    if any([layer.arrived(step, reply, payload, metrics) for layer in layers]):  # every layer sees it
+class LayerStack:
+    """A run's layers composed into one, in the order their declarations imply
+    (:func:`order_layers`, which refuses what cannot run together): every driver, Fedge's engine and
+    the wrappers of ``fedge.flower``, calls this, so how the hooks compose is written once. ``select``:
+    the first layer that chooses; ``arrived``: every layer sees the reply; ``update`` and ``release``:
+    chains, each layer's result the next one's input; every other hook: each layer in turn."""
+
+    def __init__(self, layers: Iterable[Layer] = ()) -> None:
+        self.layers = order_layers(list(layers))
+
+    def __iter__(self) -> Iterator[Layer]:
+        return iter(self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def get(self, key: str) -> Layer | None:
+        """The layer named ``key`` (``dp``, ``downlink``, ...), or None when the run has none."""
+        return next((layer for layer in self.layers if layer.key == key), None)
+
+    @property
+    def releasing(self) -> list[str]:
+        """The keys of the layers that put their own aggregate in place of the clear sum."""
+        return [layer.key for layer in self.layers if releases_aggregate(layer)]
+
+    def start(self, params: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.start(params)
+
+    def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
+        """The first layer's choice (Poisson under DP, Oort's rule), or None: the driver samples.
+        Raises :class:`RunComplete` when a layer forbids the step."""
+        for layer in self.layers:
+            chosen = layer.select(list(nodes), count, key)
+            if chosen is not None:
+                return chosen
         return None
-    update = decode()
-    for layer in layers:
-        update = layer.update(step, update)
-    return update
 
+    def open(self, step: Step) -> None:
+        for layer in self.layers:
+            layer.open(step)
 
-def failed(layers: list[Layer], step: Step, tally: Tally, failure: Failure) -> None:
-    """A node gave no usable reply (``failure`` says why, by kind): counted in the step's tally and
-    heard by every layer, in every driver."""
-    tally.failed(failure)
-    for layer in layers:
-        layer.missed(step, failure)
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        for layer in self.layers:
+            layer.outgoing(step, outgoing)
+
+    def through(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float],
+                decode: Callable[[], Update]) -> Update | None:
+        """The layers' part of the one door every update passes, in every driver: every layer sees
+        the reply as it arrived, before anything is decoded (one may take it whole, a masked upload:
+        then None); ``decode`` makes its update (raising what refuses the reply: the algorithm's
+        admission, the codec's checks); every layer's ``update`` then bounds, clips or reweighs it."""
+        if any([layer.arrived(step, reply, payload, metrics) for layer in self.layers]):  # every layer sees it
+            return None
+        update = decode()
+        for layer in self.layers:
+            update = layer.update(step, update)
+        return update
+
+    def failed(self, step: Step, tally: Tally, failure: Failure) -> None:
+        """A node gave no usable reply (``failure`` says why, by kind): counted in the step's tally and
+        heard by every layer."""
+        tally.failed(failure)
+        for layer in self.layers:
+            layer.missed(step, failure)
+
+    def release(self, step: Step, partial: Partial) -> Partial:
+        for layer in self.layers:
+            partial = layer.release(step, partial)
+        return partial
+
+    def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
+        for layer in self.layers:
+            layer.close(step, outcome, tally)
+
+    def delivered(self, model: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            model = layer.delivered(model)
+        return model
+
+    def describe(self) -> dict[str, Any]:
+        described: dict[str, Any] = {}
+        for layer in self.layers:
+            described.update(layer.describe())
+        return described
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each layer's state under its key (a layer with nothing to keep has no entry)."""
+        return {layer.key: saved for layer in self.layers if (saved := layer.state_dict()) is not None}
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        for layer in self.layers:
+            layer.load_state_dict(states.get(layer.key))
 
 
 def order_layers(layers: list[Layer]) -> list[Layer]:

@@ -25,7 +25,7 @@ import torch
 from fedge.deploy.atomic import atomic_write_bytes
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
-from fedge.protocol.layer import Layer, order_layers
+from fedge.protocol.layer import Layer, LayerStack
 from fedge.protocol.leaf import (
     HEARTBEAT,
     HEARTBEAT_EVERY,
@@ -106,7 +106,7 @@ class LeafCoordinator:
         self.engine, self.grid, self.rounds = engine, grid, rounds
         self.steps: int | None = None  # the leaf's own step count (restored from its checkpoint)
         self.stamp = RootRoundStamp()
-        engine.layers = order_layers([*engine.layers, self.stamp])
+        engine.layers = LayerStack([*engine.layers, self.stamp])
 
     def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
         """``rounds`` leaf steps from the root's ``model``; the change, its weight and its count.

@@ -60,7 +60,7 @@ from fedge.server.engine.algorithm import (
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
-from fedge.protocol.layer import RunComplete, failed, through_layers
+from fedge.protocol.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
@@ -163,13 +163,13 @@ class Engine:
         self.clock = clock
         self.sleep = sleep
         #: the cross-cutting features around every step (``fedge.server.engine.layers``), in order
-        self.layers: list[Layer] = build_layers(algorithm, run_dir)
+        self.layers = LayerStack(build_layers(algorithm, run_dir))
         #: added to the clock for a row's wall_seconds: this run's time across restarts (set by run)
         self._wall = 0.0
 
     def layer(self, key: str) -> Layer | None:
         """The run's layer named ``key`` (``dp``, ``downlink``, ...), or None when it is off."""
-        return next((layer for layer in self.layers if layer.key == key), None)
+        return self.layers.get(key)
 
     # -- public ---------------------------------------------------------------------------------
     def begin(self, initial_params: torch.Tensor) -> int:
@@ -181,10 +181,7 @@ class Engine:
         rows = self.run_dir.metrics.read()
         # wall_seconds counts this run's time, across restarts (a restart's downtime is not counted)
         self._wall = (float(rows[-1].get("wall_seconds", 0.0)) if rows else 0.0) - self.clock()
-        described = self.algorithm.describe()
-        for layer in self.layers:
-            described.update(layer.describe())
-        self.run_dir.write_description(described)
+        self.run_dir.write_description({**self.algorithm.describe(), **self.layers.describe()})
         return start
 
     def run(self, grid: object, initial_params: torch.Tensor) -> EngineResult:
@@ -245,11 +242,8 @@ class Engine:
     def _choose(self, nodes: list[int], count: int, key: int) -> list[int]:
         """``count`` of ``nodes``: the first layer's choice (Poisson under DP, Oort), else a seeded
         sample drawn from (seed, key) alone."""
-        for layer in self.layers:
-            chosen = layer.select(nodes, count, key)
-            if chosen is not None:
-                return chosen
-        return sample_nodes(nodes, count, self.settings.seed, step=key)
+        chosen = self.layers.select(nodes, count, key)
+        return chosen if chosen is not None else sample_nodes(nodes, count, self.settings.seed, step=key)
 
     def close(self, step: Step, tally: Tally) -> StepOutcome:
         """Close a step without publishing it: the step's aggregate passes every layer's ``release``
@@ -259,8 +253,7 @@ class Engine:
             step.released = self.release(step, tally)
             tally.used = step.released.count  # the updates in what the step releases (one count, here)
         outcome = self.algorithm.close(step)
-        for layer in self.layers:
-            layer.close(step, outcome, tally)
+        self.layers.close(step, outcome, tally)
         return outcome
 
     def publish(self, grid: object, closed: ClosedStep, result: EngineResult | None) -> RoundRow:
@@ -300,9 +293,7 @@ class Engine:
         partial = step.aggregate.partial()
         if partial.count == len(tally.members):  # each used reply added once: these are its nodes
             partial = partial.replace(members=tuple(tally.members))
-        for layer in self.layers:
-            partial = layer.release(step, partial)
-        return partial
+        return self.layers.release(step, partial)
 
     def absorb_reply(self, step: Step, reply: Reply) -> None:
         """The one door of every update, secure or clear: screen the whole reply, check the metrics
@@ -325,7 +316,7 @@ class Engine:
             return Update(node=reply.node, vector=codec.decode(payload, self.ctx.numel), weight=1.0, metrics=metrics,
                           payload=bytes(payload), content=reply.content, started=reply.started)
 
-        update = through_layers(self.layers, step, reply, payload, metrics, decode)
+        update = self.layers.through(step, reply, payload, metrics, decode)
         if update is not None:  # None: a layer consumed it whole (a masked upload)
             alg.absorb(step, update)
 
@@ -421,8 +412,7 @@ class Engine:
         state = self.algorithm.open_step(number, nodes)
         state.connected, state.exchange = connected, exchange
         state.on_failure = lambda failure: self._failed(state, failure, tally)
-        for layer in self.layers:
-            layer.open(state)
+        self.layers.open(state)
         return state
 
     def _configure(self, step: Step, nodes: list[int], tally: Tally) -> list[Outgoing]:
@@ -432,8 +422,7 @@ class Engine:
         for o in outgoing:  # a plugin algorithm's messages name their device handler
             if handler and CONFIG_RECORD in o.content.config_records:
                 o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] = handler
-        for layer in self.layers:
-            layer.outgoing(step, outgoing)
+        self.layers.outgoing(step, outgoing)
         tally.sent(outgoing)
         return outgoing
 
@@ -465,7 +454,7 @@ class Engine:
     def _failed(self, step: Step, failure: Failure, tally: Tally) -> None:
         if failure.node is not None:
             self.algorithm.missed(step, failure.node, failure.reason)
-        failed(self.layers, step, tally, failure)
+        self.layers.failed(step, tally, failure)
 
     def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
         """Hand one reply to the door; None if it was used, else why not."""
@@ -481,21 +470,14 @@ class Engine:
     # -- the run's state ------------------------------------------------------------------------
     def _final_model(self) -> torch.Tensor:
         """What the run delivers: the algorithm's final model, through the layers (the model average)."""
-        model = self.algorithm.final_model()
-        for layer in self.layers:
-            model = layer.delivered(model)
-        return model
+        return self.layers.delivered(self.algorithm.final_model())
 
     def _write(self, row: RoundRow, result: EngineResult | None) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
         between, the step runs again and its row is replaced)."""
         row.wall_seconds = self._wall + self.clock()
         self.run_dir.metrics.append(row.to_json())
-        state = dict(self.algorithm.state_dict())
-        for layer in self.layers:
-            saved = layer.state_dict()
-            if saved is not None:
-                state[layer.key] = saved
+        state = {**self.algorithm.state_dict(), **self.layers.state_dict()}
         self.run_dir.checkpoints.save(Checkpoint(round=row.round, algorithm=self.algorithm.spec,
                                                  task=self.ctx.task.spec, numel=self.ctx.numel, state=state))
         if result is not None:
@@ -531,8 +513,7 @@ class Engine:
         if checkpoint is None:
             self.run_dir.metrics.truncate_after(0)
             self.algorithm.start(initial_params.clone())
-            for layer in self.layers:
-                layer.start(initial_params)
+            self.layers.start(initial_params)
             return 0
         where = self.run_dir.path
         if checkpoint.task != self.ctx.task.spec or checkpoint.numel != self.ctx.numel:
@@ -546,8 +527,7 @@ class Engine:
                 f"{self.algorithm.spec!r}; use a new run directory"
             )
         try:
-            for layer in self.layers:
-                layer.load_state_dict(checkpoint.state.get(layer.key))
+            self.layers.load_state_dict(checkpoint.state)
             self.algorithm.load_state_dict(checkpoint.state)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint in {where} does not fit {self.algorithm.spec}: {err}") from None
