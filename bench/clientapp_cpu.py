@@ -45,9 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Nothing here imports torch before the import ladders have run (``main``): a process that maps
+# torch's libraries keeps the warm process from releasing their pages, as no process on a device does.
 from fedge.launcher.processes import processes_with_env  # noqa: E402
-from fedge.protocol.stragglers import parse_stragglers  # noqa: E402
-from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -241,6 +241,8 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
     """One run. ``warm-device``: warm execution as a device installed with the ``device`` extra runs
     it: its own data file (no partition built, so no scikit-learn or datasets preloaded) and no numba
     (the extra does not install it; ``FEDGE_KERNELS=off``, the codecs' torch path)."""
+    from fedge.server.local import launch
+
     device = isolation == "warm-device"
     with tempfile.TemporaryDirectory(prefix="fedge-bench-clientapp-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -301,20 +303,19 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
         return out
 
 
-#: run in a fresh interpreter: the warm process's imports one at a time, then its warm-up, with the
-#: process's resident memory after each (``VmRSS``, and its anonymous and file-backed parts)
+#: run in a fresh interpreter: the warm process's warm-up, its imports one at a time (each followed by
+#: the release of its clean file pages, as the warm process does), with the process's resident memory
+#: after each (``VmRSS``, its anonymous and file-backed parts, and the peak so far, ``VmHWM``)
 _LADDER = """
-import importlib, json, sys
+import json, sys
 from fedge.edge_client.warm_executor import PRELOAD, PARTITION_PRELOAD, WarmExecutor, WarmNode
 def memory():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
-    return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "RssAnon", "RssFile")]
+    return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "RssAnon", "RssFile", "VmHWM")]
 rows = [("python and the warm executor's module", memory())]
 preload = PRELOAD + (PARTITION_PRELOAD if sys.argv[1] == "partitions" else ())
-for name in preload:
-    importlib.import_module(name)
-    rows.append(("import " + name, memory()))
-WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=()).warm_up()
+WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=preload).warm_up(
+    each=lambda name: rows.append(("import " + name, memory())))
 rows.append(("warm-up (torch to one thread; codec kernels when numba is there)", memory()))
 print(json.dumps(rows))
 """
@@ -353,6 +354,12 @@ def main() -> int:
         parser.error("--supernodes must be >= 1, --rounds >= 2 (later messages are measured), --interval > 0")
     if not isolations or any(i not in ("subprocess", "warm", "warm-device") for i in isolations):
         parser.error("--isolation: subprocess, warm and/or warm-device")
+    # What the warm process holds, measured first: a fresh interpreter alone with torch's pages, as a
+    # device's warm process is (the supervisor imports no torch; here the ServerApp does).
+    ladders = {isolation: import_ladder(isolation == "warm-device") for isolation in isolations
+               if isolation.startswith("warm")}
+    from fedge.protocol.stragglers import parse_stragglers
+
     try:
         parse_stragglers(args.stragglers)
     except ValueError as err:
@@ -404,15 +411,20 @@ def main() -> int:
             verdict += (f" Warm process: {run['warm_peak_rss_mib_median']:.0f} MiB RSS, "
                         f"{run['warm_peak_pss_mib_median']:.0f} MiB PSS (shared with the children it forks).")
     for isolation in [i for i in isolations if i.startswith("warm")]:
-        ladder = import_ladder(isolation == "warm-device")
+        ladder = ladders[isolation]
         for run in runs:
             if run["isolation"] == isolation:
                 run["import_ladder"] = ladder
         verdict += (f"\n\n{isolation}: what the warm process holds, step by step (a fresh interpreter doing what "
-                    "it does; resident MiB after each step):\n\n| step | RSS | anonymous | file-backed | RSS added |\n"
-                    "|---|---|---|---|---|\n" + "\n".join(
-                        f"| {step} | {rss:.0f} | {anon:.0f} | {file:.0f} | {rss - (ladder[i - 1][1][0] if i else 0):+.0f} |"
-                        for i, (step, (rss, anon, file)) in enumerate(ladder)))
+                    "it does, clean file pages released after each import; resident MiB after each step):\n\n"
+                    "| step | RSS | anonymous | file-backed | RSS added | peak RSS so far |\n|---|---|---|---|---|---|\n"
+                    + "\n".join(
+                        f"| {step} | {rss:.0f} | {anon:.0f} | {file:.0f} | {rss - (ladder[i - 1][1][0] if i else 0):+.0f} "
+                        f"| {peak:.0f} |" for i, (step, (rss, anon, file, peak)) in enumerate(ladder)))
+        verdict += (f"\n\nAlone with torch's libraries, as on a device (whose supervisor and SuperNode import no "
+                    f"torch), the warm process holds {ladder[-1][1][0]:.0f} MiB RSS once warm and "
+                    f"{ladder[-1][1][3]:.0f} MiB at its peak. In the run above the ServerApp maps the same pages of "
+                    "torch, and a page another process maps is not released, so the warm process keeps them there.")
     print(header + "\n\n" + table + verdict)
     out = Path(args.out or ROOT / "bench" / "results" / "clientapp-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -49,9 +49,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedge.edge_client.page_release import release_file_pages
 from fedge.launcher.isolation import warm_unavailable
 
-__all__ = ["PARTITION_PRELOAD", "PRELOAD", "WarmExecutor", "WarmNode", "main"]
+__all__ = ["PAGE_RELEASE_ENV", "PARTITION_PRELOAD", "PRELOAD", "WarmExecutor", "WarmNode", "main"]
 
 log = logging.getLogger("fedge.edge.warm")
 
@@ -66,6 +67,8 @@ PRELOAD = (
     "fedge.tasks",
     "fedge.compression.kernels",
 )
+#: ``off``: keep the imports' clean file pages resident (``fedge.edge_client.page_release``)
+PAGE_RELEASE_ENV = "FEDGE_PAGE_RELEASE"
 #: what a node that builds its own partition of a shared data set needs on its first message (local
 #: clusters and benchmarks; a device with its own data file never imports them)
 PARTITION_PRELOAD = ("sklearn.datasets", "flwr_datasets")
@@ -114,17 +117,29 @@ class WarmExecutor:
         self.launched = 0
         self.crashed = 0
 
-    def warm_up(self) -> float:
+    def warm_up(self, each: Callable[[str], None] | None = None) -> float:
         """Import everything a message needs and compile the codecs' kernels (where numba is there
         to compile them), once; the seconds it took. torch is held to one thread here: the parent must
         never start a thread pool that its forked children would inherit half-initialized (each child
-        sets its own, ``threads_mod``)."""
+        sets its own, ``threads_mod``). After each import the clean file pages it touched are handed
+        back (``fedge.edge_client.page_release``): an idle parent that only forks holds its anonymous
+        memory, and a child faults in the code it runs. ``each`` is called with every module's name
+        once it is imported (a benchmark reads the process's memory there)."""
         started = time.perf_counter()
+        release = os.environ.get(PAGE_RELEASE_ENV, "on") != "off"
+        released = 0
         for name in self.preload:
             try:
                 importlib.import_module(name)
             except ImportError as err:  # an optional accelerator of start-up, not a requirement
                 log.info("not preloaded (each message imports it if it needs it): %s (%s)", name, err)
+            if release:  # after each import, so the clean pages of all of them are never resident at once
+                released += release_file_pages() or 0
+            if each is not None:
+                each(name)
+        if release:
+            log.info("released %.0f MiB of clean file pages after the imports (%s=off keeps them)",
+                     released / 2**20, PAGE_RELEASE_ENV)
         import torch
 
         from fedge.compression import kernels
@@ -137,6 +152,8 @@ class WarmExecutor:
         failed = warm_up()
         if failed:
             log.info("codec kernels not warmed (they compile on first use instead): %s", ", ".join(failed))
+        if release:  # the compiler's own libraries, used once
+            release_file_pages()
         return time.perf_counter() - started
 
     def _client(self, node: WarmNode):  # type: ignore[no-untyped-def]

@@ -67,6 +67,7 @@ def test_a_warm_process_without_codec_kernels_skips_the_codec_warm_up(monkeypatc
     from fedge.edge_client.warm_executor import WarmExecutor
 
     warmed: list[bool] = []
+    monkeypatch.setenv("FEDGE_PAGE_RELEASE", "off")  # this test's own process keeps its pages
     monkeypatch.setattr(warmup, "warm_up", lambda *a, **k: warmed.append(True) or [])
     executor = WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=())
     monkeypatch.setattr(kernels, "available", lambda: False)
