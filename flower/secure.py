@@ -92,9 +92,6 @@ class SecureStrategy(LayeredStrategy):
         #: distributed DP: the devices add Skellam noise inside the ring
         self.dp: DistributedDP | None = None
         if differential_privacy and differential_privacy.strip().lower() != "none":
-            if spec.ratio < 1:
-                raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the "
-                                 "noise and the sensitivity cover the whole update; use ratio=1")
             dp_spec = parsed(parse_differential_privacy, differential_privacy, "differential_privacy")
             rate = float(getattr(strategy, "fraction_train", 0.0))
             if not 0 < rate <= 1:

@@ -176,9 +176,6 @@ class LayerStack:
     def __iter__(self) -> Iterator[Layer]:
         return iter(self.layers)
 
-    def __len__(self) -> int:
-        return len(self.layers)
-
     def get(self, key: str) -> Layer | None:
         """The layer named ``key`` (``dp``, ``downlink``, ...), or None when the run has none."""
         return next((layer for layer in self.layers if layer.key == key), None)

@@ -57,6 +57,9 @@ class SecureAggregation(Layer):
 
     def __init__(self, session: SecureSession, numel: int = 0, *, weighted: bool = True,
                  dp_spec: DPSpec | None = None) -> None:
+        if dp_spec is not None and session.spec.ratio < 1:
+            raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the noise "
+                             "and the sensitivity cover the whole update; use ratio=1")
         self.session, self.spec = session, session.spec
         #: with differential privacy: the devices add Skellam noise inside the ring (distributed DP)
         self.dp_spec = dp_spec

@@ -60,11 +60,8 @@ class SecureAggregationLayer(SecureAggregation):
         if algorithm.ctx.settings.clients_per_round < 2:
             raise SettingsError("secure-aggregation needs clients-per-round >= 2: one device's sum is its update")
         dp = parse_differential_privacy(algorithm.ctx.settings.differential_privacy)
-        if dp is not None and spec.ratio < 1:
-            raise SettingsError("secure-aggregation ratio < 1 (random-k) cannot carry distributed DP: the noise "
-                                "and the sensitivity cover the whole update; use ratio=1")
         try:
-            session = SecureSession(spec, algorithm.ctx.settings.seed)
-        except CredentialError as err:
+            return cls(SecureSession(spec, algorithm.ctx.settings.seed), algorithm.ctx.numel,
+                       weighted=algorithm.weighted, dp_spec=dp)
+        except (CredentialError, ValueError) as err:  # the layer refuses what it cannot carry
             raise SettingsError(f"secure-aggregation: {err}") from None
-        return cls(session, algorithm.ctx.numel, weighted=algorithm.weighted, dp_spec=dp)
