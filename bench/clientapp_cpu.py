@@ -417,10 +417,12 @@ def main() -> int:
                 run["import_ladder"] = ladder
         verdict += (f"\n\n{isolation}: what the warm process holds, step by step (a fresh interpreter doing what "
                     "it does, clean file pages released after each import; resident MiB after each step):\n\n"
-                    "| step | RSS | anonymous | file-backed | RSS added | peak RSS so far |\n|---|---|---|---|---|---|\n"
+                    "| step | RSS | anonymous | file-backed | RSS added | peak RSS so far |\n"
+                    "|---|---|---|---|---|---|\n"
                     + "\n".join(
-                        f"| {step} | {rss:.0f} | {anon:.0f} | {file:.0f} | {rss - (ladder[i - 1][1][0] if i else 0):+.0f} "
-                        f"| {peak:.0f} |" for i, (step, (rss, anon, file, peak)) in enumerate(ladder)))
+                        f"| {step} | {rss:.0f} | {anon:.0f} | {file:.0f} "
+                        f"| {rss - (ladder[i - 1][1][0] if i else 0):+.0f} | {peak:.0f} |"
+                        for i, (step, (rss, anon, file, peak)) in enumerate(ladder)))
         verdict += (f"\n\nAlone with torch's libraries, as on a device (whose supervisor and SuperNode import no "
                     f"torch), the warm process holds {ladder[-1][1][0]:.0f} MiB RSS once warm and "
                     f"{ladder[-1][1][3]:.0f} MiB at its peak. In the run above the ServerApp maps the same pages of "

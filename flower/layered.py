@@ -3,8 +3,8 @@ engine layers, its uplink codecs and its downlink around any Message-API strateg
 
 A layer (:class:`fedge.protocol.layer.Layer`) is written once, against one step's types
 (``fedge.protocol.step``). Fedge's engine calls its hooks around every algorithm's step; this
-wrapper calls the same hooks, composed as the engine composes them (:class:`~fedge.protocol.layer.LayerStack`), around
-a Flower strategy's train round, so one layer class works in both coordinators:
+wrapper calls the same hooks through the same composition (:class:`~fedge.protocol.layer.LayerStack`)
+around a Flower strategy's train round, so one layer class works in both coordinators:
 
 - ``start`` once, from the first round's model;
 - ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them; a

@@ -15,7 +15,7 @@ cycle. The step's aggregate travels between them as one typed value, a
 :class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`. Every driver holds the
 run's layers as one :class:`LayerStack`, which writes down once how each hook composes.
 
-The hooks fall in five groups, as a Flower mod's work does: the state (``start``, ``delivered``,
+The hooks fall in five groups: the state (``start``, ``delivered``,
 ``state_dict``), the selection (``select``), what goes out (``open``, ``outgoing``), each reply
 (``arrived``, ``update``, ``missed``) and the step's close (``release``, ``close``).
 
@@ -63,8 +63,8 @@ from fedge.protocol.failures import Failure
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError", "LayerStack",
-           "RunComplete", "order_layers", "releases_aggregate"]
+__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError",
+           "LayerStack", "RunComplete", "order_layers", "releases_aggregate"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec

@@ -1,9 +1,9 @@
 """One round with secure aggregation on a coordinator: the four exchanges around the train message.
 
 The coordinator (Fedge's engine, or ``fedge.flower.secure`` in a user's ServerApp) runs each stage
-through the :data:`~fedge.protocol.step.Exchange` it gives every step, each with its own timeout, and carries on with whoever
-answered: a device that misses the advertisement or the share
-stage is simply not in the sum; one that dealt shares and then vanished (the hard case) has its
+through the :data:`~fedge.protocol.step.Exchange` it gives every step, each with its own timeout,
+and carries on with whoever answered: a device that misses the advertisement or the share stage is
+simply not in the sum; one that dealt shares and then vanished (the hard case) has its
 pairwise masks removed from the survivors' uploads with the key shares its neighbours reveal. What
 the coordinator ends with is the exact sum of the survivors' quantized, weighted updates and the sum
 of their weights, hence the weighted mean, and nothing about any one of them.

@@ -163,7 +163,8 @@ class DifferentialPrivacyLayer(Layer):
         a leaf samples its devices at the federation's rate; the root asks every leaf. Raises
         :class:`RunComplete` when one more round would spend more than the budget."""
         if self._spent(len(nodes)):
-            raise RunComplete(f"one more round would spend more than the privacy budget epsilon={self.dp.spec.budget:g}")
+            raise RunComplete(f"one more round would spend more than the privacy budget "
+                              f"epsilon={self.dp.spec.budget:g}")
         if self.tier == "root":
             self.dp.rate = self.dp.spec.rate
             return sorted(nodes)
