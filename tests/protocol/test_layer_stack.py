@@ -22,7 +22,8 @@ class _Recording(Layer):
     def __init__(self, key: str, log: list[str], *, chooses: list[int] | None = None, consumes: bool = False,
                  scale: float = 1.0, state: Any = None, provides: frozenset[str] = frozenset(),
                  needs: frozenset[str] = frozenset()) -> None:
-        self.key, self.log, self.chooses, self.consumes, self.scale, self.state = key, log, chooses, consumes, scale, state
+        self.key, self.log, self.chooses, self.consumes = key, log, chooses, consumes
+        self.scale, self.state = scale, state
         self.provides, self.needs = provides, needs
         self.loaded: Any = "never"
 
