@@ -9,8 +9,6 @@ top-up, the same noise-only release when no sum could be unmasked, the same two 
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from fedge.privacy.accountant import CoordinatorLedger, SkellamLedger
@@ -18,8 +16,6 @@ from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_s
 from fedge.privacy.dp_spec import DPSpec
 
 __all__ = ["DistributedRelease"]
-
-log = logging.getLogger(__name__)
 
 
 class DistributedRelease:
@@ -42,11 +38,7 @@ class DistributedRelease:
 
     def would_exceed(self, q: float) -> bool:
         """Whether one more round at sampling rate ``q`` would spend more than the budget (0: none)."""
-        spent = self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, q))
-        if spent:
-            log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g)", self.spec.budget,
-                     self.spec.delta)
-        return spent
+        return self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, q))
 
     def released_mean(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int],
                       planned: int, rng: np.random.Generator) -> np.ndarray:

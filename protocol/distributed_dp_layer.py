@@ -77,7 +77,7 @@ class DistributedDP(DistributedRelease, Layer):
         step would take epsilon past the budget."""
         self.rate = self._rate(len(nodes))
         if self.would_exceed(self.rate):
-            raise RunComplete(f"one more round would spend more than the privacy budget epsilon={self.spec.budget:g}")
+            raise RunComplete.budget_spent(self.spec.budget, self.spec.delta)
         return self.sample(nodes)
 
     def sample(self, nodes: list[int]) -> list[int]:

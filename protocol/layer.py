@@ -84,7 +84,11 @@ class LayerOrderError(ValueError):
 
 class RunComplete(Exception):
     """Raised by a layer's ``select``: no step may run any more (its privacy budget is spent). The
-    run ends complete before the step, as it would after its last round."""
+    run ends complete before the step, as it would after its last round; the driver logs why."""
+
+    @classmethod
+    def budget_spent(cls, epsilon: float, delta: float) -> RunComplete:
+        return cls(f"privacy budget: one more round would spend more than epsilon={epsilon:g} (delta={delta:g})")
 
 
 class Layer:

@@ -163,8 +163,7 @@ class DifferentialPrivacyLayer(Layer):
         a leaf samples its devices at the federation's rate; the root asks every leaf. Raises
         :class:`RunComplete` when one more round would spend more than the budget."""
         if self._spent(len(nodes)):
-            raise RunComplete(f"one more round would spend more than the privacy budget "
-                              f"epsilon={self.dp.spec.budget:g}")
+            raise RunComplete.budget_spent(self.dp.spec.budget, self.dp.spec.delta)
         if self.tier == "root":
             self.dp.rate = self.dp.spec.rate
             return sorted(nodes)
@@ -176,13 +175,7 @@ class DifferentialPrivacyLayer(Layer):
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
         q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
-        spent = self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
-        if spent:
-            log.info("privacy budget: one more round would spend more than epsilon=%g (delta=%g); run complete",
-                     self.dp.spec.budget, self.dp.spec.delta)
-            return True
-        return False
-
+        return self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         if self.tier == "root":  # the root's nodes are bridges: a leaf's sum is not clipped again
