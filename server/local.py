@@ -31,6 +31,7 @@ from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.launcher.federation import LoopbackSecurity
 from fedge.launcher.processes import ProcessGroup, free_port
 from fedge.launcher.sequence import FlowerLaunch, LaunchError
+from fedge.launcher.ray_start_hook import HOOK as RAY_HEAD_HOOK
 from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
@@ -92,12 +93,14 @@ def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> 
     loaded the ClientApp, and the actors are placed as soon as Flower asks. Its temporary directory
     (returned) is its own: ``ray start`` records its address there, not in the machine-wide
     ``ray_current_cluster`` file of Ray's default directory, where a user's later ``ray.init()``
-    would try to join this run's stopped instance. A short path: Ray's sockets live under it."""
+    would try to join this run's stopped instance. A short path: Ray's sockets live under it. What
+    the head leaves out, and why: ``fedge.launcher.ray_start_hook``."""
     host, _, port = address.rpartition(":")
     temp_dir = Path(tempfile.mkdtemp(prefix="fedge-ray-"))
     group.start("ray-head", [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                              f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}",
-                             "--include-dashboard=false", "--disable-usage-stats"], cwd=cwd)
+                             "--include-dashboard=false", "--disable-usage-stats"], cwd=cwd,
+                env={"RAY_START_HOOK": RAY_HEAD_HOOK})  # no Ray Client server, no autoscaler monitor
     return temp_dir
 
 
