@@ -73,6 +73,15 @@ def gpu_share(slots: int, gpus: int) -> float:
 RAY_LEAN_START = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
 
 
+#: torch's threads in a local launch's own processes (the ServerApp above all) unless the caller's
+#: environment sets ``OMP_NUM_THREADS``. Each CPU already runs a client (a Ray actor, or a SuperNode's
+#: ClientApp, at one thread each: ``fedge.edge_client.threads``), and torch's default pool, a thread
+#: per core, made the ServerApp's decode and sum of each reply (38,282 floats) wait for a worker
+#: thread the clients had descheduled. One thread: the demo's rounds 2-30 took 12.5-13.6 s against
+#: 13.8-14.5 s, in three alternating pairs (bench/results/NOTEBOOK.md, 2026-11-29).
+SERVER_THREADS = "1"
+
+
 def _ray_cpus(parallel_clients: int = 0) -> int:
     """The logical CPUs Ray is told about: one actor (one ClientApp at a time) per CPU."""
     return max(1, os.cpu_count() or 1, parallel_clients)
@@ -233,8 +242,9 @@ def launch(
     ray_head = f"127.0.0.1:{free_port()}" if engine == "simulation" and not (ray_address or leaves) else None
     env["RAY_ADDRESS"] = ray_address or ray_head or "local"
     env.update(RAY_LEAN_START)
-    if not ray_address:  # a Ray cluster's other machines have no such directory
-        env[CACHE_ENV] = str(run_dir / "partitions")
+    if not ray_address:
+        env.setdefault("OMP_NUM_THREADS", SERVER_THREADS)  # every CPU here is a client's
+        env[CACHE_ENV] = str(run_dir / "partitions")  # a Ray cluster's other machines have no such directory
     started = time.monotonic()
     # one key per device and, with leaves, one per bridge (node-N, node-N+1, ...)
     security = LoopbackSecurity.create(run_dir / "tls", num_supernodes + leaves) if tls else None

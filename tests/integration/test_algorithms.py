@@ -7,6 +7,8 @@ test_serve.py), and every algorithm's stop/resume through the engine (tests/serv
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -16,7 +18,7 @@ import torch
 
 from fedge.deploy.model_file import load_model_file
 from fedge.server.run.checkpoint import CheckpointStore
-from fedge.server.local import launch
+from fedge.server.local import SERVER_THREADS, launch
 from fedge.server.settings import RunSettings
 from fedge.tasks import flatten_state
 
@@ -73,6 +75,9 @@ def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_n
     assert session and "fedge-ray-" in session.group(1) and not Path(session.group(1)).exists()
     assert (machine_wide.read_text() if machine_wide.exists() else None) == before
     assert [row["round"] for row in result.rows] == [1, 2, 3]
+    # the ServerApp's torch at one thread (or the caller's OMP_NUM_THREADS): every core is a client's
+    config = json.loads((result.run_dir / "config.json").read_text())
+    assert config["torch_threads"] == int(os.environ.get("OMP_NUM_THREADS", SERVER_THREADS)), config
     last = result.rows[-1]
     assert last["algorithm"] == algorithm.split(":")[0] and last["clients_used"] == 4 and not last["rejected"]
     if easgd:  # clients keep local models tied to the center; both measured on held-out data
