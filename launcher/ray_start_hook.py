@@ -6,7 +6,7 @@ it as a driver through ``RAY_ADDRESS``. Two of the processes ``ray start --head`
 nothing there, and both start on the run's critical path, when the SuperLink, the ServerApp and
 Ray's own processes share the machine's cores:
 
-- the Ray Client server (``ray://``, for drivers on other machines): 0.8-1.0 CPU-s to start on a
+- the Ray Client server (``ray://``, for drivers on other machines): 0.76-0.96 CPU-s to start on a
   2-core Xeon. It listens on port 10001 whenever grpcio is installed, so two runs at once on one
   machine contend for that port. ``ray start`` accepts no option that leaves it out (it refuses port
   0); its parameters do (``ray_client_server_port=None``, what ``ray.init`` uses);

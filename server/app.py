@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -83,8 +84,6 @@ def main(grid: Grid, context: Context) -> None:
     settings = RunSettings.from_run_config(context.run_config)
     load_plugins(settings.plugins)  # codecs, aggregators, algorithms from outside Fedge
     run_dir = RunDirectory(settings.run_dir or Path("runs") / f"run-{context.run_id}")
-    import torch
-
     # the threads its decode, sums and evaluation use: a local launch gives every core to a client
     # (``fedge.server.local.SERVER_THREADS``), a coordinator of its own keeps torch's default
     run_dir.start(settings, extra={"flower_run_id": context.run_id, "started_at": time.time(),
