@@ -15,8 +15,9 @@ the OS CSPRNG directly, and rows under DP carry no training loss).
 
 Training is bit-reproducible for one torch build and CPU kind only: torch, oneDNN and MKL pick their
 kernels by the CPU's vendor and instruction set, and each rounds differently (the same commit gives
-other digests on an AVX-512 Intel Xeon than on the AMD EPYC these were first recorded on; no
-``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA``/``MKL_CBWR`` setting reproduces the other's). So
+other digests on an AVX-512 Intel Xeon, and on an AVX2 AMD EPYC, than on the AMD EPYC these were
+first recorded on; no ``ATEN_CPU_CAPABILITY``/``ONEDNN_MAX_CPU_ISA``/``MKL_CBWR`` setting
+reproduces the other's). So
 ``behaviour.json`` holds one set of fingerprints per platform (:func:`platform`: torch's version,
 the CPU's vendor and torch's CPU capability), each with the commit it was recorded at; the test
 checks the set of the platform it runs on and skips, saying so, on one that has none. ``--write``
@@ -89,11 +90,10 @@ def platform() -> dict[str, str]:
 
 def recorded_for(recorded: dict[str, Any], here: dict[str, str]) -> dict[str, Any] | None:
     """This platform's recorded set, or None. A set recorded before platforms were named carries
-    only its vendor: it stands for that vendor's CPUs whatever their capability."""
-    for entry in recorded["platforms"]:
-        if all(entry["platform"].get(k, here[k]) == here[k] for k in here):
-            return entry
-    return None
+    only its vendor: it stands for that vendor's CPUs that have no set of their own (an AVX2 AMD
+    EPYC trains to other digests than the one it was recorded on, and has its own)."""
+    matches = [e for e in recorded["platforms"] if all(e["platform"].get(k, here[k]) == here[k] for k in here)]
+    return max(matches, key=lambda e: len(e["platform"]), default=None)
 
 
 def recorded_here() -> dict[str, Any]:
@@ -192,7 +192,7 @@ def main() -> None:
             print(name, out["cases"][name]["model"], flush=True)
     if args.write:
         recorded = json.loads(FINGERPRINTS.read_text()) if FINGERPRINTS.exists() else {"platforms": []}
-        old = recorded_for(recorded, here)
+        old = next((e for e in recorded["platforms"] if e["platform"] == here), None)  # this platform's own
         if old is not None and args.case:  # only some cases: the others stay as recorded
             out["cases"] = {**old["cases"], **out["cases"]}
         recorded["platforms"] = [e for e in recorded["platforms"] if e is not old] + [out]

@@ -29,3 +29,8 @@ def test_each_platform_is_checked_against_its_own_recorded_set() -> None:
     assert recorded_for(recorded, {**here, "cpu_capability": "AVX2"}) is None
     assert recorded_for(recorded, {**here, "cpu_vendor": "AuthenticAMD", "cpu_capability": "AVX2"}) is legacy
     assert recorded_for(recorded, {**here, "torch": "2.14.1+cpu"}) is None
+    amd_avx2 = {"platform": {"torch": "2.13.0+cpu", "cpu_vendor": "AuthenticAMD", "cpu_capability": "AVX2"},
+                "cases": {"a": 3}}
+    recorded["platforms"].append(amd_avx2)  # a platform's own set wins over its vendor's legacy one
+    assert recorded_for(recorded, {**here, "cpu_vendor": "AuthenticAMD", "cpu_capability": "AVX2"}) is amd_avx2
+    assert recorded_for(recorded, {**here, "cpu_vendor": "AuthenticAMD", "cpu_capability": "AVX512"}) is legacy
