@@ -217,12 +217,12 @@ def export_bundle(
                 picked = torch.randperm(len(pool), generator=generator)[: options.calibration_samples]
                 calibration = as_tensor_data(subset(pool, picked.tolist())).x.numpy()
             final = quantize_static_int8(fp32.data, calibration)
-            quantization |= {"format": "QDQ", "weights": "int8 per-channel", "activations": "uint8",
+            quantization |= {"format": "QDQ", "weights": "int8 per-channel, 7-bit range", "activations": "uint8",
                              "calibration": "MinMax", "calibration_samples": len(calibration),
                              "fp32_layers": ["first compute layer"]}
         else:
             final = quantize_dynamic_int8(fp32.data)
-            quantization |= {"weights": "int8 per-tensor", "activations": "dynamic uint8"}
+            quantization |= {"weights": "int8 per-tensor, 7-bit range", "activations": "dynamic uint8"}
     session = make_session(final)
     final_score = onnx_metrics(session, x_test, y_test, task)[metric]
     drop = _worse_by(task, fp32_score, final_score)
