@@ -4,8 +4,10 @@
 1.41 ``collect_files``): a checkout with its ``.venv`` is some 50,000 files and 5-10 s per launch.
 So an app is always submitted from a staged directory that holds only what the bundle carries:
 
-* :func:`stage_packages`: a ``pyproject.toml`` and the *installed* packages' files, read through
-  ``importlib.resources``, so the same works from a wheel, a non-editable install and a checkout;
+* :func:`stage_packages`: a ``pyproject.toml`` and the *installed* packages' files, found by the
+  import system (``importlib.util.find_spec``), so the same works from a wheel, a non-editable
+  install and a checkout, and no package's ``__init__`` runs (``fedge.aggregation``'s imports
+  torch, which the CLI would otherwise pay while Flower's processes start);
 * :func:`stage_directory`: an app directory on disk (``pyproject.toml`` and the files its
   ``fab-include`` patterns name), e.g. a benchmark's standalone Flower app.
 
@@ -15,7 +17,7 @@ same code, whatever version a device has installed.
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import shutil
 from collections.abc import Iterable
 from importlib.resources.abc import Traversable
@@ -42,11 +44,14 @@ def stage_packages(destination: Path, pyproject: str, packages: Iterable[str]) -
     _fresh(destination)
     (destination / "pyproject.toml").write_text(pyproject, encoding="utf-8")
     for package in packages:
-        try:
-            root = importlib.resources.files(package)
+        try:  # its files, found without running its __init__ (which may import torch)
+            spec = importlib.util.find_spec(package)
         except ModuleNotFoundError as err:
             raise AppStagingError(f"cannot stage {package}: {err}") from None
-        _copy_tree(root, destination.joinpath(*package.split(".")))
+        if spec is None or not spec.submodule_search_locations:
+            raise AppStagingError(f"cannot stage {package}: it is not an installed package")
+        for root in spec.submodule_search_locations:
+            _copy_tree(Path(root), destination.joinpath(*package.split(".")))
     return destination
 
 

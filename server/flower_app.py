@@ -25,7 +25,7 @@ from fedge.launcher.app_bundle import app_config, stage_app, stage_module, stage
 from fedge.launcher.environment import toml_value
 from fedge.protocol.plugins import plugin_modules
 from fedge.server.settings import OPTIONS
-from fedge.tasks.registry import task_module
+from fedge.tasks.task_spec import task_module
 
 __all__ = ["APP_PACKAGES", "app_pyproject", "fedge_version", "stage_fedge_app", "stage_run_app", "stage_user_app"]
 

@@ -33,13 +33,11 @@ from fedge.launcher.processes import ProcessGroup, free_port
 from fedge.launcher.sequence import FlowerLaunch, LaunchError
 from fedge.launcher.ray_start_hook import HOOK as RAY_HEAD_HOOK
 from fedge.server.flower_app import stage_run_app
+from fedge.server.preflight import passed_before
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
-from fedge.protocol.leaf import LEAF_SPOOL, LEAF_STOP, LEAF_TIMEOUT
 from fedge.protocol.leaf_devices import LeafDevices
 from fedge.server.settings import CLIENT_DEVICES, RunSettings
-from fedge.tasks import make_task
-from fedge.tasks.device import gpu_count
 from fedge.tasks.partition import CACHE_ENV, partition_indices
 
 __all__ = ["EngineError", "LaunchResult", "gpu_share", "launch", "leaves_refusal"]
@@ -80,6 +78,21 @@ RAY_LEAN_START = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_
 #: thread the clients had descheduled. One thread: the demo's rounds 2-30 took 12.5-13.6 s against
 #: 13.8-14.5 s, in three alternating pairs (bench/results/NOTEBOOK.md, 2026-11-29).
 SERVER_THREADS = "1"
+
+
+#: what a CUDA (or ROCm) driver puts on a machine: without any of them no process here can use a GPU
+GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
+def _gpus() -> int:
+    """The CUDA devices of this machine: torch's count where a GPU driver is installed, else 0
+    without importing torch (1.5-3 s, which a launcher on a CPU machine would pay before it starts
+    any process)."""
+    if not any(os.path.exists(path) for path in GPU_DRIVER_PATHS):
+        return 0
+    from fedge.tasks.device import gpu_count
+
+    return gpu_count()
 
 
 def _ray_cpus(parallel_clients: int = 0) -> int:
@@ -222,7 +235,7 @@ def launch(
         raise ValueError("ray_address applies to the simulation engine")
     if client_device not in CLIENT_DEVICES:
         raise ValueError(f"client_device must be one of {', '.join(CLIENT_DEVICES)}, got {client_device!r}")
-    gpus_here = gpu_count() if client_device != "cpu" else 0
+    gpus_here = _gpus() if client_device != "cpu" else 0
     if client_device == "cuda" and not gpus_here:
         raise EngineError("--client-device cuda, but this machine has no CUDA device; use auto or cpu")
     run_dir = Path(settings.run_dir).resolve()
@@ -276,6 +289,8 @@ def launch(
                                cwd=run_dir, meanwhile=None if leaves else meanwhile)
         federation_config: dict[str, Any] = {}
         if leaves:  # the root's nodes: one bridge per leaf
+            from fedge.protocol.leaf import LEAF_SPOOL, LEAF_TIMEOUT  # the spool's wire (torch): leaves only
+
             for i, (_, spool) in enumerate(tiers):
                 bridge_key = _registered(flower, security, num_supernodes + i)
                 flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, LEAF_SPOOL: str(spool),
@@ -307,8 +322,7 @@ def launch(
     except LaunchError as err:
         raise EngineError(str(err)) from None
     finally:
-        for _, spool in tiers:  # the root's run is over: each leaf stops serving, then everything
-            (spool / LEAF_STOP).touch()
+        _stop_leaves(tiers)  # the root's run is over: each leaf stops serving, then everything
         finished = (run_dir / "summary.json").exists()  # its results are on disk: what is left is teardown
         group.stop(grace=0.3 if finished else 10.0, finished=finished)
         if ray_temp is not None and (finished or _keep_ray_logs(ray_temp, run_dir / "logs" / "ray")):
@@ -352,6 +366,10 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
     from (``FEDGE_PARTITION_CACHE``, ``fedge.tasks.partition``): otherwise each Ray actor and each
     SuperNode imports flwr-datasets (~1.8 CPU-s) and draws the same split again. Only a speed-up: a
     task this process cannot build (a user's module found only in the app) is drawn by the nodes."""
+    if passed_before(settings, num_partitions):  # its preflight drew this split into the machine's cache
+        return  # where every node finds it (``partition_indices``); no torch here for the task
+    from fedge.tasks import make_task  # torch: the run's task
+
     try:
         task = make_task(settings.task)
         pool = task.train_pool()
@@ -359,6 +377,15 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
                           size=len(pool), cache_dir=directory)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the nodes draw it themselves and report what fails
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
+
+
+def _stop_leaves(tiers: list[tuple[ProcessGroup, Path]]) -> None:
+    """Tell each leaf its root's run is over (its spool's stop file)."""
+    if tiers:
+        from fedge.protocol.leaf import LEAF_STOP
+
+        for _, spool in tiers:
+            (spool / LEAF_STOP).touch()
 
 
 def _registered(flower: FlowerLaunch, security: LoopbackSecurity | None, index: int) -> Path | None:
@@ -428,6 +455,8 @@ def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Pat
     (``node-<partition>``) and issued its secure-aggregation identity, as in a one-tier TLS run.
     Simulated, the leaf's SuperLink runs them under Flower's Simulation Engine (its own Ray
     instance), each node mapped to its device's partition (``leaf-devices``)."""
+    from fedge.protocol.leaf import LEAF_STOP
+
     leaf_dir = run_dir / f"leaf-{index}"
     spool = leaf_dir / "spool"
     spool.mkdir(parents=True, exist_ok=True)

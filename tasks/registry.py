@@ -25,12 +25,12 @@ import sys
 from collections.abc import Callable
 from functools import lru_cache
 
-from fedge.compression.errors import SpecError
 from fedge.compression.spec import build_from_spec, parse_spec
 from fedge.tasks.base import Task
 from fedge.tasks.digits import DigitsTask
 from fedge.tasks.fashion_mnist import FashionMNISTTask
 from fedge.tasks.synthetic import SyntheticTask
+from fedge.tasks.task_spec import TaskNotFoundError, import_path_of, task_module
 
 __all__ = ["ENTRY_POINT_GROUP", "TaskNotFoundError", "available_tasks", "import_path_of", "make_task",
            "register_task", "task_module"]
@@ -46,10 +46,6 @@ _BUILTIN: dict[str, Callable[..., Task]] = {
 _REGISTERED: dict[str, Callable[..., Task]] = {}
 
 
-class TaskNotFoundError(SpecError):
-    """A task spec names nothing that can be built; the message says what was tried."""
-
-
 def register_task(name: str, factory: Callable[..., Task]) -> None:
     """Register ``factory`` under ``name`` in this process. Flower's ServerApp and ClientApp run in
     other processes: for a run, call it from a plugin module (the ``plugins`` setting, which every
@@ -63,28 +59,6 @@ def _plugins() -> dict[str, importlib.metadata.EntryPoint]:
 
 def available_tasks() -> list[str]:
     return sorted({*_BUILTIN, *_REGISTERED, *_plugins()})
-
-
-def import_path_of(spec: str) -> tuple[str, str, str] | None:
-    """``(module, attribute, parameters)`` if ``spec`` is an import path (``module:Attr[:k=v,...]``),
-    else ``None``. A built-in or plugin spec has ``key=value`` pairs after its only colon; an import
-    path has an attribute name there."""
-    head, colon, rest = spec.strip().partition(":")
-    if not colon:
-        return None
-    attribute, _, params = rest.partition(":")
-    if "=" in attribute or "," in attribute:
-        return None
-    if not attribute.isidentifier() or not all(part.isidentifier() for part in head.split(".")):
-        raise TaskNotFoundError(f"task {spec!r}: an import path is 'package.module:Class[:key=value,...]'")
-    return head, attribute, params
-
-
-def task_module(spec: str) -> str | None:
-    """The top-level module an import-path spec needs in every process (``None`` for other forms):
-    what ``fedge demo`` puts in the app bundle beside Fedge."""
-    path = import_path_of(spec)
-    return path[0].split(".")[0] if path else None
 
 
 def _import_factory(spec: str, module_name: str, attribute: str) -> Callable[..., Task]:

@@ -17,6 +17,9 @@ for key, value in {
     "RAY_USAGE_STATS_ENABLED": "0",
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
+    # every test's settings are checked as it runs them; the remembered checks have tests of their
+    # own (tests/server/test_preflight_memory.py), which turn them on
+    "FEDGE_PREFLIGHT_CACHE": "off",
 }.items():
     os.environ.setdefault(key, value)
 

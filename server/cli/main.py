@@ -223,8 +223,6 @@ def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSetting
     rule, every component built by the preflight): what the command would run. Raises
     ``SettingsError`` (or ``ValueError``, ``OSError``) with the reason. The docs' commands are run
     through it too (``tests/test_doc_commands.py``)."""
-    from fedge.tasks import make_task
-
     app_dir = Path(args.app).resolve() if getattr(args, "app", None) else None
     if app_dir is not None and str(app_dir) not in sys.path:  # its modules (task.py) import here as in Flower's
         sys.path.insert(0, str(app_dir))
@@ -234,6 +232,7 @@ def prepare_run(args: argparse.Namespace, engine: str, nodes: int) -> RunSetting
     settings = settings.replace(run_dir=str(Path(settings.run_dir).resolve()))
     if settings.init:  # the ServerApp runs elsewhere: pass an absolute path, checked here
         from fedge.deploy.model_file import load_model_file
+        from fedge.tasks import make_task
 
         init = Path(settings.init).resolve()
         if load_model_file(init).task != make_task(settings.task).spec:

@@ -19,13 +19,16 @@ import os
 import platform
 import sys
 import time
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedge.deploy.atomic import atomic_write_text
-from fedge.server.run.checkpoint import CheckpointStore
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.settings import RunSettings, SettingsError
+
+if TYPE_CHECKING:
+    from fedge.server.run.checkpoint import CheckpointStore
 
 __all__ = ["RunDirectory"]
 
@@ -41,12 +44,19 @@ class RunDirectory:
         self.path = Path(path).resolve()
         self.config_path = self.path / "config.json"
         self.metrics = MetricsLog(self.path / "metrics.jsonl")
-        self.checkpoints = CheckpointStore(self.path / "checkpoint")
         self.model_path = self.path / "model.pt"
         self.plot_path = self.path / "plot.png"
         self.summary_path = self.path / "summary.json"
         #: present while the operator wants the run to stop at the next step boundary
         self.stop_path = self.path / "stop-requested"
+
+    @cached_property
+    def checkpoints(self) -> CheckpointStore:
+        """The run's checkpoints (``checkpoint/``), loaded with torch: imported here, so a launcher
+        that prepares a fresh directory before any process starts imports no torch."""
+        from fedge.server.run.checkpoint import CheckpointStore
+
+        return CheckpointStore(self.path / "checkpoint")
 
     def _checked(self, settings: RunSettings) -> tuple[dict[str, Any], list[str]]:
         """``settings``'s run config and the keys it changes from the run recorded here (none without
@@ -101,7 +111,7 @@ class RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         self.summary_path.unlink(missing_ok=True)
         self.clear_stop()
-        checkpoint = self.checkpoints.load()
+        checkpoint = self.checkpoints.load() if (self.path / "checkpoint").exists() else None
         self.metrics.truncate_after(checkpoint.round if checkpoint else 0)
 
     def write_description(self, described: dict[str, Any]) -> None:
