@@ -5,8 +5,8 @@ on this machine, as whole processes.
 
 Phases of ``fedge demo`` (and with ``--local-cluster`` of ``fedge local-cluster``, the deployment
 engine: a SuperLink and a SuperNode per client), from its run directory (file times, and each metrics row's
-``wall_seconds`` from the engine's start): the partitions written (the CLI's imports, data and
-partitioning), the ServerApp started (``config.json``), the engine begun (``algorithm.json``: task,
+``wall_seconds`` from the engine's start): the SuperLink started (the CLI's imports and checks: its
+log file appears), the ServerApp started (``config.json``), the engine begun (``algorithm.json``: task,
 model and algorithm built), the first round done, the last round done, the summary written, and
 the command's exit. Phases of Flower's app, from its SuperLink's start and its ``flwr run``
 output stamped as each line arrives: the SuperLink up, the run submitted, the first
@@ -46,15 +46,21 @@ def fedge_demo(tmp: Path, name: str, clients: int, rounds: int, command: str = "
     run_dir = tmp / name
     began = time.time()
     nodes = ["--clients", str(clients)] if command == "demo" else ["--supernodes", str(clients)]
-    done = subprocess.run([FEDGE, command, *nodes, "--rounds", str(rounds), "--export-bundle", "",
-                           "--run-dir", str(run_dir)], capture_output=True, text=True, check=False)
+    superlink = run_dir / "logs" / "superlink.log"  # created as the CLI starts Flower's first process
+    with subprocess.Popen([FEDGE, command, *nodes, "--rounds", str(rounds), "--export-bundle", "",
+                           "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as done:
+        while done.poll() is None and not superlink.exists():
+            time.sleep(0.05)
+        started = time.time()
+        stdout, stderr = done.communicate()
     ended = time.time()
     if done.returncode != 0:
-        raise SystemExit(f"fedge {command} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(f"fedge {command} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     engine = (run_dir / "algorithm.json").stat().st_mtime
     return {"system": f"fedge {command}", "wall_s": ended - began, "phases": {
-        "partitions written": (run_dir / "partitions").stat().st_mtime - began,
+        "SuperLink started": started - began,
         "ServerApp started": (run_dir / "config.json").stat().st_mtime - began,
         "engine begun": engine - began,
         "first round done": engine + rows[0]["wall_seconds"] - began,
