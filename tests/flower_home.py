@@ -55,6 +55,26 @@ def stop_flower_home(home: Path, timeout: float = 30.0) -> None:
 SUPERLINK_LATE = "Failed to start local SuperLink within"
 
 
+#: Flower's own start of its local SuperLink (``flwr.cli.local_superlink``: the same command, home
+#: and log), with a deadline a loaded 2-core machine meets; ``flwr run`` then finds it up and uses
+#: it. Where that module does not exist (Flower 1.41) or the environment's Python has no Flower,
+#: nothing is started and ``flwr run`` starts its own, as before.
+_START_LOCAL_SUPERLINK = """
+try:
+    from flwr.cli import local_superlink as m
+except ImportError:
+    raise SystemExit(0)
+m.LOCAL_SUPERLINK_STARTUP_TIMEOUT = 180.0
+if not m._is_local_superlink_started():
+    m._start_local_superlink()
+"""
+
+
+def _start_local_superlink(cwd: Path, env: dict[str, str]) -> None:
+    subprocess.run(["python", "-c", _START_LOCAL_SUPERLINK], cwd=cwd, env=env, capture_output=True, text=True,
+                   timeout=240, check=False)  # a failure here leaves the start to ``flwr run``
+
+
 def run_flwr(args: list[str], cwd: Path, env: dict[str, str], home: Path, timeout: float,
              attempts: int = 3) -> subprocess.CompletedProcess[str]:
     """Run a ``flwr`` command on Flower's default local federation of ``home``.
@@ -64,6 +84,7 @@ def run_flwr(args: list[str], cwd: Path, env: dict[str, str], home: Path, timeou
     load, not the code under test. Any other outcome, success or failure, is returned as it came,
     with its processes left to the caller's ``stop_flower_home``."""
     for attempt in range(1, attempts + 1):
+        _start_local_superlink(cwd, env)
         done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode == 0 or SUPERLINK_LATE not in done.stdout + done.stderr or attempt == attempts:
             return done
