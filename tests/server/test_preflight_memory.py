@@ -53,11 +53,9 @@ def test_a_change_to_fedges_code_or_a_library_is_another_key(remembering: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     settings = RunSettings()
     pf.preflight(settings, num_partitions=4)
-    monkeypatch.setattr(pf, "_code_digest", lambda: "edited")
-    assert not pf.passed_before(settings, 4)
-    monkeypatch.undo()
-    monkeypatch.setenv("FEDGE_CACHE_DIR", str(remembering.parent))
-    monkeypatch.setenv("FEDGE_PREFLIGHT_CACHE", "on")
+    with monkeypatch.context() as edited:
+        edited.setattr(pf, "_code_digest", lambda: "edited")
+        assert not pf.passed_before(settings, 4)
     assert pf.passed_before(settings, 4)
     versions = pf._versions()
     monkeypatch.setattr(pf, "_versions", lambda: {**versions, "torch": "9.9.9"})
