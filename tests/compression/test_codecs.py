@@ -233,6 +233,9 @@ def test_dgc_dense_warm_up_keeps_its_ratio_for_the_warm_up_rounds() -> None:
     assert make_codec(flat.spec) == flat and "dense=0.1" in flat.spec and "dense" not in paper.spec
     x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     wire = flat.for_round(2, 0)
-    assert int((wire.decode(wire.encode(x), 1000) != 0).sum()) == wire.max_kept(1000) > 90  # ceil(0.1 n), as float32
+    # the sampled threshold falls short of ceil(0.1 n) on about 1% of probes (6 of 500 seeds here), so the
+    # probe is seeded: drawn from the global generator, the count depended on which tests ran first
+    kept = wire.decode(wire.encode(x, torch.Generator().manual_seed(0)), 1000)
+    assert int((kept != 0).sum()) == wire.max_kept(1000) > 90  # ceil(0.1 n), as float32
     with pytest.raises(SpecError):
         make_codec("dgc:dense=1.5")

@@ -83,8 +83,10 @@ def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path
     and 3; a node trained on Flower's own numbering would train partition 0 and 1 of 2 instead)."""
     common = dict(rounds=2, local_epochs=1, codec="none", weight_cap="none", partitioning="iid", seed=3)
     # a leaf's step starts a Ray instance and its simulated devices: under the whole suite on 2 cores
-    # that took more than 0.8 x 120 s once (the root then counted no leaf), so the bounds are generous
-    settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=60.0,
+    # that took more than 0.8 x 120 s once (the root then counted no leaf), and a leaf's node took more
+    # than 60 s to reach the root once (round 1 then ran on one leaf), so the bounds are generous; the
+    # root stops waiting as soon as both leaves are there
+    settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=240.0,
                            round_timeout=200.0)
     result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=560)
     assert [r["clients_used"] for r in result.rows] == [2, 2] and not any(r["rejected"] for r in result.rows)
