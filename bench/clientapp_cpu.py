@@ -425,8 +425,9 @@ def main() -> int:
                         for i, (step, (rss, anon, file, peak)) in enumerate(ladder)))
         verdict += (f"\n\nAlone with torch's libraries, as on a device (whose supervisor and SuperNode import no "
                     f"torch), the warm process holds {ladder[-1][1][0]:.0f} MiB RSS once warm and "
-                    f"{ladder[-1][1][3]:.0f} MiB at its peak. In the run above the ServerApp maps the same pages of "
-                    "torch, and a page another process maps is not released, so the warm process keeps them there.")
+                    f"{ladder[-1][1][3]:.0f} MiB at its peak. The run's figure above is its peak over the whole run; "
+                    "there the ServerApp maps the same pages of torch, which the warm process drops from its own "
+                    "page tables (``MADV_DONTNEED``) where ``MADV_PAGEOUT`` cannot release them.")
     print(header + "\n\n" + table + verdict)
     out = Path(args.out or ROOT / "bench" / "results" / "clientapp-cpu")
     out.parent.mkdir(parents=True, exist_ok=True)

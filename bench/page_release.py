@@ -7,9 +7,12 @@ cost is reading a page back from storage (a major fault) when nothing else kept 
 the warm process's warm-up (``FEDGE_KERNELS=off``, as on a device) in a fresh interpreter with
 release on and off, alternating, and forks ``--children`` children one after the other, each doing
 the same small torch training job; it prints the parent's resident memory and each child's CPU,
-peak RSS and page faults (``wait4``).
+peak RSS and page faults (``wait4``). With ``--beside`` another interpreter that has imported the
+same libraries (as a local cluster's ServerApp has) runs alongside the whole time: the pages it maps
+are the ones ``MADV_PAGEOUT`` cannot release, and ``MADV_DONTNEED`` drops from the warm process.
 
     .venv/bin/python bench/page_release.py --pairs 2 --children 6
+    .venv/bin/python bench/page_release.py --pairs 2 --children 6 --beside
 """
 
 from __future__ import annotations
@@ -58,13 +61,43 @@ def run(release: bool, children: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: the neighbour of ``--beside``: the warm process's imports, their pages resident, then it waits
+_NEIGHBOUR = """
+import sys
+from fedge.edge_client.warm_executor import PRELOAD
+import importlib
+for name in PRELOAD:
+    importlib.import_module(name)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--children", type=int, default=6)
+    parser.add_argument("--beside", action="store_true",
+                        help="run another interpreter with the same imports alongside (as a ServerApp)")
     args = parser.parse_args()
+    neighbour = None
+    if args.beside:
+        neighbour = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        if neighbour.stdout is None or neighbour.stdout.readline().strip() != "ready":
+            raise SystemExit("the neighbour process did not start")
+    try:
+        return _pairs(args)
+    finally:
+        if neighbour is not None:
+            neighbour.communicate(timeout=60)
+
+
+def _pairs(args: argparse.Namespace) -> int:
     print(f"Measured {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} logical CPUs; "
-          f"`.venv/bin/python bench/page_release.py --pairs {args.pairs} --children {args.children}`\n")
+          f"`.venv/bin/python bench/page_release.py --pairs {args.pairs} --children {args.children}"
+          f"{' --beside' if args.beside else ''}`"
+          f"{'; beside an interpreter with the same imports' if args.beside else ''}\n")
     print("| release | parent RSS (anonymous + file), MiB | parent peak | first child: CPU-s, major faults "
           "| later children: median CPU-s, major faults | children's peak RSS |")
     print("|---|---|---|---|---|---|")
