@@ -85,8 +85,8 @@ LEAF_SPOOL = "leaf-spool"
 #: launcher gives 0.8 x the root's round timeout, so a leaf that never answers does not hold the
 #: root's round; one whose heartbeat stops is given up sooner)
 LEAF_TIMEOUT = "leaf-timeout"
-#: the file a serving leaf touches every :data:`HEARTBEAT_EVERY` seconds, from a thread of its own
-#: (so a long step does not silence it): a bridge that saw it fresh during its wait and then sees it
+#: the file a serving leaf touches every :data:`HEARTBEAT_EVERY` seconds, from a process of its own
+#: (so a long step, or an interpreter held by a native call, does not silence it): a bridge that saw it fresh during its wait and then sees it
 #: go :data:`DOWN_AFTER` seconds without a beat answers at once that its leaf is down, instead of
 #: holding the root's round for the whole ``leaf-timeout``
 HEARTBEAT = "leaf-alive"

@@ -14,7 +14,9 @@ engine unchanged: FedAvg over leaves weighted by their examples is FedAvg over a
 from __future__ import annotations
 
 import logging
-import threading
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,31 +46,46 @@ __all__ = ["LeafCoordinator", "LeafError", "heartbeat"]
 log = logging.getLogger(__name__)
 
 
+#: the beating process: touches the file every ``every`` seconds for as long as the process that
+#: started it lives (its parent changes when that one dies), then exits; nothing but the standard
+#: library, and no site or user path (``-I -S``)
+_BEAT = """
+import os, sys, time
+path, every, parent = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+while os.getppid() == parent:
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        open(path, "a").close()
+    except OSError:
+        pass
+    time.sleep(every)
+"""
+
+
 @contextmanager
 def heartbeat(path: Path, every: float) -> Iterator[None]:
-    """Touch ``path`` every ``every`` seconds from a thread of its own while the block runs: the
-    leaf's bridge reads it to tell a leaf that is stepping from one that is down. Left in place at
-    the end, so it goes stale when the leaf stops, as when it dies."""
-    done = threading.Event()
-
-    def touch() -> None:
-        try:
-            path.touch()
-        except OSError as err:  # a full disk must not stop the leaf; its bridge may then give up early
-            log.warning("leaf heartbeat %s: %s", path, err)
-
-    def beat() -> None:
-        while not done.wait(every):
-            touch()
-
-    touch()  # the first beat before the block runs
-    thread = threading.Thread(target=beat, name="leaf-heartbeat", daemon=True)
-    thread.start()
+    """Touch ``path`` every ``every`` seconds while the block runs, from a small process of its own:
+    the leaf's bridge reads it to tell a leaf that is stepping from one that is down. A process, not
+    a thread: a thread of the leaf's process waits for its interpreter, and a simulated leaf's
+    process, loaded on 2 cores while its Ray instance started, once let its heartbeat thread go 10 s
+    without running (its bridge gave it up as down in the middle of its step). The beater stops when
+    the block ends or the leaf's process dies; the file is left in place, so it goes stale."""
+    try:
+        path.touch()  # the first beat before the block runs
+    except OSError as err:  # a full disk must not stop the leaf; its bridge may then give up early
+        log.warning("leaf heartbeat %s: %s", path, err)
+    beater = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BEAT, str(path), repr(float(every)),
+                               str(os.getpid())], stdin=subprocess.DEVNULL)
     try:
         yield
     finally:
-        done.set()
-        thread.join()
+        beater.terminate()
+        try:
+            beater.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            beater.kill()
+            beater.wait()
 
 
 class LeafError(ValueError):

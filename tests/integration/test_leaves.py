@@ -89,7 +89,8 @@ def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path
     settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=240.0,
                            round_timeout=200.0)
     result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=560)
-    assert [r["clients_used"] for r in result.rows] == [2, 2] and not any(r["rejected"] for r in result.rows)
+    used = [r["clients_used"] for r in result.rows]
+    assert used == [2, 2] and not any(r["rejected"] for r in result.rows), _why(result.run_dir, result.rows)
     flat = build_engine({**common, "clients_per_round": 4, "round_timeout": 5.0, "wait_for_nodes": 1.0,
                          "run_dir": str(tmp_path / "flat")})
     start = initial_params(make_task("digits"), 3)
@@ -103,3 +104,14 @@ def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path
         assert not list((result.run_dir / leaf / "logs").glob("supernode*")), "a simulated leaf starts no SuperNode"
         assert_no_leftovers(result.run_dir / leaf / "flwr-home")
     assert_no_leftovers(result.run_dir / "flwr-home")
+
+
+def _why(run_dir, rows: list[dict]) -> str:
+    """What a failed tree run left to read: the root's rows (what each leaf's bridge answered) and the
+    end of every leaf's logs (a leaf's Ray head or SuperLink that did not start says so there)."""
+    tails = []
+    for log in sorted(run_dir.glob("leaf-*/logs/*.log")):
+        text = log.read_text(errors="replace")
+        tails.append(f"--- {log.relative_to(run_dir)}:\n{text[-1500:]}")
+    return json.dumps([{k: r.get(k) for k in ("round", "clients_used", "rejected")} for r in rows]) + "\n" + \
+        "\n".join(tails)

@@ -191,7 +191,7 @@ def test_a_round_is_answered_by_one_leaf_step_whoever_restarts(tmp_path) -> None
 
 
 def test_a_bridge_answers_at_once_when_its_leaf_goes_down_and_waits_for_one_that_is_starting(tmp_path) -> None:
-    """The leaf's heartbeat (``server.leaf.heartbeat``, touched from a thread of its own while it
+    """The leaf's heartbeat (``server.leaf.heartbeat``, touched from a process of its own while it
     serves) tells its bridge a busy leaf from a dead one: a heartbeat seen fresh during the wait and
     then silent for ``down_after`` seconds ends the wait at once (the request withdrawn), not after
     the whole ``leaf-timeout``; a heartbeat old from before the wait (a leaf that is starting again)
@@ -231,6 +231,59 @@ def test_a_bridge_answers_at_once_when_its_leaf_goes_down_and_waits_for_one_that
     last = beating.stat().st_mtime
     time.sleep(0.2)
     assert beating.stat().st_mtime == last  # and not after: it goes stale, as when the leaf dies
+
+
+# A leaf's process that holds its interpreter in one long C call (as an import or a native library
+# can), then is SIGKILLed in the middle of it.
+_HOLDING_LEAF = """
+import sys
+from pathlib import Path
+from fedge.server.leaf import heartbeat
+with heartbeat(Path(sys.argv[1]), every=0.05):
+    print("holding", flush=True)
+    sum(range(10**10))  # one C call: no thread of this process runs until it returns
+"""
+
+
+def test_the_heartbeat_beats_while_the_leaf_holds_its_interpreter_and_stops_when_the_leaf_dies(tmp_path) -> None:
+    """Under load a simulated leaf's heartbeat thread once went 10 s without running, and its bridge
+    gave it up as down mid-step: the beat now comes from a process of its own, which beats however
+    busy the leaf's interpreter is, and stops once the leaf's process is gone."""
+    import signal
+    import subprocess
+    import sys
+
+    beat = tmp_path / HEARTBEAT
+    leaf = subprocess.Popen([sys.executable, "-c", _HOLDING_LEAF, str(beat)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert leaf.stdout is not None and leaf.stdout.readline().strip() == "holding"
+        seen = set()
+        deadline = time.monotonic() + 30  # a loaded machine may start the beater late; it still beats
+        while len(seen) < 3 and time.monotonic() < deadline:
+            seen.add(beat.stat().st_mtime_ns)
+            time.sleep(0.05)
+        assert len(seen) >= 3 and leaf.poll() is None, "no beats while the leaf held its interpreter"
+    finally:
+        leaf.send_signal(signal.SIGKILL)
+        leaf.wait()
+    deadline = time.monotonic() + 30
+    last, quiet_since = beat.stat().st_mtime_ns, time.monotonic()
+    while time.monotonic() - quiet_since < 1.0 and time.monotonic() < deadline:  # 1 s = 20 beats' time
+        time.sleep(0.05)
+        now = beat.stat().st_mtime_ns
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+    assert time.monotonic() - quiet_since >= 1.0, "the heartbeat went on after the leaf died"
+    left = [p for p in os.listdir("/proc") if p.isdigit() and str(beat).encode() in _cmdline(p)]
+    assert not left, f"beater processes {left} outlived their leaf"
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 @pytest.mark.parametrize("data, error", [
