@@ -86,9 +86,9 @@ LEAF_SPOOL = "leaf-spool"
 #: root's round; one whose heartbeat stops is given up sooner)
 LEAF_TIMEOUT = "leaf-timeout"
 #: the file a serving leaf touches every :data:`HEARTBEAT_EVERY` seconds, from a process of its own
-#: (so a long step, or an interpreter held by a native call, does not silence it): a bridge that saw it fresh during its wait and then sees it
-#: go :data:`DOWN_AFTER` seconds without a beat answers at once that its leaf is down, instead of
-#: holding the root's round for the whole ``leaf-timeout``
+#: (so a long step, or an interpreter held by a native call, does not silence it): a bridge that saw
+#: it fresh during its wait and then sees it go :data:`DOWN_AFTER` seconds without a beat answers at
+#: once that its leaf is down, instead of holding the root's round for the whole ``leaf-timeout``
 HEARTBEAT = "leaf-alive"
 HEARTBEAT_EVERY = 1.0
 DOWN_AFTER = 10.0

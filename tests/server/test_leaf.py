@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -249,10 +252,6 @@ def test_the_heartbeat_beats_while_the_leaf_holds_its_interpreter_and_stops_when
     """Under load a simulated leaf's heartbeat thread once went 10 s without running, and its bridge
     gave it up as down mid-step: the beat now comes from a process of its own, which beats however
     busy the leaf's interpreter is, and stops once the leaf's process is gone."""
-    import signal
-    import subprocess
-    import sys
-
     beat = tmp_path / HEARTBEAT
     leaf = subprocess.Popen([sys.executable, "-c", _HOLDING_LEAF, str(beat)], stdout=subprocess.PIPE, text=True)
     try:
