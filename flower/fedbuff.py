@@ -1,45 +1,14 @@
-"""``FedBuff`` and ``FedAsync`` for a user's own ServerApp: asynchronous aggregation against a Grid.
+"""``FedBuff`` and ``FedAsync`` for a user's own ServerApp: asynchronous aggregation against a Grid
+(docs/flower.md, "Asynchronous": the parameters, the metrics, the figures).
 
-Flower's strategies run in rounds: a round waits for its slowest sampled client. These run
-asynchronously, as Fedge's engine does (``algorithm = "fedbuff"``, ``"fedasync"``): ``concurrency``
-nodes train at all times, each from the model version current when its message left; every reply
-is turned into an update (the Fedge payload ``compression_mod`` sends, decoded with the codec of the
-version its message named, or, from a client without the mod, its arrays minus the model it was
-sent), weighted by its example count and the staleness rule s(τ) of ``fedge.aggregation.staleness``
-(τ = versions published since its message left; staler than ``max_staleness``: dropped and
-counted), and added to the buffer: the engine's aggregation rule (``aggregator``, default the
-streaming mean, O(model) memory; a robust rule of ``fedge.aggregation.robust`` holds its updates).
-After ``buffer`` updates the buffer's weighted mean moves the model by ``server_lr`` and a new
-version is published; the node that replied gets the new model at once. Messages and replies go
-through the engine's dispatcher (``fedge.protocol.dispatcher``) and door (``fedge.protocol.door``),
-so timeouts, errors and a device's typed refusals are counted the same way.
-``FedAsync`` is ``buffer=1`` with a mixing rate: x ← (1 − α_t)·x + α_t·(x_v + Δ), α_t = α·s(τ), the
-client's model rebuilt from the version v it started from (Xie et al. 2019), as in the engine. The
-schedule (which nodes are busy, when a freed slot is refilled) is the engine's own
-(``fedge.protocol.async_loop``), and so is what a reply does to a version and how a version's
-staleness is counted (``fedge.aggregation.staleness``). A message sent at version v names round
-v + 1, the version it helps build, as the engine's messages do: a device encodes the same payload
-for either coordinator (``tests/flower/test_one_coordinator.py``).
-
-With ``downlink="lattice:..."`` (and optionally ``start=``, as for :func:`fedge.flower.compressed`)
-each message carries the lattice change that brings its node's copy to the current version, a
-catch-up over the versions it missed while it trained, or a snapshot (the engine's downlink layer,
-``fedge.protocol.downlink_layer``); updates are then deltas from that public copy, and the exact
-model moves by them. A reply settles its own node's copy as it arrives, while the other nodes are
-still training.
-
-    strategy = FedBuff(concurrency=16, buffer=8, uplink="qsgd:bits=4", downlink="lattice:ratio=0.05")
-    result = strategy.start(grid, initial_arrays=arrays, num_versions=60, evaluate_fn=global_evaluate)
-
-``layers`` are the engine's layers (``fedge.protocol.layer``), called as its asynchronous loop calls
-them: ``select`` for each dispatch, ``outgoing``, ``arrived`` and ``update`` per reply, ``missed``,
-and ``close`` per version (its ``extra`` joins the version's train metrics); a layer that works on
-a whole round's aggregate (its ``release`` hook: secure aggregation, DP) is refused.
-
-``start`` returns Flower's own :class:`Result` (indexed by version) and logs each version as
-Flower's strategies log a round. A node that does not answer within ``reply_timeout`` seconds is
-counted and replaced; one that answers with an error or a payload that does not decode is refused
-with its reason, never mis-aggregated. Nothing here imports Fedge's coordinator.
+Flower's strategies run in rounds, each waiting for its slowest client; these keep ``concurrency``
+nodes training and publish a version every ``buffer`` updates, as Fedge's engine does. Only the
+driving is written here: the schedule is the engine's (``fedge.protocol.async_loop``), so are the
+staleness rule and FedAsync's mix (``fedge.aggregation.staleness``), the buffer's aggregation rule
+(``fedge.aggregation.robust``), the downlink layer and the door (``fedge.protocol``). A message sent
+at version v names round v + 1, as the engine's do, so a device encodes the same payload for either
+coordinator (``tests/flower/test_one_coordinator.py``). ``layers`` run as the engine's asynchronous
+loop runs them; one that releases a whole round's aggregate (secure aggregation, DP) is refused.
 """
 
 from __future__ import annotations
@@ -61,7 +30,7 @@ from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
 from fedge.flower.layered import with_extra
-from fedge.flower.messages import REFUSED, reply_through_layers, uplink_codec, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, reply_through_layers, typed_counts, uplink_codec, with_raw, write_uplink
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
 from fedge.protocol.downlink_layer import DownlinkLayer
@@ -206,7 +175,8 @@ class FedBuff:
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             layers.close(buffer.step, outcome, buffer.accounting)
-            result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer), outcome.extra)
+            result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
+                                                                 {**outcome.extra, **typed_counts(buffer.accounting)})
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:

@@ -1,47 +1,15 @@
 """``layered(strategy, *layers)`` and ``compressed(strategy, uplink=..., downlink=...)``: Fedge's
-engine layers, its uplink codecs and its downlink around any Message-API strategy.
+layers, uplink codecs and downlink around any Message-API strategy (docs/flower.md: what each does
+and what a round's metrics gain).
 
-A layer (:class:`fedge.protocol.layer.Layer`) is written once, against one step's types
-(``fedge.protocol.step``). Fedge's engine calls its hooks around every algorithm's step; this
-wrapper calls the same hooks through the same composition (:class:`~fedge.protocol.layer.LayerStack`)
-around a Flower strategy's train round, so one layer class works in both coordinators:
-
-- ``start`` once, from the first round's model;
-- ``select``: a layer that chooses the round's nodes re-addresses the strategy's message to them; a
-  round it forbids (``RunComplete``: a spent budget) sends nothing;
-- ``open``, the step's exchange over the user's grid, then ``outgoing`` on each train message (each
-  with its own ``config`` record);
-- per reply, the engine's door: ``missed`` for an error reply or a node that did not answer,
-  ``arrived`` (a layer may take a reply whole; the reply is timed by its own ``created_at`` against
-  its message's, since a strategy sees replies only after the round's barrier), the update (decoded
-  with the uplink codec, or the reply's model minus the one sent), then ``update`` with its weight
-  (the strategy's ``weighted_by_key``); the strategy aggregates the models those updates make;
-- ``release`` on the round's :class:`~fedge.aggregation.partial.Partial`: when a
-  layer releases another one (an unmasked or noised sum), the strategy aggregates one reply, the
-  sent model plus that mean (``fedge.flower.secure`` is this wrapper with the engine's
-  secure-aggregation layer, ``fedge.protocol.secure_layer``);
-- ``close``: what a layer adds to the outcome's ``extra`` becomes the round's train metrics
-  (numbers as they are, one level of dicts as ``name.key``).
-
-``compressed()`` is this wrapper with an uplink codec and the downlink layer Fedge's engine runs
-(``fedge.protocol.downlink_layer``): every train message names the codec, the model's layout digest,
-the round and the seed (``compression_mod`` on the ClientApp encodes with them, keeping error
-feedback in the node's ``Context``); each reply's payload is decoded into the update and the
-strategy aggregates the models as ever, so ``FedAvg``, ``FedAdam``, ``FedMedian``, ``Krum``, ...
-aggregate exactly what they would from uncompressed clients whose models differ by the compression
-error. With ``downlink="lattice:..."`` the model goes out as a versioned lattice change; the nodes'
-updates (from the copy they hold) move the strategy's exact model. A ``tcs`` uplink needs that
-downlink: each reply decodes on the coordinates its node's change moved. A reply without a payload
-(no ``compression_mod``) or whose payload does not decode is refused with its reason, never
-mis-decoded. Train metrics gain ``fedge-uplink-bytes``, ``fedge-downlink-bytes`` (records as Flower
-serializes them) and ``fedge-refused``; any round of ``layered()`` counts its failures by kind
-(``fedge-failed.timeout``, ``fedge-failed.invalid``, ...: ``fedge.protocol.failures``), and the
-replies its devices declined by their owners' policy (``fedge-declined.not-eligible``, ...).
-
-The wrappers merge: ``compressed(layered(s, *layers))`` and ``layered(compressed(s), *layers)`` are
-one round with every layer. Not called here: ``delivered`` and the layers' ``state_dict`` (a Flower
-app's ServerApp keeps its own model and has no checkpoint of Fedge's). Nothing here imports Fedge's
-coordinator.
+A wrapper, not a second coordinator: a layer (:class:`fedge.protocol.layer.Layer`) is written once,
+and this drives the engine's :class:`~fedge.protocol.layer.LayerStack` and door
+(``fedge.protocol.door``) around the strategy's train round. ``select`` re-addresses its messages,
+``open`` and ``outgoing`` act on them, each reply passes the door and the layers before the
+strategy sees the model it makes, ``release`` may put another sum in place of the clear one (the
+strategy then steps from its mean), ``close`` adds to the round's metrics. Not called:
+``delivered`` and ``state_dict`` (a Flower app keeps its own model and has no Fedge checkpoint).
+The wrappers merge: ``compressed(layered(s, *layers))`` is one round with every layer.
 """
 
 from __future__ import annotations
@@ -61,8 +29,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, reply_through_layers, uplink_codec, \
-    with_raw, write_uplink
+from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, reply_through_layers, typed_counts, \
+    uplink_codec, with_raw, write_uplink
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
@@ -102,9 +70,9 @@ class LayeredStrategy(Wrapper):
                  streaming: bool = False) -> None:
         layers = list(layers)
         if getattr(strategy, "masks_updates", False):
-            raise ValueError("layered(...) and compressed(...) act on the updates the replies carry, which "
-                             "secure(...) masks: wrap them inside it, secure(compressed(strategy, uplink=\"none\", "
-                             "downlink=...)) or secure(layered(strategy, *layers))")
+            raise ValueError("layered(...) and compressed(...) around secure(...) would decode masked uploads: wrap "
+                             "them inside it, secure(compressed(strategy, uplink=\"none\", downlink=...)) or "
+                             "secure(layered(strategy, *layers))")
         if isinstance(strategy, LayeredStrategy):  # one round with every layer
             if uplink is not None and strategy.uplink is not None:
                 raise ValueError("the strategy is compressed(...) already: it has an uplink codec")
@@ -232,21 +200,12 @@ class LayeredStrategy(Wrapper):
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
-        metrics = with_extra(metrics, outcome.extra)
-        if state.tally.failures or state.tally.declined:  # typed, as the engine's rows and /metrics count them
-            metrics = MetricRecord(dict(metrics or {}))
-            for kind, count in sorted(state.tally.failures.items()):
-                metrics[f"fedge-failed.{kind}"] = count
-            for kind, count in sorted(state.tally.declined.items()):  # the device's policy: not a failure
-                metrics[f"fedge-declined.{kind}"] = count
-        if self.uplink is not None or self.downlink is not None:
-            metrics = MetricRecord(dict(metrics or {}))
-            if self.uplink is not None:
-                metrics["fedge-uplink-bytes"] = uplink
-                metrics["fedge-refused"] = len(self.refused) - refused_before
-            if self.downlink is not None:
-                metrics["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
-        return arrays, self._metrics(state, metrics)
+        fedge: dict[str, object] = {**typed_counts(state.tally)}
+        if self.uplink is not None:
+            fedge.update({"fedge-uplink-bytes": uplink, "fedge-refused": len(self.refused) - refused_before})
+        if self.downlink is not None:
+            fedge["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
+        return arrays, self._metrics(state, with_extra(metrics, {**outcome.extra, **fedge}))
 
     def _streamed(self, state: _Round, released: Partial, kept: list[Message],
                   key: str) -> tuple[ArrayRecord, MetricRecord | None]:
@@ -349,14 +308,14 @@ class LayeredStrategy(Wrapper):
 
 
 class CompressedStrategy(LayeredStrategy):
-    """``strategy`` with Fedge-compressed uplink updates and a downlink (see the module docstring)."""
+    """``strategy`` whose clients (:func:`fedge.flower.compression_mod`) send updates encoded with the
+    codec ``uplink`` names, and whose model goes out as ``downlink`` says (``lattice[:ratio=...]``: a
+    versioned lattice change). ``streaming=True`` (FedAvg's weighted mean only) decodes each reply
+    straight into one sum; ``start="pkg.task:Net@0"`` names how the nodes build the start model, which
+    the lattice then never sends (``fedge.protocol.start_model``)."""
 
     def __init__(self, strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0, downlink: str = "none",
                  streaming: bool = False, start: str | None = None) -> None:
-        if getattr(strategy, "masks_updates", False):
-            raise ValueError("compressed(secure(...)) would decode masked uploads: secure aggregation is the uplink; "
-                             "wrap the other way, secure(compressed(strategy, uplink=\"none\", downlink=...)), to "
-                             "keep the lattice downlink")
         super().__init__(strategy, [DownlinkLayer.for_app(downlink, start=start)], uplink=uplink, seed=seed,
                          streaming=streaming)
 
@@ -396,13 +355,5 @@ def layered(strategy: Strategy, *layers: Layer) -> LayeredStrategy:
     return LayeredStrategy(strategy, layers)
 
 
-def compressed(strategy: Strategy, uplink: str = "qsgd:bits=4", seed: int = 0,
-               downlink: str = "none", streaming: bool = False, start: str | None = None) -> CompressedStrategy:
-    """Wrap ``strategy`` so clients with :func:`fedge.flower.compression_mod` send compressed updates
-    (``uplink``, a Fedge codec spec) and, with ``downlink="lattice[:ratio=...]"``, receive the model as
-    a versioned lattice change instead of fp32 arrays. ``streaming=True`` (a plain weighted mean such
-    as FedAvg or FedProx only) decodes each reply straight into one sum. ``start="pkg.task:Net@0"``
-    names the constructor and seed of ``initial_arrays``, so nodes build the start model themselves
-    and the lattice downlink never sends it (``fedge.protocol.start_model``)."""
-    return CompressedStrategy(strategy, uplink=uplink, seed=seed, downlink=downlink, streaming=streaming,
-                              start=start)
+#: ``compressed(strategy, uplink="qsgd:bits=4", seed=0, downlink="none", streaming=False, start=None)``
+compressed = CompressedStrategy

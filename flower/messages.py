@@ -25,9 +25,10 @@ from fedge.protocol.layer import LayerStack
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, Update
+from fedge.protocol.tally import Tally
 
 __all__ = ["REFUSED", "Wrapper", "grid_exchange", "own_config", "parsed", "reply_through_layers",
-           "reply_update", "reply_weight", "uplink_codec", "with_raw", "write_uplink"]
+           "reply_update", "reply_weight", "typed_counts", "uplink_codec", "with_raw", "write_uplink"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -160,6 +161,13 @@ def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply
 
     update = layers.through(step, reply, payload, metrics, decode)
     return (None, None) if update is None else (update, decoded[0])
+
+
+def typed_counts(tally: Tally) -> dict[str, dict[str, int]]:
+    """A step's failures by kind (``fedge-failed.timeout``, ...) and its devices' policy declines
+    (``fedge-declined.not-eligible``, not failures), as the engine's rows and ``/metrics`` count
+    them, for a driver's train metrics (``with_extra`` flattens them)."""
+    return {"fedge-failed": dict(tally.failures), "fedge-declined": dict(tally.declined)}
 
 
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:

@@ -1,30 +1,13 @@
-"""``secure(strategy, secure_aggregation="secagg:...")``: a user's strategy that sees only the sum.
+"""``secure(strategy, secure_aggregation="secagg:...")``: a user's strategy that sees only the sum
+(docs/flower.md, "Secure aggregation"; SECURITY.md for what the coordinator learns).
 
-The wrapper runs Fedge's secure aggregation (``fedge.protocol.secure_round``: pairwise masks over a
-neighbourhood graph, Shamir shares of the mask seeds and keys, signed advertisements, exact sums
-when devices drop out) around the wrapped strategy's round, from a user's own ServerApp against its
-``Grid``; :func:`fedge.edge_client.secure_mod` is the device's side. It is
-:func:`fedge.flower.layered` with the layer Fedge's engine runs (``fedge.protocol.secure_layer``)
-and, under distributed DP, the engine's distributed-DP layer: one secure coordinator.
-Around ``configure_train`` it advertises keys and routes the sealed shares among the nodes the
-strategy sampled (two exchanges on the grid), and only the nodes that dealt their shares train; each
-masked reply is checked against the plan (its size, and that it says nothing in clear about its
-data); at ``aggregate_train`` the survivors reveal what unmasks their sum, and the wrapped strategy
-aggregates one reply: the current model plus the survivors' weighted mean update. So FedAvg,
-FedProx, FedAvgM and the server optimizers (FedAdam, FedYogi, FedAdagrad) step from the mean as they
-always do; a strategy that needs each update (FedMedian, Krum, trimmed mean, Bulyan, ...) is refused
-when it is wrapped, as Fedge's own runs refuse robust aggregators with secure aggregation.
-
-The stage messages are ``train`` messages carrying the ``secagg`` record, the convention of
-Flower's own SecAgg+ (``secaggplus_mod``): the user's ClientApp needs no handler of its own for
-them; the mod answers them and calls the user's ``@app.train()`` body only for the masked round.
-What the coordinator learns: the sum over the survivors and which nodes took part at each stage;
-With ``differential_privacy="gaussian:noise=z,clip=C,delta=...,budget=..."`` that sum carries the
-devices' noise: distributed DP, the layer Fedge's engine runs (``fedge.protocol.distributed_dp_layer``),
-sampling each connected node with probability q = the strategy's ``fraction_train`` (Poisson, from
-the OS CSPRNG, what the accountant's amplification assumes; the strategy's own fixed-size sampler is
-not used); its ledger fields (``dp_epsilon``, ``dp_epsilon_coordinator``, ...) join the round's
-train metrics.
+It is :func:`fedge.flower.layered` with the engine's secure-aggregation layer
+(``fedge.protocol.secure_layer``) and, under distributed DP, its distributed-DP layer
+(``fedge.protocol.distributed_dp_layer``): one secure coordinator, whose stages reach the devices as
+``train`` messages carrying the ``secagg`` record (Flower's SecAgg+ convention, so the user's
+ClientApp needs only :func:`fedge.edge_client.secure_mod`). The wrapped strategy aggregates one
+reply, the current model plus the survivors' weighted mean update, so only strategies that step
+from a mean (FedAvg, FedProx, FedAvgM, the server optimizers) are accepted, with the reason when not.
 """
 
 from __future__ import annotations
@@ -71,7 +54,10 @@ def refuse_reason(strategy: Strategy, layers: Iterable[Layer] = (), uplink: str 
 
 
 class SecureStrategy(LayeredStrategy):
-    """``strategy`` over securely aggregated updates (see the module docstring)."""
+    """``strategy`` over securely aggregated updates (the ClientApp needs
+    :func:`fedge.edge_client.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md, ``secure-aggregation``);
+    ``differential_privacy="gaussian:noise=z,clip=C,..."``: distributed DP, the devices add the noise
+    inside the ring, and nodes are Poisson-sampled at the strategy's ``fraction_train``."""
 
     #: what another wrapper asks before it wraps this one: updates leave the devices masked
     masks_updates = True
@@ -131,17 +117,6 @@ class SecureStrategy(LayeredStrategy):
         return f"secure aggregation: {self.spec.spec}"
 
 
-def secure(strategy: Strategy, secure_aggregation: str = "secagg:bits=8,clip=0.2,weight-cap=256",
-           seed: int = 0, differential_privacy: str = "none") -> SecureStrategy:
-    """Wrap ``strategy`` so it aggregates only the sum of the round's updates (the ClientApp needs
-    :func:`fedge.edge_client.secure_mod`). ``secure_aggregation`` is Fedge's spec (docs/settings.md,
-    ``secure-aggregation``): ring bits, clip, weight cap, neighbours, threshold, stage timeout.
-    ``differential_privacy="gaussian:noise=z,clip=C,..."``: distributed DP, the devices add the noise
-    inside the ring (``fedge.protocol.distributed_dp_layer``); nodes are Poisson-sampled at the
-    strategy's ``fraction_train``."""
-    return SecureStrategy(strategy, secure_aggregation, seed, differential_privacy)
-
-
 def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrategy:
     """Distributed DP as a wrapper of its own: ``distributed_dp(secure(FedAvg(...)), "gaussian:noise=z,
     clip=C,...")`` is ``secure(FedAvg(...), differential_privacy=...)``. The devices add the noise
@@ -154,3 +129,8 @@ def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrat
     if strategy.dp is not None:
         raise ValueError("this secure(...) already carries distributed DP")
     return SecureStrategy(strategy.wrapped, strategy.spec.spec, strategy.seed, differential_privacy)
+
+
+#: ``secure(strategy, secure_aggregation="secagg:bits=8,clip=0.2,weight-cap=256", seed=0,
+#: differential_privacy="none")``
+secure = SecureStrategy

@@ -134,6 +134,13 @@ def test_stale_updates_are_dropped_and_corrupt_or_failed_ones_refused_with_the_r
     assert strategy.dropped_stale >= 1  # node 13's updates arrive versions late
     assert {node for _, node, _ in strategy.refused} == {12}
     assert all("checksum mismatch" in reason for _, _, reason in strategy.refused)
+    counted: dict[str, float] = {}  # each version's train metrics count its failures by kind, as layered() does
+    for metrics in result.train_metrics_clientapp.values():
+        for name, value in metrics.items():
+            if name.startswith("fedge-failed."):
+                counted[name] = counted.get(name, 0) + value
+    assert counted.pop("fedge-failed.stale") == strategy.dropped_stale
+    assert sum(counted.values()) == len(strategy.refused) and set(counted) == {"fedge-failed.invalid"}
 
 
 def test_fedasync_mixes_every_update_in_and_refuses_bad_parameters() -> None:
