@@ -145,7 +145,9 @@ class FedBuff:
             messages = [self._message(n, arrays, layout, version, train_config) for n in nodes]
             params = torch.from_numpy(layout.flatten(arrays).copy())
             outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
-            layers.outgoing(buffer.step, outgoing)
+            layers.outgoing(buffer.step, outgoing)  # a layer may keep some back
+            going = {o.node for o in outgoing}
+            messages = [m for m in messages if m.metadata.dst_node_id in going]
             buffer.accounting.sent(outgoing)
             # with a lattice, nodes train from the public copy
             b = downlink.broadcast

@@ -5,7 +5,7 @@ and what a round's metrics gain).
 A wrapper, not a second coordinator: a layer (:class:`fedge.protocol.layer.Layer`) is written once,
 and this drives the engine's :class:`~fedge.protocol.layer.LayerStack` and door
 (``fedge.protocol.door``) around the strategy's train round. ``select`` re-addresses its messages,
-``open`` and ``outgoing`` act on them, each reply passes the door and the layers before the
+``outgoing`` acts on them (or keeps some back), each reply passes the door and the layers before the
 strategy sees the model it makes, ``release`` may put another sum in place of the clear one (the
 strategy then steps from its mean), ``close`` adds to the round's metrics. Not called:
 ``delivered`` and ``state_dict`` (a Flower app keeps its own model and has no Fedge checkpoint).
@@ -130,16 +130,16 @@ class LayeredStrategy(Wrapper):
             server_round, self.seed)
         state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, wire)
         step.on_failure = lambda failure: self._missed(state, failure)
-        self.layers.open(step)
-        kept = [m for m in messages if m.metadata.dst_node_id in set(step.nodes)]
-        for message in kept:  # what is written for one node must not reach another
+        for message in messages:  # what is written for one node must not reach another
             train_config = own_config(message)
             if self.uplink is not None:
                 write_uplink(train_config, self.uplink, layout.digest, server_round, self.seed)
-        outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in kept]
-        self.layers.outgoing(step, outgoing)
-        for message, out in zip(kept, outgoing):
-            message.content = out.content
+        outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
+        self.layers.outgoing(step, outgoing)  # a layer may keep some back (secure aggregation's)
+        going = {o.node: o for o in outgoing}
+        kept = [m for m in messages if m.metadata.dst_node_id in going]
+        for message in kept:
+            message.content = going[message.metadata.dst_node_id].content
             state.sent_at[message.metadata.dst_node_id] = message.metadata.created_at
         state.tally.sent(outgoing)
         self._round = state

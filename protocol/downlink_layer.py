@@ -58,7 +58,7 @@ from fedge.protocol.config_keys import (
 )
 from fedge.protocol.downlink import downlink_record
 from fedge.protocol.failures import FailureKind
-from fedge.protocol.layer import MODEL, Failure, Layer
+from fedge.protocol.layer import MEMBERS, MODEL, Failure, Layer
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, RAW_RECORD, array_bytes
 from fedge.protocol.refusals import NEEDS_BASE
@@ -95,6 +95,7 @@ class DownlinkLayer(Layer):
 
     key = "downlink"
     provides = frozenset({MODEL})
+    needs = frozenset({MEMBERS})  # encodes only the messages that go out: each one moves its node's copy
 
     def __init__(self, spec: str, *, track_supports: bool = False,
                  full_record: Callable[[torch.Tensor], ArrayRecord] | None = None) -> None:

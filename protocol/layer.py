@@ -16,7 +16,7 @@ cycle. The step's aggregate travels between them as one typed value, a
 run's layers as one :class:`LayerStack`, which writes down once how each hook composes.
 
 The hooks fall in five groups: the state (``start``, ``delivered``,
-``state_dict``), the selection (``select``), what goes out (``open``, ``outgoing``), each reply
+``state_dict``), the selection (``select``), what goes out (``outgoing``), each reply
 (``arrived``, ``update``, ``missed``) and the step's close (``release``, ``close``).
 
 ============  ============================================================================
@@ -30,10 +30,10 @@ hook          when (and what it may do)
               asynchronous dispatch (``key``: the step or dispatch): may replace the engine's
               seeded sample (Poisson under DP, Oort's rule); raises :class:`RunComplete`
               when no step may run any more (a spent privacy budget)
-``open``      after the algorithm opened the step, before it configures messages: exchanges
-              of its own over ``step.exchange`` (key agreement), narrowing ``step.nodes``;
-              a node it drops goes to ``step.drop`` as a :class:`Failure`
-``outgoing``  every message the algorithm built, before it is sent
+``outgoing``  every message the algorithm built, before it is sent: writes into it, or keeps
+              it back (removed from the list, after exchanges of its own over
+              ``step.exchange``: secure aggregation's key agreement, which narrows
+              ``step.nodes``); a node it drops goes to ``step.drop`` as a :class:`Failure`
 ``arrived``   every reply that passed the screen, with its checked metrics and its payload,
               before anything is decoded; every layer sees it, and one that consumes it whole
               (a masked upload) returns True, which ends the door there
@@ -63,14 +63,17 @@ from fedge.protocol.failures import Failure
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 
-__all__ = ["BOUNDED", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer", "LayerOrderError",
-           "LayerStack", "RunComplete", "order_layers", "releases_aggregate"]
+__all__ = ["BOUNDED", "MEMBERS", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer",
+           "LayerOrderError", "LayerStack", "RunComplete", "order_layers", "releases_aggregate"]
 
 #: the facets of a step a layer may provide or need (``Layer.provides``, ``Layer.needs``)
 #: chooses the step's devices (``select``, ``choose``): Oort's rule, DP's Poisson sample
 SAMPLE = "sample"
 #: bounds and weighs each decoded update (``update``)
 BOUNDED = "bounded-update"
+#: decides which of the step's messages go out (``outgoing``): secure aggregation keeps back those
+#: of the devices that dealt no shares, so what counts or encodes each message runs after it
+MEMBERS = "members"
 #: puts the step's model into each message (``outgoing``)
 MODEL = "model"
 #: produces the step's sum in place of the clear one (``release``): secure aggregation
@@ -121,9 +124,6 @@ class Layer:
     # -- a step, in order ---------------------------------------------------------------------
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         return None
-
-    def open(self, step: Step) -> None:
-        pass
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         pass
@@ -201,10 +201,6 @@ class LayerStack:
             if chosen is not None:
                 return chosen
         return None
-
-    def open(self, step: Step) -> None:
-        for layer in self.layers:
-            layer.open(step)
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         for layer in self.layers:

@@ -1,9 +1,9 @@
 """Secure aggregation as a layer, once for both coordinators: the coordinator learns only the sum of
 a round's updates (``fedge.protocol.secure_round`` runs the protocol's stages).
 
-Around a step: before messages are configured (``open``), the layer runs the key agreement
-(advertise, share) and narrows the step to the devices that dealt their shares; it staples each
-train message with the plan and the shares for that device; each masked reply comes through the
+Around a step: before its messages go out (``outgoing``), the layer runs the key agreement
+(advertise, share), narrows the step to the devices that dealt their shares and keeps the others'
+messages back; it staples each message it lets go with the plan and the shares for that device; each masked reply comes through the
 door like any other (screened, its metrics checked) and the layer takes it whole, after checking
 its size against the plan; after the replies (``release``) it unmasks the survivors' sum and
 releases it as the step's :class:`~fedge.aggregation.partial.Partial`, in place of the clear one,
@@ -27,7 +27,7 @@ from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
-from fedge.protocol.layer import MODEL, SUM, Layer
+from fedge.protocol.layer import MEMBERS, SUM, Layer
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.secure_session import SecureSession
@@ -53,8 +53,8 @@ class SecureAggregation(Layer):
     """The layer both coordinators run over one flow (``fedge.protocol.secure_session``)."""
 
     key = "secure-aggregation"
-    provides = frozenset({SUM})
-    needs = frozenset({MODEL})  # its record rides on the message that carries the model
+    #: the step's sum, and which of its messages go out (what counts or encodes them runs after it)
+    provides = frozenset({SUM, MEMBERS})
 
     def __init__(self, session: SecureSession, numel: int = 0, *, weighted: bool = True,
                  dp_spec: DPSpec | None = None) -> None:
@@ -71,8 +71,9 @@ class SecureAggregation(Layer):
     def start(self, params: torch.Tensor) -> None:
         self.numel = self.numel or int(params.numel())
 
-    def open(self, step: Step) -> None:
-        """Stages 1 and 2: advertise, share. Only the devices that dealt their shares train."""
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        """Stages 1 and 2 among the step's nodes: advertise, share. Only the devices that dealt their
+        shares get their message, with the plan and their shares; the others' are kept back."""
         state: _Round = self.scratch(step, _Round)
         try:
             noise = None if self.dp_spec is None else round_noise(self.dp_spec, self.numel, len(step.nodes))
@@ -83,12 +84,10 @@ class SecureAggregation(Layer):
             self._abandon(step, state, error)
             step.nodes = []
         self._dropped(step, state)
-
-    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
-        state: _Round = self.scratch(step, _Round)
-        if state.secure is None:  # the round could not be planned: nothing is sent
-            return
+        kept = set(step.nodes)
+        outgoing[:] = [o for o in outgoing if o.node in kept]
         for o in outgoing:
+            assert state.secure is not None
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
 
     def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:

@@ -407,16 +407,16 @@ class Engine:
 
     # -- the step's parts -----------------------------------------------------------------------
     def _open(self, number: int, nodes: list[int], connected: int, exchange: Exchange, tally: Tally) -> Step:
-        """The algorithm opens the step, then each layer (which may run its own exchanges over
-        ``exchange`` and drop nodes, each recorded as a failure)."""
+        """The algorithm opens the step; a layer may run exchanges of its own over ``exchange`` when
+        its messages go out, and drop nodes, each recorded as a failure."""
         state = self.algorithm.open_step(number, nodes)
         state.connected, state.exchange = connected, exchange
         state.on_failure = lambda failure: self._failed(state, failure, tally)
-        self.layers.open(state)
         return state
 
     def _configure(self, step: Step, nodes: list[int], tally: Tally) -> list[Outgoing]:
-        """The algorithm's messages for ``nodes``, through every layer; counted as sent."""
+        """The algorithm's messages for ``nodes``, through every layer (which may keep some back:
+        secure aggregation's, to the devices that dealt no shares); those that go out are counted."""
         outgoing = self.algorithm.configure(step, nodes) if nodes else []
         handler = self.algorithm.plugin_handler
         for o in outgoing:  # a plugin algorithm's messages name their device handler

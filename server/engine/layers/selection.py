@@ -67,7 +67,7 @@ from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
 from fedge.protocol.resources import read_report
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.layer import SAMPLE, Failure, Layer
+from fedge.protocol.layer import MEMBERS, SAMPLE, Failure, Layer
 from fedge.protocol.tally import Tally
 from fedge.server.settings import SettingsError
 
@@ -120,6 +120,7 @@ class Oort:
 
 class SelectionLayer(Layer):
     key = "selection"
+    needs = frozenset({MEMBERS})  # counts only the messages that go out
 
     def __init__(self, rule: Oort | None, seed: int, per_step: int, clock: Any = time.monotonic) -> None:
         self.rule, self.seed, self.per_step, self.clock = rule, seed, per_step, clock
