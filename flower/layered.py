@@ -137,6 +137,7 @@ class LayeredStrategy(Wrapper):
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
         self.layers.outgoing(step, outgoing)  # a layer may keep some back (secure aggregation's)
         going = {o.node: o for o in outgoing}
+        step.nodes = [n for n in step.nodes if n in going]  # a node whose message stayed back is not waited for
         kept = [m for m in messages if m.metadata.dst_node_id in going]
         for message in kept:
             message.content = going[message.metadata.dst_node_id].content

@@ -31,9 +31,10 @@ hook          when (and what it may do)
               seeded sample (Poisson under DP, Oort's rule); raises :class:`RunComplete`
               when no step may run any more (a spent privacy budget)
 ``outgoing``  every message the algorithm built, before it is sent: writes into it, or keeps
-              it back (removed from the list, after exchanges of its own over
-              ``step.exchange``: secure aggregation's key agreement, which narrows
-              ``step.nodes``); a node it drops goes to ``step.drop`` as a :class:`Failure`
+              it back (removed from the list: not sent, not waited for), after exchanges of
+              its own over ``step.exchange`` if it needs them (secure aggregation's key
+              agreement); a node it drops for a reason goes to ``step.drop`` as a
+              :class:`Failure`
 ``arrived``   every reply that passed the screen, with its checked metrics and its payload,
               before anything is decoded; every layer sees it, and one that consumes it whole
               (a masked upload) returns True, which ends the door there

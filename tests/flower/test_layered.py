@@ -321,3 +321,34 @@ def test_the_engines_central_dp_runs_in_a_flower_app_and_releases_the_clipped_su
     assert layer.dp.ledger.would_exceed(budget, 1.0, noise)
     with pytest.raises(ValueError, match="FedMedian aggregates each update itself"):
         layered(FedMedian(), dp_layer.DifferentialPrivacyLayer.central("gaussian:noise=1,clip=1", clients_per_round=2))
+
+
+class _KeepsBack(Layer):
+    """Keeps back the message of one node when its step's messages go out (the ``outgoing`` hook), as
+    secure aggregation keeps back those of the devices that dealt no shares."""
+
+    key = "test-keeps-back"
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+
+    def outgoing(self, step, outgoing) -> None:  # type: ignore[no-untyped-def]
+        outgoing[:] = [o for o in outgoing if o.node != self.node]
+
+
+def test_a_message_a_layer_keeps_back_is_not_sent_and_the_round_aggregates_the_others() -> None:
+    """A layer's ``outgoing`` may keep messages back: the wrapper sends only those it let go (with the
+    layers' writes), and the round is FedAvg's over the other nodes' updates."""
+    arrays, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    held = NODES[0]
+    wrapped = layered(FedAvg(), _KeepsBack(held), CountingLayer())
+    messages = list(wrapped.configure_train(1, arrays, ConfigRecord({}), Grid()))
+    assert sorted(m.metadata.dst_node_id for m in messages) == sorted(n for n in NODES if n != held)
+    replies = _exchange(messages, apps, contexts)
+    plain = FedAvg()
+    list(plain.configure_train(1, arrays, ConfigRecord({}), Grid()))
+    expected, _ = plain.aggregate_train(1, _copy(replies))
+    got, metrics = wrapped.aggregate_train(1, replies)
+    for name in expected:
+        assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
+    assert metrics["test_counter.step"] == len(NODES) - 1 and "fedge-failed.timeout" not in metrics

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from fedge.protocol.step import Outgoing
 from fedge.server.engine.algorithm import Reply, Step, StepOutcome
 from fedge.server.engine.layers import LAYERS, Layer, register_layer
 from fedge.protocol.tally import Tally
@@ -70,6 +71,38 @@ def test_adding_a_layer_is_one_class_and_one_registration(tmp_path, counting_lay
     resumed = _engine(tmp_path, rounds=3, algorithm=algorithm)
     more = resumed.run(InProcessGrid(3), _start(resumed)).rows
     assert more[-1].extra["test_counter"]["total"] == rows[1].extra["test_counter"]["total"] + more[-1].clients_used
+
+
+class KeepsBack(Layer):
+    """Keeps back one node's message when a step's messages go out (the ``outgoing`` hook), as
+    secure aggregation keeps back those of the devices that dealt no shares."""
+
+    key = "test-keeps-back"
+
+    @classmethod
+    def build(cls, algorithm: Any, run_dir: Any = None) -> KeepsBack:
+        return cls()
+
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        held = min(o.node for o in outgoing) if outgoing else None
+        outgoing[:] = [o for o in outgoing if o.node != held]
+
+
+def test_a_message_a_layer_keeps_back_is_not_sent_counted_or_waited_for(tmp_path) -> None:
+    """The engine sends only the messages its layers let go: the step uses the others' updates, its
+    downlink bytes are theirs, and the node held back is neither waited for nor counted as failed."""
+    register_layer(KeepsBack)
+    try:
+        engine = _engine(tmp_path, rounds=2, clients_per_round=3, round_timeout=30.0)
+        grid = InProcessGrid(3)
+        rows = engine.run(grid, _start(engine)).rows
+    finally:
+        LAYERS.remove(KeepsBack)
+    assert [r.clients_used for r in rows] == [2, 2] and all(not r.rejected for r in rows)
+    plain = _engine(tmp_path / "plain", rounds=1, clients_per_round=3)
+    full = plain.run(InProcessGrid(3), _start(plain)).rows[0]
+    assert rows[0].downlink_bytes * 3 == full.downlink_bytes * 2  # two of the three fp32 models went out
+    assert rows[-1].seconds < 30.0  # nobody waited for the held-back node's round timeout
 
 
 def test_a_layer_key_must_be_new() -> None:
