@@ -10,7 +10,10 @@ imports from that worktree: a temporary package whose sub-packages are links to 
 command and every process it starts, and this checkout's editable install is taken off the import
 path there (a module the commit lacks fails to import; it never comes from today's code). A relative
 ``.venv/...`` program is this checkout's. The commit's own dependencies are not installed: a commit
-whose requirements differ from this checkout's may fail to import, and then says so.
+whose requirements differ from this checkout's may fail to import, and then says so. So are this
+checkout's console scripts (``.venv/bin/fedge``): each calls the entry point this checkout names, and
+a commit whose entry point had another name (``main`` before ``run``) fails through it with an
+ImportError; run that commit's code with ``python -c`` or ``-m`` instead.
 """
 
 from __future__ import annotations
