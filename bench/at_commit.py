@@ -40,7 +40,8 @@ def shim(worktree: Path, into: Path) -> Path:
     # and no fallback to this checkout: its editable finder would import a module the commit lacks from here
     (into / "sitecustomize.py").write_text(
         "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]\n")
+        "sys.meta_path[:] = [f for f in sys.meta_path\n"
+        "                    if not getattr(f, '__module__', '').startswith('__editable__')]\n")
     return into
 
 
@@ -56,15 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         command[0] = str(ROOT / command[0])
     with tempfile.TemporaryDirectory(prefix="fedge-at-commit-") as temp:
         worktree = Path(temp) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(worktree), args.commit],
-                       check=True)
+        git = ["git", "-C", str(ROOT), "worktree"]
+        subprocess.run([*git, "add", "--detach", "--quiet", str(worktree), args.commit], check=True)
         try:
             path = shim(worktree, Path(temp) / "shim")
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
+            paths = [str(path), os.environ.get("PYTHONPATH")]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
             print(f"at {args.commit}: {' '.join(command)}", file=sys.stderr, flush=True)
             return subprocess.run(command, cwd=worktree, env=env).returncode
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)], check=False)
+            subprocess.run([*git, "remove", "--force", str(worktree)], check=False)
 
 
 if __name__ == "__main__":

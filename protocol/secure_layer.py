@@ -3,11 +3,12 @@ a round's updates (``fedge.protocol.secure_round`` runs the protocol's stages).
 
 Around a step: before its messages go out (``outgoing``), the layer runs the key agreement
 (advertise, share), narrows the step to the devices that dealt their shares and keeps the others'
-messages back; it staples each message it lets go with the plan and the shares for that device; each masked reply comes through the
-door like any other (screened, its metrics checked) and the layer takes it whole, after checking
-its size against the plan; after the replies (``release``) it unmasks the survivors' sum and
-releases it as the step's :class:`~fedge.aggregation.partial.Partial`, in place of the clear one,
-which holds nothing. A device the protocol drops at any stage goes to ``step.drop``.
+messages back; it staples each message it lets go with the plan and the shares for that device;
+each masked reply comes through the door like any other (screened, its metrics checked) and the
+layer takes it whole, after checking its size against the plan; after the replies (``release``) it
+unmasks the survivors' sum and releases it as the step's
+:class:`~fedge.aggregation.partial.Partial`, in place of the clear one, which holds nothing. A
+device the protocol drops at any stage goes to ``step.drop``.
 
 Fedge's engine runs it as ``server/engine/layers/secure_aggregation.py`` (which adds what its
 settings refuse); a user's ServerApp runs the same class through ``fedge.flower.secure``, which is
