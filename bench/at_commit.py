@@ -13,7 +13,8 @@ path there (a module the commit lacks fails to import; it never comes from today
 whose requirements differ from this checkout's may fail to import, and then says so. So are this
 checkout's console scripts (``.venv/bin/fedge``): each calls the entry point this checkout names, and
 a commit whose entry point had another name (``main`` before ``run``) fails through it with an
-ImportError; run that commit's code with ``python -c`` or ``-m`` instead.
+ImportError; run that commit's code with ``python -c`` or ``-m`` instead. The command runs in the
+worktree, which is removed after it: give an output path outside it (absolute).
 """
 
 from __future__ import annotations
