@@ -137,7 +137,6 @@ class LayeredStrategy(Wrapper):
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
         self.layers.outgoing(step, outgoing)  # a layer may keep some back (secure aggregation's)
         going = {o.node: o for o in outgoing}
-        step.nodes = [n for n in step.nodes if n in going]  # a node whose message stayed back is not waited for
         kept = [m for m in messages if m.metadata.dst_node_id in going]
         for message in kept:
             message.content = going[message.metadata.dst_node_id].content
@@ -201,7 +200,7 @@ class LayeredStrategy(Wrapper):
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
-        fedge: dict[str, object] = {**typed_counts(state.tally)}
+        fedge: dict[str, object] = dict(typed_counts(state.tally))
         if self.uplink is not None:
             fedge.update({"fedge-uplink-bytes": uplink, "fedge-refused": len(self.refused) - refused_before})
         if self.downlink is not None:

@@ -423,8 +423,6 @@ class Engine:
             if handler and CONFIG_RECORD in o.content.config_records:
                 o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] = handler
         self.layers.outgoing(step, outgoing)
-        going = {o.node for o in outgoing}
-        step.nodes = [n for n in step.nodes if n in going or n not in nodes]  # one kept back is not waited for
         tally.sent(outgoing)
         return outgoing
 
