@@ -31,8 +31,9 @@ from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
 from fedge.edge_client.downlink import receive_downlink
-from fedge.protocol.config_keys import CODEC_KEY, DOWNLINK_CODEC, LAYOUT_KEY, ROUND_KEY, SEED_KEY
+from fedge.protocol.config_keys import DOWNLINK_CODEC
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, payload_record
+from fedge.protocol.uplink_request import UplinkRequest
 from fedge.edge_client.user_update import train_user_update
 
 __all__ = ["compression_mod"]
@@ -47,16 +48,17 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
     support = None  # the coordinates the downlink's change moved: a tcs uplink sends on them
     if config is not None and DOWNLINK_CODEC in config:  # a lattice downlink: the model it brings, first
         support = receive_downlink(msg, context)
-    if not msg.metadata.message_type.startswith("train") or config is None or CODEC_KEY not in config:
+    request = UplinkRequest.read(config) if msg.metadata.message_type.startswith("train") else None
+    if request is None:
         return call_next(msg, context)
-    update = train_user_update(msg, context, call_next, "compress", digest=str(config[LAYOUT_KEY]))
+    update = train_user_update(msg, context, call_next, "compress", digest=request.layout)
     if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
         return update
     reply, layout, trained, delta = update.reply, update.layout, update.trained, update.delta
-    codec = make_codec(str(config[CODEC_KEY])).for_model(layout.sizes())
+    codec = make_codec(request.codec).for_model(layout.sizes())
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-    payload, _ = encode_update(delta, codec, NodeStore(context.state, _MEMORY), server_round=int(config[ROUND_KEY]),
-                               seed=int(config[SEED_KEY]), error_feedback=True, generator=generator, support=support)
+    payload, _ = encode_update(delta, codec, NodeStore(context.state, _MEMORY), server_round=request.round,
+                               seed=request.seed, error_feedback=True, generator=generator, support=support)
     content = RecordDict({name: record for name, record in reply.content.items() if name != MODEL_RECORD})
     content[UPDATE_RECORD] = payload_record(payload)
     raw = ArrayRecord({name: trained[name] for name, _, _ in layout.entries

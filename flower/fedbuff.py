@@ -30,10 +30,10 @@ from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
 from fedge.flower.layered import with_extra
-from fedge.flower.messages import REFUSED, reply_through_layers, typed_counts, uplink_codec, with_raw, write_uplink
+from fedge.flower.messages import REFUSED, reply_through_layers, with_raw
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing
-from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
 from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
@@ -41,6 +41,7 @@ from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
+from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["FedAsync", "FedBuff"]
 
@@ -178,7 +179,7 @@ class FedBuff:
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             layers.close(buffer.step, outcome, buffer.accounting)
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
-                                                                 {**outcome.extra, **typed_counts(buffer.accounting)})
+                                                                 {**outcome.extra, **buffer.accounting.by_kind("fedge-failed", "fedge-declined")})
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:
@@ -242,7 +243,7 @@ class FedBuff:
                  train_config: ConfigRecord | None) -> Message:
         config = ConfigRecord(dict(train_config or {}))
         if self.uplink is not None:
-            write_uplink(config, self.uplink, layout.digest, version + 1, self.seed)
+            UplinkRequest(self.uplink, layout.digest, version + 1, self.seed).write(config)
         return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
                        message_type=MessageType.TRAIN)
 

@@ -29,9 +29,9 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, reply_through_layers, typed_counts, \
-    uplink_codec, with_raw, write_uplink
-from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.flower.messages import REFUSED, Wrapper, grid_exchange, own_config, reply_through_layers, \
+    with_raw
+from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Layer, LayerStack, RunComplete
@@ -39,6 +39,7 @@ from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
+from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered", "mean_refusal"]
 
@@ -133,7 +134,7 @@ class LayeredStrategy(Wrapper):
         for message in messages:  # what is written for one node must not reach another
             train_config = own_config(message)
             if self.uplink is not None:
-                write_uplink(train_config, self.uplink, layout.digest, server_round, self.seed)
+                UplinkRequest(self.uplink, layout.digest, server_round, self.seed).write(train_config)
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
         self.layers.outgoing(step, outgoing)  # a layer may keep some back (secure aggregation's)
         going = {o.node: o for o in outgoing}
@@ -200,7 +201,7 @@ class LayeredStrategy(Wrapper):
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
-        fedge: dict[str, object] = dict(typed_counts(state.tally))
+        fedge: dict[str, object] = dict(state.tally.by_kind("fedge-failed", "fedge-declined"))
         if self.uplink is not None:
             fedge.update({"fedge-uplink-bytes": uplink, "fedge-refused": len(self.refused) - refused_before})
         if self.downlink is not None:

@@ -1,5 +1,5 @@
 """What the strategies of ``fedge.flower`` write into a train message and read from a reply, in one
-place: the uplink codec's config keys, a reply's weight and its update payload, the errors that
+place (the uplink request is ``fedge.protocol.uplink_request``'s): a reply's weight and its update payload, the errors that
 make a reply refused rather than aggregated, and what every wrapper passes through to the strategy
 it wraps."""
 
@@ -17,18 +17,15 @@ from flwr.serverapp.strategy import Strategy
 import numpy as np
 import torch
 
-from fedge.compression import Codec, PayloadError, SpecError, make_codec
-from fedge.protocol.downlink_layer import DownlinkLayer, uplink_refusal
+from fedge.compression import Codec, PayloadError
 from fedge.protocol.layout import Layout, LayoutError
-from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.layer import LayerStack
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.step import Exchange, Outgoing, Reply, Step, Update
-from fedge.protocol.tally import Tally
 
 __all__ = ["REFUSED", "Wrapper", "grid_exchange", "own_config", "parsed", "reply_through_layers",
-           "reply_update", "reply_weight", "typed_counts", "uplink_codec", "with_raw", "write_uplink"]
+           "reply_update", "reply_weight", "with_raw"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,26 +83,6 @@ def own_config(message: Message) -> ConfigRecord:
     return config
 
 
-def uplink_codec(spec: str, downlink: DownlinkLayer | None) -> Codec:
-    """The uplink codec ``spec`` names, refused here with its reason when malformed, or when it sends
-    on the coordinates the downlink's last change moved (``tcs``) and ``downlink`` is not a lattice."""
-    try:
-        codec = make_codec(spec)
-    except (SpecError, ValueError) as err:
-        raise ValueError(f"uplink codec {spec!r}: {err}") from None
-    reason = uplink_refusal(codec, downlink)
-    if reason is not None:
-        raise ValueError(f"uplink codec {spec!r} {reason} (downlink=\"lattice:...\")")
-    return codec
-
-
-def write_uplink(config: ConfigRecord, spec: str, layout_digest: str, version: int, seed: int) -> None:
-    """The codec a node encodes its update with, for the model of ``layout_digest``, and the round
-    (or version) and seed its randomness derives from."""
-    config[CODEC_KEY], config[LAYOUT_KEY] = spec, layout_digest
-    config[ROUND_KEY], config[SEED_KEY] = int(version), int(seed)
-
-
 def reply_weight(reply: Message, key: str) -> tuple[float, MetricRecord]:
     """The reply's aggregation weight (``key`` of its metrics: finite and positive) and its metrics."""
     metrics = next(iter(reply.content.metric_records.values()), None)
@@ -161,13 +138,6 @@ def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply
 
     update = layers.through(step, reply, payload, metrics, decode)
     return (None, None) if update is None else (update, decoded[0])
-
-
-def typed_counts(tally: Tally) -> dict[str, dict[str, int]]:
-    """A step's failures by kind (``fedge-failed.timeout``, ...) and its devices' policy declines
-    (``fedge-declined.not-eligible``, not failures), as the engine's rows and ``/metrics`` count
-    them, for a driver's train metrics (``with_extra`` flattens them)."""
-    return {"fedge-failed": dict(tally.failures), "fedge-declined": dict(tally.declined)}
 
 
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:

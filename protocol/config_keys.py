@@ -36,7 +36,6 @@ __all__ = [
     "ROUND_KEY",
     "SEED_KEY",
     "START_KEY",
-    "UPLINK_KEYS",
     "WEIGHT_KEY",
 ]
 
@@ -86,8 +85,6 @@ CODEC_KEY = "fedge.uplink"
 LAYOUT_KEY = "fedge.layout"
 ROUND_KEY = "fedge.round"
 SEED_KEY = "fedge.seed"
-#: the uplink's own keys (what secure aggregation removes: its masked ring is the uplink)
-UPLINK_KEYS = (CODEC_KEY, ROUND_KEY, SEED_KEY)
 #: with a snapshot: the model's names, shapes and dtypes (JSON), so a node builds the zero base
 LAYOUT_SPEC_KEY = "fedge.layout-spec"
 #: the start model a node builds itself (``module:callable@seed``), when the server named one

@@ -45,7 +45,7 @@ from fedge.aggregation.broadcast import (
     VersionedBroadcast,
     parse_downlink,
 )
-from fedge.compression import Codec
+from fedge.compression import Codec, SpecError, make_codec
 from fedge.compression.lattice import model_digest
 from fedge.protocol.config_keys import (
     DOWNLINK_BASE_DIGEST,
@@ -66,7 +66,7 @@ from fedge.protocol.start_model import parse_start
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 
-__all__ = ["DownlinkLayer", "uplink_refusal"]
+__all__ = ["DownlinkLayer", "uplink_codec", "uplink_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -300,3 +300,16 @@ def uplink_refusal(codec: Codec, downlink: DownlinkLayer | None) -> str | None:
     if codec.shares_support and (downlink is None or downlink.parsed is None):
         return "sends on the coordinates the downlink's last change moved; it needs a lattice downlink"
     return None
+
+
+def uplink_codec(spec: str, downlink: DownlinkLayer | None) -> Codec:
+    """The uplink codec ``spec`` names, refused here with its reason when malformed, or when it sends
+    on the coordinates the downlink's last change moved (``tcs``) and ``downlink`` is not a lattice."""
+    try:
+        codec = make_codec(spec)
+    except (SpecError, ValueError) as err:
+        raise ValueError(f"uplink codec {spec!r}: {err}") from None
+    reason = uplink_refusal(codec, downlink)
+    if reason is not None:
+        raise ValueError(f"uplink codec {spec!r} {reason} (downlink=\"lattice:...\")")
+    return codec

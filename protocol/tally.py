@@ -65,6 +65,12 @@ class Tally:
         self.rejected.append(failure.entry())
         self.failures[failure.kind.value] += 1
 
+    def by_kind(self, failed: str = "failures", declined: str = "declined") -> dict[str, dict[str, int]]:
+        """The step's failures and its devices' policy declines (not failures), each by kind, under
+        the names a driver's metrics give them (the engine's row; a Flower app's ``fedge-failed``)."""
+        counts = {failed: dict(sorted(self.failures.items())), declined: dict(sorted(self.declined.items()))}
+        return {name: by_kind for name, by_kind in counts.items() if by_kind}
+
 
 def train_seconds(reply: Message) -> float:
     """A reply's own ``train-seconds`` (a number >= 0), or 0 when it sent none or nonsense: it is

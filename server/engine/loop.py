@@ -267,10 +267,7 @@ class Engine:
             extra["device_resources"] = resource_summary(tally.resources)
         if self.algorithm.asynchronous:
             extra["client_idle_seconds"] = tally.idle
-        if tally.failures:
-            extra["failures"] = dict(sorted(tally.failures.items()))
-        if tally.declined:
-            extra["declined"] = dict(sorted(tally.declined.items()))
+        extra.update(tally.by_kind())
         row = RoundRow(
             round=step.number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
             evaluation="federated" if self.ctx.evaluation == "federated" else "central",

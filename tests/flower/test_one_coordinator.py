@@ -27,7 +27,7 @@ from fedge.edge_client import local
 from fedge.edge_client.node_store import NodeStore
 from fedge.aggregation.staleness import Staleness
 from fedge.flower import FedAsync, FedBuff, compressed
-from fedge.flower.messages import ROUND_KEY
+from fedge.protocol.config_keys import ROUND_KEY
 from flwr.supercore.task_identity import TaskIdentity
 from fedge.protocol.layout import Layout
 from fedge.flower.layered import CompressedStrategy
