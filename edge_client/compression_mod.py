@@ -31,7 +31,7 @@ from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
 from fedge.edge_client.downlink import receive_downlink
-from fedge.protocol.config_keys import DOWNLINK_CODEC
+from fedge.protocol.downlink import DownlinkHeader
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, payload_record
 from fedge.protocol.uplink_request import UplinkRequest
 from fedge.edge_client.user_update import train_user_update
@@ -46,8 +46,9 @@ _MEMORY = "flower-uplink"  # the node store's namespace of the compression memor
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     config = msg.content.config_records.get("config")
     support = None  # the coordinates the downlink's change moved: a tcs uplink sends on them
-    if config is not None and DOWNLINK_CODEC in config:  # a lattice downlink: the model it brings, first
-        support = receive_downlink(msg, context)
+    header = None if config is None else DownlinkHeader.read(config)
+    if header is not None:  # a lattice downlink: the model it brings, first
+        support = receive_downlink(msg, context, header)
     request = UplinkRequest.read(config) if msg.metadata.message_type.startswith("train") else None
     if request is None:
         return call_next(msg, context)

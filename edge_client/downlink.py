@@ -33,16 +33,8 @@ from fedge.compression import make_codec
 from fedge.compression.lattice import change_support, model_digest
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, payload_bytes, read_payload, read_state_dict
-from fedge.protocol.downlink import LatticeCopy, apply_downlink, shipped_base
-from fedge.protocol.config_keys import (
-    DOWNLINK_BASE_DIGEST,
-    DOWNLINK_CODEC,
-    DOWNLINK_DIGEST,
-    DOWNLINK_VERSION,
-    LAYOUT_KEY,
-    LAYOUT_SPEC_KEY,
-    START_KEY,
-)
+from fedge.protocol.config_keys import LAYOUT_KEY, LAYOUT_SPEC_KEY, START_KEY
+from fedge.protocol.downlink import DownlinkHeader, LatticeCopy, apply_downlink, shipped_base
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import RAW_RECORD, ProtocolError
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
@@ -58,44 +50,38 @@ def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Ta
     """The flat model to start from, as the coordinator holds it. ``model``: the handler's one model
     of this message (its layout; the full model is loaded into it); None: one is built here."""
     model = task.build_model() if model is None else model
-    if config.extra.get(DOWNLINK_CODEC, "none") == "none" or MODEL_RECORD in msg.content.array_records:
+    header = DownlinkHeader.read(config.extra)
+    if header is None or MODEL_RECORD in msg.content.array_records:
         model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
         return flatten_state(model.state_dict())
-    return _lattice_copy(msg, config, store, task, tensor_sizes(model.state_dict()))
-
-
-def _lattice_copy(msg: Message, config: RoundConfig, store: NodeStore, task: Task, sizes: list[int]) -> torch.Tensor:
     read_payload(msg.content, DOWNLINK_RECORD)  # the record and its payload exist (checked in full below)
 
     def rebuild() -> torch.Tensor:
         rebuilt = seeded_initial_params(task, config.seed)
-        if model_digest(rebuilt) != config.integer(DOWNLINK_BASE_DIGEST, 0):
+        if model_digest(rebuilt) != header.base_digest:
             raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
                                    "coordinator's (another torch build?); it must be sent once")
         return rebuilt
 
-    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, sizes,
-                        version=config.integer(DOWNLINK_VERSION, 0), digest=config.integer(DOWNLINK_DIGEST, 0),
-                        base_digest=config.integer(DOWNLINK_BASE_DIGEST, 0), rebuild=rebuild,
-                        keep_support=make_codec(config.codec).shares_support)
+    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, tensor_sizes(model.state_dict()), header,
+                        rebuild=rebuild, keep_support=make_codec(config.codec).shares_support)
 
 
-def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], *, version: int, digest: int,
-                 base_digest: int, rebuild: Callable[[], torch.Tensor | None],
-                 keep_support: bool = False) -> torch.Tensor:
-    """The flat copy of ``version`` a downlink ``record`` brings, applied to the copy ``store`` holds
+def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], header: DownlinkHeader, *,
+                 rebuild: Callable[[], torch.Tensor | None], keep_support: bool = False) -> torch.Tensor:
+    """The flat copy of the version a downlink ``record`` and its ``header`` bring, applied to the copy ``store`` holds
     (and kept there): the one receiving end of Fedge's devices and of a Flower app's nodes
     (``fedge.edge_client.downlink``). The base is the one shipped with ``record``, else the one stored
-    (if it still has ``base_digest``), else ``rebuild()``'s: checked against ``base_digest``; None
+    (if it still has the header's base digest), else ``rebuild()``'s: checked against it; None
     (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it. With
     ``keep_support`` the coordinates the change moved are kept too (:func:`held_support`)."""
     numel = sum(sizes)
-    base = _base(record, store, numel, base_digest, rebuild)
+    base = _base(record, store, numel, header.base_digest, rebuild)
     meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
     copy_held = None if meta is None or held is None or steps is None else LatticeCopy.decode(held, numel, steps)
     if copy_held is not None and copy_held.version != int(meta["version"]):  # type: ignore[index]
         copy_held = None  # the store's parts disagree: no copy to build on
-    copy, updated = apply_downlink(record, sizes, base, copy_held, version=version, digest=digest)
+    copy, updated = apply_downlink(record, sizes, base, copy_held, version=header.version, digest=header.digest)
     # Stored compactly (the snapshot encoding); the digest check passed, so this is the copy.
     store.put_bytes("lattice.n", updated.encode())
     store.put_tensor("lattice.steps", updated.tensor_steps)
@@ -138,9 +124,10 @@ def _base(record: ArrayRecord, store: NodeStore, numel: int, expected: int,
 _NAMESPACE = "flower-downlink"  # this node's base, copy and layout, in Context.state
 
 
-def receive_downlink(msg: Message, context: Context) -> np.ndarray:
-    """Replace ``msg``'s lattice records by the model ``ArrayRecord`` they bring (in place); the
-    coordinates the change moved (empty after a snapshot), which a ``tcs`` uplink sends on."""
+def receive_downlink(msg: Message, context: Context, header: DownlinkHeader) -> np.ndarray:
+    """Replace ``msg``'s lattice records (``header``: what its config says of them) by the model
+    ``ArrayRecord`` they bring (in place); the coordinates the change moved (empty after a
+    snapshot), which a ``tcs`` uplink sends on."""
     config = msg.content.config_records["config"]
     record = msg.content.array_records.get(DOWNLINK_RECORD)
     if record is None:
@@ -153,9 +140,7 @@ def receive_downlink(msg: Message, context: Context) -> np.ndarray:
             return torch.from_numpy(layout.flatten(start or build_start(str(config[START_KEY]))).copy())
         return torch.zeros(layout.numel) if LAYOUT_SPEC_KEY in config else None
 
-    copy = lattice_copy(record, store, layout.sizes(), version=int(config[DOWNLINK_VERSION]),
-                        digest=int(config[DOWNLINK_DIGEST]), base_digest=int(config[DOWNLINK_BASE_DIGEST]),
-                        rebuild=rebuild, keep_support=True)
+    copy = lattice_copy(record, store, layout.sizes(), header, rebuild=rebuild, keep_support=True)
     raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
     floats = {name for name, _, _ in layout.floats}  # rebuilt from the copy; the others travel in RAW_RECORD
     like = ArrayRecord({name: raw[name] if name in raw else Array(np.zeros(shape, dtype=dtype))

@@ -13,10 +13,12 @@ Anything that does not fit (a change from another version, no copy, a digest mis
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
 from fedge.compression.errors import PayloadError
 from fedge.compression.lattice import (
@@ -28,6 +30,7 @@ from fedge.compression.lattice import (
     lattice_model,
     model_digest,
 )
+from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_CODEC, DOWNLINK_DIGEST, DOWNLINK_VERSION
 from fedge.protocol.records import (
     DOWNLINK_BASE_KEY,
     DOWNLINK_STEPS_KEY,
@@ -39,8 +42,36 @@ from fedge.protocol.records import (
     read_flat,
 )
 from fedge.protocol.refusals import OutOfSyncError
+from fedge.protocol.round_config import typed_value
 
-__all__ = ["LatticeCopy", "apply_downlink", "downlink_record", "shipped_base"]
+__all__ = ["DownlinkHeader", "LatticeCopy", "apply_downlink", "downlink_record", "shipped_base"]
+
+
+@dataclass(frozen=True)
+class DownlinkHeader:
+    """What a lattice downlink message says in its config beside its record: the codec, the version
+    it brings, that version's digest and the lattice base's. The coordinator's downlink layer writes
+    it; Fedge's devices and a Flower app's nodes read it here, with the same checks."""
+
+    codec: str
+    version: int
+    digest: int
+    base_digest: int
+
+    def write(self, config: ConfigRecord) -> None:
+        config[DOWNLINK_CODEC], config[DOWNLINK_VERSION] = self.codec, int(self.version)
+        config[DOWNLINK_DIGEST], config[DOWNLINK_BASE_DIGEST] = int(self.digest), int(self.base_digest)
+
+    @classmethod
+    def read(cls, config: Mapping[str, Any]) -> DownlinkHeader | None:
+        """The header a message's config carries; None when the model rides in full (no downlink
+        codec, or ``none``). Raises :class:`ProtocolError` for a partial or mistyped one."""
+        codec = config.get(DOWNLINK_CODEC, "none")
+        if codec == "none":
+            return None
+        version, digest, base = (typed_value(key, config.get(key), int, 0)
+                                 for key in (DOWNLINK_VERSION, DOWNLINK_DIGEST, DOWNLINK_BASE_DIGEST))
+        return cls(typed_value(DOWNLINK_CODEC, codec, str), version, digest, base)
 
 
 @dataclass(frozen=True)

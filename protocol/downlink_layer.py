@@ -48,15 +48,12 @@ from fedge.aggregation.broadcast import (
 from fedge.compression import Codec, SpecError, make_codec
 from fedge.compression.lattice import model_digest
 from fedge.protocol.config_keys import (
-    DOWNLINK_BASE_DIGEST,
     DOWNLINK_CODEC,
-    DOWNLINK_DIGEST,
-    DOWNLINK_VERSION,
     LAYOUT_KEY,
     LAYOUT_SPEC_KEY,
     START_KEY,
 )
-from fedge.protocol.downlink import downlink_record
+from fedge.protocol.downlink import DownlinkHeader, downlink_record
 from fedge.protocol.failures import FailureKind
 from fedge.protocol.layer import MEMBERS, MODEL, Failure, Layer
 from fedge.protocol.layout import Layout, LayoutError
@@ -188,8 +185,7 @@ class DownlinkLayer(Layer):
         size = array_bytes(RecordDict({DOWNLINK_RECORD: record}))
         tally.count(message, size)
         self.bytes += size
-        config[DOWNLINK_CODEC], config[DOWNLINK_VERSION] = self.spec, b.version
-        config[DOWNLINK_DIGEST], config[DOWNLINK_BASE_DIGEST] = b.digest, b.base_digest
+        DownlinkHeader(self.spec, b.version, b.digest, b.base_digest).write(config)
         if layout is not None:  # a Flower app's node knows no task: the layout, what it builds, raw arrays
             config[LAYOUT_KEY] = layout.digest
             floats = {name for name, _, _ in layout.floats}

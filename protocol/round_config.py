@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord
 
 from fedge.protocol.records import ProtocolError
 
-__all__ = ["RoundConfig"]
+__all__ = ["RoundConfig", "typed_value"]
 
 # key -> (type, minimum); minimum None = no bound
 _COMMON: dict[str, tuple[type, float | None]] = {
@@ -63,7 +63,7 @@ class RoundConfig:
         for key, (kind, low) in _COMMON.items():
             if key not in record:
                 raise ProtocolError(f"config record lacks {key!r}")
-            values[key.replace("-", "_")] = _typed(key, record[key], kind, low)
+            values[key.replace("-", "_")] = typed_value(key, record[key], kind, low)
         if values["holdout"] >= 1.0:
             raise ProtocolError(f"config holdout={values['holdout']} must be below 1")
         extra = {k: v for k, v in record.items() if k not in _COMMON}
@@ -71,24 +71,26 @@ class RoundConfig:
 
     def number(self, key: str, low: float | None = None, high: float | None = None) -> float:
         """An algorithm's numeric key, present, finite and within [low, high]."""
-        value = _typed(key, self.extra.get(key), float, low)
+        value = typed_value(key, self.extra.get(key), float, low)
         if high is not None and value > high:
             raise ProtocolError(f"config {key}={value} is above {high}")
         return value
 
     def integer(self, key: str, low: int | None = None) -> int:
-        return int(_typed(key, self.extra.get(key), int, low))
+        return int(typed_value(key, self.extra.get(key), int, low))
 
     def text(self, key: str) -> str:
-        return str(_typed(key, self.extra.get(key), str, None))
+        return str(typed_value(key, self.extra.get(key), str, None))
 
     def flag(self, key: str, default: bool = False) -> bool:
         if key not in self.extra:
             return default
-        return bool(_typed(key, self.extra[key], bool, None))
+        return bool(typed_value(key, self.extra[key], bool, None))
 
 
-def _typed(key: str, value: Any, kind: type, low: float | None) -> Any:
+def typed_value(key: str, value: Any, kind: type, low: float | None = None) -> Any:
+    """A config value of ``kind`` (bool, a non-empty str, or a finite number at least ``low``), or
+    a :class:`ProtocolError` that names ``key``: how every config key a device reads is checked."""
     if value is None:
         raise ProtocolError(f"config record lacks {key!r}")
     if kind is bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord
 
 from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
-from fedge.protocol.records import ProtocolError
+from fedge.protocol.round_config import typed_value
 
 __all__ = ["UplinkRequest"]
 
@@ -35,11 +35,6 @@ class UplinkRequest:
         Raises :class:`ProtocolError` for a partial or mistyped one."""
         if config is None or CODEC_KEY not in config:
             return None
-        codec, layout, number, seed = (config.get(key) for key in (CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY))
-        if not (isinstance(codec, str) and isinstance(layout, str)):
-            raise ProtocolError(f"the uplink request needs text {CODEC_KEY!r} and {LAYOUT_KEY!r}")
-        for key, value in ((ROUND_KEY, number), (SEED_KEY, seed)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ProtocolError(f"the uplink request's {key!r} must be an integer >= 0, got {value!r}")
-        return cls(codec, layout, number, seed)  # type: ignore[arg-type]
-
+        codec, layout = (typed_value(key, config.get(key), str) for key in (CODEC_KEY, LAYOUT_KEY))
+        number, seed = (typed_value(key, config.get(key), int, 0) for key in (ROUND_KEY, SEED_KEY))
+        return cls(codec, layout, number, seed)

@@ -7,11 +7,11 @@ from flwr.app import ConfigRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedge.protocol.config_keys import CODEC_KEY, ROUND_KEY, SEED_KEY
+from fedge.protocol.config_keys import CODEC_KEY, LAYOUT_KEY, ROUND_KEY, SEED_KEY
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.uplink_request import UplinkRequest
 
-_TEXT = st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), max_size=24)
+_TEXT = st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=24)
 
 
 @given(_TEXT, _TEXT, st.integers(0, 2**31), st.integers(0, 2**62))
@@ -26,11 +26,11 @@ def test_no_request_is_none_and_a_malformed_one_is_refused_by_name() -> None:
     assert UplinkRequest.read(None) is None and UplinkRequest.read(ConfigRecord({"lr": 0.1})) is None
     config = ConfigRecord()
     UplinkRequest("qsgd:bits=4", "abc", 3, 0).write(config)
-    for key, bad in ((ROUND_KEY, -1), (SEED_KEY, 1.5), (CODEC_KEY, 4)):
+    for key, bad in ((ROUND_KEY, -1), (SEED_KEY, 1.5), (CODEC_KEY, 4), (LAYOUT_KEY, "")):
         broken = ConfigRecord(dict(config))
         broken[key] = bad
-        with pytest.raises(ProtocolError, match="uplink request"):
+        with pytest.raises(ProtocolError, match=f"config {key}="):
             UplinkRequest.read(broken)
     del config[SEED_KEY]
-    with pytest.raises(ProtocolError, match="fedge.seed"):
+    with pytest.raises(ProtocolError, match="lacks 'fedge.seed'"):
         UplinkRequest.read(config)
