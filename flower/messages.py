@@ -21,10 +21,9 @@ from fedge.compression import Codec, PayloadError
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.layer import LayerStack
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
-from fedge.protocol.dispatcher import Missing
-from fedge.protocol.step import Exchange, Outgoing, Reply, Step, Update
+from fedge.protocol.step import Reply, Step, Update
 
-__all__ = ["REFUSED", "Wrapper", "grid_exchange", "own_config", "parsed", "reply_through_layers",
+__all__ = ["REFUSED", "Wrapper", "own_config", "parsed", "reply_through_layers",
            "reply_update", "reply_weight", "with_raw"]
 
 log = logging.getLogger(__name__)
@@ -143,21 +142,3 @@ def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     """``like`` with the arrays ``raw`` has (the integer buffers a node sends as they are)."""
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
-
-
-def grid_exchange(grid: Grid, server_round: int) -> Exchange:
-    """A step's own exchanges (secure aggregation's key agreement and unmasking) as ``train``
-    messages on the user's grid, Flower's SecAgg+ convention; a node that did not answer in time
-    comes back as a :class:`Missing`."""
-
-    def run(outgoing: list[Outgoing], timeout: float, label: str) -> Iterable[Message | Missing]:
-        messages = [Message(o.content, o.node, o.message_type, group_id=str(server_round)) for o in outgoing]
-        answered = set()
-        for reply in grid.send_and_receive(messages, timeout=timeout):
-            answered.add(reply.metadata.src_node_id)
-            yield reply
-        for o in outgoing:
-            if o.node not in answered:
-                yield Missing(o.node, f"no reply to {label} within {timeout:g} s")
-
-    return run

@@ -14,10 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
-__all__ = ["Dispatcher", "Missing"]
+if TYPE_CHECKING:
+    from fedge.protocol.step import Exchange, Outgoing
+
+__all__ = ["Dispatcher", "Missing", "grid_exchange", "step_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +100,26 @@ class Dispatcher:
         """Synchronous step: push ``messages`` and drain every reply or timeout."""
         self.push(messages, timeout)
         return self.replies()
+
+
+def step_messages(outgoing: list[Outgoing], number: int, group: str, ttl: float | None = None) -> list[Message]:
+    """The Flower messages of step ``number``'s ``outgoing`` (group ``<number>-<group>``; ``ttl``:
+    seconds, None: Flower's default)."""
+    lifetime = {} if ttl is None else {"ttl": ttl}
+    return [Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{number}-{group}",
+                    **lifetime) for o in outgoing]
+
+
+def grid_exchange(grid: object, number: int, *, ttl: float | None = None, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Exchange:
+    """Step ``number``'s exchanges with its devices over ``grid`` (its train messages, secure
+    aggregation's key agreement and unmasking, federated evaluation), as every driver runs them:
+    each reply as it lands, a :class:`Missing` for a node that did not answer in time."""
+
+    def exchange(outgoing: list[Outgoing], timeout: float, group: str) -> Iterable[Message | Missing]:
+        if not outgoing:
+            return iter(())
+        return Dispatcher(grid, clock=clock, sleep=sleep).exchange(step_messages(outgoing, number, group, ttl),
+                                                                   timeout)
+
+    return exchange

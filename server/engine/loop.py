@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +58,7 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
 )
 from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Dispatcher, Missing
+from fedge.protocol.dispatcher import Dispatcher, Missing, grid_exchange, step_messages
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.protocol.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
@@ -375,7 +375,7 @@ class Engine:
             outgoing = self._configure(state, nodes, tally)
             for o in outgoing:
                 tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
-            return self._messages(outgoing, version + 1, f"v{version}-d{dispatches}")
+            return step_messages(outgoing, version + 1, f"v{version}-d{dispatches}", self._ttl)
 
         def receive(node: int, began: int | None, item: Message | Missing) -> bool:
             nonlocal version, tally, state
@@ -425,12 +425,12 @@ class Engine:
 
     def _exchange(self, grid: object, number: int) -> Exchange:
         """Send ``outgoing`` and yield each reply (or :class:`Missing`) as it lands."""
-        def exchange(outgoing: list[Outgoing], timeout: float, group: str) -> Iterable[Message | Missing]:
-            if not outgoing:
-                return iter(())
-            return Dispatcher(grid, clock=self.clock, sleep=self.sleep).exchange(
-                self._messages(outgoing, number, group), timeout)
-        return exchange
+        return grid_exchange(grid, number, ttl=self._ttl, clock=self.clock, sleep=self.sleep)
+
+    @property
+    def _ttl(self) -> float:
+        """A message's lifetime at the SuperLink: the round's timeout and a minute."""
+        return self.settings.round_timeout + 60.0
 
     def _receive(self, step: Step, item: Message | Missing, tally: Tally, started: int | None = None) -> None:
         """One reply (or a missing one) through the door, counted; a reply that cannot be used is
@@ -456,13 +456,6 @@ class Engine:
     def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
         """Hand one reply to the door; None if it was used, else why not."""
         return door(step.number, item, lambda reply: self.absorb_reply(step, reply), started)
-
-    def _messages(self, outgoing: list[Outgoing], step: int, group: str) -> list[Message]:
-        return [
-            Message(o.content, dst_node_id=o.node, message_type=o.message_type, group_id=f"{step}-{group}",
-                    ttl=self.settings.round_timeout + 60.0)
-            for o in outgoing
-        ]
 
     # -- the run's state ------------------------------------------------------------------------
     def _final_model(self) -> torch.Tensor:

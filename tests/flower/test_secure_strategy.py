@@ -85,6 +85,14 @@ class Grid:
             replies.append(reply)
         return replies
 
+    # the exchanges a step runs itself (secure aggregation's stages) push and pull, as on Flower's Grid
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        self.pulled = {reply.metadata.reply_to_message_id: reply for reply in self.send_and_receive(messages)}
+        return [m.object_id for m in messages]
+
+    def pull_messages(self, ids):  # type: ignore[no-untyped-def]
+        return [self.pulled.pop(i) for i in ids if i in self.pulled]
+
 
 @pytest.fixture(autouse=True)
 def _task() -> None:

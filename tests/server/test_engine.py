@@ -193,6 +193,7 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     """The client validates the model it receives as strictly as the server validates an update."""
     from flwr.app import Array
 
+    from fedge.protocol.dispatcher import step_messages
     from fedge.protocol.tally import Tally
 
     engine = _engine(tmp_path, rounds=1)
@@ -203,12 +204,12 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     record = content.array_records["arrays"]
     first = next(iter(record.keys()))
     record[first] = Array(torch.full(tuple(record[first].shape), float("nan")).numpy())
-    messages = engine._messages(outgoing[:1], 1, "train")
+    messages = step_messages(outgoing[:1], 1, "train")
     grid.push_messages(messages)
     (reply,) = grid.pull_messages([messages[0].metadata.message_id])
     assert reply.has_error() and "NaN" in reply.error.reason
     del content.array_records["arrays"][first]
-    messages = engine._messages(outgoing[:1], 1, "train")
+    messages = step_messages(outgoing[:1], 1, "train")
     grid.push_messages(messages)
     (reply,) = grid.pull_messages([messages[0].metadata.message_id])
     assert reply.has_error() and "does not match the model" in reply.error.reason
