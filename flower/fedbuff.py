@@ -32,7 +32,7 @@ from fedge.compression import Codec, make_codec
 from fedge.flower.layered import with_extra
 from fedge.flower.messages import REFUSED, reply_through_layers, with_raw
 from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Dispatcher, Missing
+from fedge.protocol.dispatcher import Dispatcher, Missing, step_messages
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
@@ -143,18 +143,16 @@ class FedBuff:
 
         def send(nodes: list[int]) -> list[Message]:
             arrays = result.arrays  # the current version, built once when it was published
-            messages = [self._message(n, arrays, layout, version, train_config) for n in nodes]
             params = torch.from_numpy(layout.flatten(arrays).copy())
-            outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
+            outgoing = [Outgoing(n, self._content(arrays, layout, version, train_config), MessageType.TRAIN,
+                                 model=params) for n in nodes]
             layers.outgoing(buffer.step, outgoing)  # a layer may keep some back
-            going = {o.node for o in outgoing}
-            messages = [m for m in messages if m.metadata.dst_node_id in going]
             buffer.accounting.sent(outgoing)
             # with a lattice, nodes train from the public copy
             b = downlink.broadcast
             sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
-            return messages
+            return step_messages(outgoing, version + 1, f"d{dispatches}")
 
         def receive(node: int, started: int | None, item: Message | Missing) -> bool:
             nonlocal version, model, like, buffer
@@ -239,13 +237,12 @@ class FedBuff:
         buffer.last = (started, update.vector)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _message(self, node: int, arrays: ArrayRecord, layout: Layout, version: int,
-                 train_config: ConfigRecord | None) -> Message:
+    def _content(self, arrays: ArrayRecord, layout: Layout, version: int,
+                 train_config: ConfigRecord | None) -> RecordDict:
         config = ConfigRecord(dict(train_config or {}))
         if self.uplink is not None:
             UplinkRequest(self.uplink, layout.digest, version + 1, self.seed).write(config)
-        return Message(RecordDict({MODEL_RECORD: arrays, "config": config}), dst_node_id=node,
-                       message_type=MessageType.TRAIN)
+        return RecordDict({MODEL_RECORD: arrays, "config": config})
 
     @staticmethod
     def _like(like: ArrayRecord, metrics_seen: list[RecordDict]) -> ArrayRecord:
