@@ -28,6 +28,7 @@ from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedge.aggregation.partial import Partial
+from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
 from fedge.flower.messages import REFUSED, Wrapper, own_config, reply_through_layers, \
     with_raw
@@ -163,7 +164,7 @@ class LayeredStrategy(Wrapper):
         replies = list(replies)
         step, layout, key = state.step, state.layout, str(getattr(self.strategy, "weighted_by_key", "num-examples"))
         kept: list[Message] = []
-        total, weight = torch.zeros(layout.numel, dtype=torch.float32), 0.0
+        clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
         uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
         for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
@@ -177,23 +178,21 @@ class LayeredStrategy(Wrapper):
             update = taken[0]
             if update is None:  # a layer took the reply whole
                 continue
-            total += update.weight * update.vector
-            weight += update.weight
+            clear.add(update.vector, update.weight)
             state.tally.members.append(update.node)
             kept.append(message)
         answered = {m.metadata.src_node_id for m in replies}
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
             log.info("round %d: no reply from node %d", server_round, node)
             self.layers.failed(step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
-        clear = Partial.of_sum(total, weight, len(kept), members=tuple(state.tally.members)) if kept \
-            else Partial.empty(layout.numel)
-        step.released = released = self.layers.release(step, clear)
+        summed = clear.partial().replace(members=tuple(state.tally.members))
+        step.released = released = self.layers.release(step, summed)
         state.tally.used = released.count
         if released.is_empty:
             arrays, metrics = None, None
-        elif released is clear and not self.streaming:
+        elif released is summed and not self.streaming:
             arrays, metrics = self.strategy.aggregate_train(server_round, kept)
-        elif released is clear:  # streaming: FedAvg's weighted mean, from the one running sum
+        elif released is summed:  # streaming: FedAvg's weighted mean, from the one running sum
             arrays, metrics = self._streamed(state, released, kept, key)
         else:  # a layer released another sum: the strategy steps from its mean
             stepped = layout.rebuild(state.sent + released.mean().numpy(), state.arrays)
