@@ -63,25 +63,27 @@ def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Ta
                                    "coordinator's (another torch build?); it must be sent once")
         return rebuilt
 
-    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, tensor_sizes(model.state_dict()), header,
-                        rebuild=rebuild, keep_support=make_codec(config.codec).shares_support)
+    sizes = tensor_sizes(model.state_dict())
+    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, sizes, header, rebuild=rebuild,
+                        keep_support=make_codec(config.codec).shares_support)
 
 
 def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], header: DownlinkHeader, *,
                  rebuild: Callable[[], torch.Tensor | None], keep_support: bool = False) -> torch.Tensor:
-    """The flat copy of the version a downlink ``record`` and its ``header`` bring, applied to the copy ``store`` holds
-    (and kept there): the one receiving end of Fedge's devices and of a Flower app's nodes
-    (``fedge.edge_client.downlink``). The base is the one shipped with ``record``, else the one stored
-    (if it still has the header's base digest), else ``rebuild()``'s: checked against it; None
-    (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it. With
-    ``keep_support`` the coordinates the change moved are kept too (:func:`held_support`)."""
+    """The flat copy of the version a downlink ``record`` and its ``header`` bring, applied to the
+    copy ``store`` holds (and kept there): the one receiving end of Fedge's devices and of a Flower
+    app's nodes (``fedge.edge_client.downlink``). The base is the one shipped with ``record``, else
+    the one stored (if it still has the header's base digest), else ``rebuild()``'s: checked against
+    it; None (nothing to build it from) raises :class:`OutOfSyncError`, so the coordinator ships it.
+    With ``keep_support`` the coordinates the change moved are kept too (:func:`held_support`)."""
     numel = sum(sizes)
     base = _base(record, store, numel, header.base_digest, rebuild)
     meta, held, steps = store.get_meta("lattice.meta"), store.get_bytes("lattice.n"), store.get_tensor("lattice.steps")
     copy_held = None if meta is None or held is None or steps is None else LatticeCopy.decode(held, numel, steps)
     if copy_held is not None and copy_held.version != int(meta["version"]):  # type: ignore[index]
         copy_held = None  # the store's parts disagree: no copy to build on
-    copy, updated = apply_downlink(record, sizes, base, copy_held, version=header.version, digest=header.digest)
+    copy, updated = apply_downlink(record, sizes, base, copy_held, version=header.version,
+                                   digest=header.digest)
     # Stored compactly (the snapshot encoding); the digest check passed, so this is the copy.
     store.put_bytes("lattice.n", updated.encode())
     store.put_tensor("lattice.steps", updated.tensor_steps)

@@ -176,8 +176,9 @@ class FedBuff:
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             layers.close(buffer.step, outcome, buffer.accounting)
+            counts = buffer.accounting.by_kind("fedge-failed", "fedge-declined")
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
-                                                                 {**outcome.extra, **buffer.accounting.by_kind("fedge-failed", "fedge-declined")})
+                                                                 {**outcome.extra, **counts})
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:

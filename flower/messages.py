@@ -1,7 +1,7 @@
-"""What the strategies of ``fedge.flower`` write into a train message and read from a reply, in one
-place (the uplink request is ``fedge.protocol.uplink_request``'s): a reply's weight and its update payload, the errors that
-make a reply refused rather than aggregated, and what every wrapper passes through to the strategy
-it wraps."""
+"""What the strategies of ``fedge.flower`` read from a reply, in one place (what they write, the
+uplink request, is ``fedge.protocol.uplink_request``'s): a reply's weight and its update payload,
+the errors that make a reply refused rather than aggregated, and what every wrapper passes through
+to the strategy it wraps."""
 
 from __future__ import annotations
 

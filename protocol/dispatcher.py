@@ -102,7 +102,8 @@ class Dispatcher:
         return self.replies()
 
 
-def step_messages(outgoing: list[Outgoing], number: int, group: str, ttl: float | None = None) -> list[Message]:
+def step_messages(outgoing: list[Outgoing], number: int, group: str,
+                  ttl: float | None = None) -> list[Message]:
     """The Flower messages of step ``number``'s ``outgoing`` (group ``<number>-<group>``; ``ttl``:
     seconds, None: Flower's default)."""
     lifetime = {} if ttl is None else {"ttl": ttl}
@@ -110,7 +111,8 @@ def step_messages(outgoing: list[Outgoing], number: int, group: str, ttl: float 
                     **lifetime) for o in outgoing]
 
 
-def grid_exchange(grid: object, number: int, *, ttl: float | None = None, clock: Callable[[], float] = time.monotonic,
+def grid_exchange(grid: object, number: int, *, ttl: float | None = None,
+                  clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> Exchange:
     """Step ``number``'s exchanges with its devices over ``grid`` (its train messages, secure
     aggregation's key agreement and unmasking, federated evaluation), as every driver runs them:
@@ -119,7 +121,7 @@ def grid_exchange(grid: object, number: int, *, ttl: float | None = None, clock:
     def exchange(outgoing: list[Outgoing], timeout: float, group: str) -> Iterable[Message | Missing]:
         if not outgoing:
             return iter(())
-        return Dispatcher(grid, clock=clock, sleep=sleep).exchange(step_messages(outgoing, number, group, ttl),
-                                                                   timeout)
+        messages = step_messages(outgoing, number, group, ttl)
+        return Dispatcher(grid, clock=clock, sleep=sleep).exchange(messages, timeout)
 
     return exchange

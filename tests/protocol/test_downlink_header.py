@@ -19,7 +19,8 @@ def test_what_the_layer_writes_a_device_reads(codec: str, version: int, digest: 
     config = ConfigRecord({"round": 3})
     DownlinkHeader(codec, version, digest, base).write(config)
     assert DownlinkHeader.read(config) == DownlinkHeader(codec, version, digest, base)
-    assert DownlinkHeader.read(dict(config)) == DownlinkHeader(codec, version, digest, base)  # a RoundConfig's extra
+    # a RoundConfig's extra (Fedge's own devices) reads alike
+    assert DownlinkHeader.read(dict(config)) == DownlinkHeader(codec, version, digest, base)
 
 
 def test_a_full_model_has_no_header_and_a_malformed_one_is_refused_by_name() -> None:
@@ -27,7 +28,9 @@ def test_a_full_model_has_no_header_and_a_malformed_one_is_refused_by_name() -> 
     assert DownlinkHeader.read(ConfigRecord({DOWNLINK_CODEC: "none"})) is None
     config = ConfigRecord()
     DownlinkHeader("lattice", 2, 7, 9).write(config)
-    for key, bad in ((DOWNLINK_VERSION, -1), (DOWNLINK_DIGEST, "7"), (DOWNLINK_BASE_DIGEST, 1.5), (DOWNLINK_CODEC, 3)):
+    malformed = ((DOWNLINK_VERSION, -1), (DOWNLINK_DIGEST, "7"), (DOWNLINK_BASE_DIGEST, 1.5),
+                 (DOWNLINK_CODEC, 3))
+    for key, bad in malformed:
         broken = ConfigRecord(dict(config))
         broken[key] = bad
         with pytest.raises(ProtocolError, match=f"config {key}="):
