@@ -146,8 +146,7 @@ class FedBuff:
             params = torch.from_numpy(layout.flatten(arrays).copy())
             outgoing = [Outgoing(n, self._content(arrays, layout, version, train_config), MessageType.TRAIN,
                                  model=params) for n in nodes]
-            layers.outgoing(buffer.step, outgoing)  # a layer may keep some back
-            buffer.accounting.sent(outgoing)
+            layers.outgoing(buffer.step, outgoing, buffer.accounting)  # a layer may keep some back
             # with a lattice, nodes train from the public copy
             b = downlink.broadcast
             sent_models.setdefault(version, model if b is None else b.public.numpy().copy())

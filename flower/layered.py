@@ -138,13 +138,12 @@ class LayeredStrategy(Wrapper):
             if self.uplink is not None:
                 UplinkRequest(self.uplink, layout.digest, server_round, self.seed).write(train_config)
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
-        self.layers.outgoing(step, outgoing)  # a layer may keep some back (secure aggregation's)
+        self.layers.outgoing(step, outgoing, state.tally)  # a layer may keep some back
         going = {o.node: o for o in outgoing}
         kept = [m for m in messages if m.metadata.dst_node_id in going]
         for message in kept:
             message.content = going[message.metadata.dst_node_id].content
             state.sent_at[message.metadata.dst_node_id] = message.metadata.created_at
-        state.tally.sent(outgoing)
         self._round = state
         return kept
 

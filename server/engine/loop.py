@@ -419,8 +419,7 @@ class Engine:
         for o in outgoing:  # a plugin algorithm's messages name their device handler
             if handler and CONFIG_RECORD in o.content.config_records:
                 o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] = handler
-        self.layers.outgoing(step, outgoing)
-        tally.sent(outgoing)
+        self.layers.outgoing(step, outgoing, tally)
         return outgoing
 
     def _exchange(self, grid: object, number: int) -> Exchange:
