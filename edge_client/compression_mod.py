@@ -46,7 +46,7 @@ _MEMORY = "flower-uplink"  # the node store's namespace of the compression memor
 def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     config = msg.content.config_records.get("config")
     support = None  # the coordinates the downlink's change moved: a tcs uplink sends on them
-    header = None if config is None else DownlinkHeader.read(config)
+    header = DownlinkHeader.read(config)
     if header is not None:  # a lattice downlink: the model it brings, first
         support = receive_downlink(msg, context, header)
     request = UplinkRequest.read(config) if msg.metadata.message_type.startswith("train") else None

@@ -30,8 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, own_config, reply_through_layers, \
-    with_raw
+from fedge.flower.messages import REFUSED, Wrapper, own_config, reply_through_layers, with_raw
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
 from fedge.protocol.door import door

@@ -63,10 +63,10 @@ class DownlinkHeader:
         config[DOWNLINK_DIGEST], config[DOWNLINK_BASE_DIGEST] = int(self.digest), int(self.base_digest)
 
     @classmethod
-    def read(cls, config: Mapping[str, Any]) -> DownlinkHeader | None:
-        """The header a message's config carries; None when the model rides in full (no downlink
-        codec, or ``none``). Raises :class:`ProtocolError` for a partial or mistyped one."""
-        codec = config.get(DOWNLINK_CODEC, "none")
+    def read(cls, config: Mapping[str, Any] | None) -> DownlinkHeader | None:
+        """The header a message's config carries; None when the model rides in full (no config, no
+        downlink codec, or ``none``). Raises :class:`ProtocolError` for a partial or mistyped one."""
+        codec = "none" if config is None else config.get(DOWNLINK_CODEC, "none")
         if codec == "none":
             return None
         version, digest, base = (typed_value(key, config.get(key), int, 0)
