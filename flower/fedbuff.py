@@ -29,8 +29,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
-from fedge.flower.layered import with_extra
-from fedge.flower.messages import REFUSED, reply_through_layers, with_raw
+from fedge.flower.messages import with_extra, with_raw
+from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Dispatcher, Missing, step_messages
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec

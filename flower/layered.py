@@ -30,7 +30,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import REFUSED, Wrapper, own_config, reply_through_layers, with_raw
+from fedge.flower.messages import Wrapper, own_config, with_extra, with_raw
+from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
 from fedge.protocol.door import door
@@ -317,21 +318,6 @@ class CompressedStrategy(LayeredStrategy):
                  streaming: bool = False, start: str | None = None) -> None:
         super().__init__(strategy, [DownlinkLayer.for_app(downlink, start=start)], uplink=uplink, seed=seed,
                          streaming=streaming)
-
-
-def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:
-    """The strategy's metrics plus the layers' numbers (one level of dicts flattened)."""
-    flat: dict[str, float] = {}
-    for name, value in extra.items():
-        items = value.items() if isinstance(value, dict) else [("", value)]
-        for sub, number in items:
-            if isinstance(number, (int, float)) and not isinstance(number, bool):
-                flat[f"{name}.{sub}" if sub else name] = number
-    if not flat:
-        return metrics
-    out = MetricRecord(dict(metrics or {}))
-    out.update(flat)
-    return out
 
 
 def is_plain_mean(strategy: Strategy) -> bool:
