@@ -32,7 +32,7 @@ from fedge.compression import Codec, make_codec
 from fedge.flower.messages import with_extra, with_raw
 from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Dispatcher, Missing, step_messages
+from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
@@ -61,6 +61,18 @@ class _Buffer:
     accounting: Tally
     contents: list[RecordDict] = field(default_factory=list)
     last: tuple[int, torch.Tensor] | None = None  # (version it started from, update): FedAsync's one update
+
+
+@dataclass
+class _Run:
+    """What one run's replies are read against: the model's layout, the uplink codec, the nodes'
+    copies (the downlink) and every layer, and the model each version in flight started from."""
+
+    layout: Layout
+    codec: Codec | None
+    downlink: DownlinkLayer
+    layers: LayerStack
+    sent_models: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 class FedBuff:
@@ -108,57 +120,50 @@ class FedBuff:
               timeout: float = 3600.0, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Result:
         """Publish ``num_versions`` versions; Flower's :class:`Result`, indexed by version. Messages
-        go out and replies come back through the engine's :class:`Dispatcher` (a reply the moment
+        go out and replies come back on the engine's schedule (:class:`AsyncLoop`: a reply the moment
         it is pulled; a :class:`Missing` at its node's ``reply_timeout``)."""
         layout = Layout(initial_arrays)
         codec = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes())  # once per run
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         downlink = DownlinkLayer.for_app(self.downlink_spec, start=self.start_spec,  # the nodes' copies
                                          track_supports=codec is not None and codec.shares_support)
-        layers = LayerStack([downlink, *self.layers])
-        layers.start(torch.from_numpy(model.copy()))
-        sent_models: dict[int, np.ndarray] = {}  # what the nodes of messages in flight started from, per version
+        run = _Run(layout, codec, downlink, LayerStack([downlink, *self.layers]))
+        run.layers.start(torch.from_numpy(model.copy()))
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
         rng = random.Random(self.seed)
-        loop = AsyncLoop(grid, Dispatcher(grid, clock=clock, sleep=sleep), self.concurrency, self.reply_timeout)
-        version, dispatches = 0, 0
-        buffer = self._new_buffer(layout, 1, clock)
-        deadline = clock() + timeout
+        loop = AsyncLoop(grid, self.concurrency, self.reply_timeout, clock=clock, sleep=sleep)
+        version, buffer, deadline = 0, self._new_buffer(layout, 1, clock), clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
 
         def in_time() -> None:
             if clock() > deadline:
                 raise TimeoutError(f"FedBuff: {version} of {num_versions} versions within {timeout:g} s")
 
-        def pick(free: list[int], wanted: int) -> list[int]:
-            nonlocal dispatches
-            dispatches += 1
-            chosen = layers.select(free, wanted, dispatches)  # a layer that chooses (Oort's rule)
+        def pick(free: list[int], wanted: int, dispatch: int) -> list[int]:
+            chosen = run.layers.select(free, wanted, dispatch + 1)  # a layer that chooses (Oort's rule)
             if chosen is not None:
                 return chosen
             rng.shuffle(free)  # else a seeded shuffle
             return free[:wanted]
 
-        def send(nodes: list[int]) -> list[Message]:
+        def send(nodes: list[int]) -> list[Outgoing]:
             arrays = result.arrays  # the current version, built once when it was published
             params = torch.from_numpy(layout.flatten(arrays).copy())
             outgoing = [Outgoing(n, self._content(arrays, layout, version, train_config), MessageType.TRAIN,
                                  model=params) for n in nodes]
-            layers.outgoing(buffer.step, outgoing, buffer.accounting)  # a layer may keep some back
-            # with a lattice, nodes train from the public copy
-            b = downlink.broadcast
-            sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
+            run.layers.outgoing(buffer.step, outgoing, buffer.accounting)  # a layer may keep some back
+            b = downlink.broadcast  # with a lattice, nodes train from the public copy
+            run.sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
-            return step_messages(outgoing, version + 1, f"d{dispatches}")
+            return outgoing
 
         def receive(node: int, started: int | None, item: Message | Missing) -> bool:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
-            failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, layout, codec,
-                                                                     sent_models, downlink, layers),
+            failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
                            started=started, refuses=REFUSED)
             if failure is not None:
                 if failure.kind is FailureKind.STALE:
@@ -166,15 +171,15 @@ class FedBuff:
                 else:  # a node that did not answer is counted at the version it was waited for
                     at = version if failure.kind is FailureKind.TIMEOUT else started
                     self.refused.append((at, node, failure.reason))
-                layers.failed(buffer.step, buffer.accounting, failure)
+                run.layers.failed(buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False
-            model = self._advance(model, buffer, sent_models)
+            model = self._advance(model, buffer, run.sent_models)
             version += 1
             like = self._like(like, buffer.contents)
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
-            layers.close(buffer.step, outcome, buffer.accounting)
+            run.layers.close(buffer.step, outcome, buffer.accounting)
             counts = buffer.accounting.by_kind("fedge-failed", "fedge-declined")
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
                                                                  {**outcome.extra, **counts})
@@ -183,11 +188,9 @@ class FedBuff:
             if evaluate_fn is not None:
                 self._evaluate(evaluate_fn, version, result.arrays, result)
             buffer = self._new_buffer(layout, version + 1, clock)
-            if version >= num_versions:
-                return True
-            for old in [v for v in sent_models if v not in set(loop.busy.values()) | {version}]:
-                del sent_models[old]
-            return False
+            for old in [v for v in run.sent_models if v not in set(loop.busy.values()) | {version}]:
+                del run.sent_models[old]
+            return version >= num_versions
 
         def done() -> bool:
             in_time()
@@ -206,14 +209,11 @@ class FedBuff:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
-    def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, layout: Layout,
-                codec: Codec | None, sent_models: dict[int, np.ndarray], downlink: DownlinkLayer,
-                layers: LayerStack) -> None:
-        """One reply into the buffer through the layers' part of the door both coordinators share:
-        every layer sees it (the downlink: the node holds its copy); an update staler than the bound
-        is refused before it is decoded, as in the engine; it is decoded with the codec of the round
-        its message named (``tcs``: on the coordinates its node's message moved), passed through the
-        layers' ``update`` (bound, weight) and added with its weight times s(τ)
+    def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, run: _Run) -> None:
+        """One reply into the buffer through the layers' part of the door both coordinators share
+        (``fedge.protocol.app_reply``): an update staler than the bound is refused before it is
+        decoded, as in the engine; it is decoded with the codec of the round its message named
+        (``tcs``: on the coordinates its node's message moved) and added with its weight times s(τ)
         (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine). Raises what refuses it."""
         self.uplink_bytes += array_bytes(message.content, (UPDATE_RECORD,)
                                          if UPDATE_RECORD in message.content.array_records
@@ -225,9 +225,10 @@ class FedBuff:
             if not buffer.tally.admits(tau):
                 raise Rejected(f"stale by {tau} versions", kind=FailureKind.STALE)
 
-        wire = None if codec is None else downlink.bind(codec.for_round(started + 1, self.seed), reply.node)
-        update, _ = reply_through_layers(layers, buffer.step, message, reply, layout, wire, sent_models[started],
-                                         self.weighted_by_key, admit)
+        wire = None if run.codec is None else run.downlink.bind(run.codec.for_round(started + 1, self.seed),
+                                                                reply.node)
+        update, _ = reply_through_layers(run.layers, buffer.step, message, reply, run.layout, wire,
+                                         run.sent_models[started], self.weighted_by_key, admit)
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
         buffer.accounting.members.append(reply.node)
         buffer.tally.add(buffer.mean, update.vector, update.weight, tau)

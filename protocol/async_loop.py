@@ -11,35 +11,42 @@ the model stay theirs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 
 from flwr.app import Message
 
-from fedge.protocol.dispatcher import Dispatcher, Missing
+from fedge.protocol.dispatcher import Dispatcher, Missing, step_messages
+from fedge.protocol.step import Outgoing
 
 __all__ = ["AsyncLoop"]
 
 
 class AsyncLoop:
-    """``busy`` maps each node with a message in flight to the version that message started from."""
+    """``busy`` maps each node with a message in flight to the version that message started from;
+    ``dispatches`` counts the fills that sent messages (each names its messages' group)."""
 
-    def __init__(self, grid: object, dispatcher: Dispatcher, concurrency: int, reply_timeout: float) -> None:
+    def __init__(self, grid: object, concurrency: int, reply_timeout: float, *, ttl: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        self.grid, self.dispatcher = grid, dispatcher
-        self.concurrency, self.reply_timeout = int(concurrency), float(reply_timeout)
+        self.grid, self.dispatcher = grid, Dispatcher(grid, clock=clock, sleep=sleep)
+        self.concurrency, self.reply_timeout, self.ttl = int(concurrency), float(reply_timeout), ttl
         self.busy: dict[int, int] = {}
+        self.dispatches = 0
 
-    def fill(self, version: int, pick: Callable[[list[int], int], list[int]],
-             send: Callable[[list[int]], Sequence[Message]]) -> None:
-        """Give the free slots to free nodes: ``pick(free, wanted)`` chooses among the connected nodes
-        without a message (in the grid's order), ``send(nodes)`` builds their messages, which start
-        from ``version``."""
+    def fill(self, version: int, pick: Callable[[list[int], int, int], list[int]],
+             send: Callable[[list[int]], list[Outgoing]]) -> None:
+        """Give the free slots to free nodes: ``pick(free, wanted, dispatch)`` chooses among the
+        connected nodes without a message (in the grid's order), ``send(nodes)`` builds what goes
+        to them (a layer may keep some back); they go out as step ``version + 1``'s messages."""
         free = [n for n in self.grid.get_node_ids() if n not in self.busy]  # type: ignore[attr-defined]
         wanted = min(self.concurrency - len(self.busy), len(free))
         if wanted <= 0:
             return
-        messages = list(send(pick(free, wanted)))
+        dispatch, self.dispatches = self.dispatches, self.dispatches + 1
+        outgoing = send(pick(free, wanted, dispatch))
+        messages = step_messages(outgoing, version + 1, f"v{version}-d{dispatch}", self.ttl)
         self.dispatcher.push(messages, self.reply_timeout)
         self.busy.update({m.metadata.dst_node_id: version for m in messages})
 

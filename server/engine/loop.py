@@ -58,7 +58,7 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
 )
 from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Dispatcher, Missing, grid_exchange, step_messages
+from fedge.protocol.dispatcher import Missing, grid_exchange
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.protocol.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
@@ -356,26 +356,23 @@ class Engine:
         is ready. Messages still out when the last version is published are abandoned: their
         updates would train a finished model."""
         alg = self.algorithm
-        loop = AsyncLoop(grid, Dispatcher(grid, clock=self.clock, sleep=self.sleep), alg.concurrency,
-                         self.settings.round_timeout)
+        loop = AsyncLoop(grid, alg.concurrency, self.settings.round_timeout, ttl=self._ttl, clock=self.clock,
+                         sleep=self.sleep)
         free_since: dict[int, float] = {}  # node -> when its last reply landed
-        version, dispatches = start, 0
+        version = start
         tally = Tally(self.clock())
         state = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1), tally)  # type: ignore[attr-defined]
 
-        def pick(free: list[int], want: int) -> list[int]:
-            nonlocal dispatches
-            # Seeded by a dispatch counter: which free nodes get the slots is reproducible for a
+        def pick(free: list[int], want: int, dispatch: int) -> list[int]:
+            # Seeded by the dispatch counter: which free nodes get the slots is reproducible for a
             # given order of replies (the order itself follows the devices' real speed).
-            picked = self._choose(sorted(free), want, 10**6 * (version + 1) + dispatches)
-            dispatches += 1
-            return picked
+            return self._choose(sorted(free), want, 10**6 * (version + 1) + dispatch)
 
-        def send(nodes: list[int]) -> list[Message]:
+        def send(nodes: list[int]) -> list[Outgoing]:
             outgoing = self._configure(state, nodes, tally)
             for o in outgoing:
                 tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
-            return step_messages(outgoing, version + 1, f"v{version}-d{dispatches}", self._ttl)
+            return outgoing
 
         def receive(node: int, began: int | None, item: Message | Missing) -> bool:
             nonlocal version, tally, state
