@@ -1,14 +1,10 @@
-"""``FedBuff`` and ``FedAsync`` for a user's own ServerApp: asynchronous aggregation against a Grid
-(docs/flower.md, "Asynchronous": the parameters, the metrics, the figures).
+"""``FedBuff`` and ``FedAsync`` for a user's own ServerApp (docs/flower.md, "Asynchronous").
 
-Flower's strategies run in rounds, each waiting for its slowest client; these keep ``concurrency``
-nodes training and publish a version every ``buffer`` updates, as Fedge's engine does. Only the
-driving is written here: the schedule is the engine's (``fedge.protocol.async_loop``), so are the
-staleness rule and FedAsync's mix (``fedge.aggregation.staleness``), the buffer's aggregation rule
-(``fedge.aggregation.robust``), the downlink layer and the door (``fedge.protocol``). A message sent
-at version v names round v + 1, as the engine's do, so a device encodes the same payload for either
-coordinator (``tests/flower/test_one_coordinator.py``). ``layers`` run as the engine's asynchronous
-loop runs them; one that releases a whole round's aggregate (secure aggregation, DP) is refused.
+Only the driving is written here: the schedule is the engine's (``fedge.protocol.async_loop``), so
+are the staleness rule and FedAsync's mix (``fedge.aggregation.staleness``), the buffer's rule
+(``fedge.aggregation.robust``), the layers, the reply's reading and the door (``fedge.protocol``).
+A message sent at version v names round v + 1, as the engine's do, so a device encodes the same
+payload for either coordinator. A layer that releases a whole round's aggregate is refused.
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ _NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
 
 @dataclass
 class _Buffer:
-    """One version's buffer: the aggregation rule's accumulator (the engine's: O(model) for the
-    mean), the engine's tally of its updates' staleness and the records its metrics come from."""
+    """One version's buffer: the rule's accumulator, the staleness tally, the records of its metrics."""
 
     mean: Aggregator
     tally: VersionTally
@@ -210,11 +205,9 @@ class FedBuff:
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
     def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, run: _Run) -> None:
-        """One reply into the buffer through the layers' part of the door both coordinators share
-        (``fedge.protocol.app_reply``): an update staler than the bound is refused before it is
-        decoded, as in the engine; it is decoded with the codec of the round its message named
-        (``tcs``: on the coordinates its node's message moved) and added with its weight times s(τ)
-        (Σ s(τ_i) w_i Δ_i / Σ w_i, as Fedge's engine). Raises what refuses it."""
+        """One reply into the buffer (``fedge.protocol.app_reply``), as the engine takes it: refused
+        when staler than the bound before it is decoded, decoded with its round's codec (``tcs``: on
+        its node's support), added with weight w·s(τ). Raises what refuses it."""
         self.uplink_bytes += array_bytes(message.content, (UPDATE_RECORD,)
                                          if UPDATE_RECORD in message.content.array_records
                                          else (MODEL_RECORD,))  # what arrived, decodable or not
