@@ -34,7 +34,7 @@ from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
 from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 from fedge.protocol.uplink_request import UplinkRequest
@@ -158,6 +158,8 @@ class FedBuff:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
+            if isinstance(item, Message):  # what arrived, used or not, as the engine's tally counts it
+                buffer.accounting.replied(item)
             failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
                            started=started, refuses=REFUSED)
             if failure is not None:
@@ -170,6 +172,7 @@ class FedBuff:
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, run.sent_models)
+            self.uplink_bytes += buffer.accounting.uplink
             version += 1
             like = self._like(like, buffer.contents)
             result.arrays = layout.rebuild(model, like)
@@ -208,9 +211,6 @@ class FedBuff:
         """One reply into the buffer (``fedge.protocol.app_reply``), as the engine takes it: refused
         when staler than the bound before it is decoded, decoded with its round's codec (``tcs``: on
         its node's support), added with weight w·s(τ). Raises what refuses it."""
-        self.uplink_bytes += array_bytes(message.content, (UPDATE_RECORD,)
-                                         if UPDATE_RECORD in message.content.array_records
-                                         else (MODEL_RECORD,))  # what arrived, decodable or not
         assert reply.started is not None
         started, tau = reply.started, version - reply.started
 

@@ -38,7 +38,7 @@ from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally
 from fedge.protocol.uplink_request import UplinkRequest
@@ -165,8 +165,8 @@ class LayeredStrategy(Wrapper):
         kept: list[Message] = []
         clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
-        uplink = sum(array_bytes(r.content, (UPDATE_RECORD,)) for r in replies if not r.has_error())
         for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
+            state.tally.replied(message)
             taken: list[Update | None] = []
             failure = door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
                 self._update(state, m, reply, key)), refuses=REFUSED)
@@ -202,7 +202,7 @@ class LayeredStrategy(Wrapper):
         self.layers.close(step, outcome, state.tally)
         fedge: dict[str, object] = dict(state.tally.by_kind("fedge-failed", "fedge-declined"))
         if self.uplink is not None:
-            fedge.update({"fedge-uplink-bytes": uplink, "fedge-refused": len(self.refused) - refused_before})
+            fedge.update({"fedge-uplink-bytes": state.tally.uplink, "fedge-refused": len(self.refused) - refused_before})
         if self.downlink is not None:
             fedge["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
         return arrays, self._metrics(state, with_extra(metrics, {**outcome.extra, **fedge}))

@@ -107,10 +107,10 @@ class SecureStrategy(LayeredStrategy):
     def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord:
         """The wrapped strategy's metrics plus ``fedge-secagg-survivors`` and ``fedge-uplink-bytes``
         (masked uploads and key exchange); under DP, the layer's ``dp_*`` fields."""
-        secure, revealed = secure_round_of(state.step)
+        _, revealed = secure_round_of(state.step)
         out = MetricRecord(dict(metrics or {}))
         out["fedge-secagg-survivors"] = revealed.count if revealed is not None else 0
-        out["fedge-uplink-bytes"] = sum(map(len, secure.uploads.values())) + secure.uplink if secure else 0
+        out["fedge-uplink-bytes"] = state.tally.uplink  # the masked uploads and the layer's own exchanges
         return out
 
     def describe(self) -> str:

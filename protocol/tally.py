@@ -1,9 +1,11 @@
 """The reply accounting of one step, for its metrics row: the same for a synchronous round, a
 secure round and an asynchronous version.
 
-``uplink`` counts the ``update`` record of every used reply (the real encoded payloads, headers
-included) plus what layers exchanged on their own (secure aggregation's key agreement);
+``uplink`` counts what every reply that arrived brought (:meth:`Tally.replied`, used or refused:
+the real encoded payloads, headers included; its ``update`` record, or a model a Flower app's node
+sent) plus what layers exchanged on their own (secure aggregation's key agreement);
 ``measurement`` the ``measure`` records; ``downlink`` every array sent (and layers' own messages).
+Every driver counts through it, so one reply is the same bytes in each coordinator's metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
-from fedge.protocol import METRICS_RECORD, array_bytes
+from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.resources import ResourceReport, report_of
 
 from fedge.protocol.failures import Failure
@@ -54,6 +56,13 @@ class Tally:
         self.downlink += sum(array_bytes(o.content) for o in outgoing)
 
     def replied(self, reply: Message) -> None:
+        """A reply arrived (before the door decides on it): its bytes and its resource report."""
+        if reply.has_error():
+            return
+        records = reply.content.array_records
+        self.uplink += array_bytes(reply.content, (UPDATE_RECORD,) if UPDATE_RECORD in records else
+                                   tuple(n for n in records if n != MEASURE_RECORD))
+        self.measurement += array_bytes(reply.content, (MEASURE_RECORD,))
         report = report_of(reply)
         if report is not None:
             self.resources.append(report)

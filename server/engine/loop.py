@@ -25,8 +25,8 @@ sequence:
 
 The synchronous loop runs 1-4 once per round; the asynchronous loop keeps nodes busy, receives
 replies as they land and concludes a step whenever the algorithm is ready. ``uplink_bytes`` are the
-bytes of the ``update`` record of used replies (the real encoded payloads, headers included) plus
-layers' own exchanges, ``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every
+bytes of the ``update`` record of every reply that arrived, used or refused (the real encoded
+payloads, headers included; ``protocol.tally``) plus layers' own exchanges, ``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every
 array sent.
 """
 
@@ -44,7 +44,7 @@ from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
-from fedge.protocol import CONFIG_RECORD, MEASURE_RECORD, UPDATE_RECORD, array_bytes, read_payload
+from fedge.protocol import CONFIG_RECORD, UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.config_keys import PLUGIN_HANDLER
 from fedge.protocol.door import door
 from fedge.server.engine.algorithm import (
@@ -438,8 +438,6 @@ class Engine:
             assert isinstance(item, Message)
             tally.used += 1
             tally.members.append(item.metadata.src_node_id)
-            tally.uplink += array_bytes(item.content, (UPDATE_RECORD,))
-            tally.measurement += array_bytes(item.content, (MEASURE_RECORD,))
             tally.train_seconds.append(train_seconds(item))
         else:
             self._failed(step, failure, tally)

@@ -142,24 +142,26 @@ class _Grid(InProcessGrid):
         return replies
 
 
-def _flower_run(monkeypatch: pytest.MonkeyPatch, start: torch.Tensor) -> tuple[_Devices, list[np.ndarray]]:
+def _flower_run(monkeypatch: pytest.MonkeyPatch, start: torch.Tensor) -> tuple[_Devices, list[np.ndarray], list[int]]:
     devices = _Devices(_reproducible(monkeypatch))
     grid = _Grid(NODES, app=devices)
     template = make_task("digits").build_model().state_dict()
     arrays = ArrayRecord(unflatten_state(start, template))
     wrapped = secure(FedAvg(fraction_train=1.0), SPEC, seed=SEED, differential_privacy=DP)
     wrapped.session.run_id = RUN_ID
-    models = []
+    models, uplink = [], []
     for server_round in range(1, ROUNDS + 1):
         messages = list(wrapped.configure_train(server_round, arrays, ConfigRecord({"lr": 0.1}), grid))
         replies = grid.send_and_receive(messages)
         arrays, metrics = wrapped.aggregate_train(server_round, replies)
         assert arrays is not None and metrics["fedge-secagg-survivors"] == NODES, metrics
         models.append(Layout(arrays).flatten(arrays))
-    return devices, models
+        uplink.append(metrics["fedge-uplink-bytes"])
+    return devices, models, uplink
 
 
-def _engine_run(monkeypatch: pytest.MonkeyPatch, tmp_path, start: torch.Tensor) -> tuple[_Devices, list[np.ndarray]]:
+def _engine_run(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                start: torch.Tensor) -> tuple[_Devices, list[np.ndarray], list[int]]:
     devices = _Devices(_reproducible(monkeypatch))
     engine = build_engine(dict(rounds=ROUNDS, clients_per_round=NODES, round_timeout=5.0, wait_for_nodes=1.0,
                                run_dir=str(tmp_path / "run"), seed=SEED, secure_aggregation=SPEC,
@@ -169,7 +171,7 @@ def _engine_run(monkeypatch: pytest.MonkeyPatch, tmp_path, start: torch.Tensor) 
     engine.on_row = lambda row: models.append(engine.algorithm.params.numpy().copy())
     rows = engine.run(_Grid(NODES, app=devices), start.clone()).rows
     assert [r.clients_used for r in rows] == [NODES] * ROUNDS
-    return devices, models
+    return devices, models, [r.uplink_bytes for r in rows]
 
 
 def test_secure_aggregation_with_distributed_dp_is_the_same_bytes_and_model_in_both_coordinators(
@@ -178,15 +180,16 @@ def test_secure_aggregation_with_distributed_dp_is_the_same_bytes_and_model_in_b
     secure-aggregation record each device receives (advertise, share, the masked round's plan and
     shares, unmask) and every record it sends back (its advertisement, sealed shares, masked upload
     with its Skellam noise, reveals) is the same bytes whichever coordinator drives it, and both
-    release the same model (the same noisy sum over q N)."""
+    release the same model (the same noisy sum over q N), and count the same uplink bytes (one
+    tally: the masked uploads as they arrived and the stages' records)."""
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     task = make_task("digits")
     torch.manual_seed(0)
     start = flatten_state(task.build_model().state_dict())
     with monkeypatch.context() as patch:
-        flower_devices, flower_models = _flower_run(patch, start)
+        flower_devices, flower_models, flower_uplink = _flower_run(patch, start)
     with monkeypatch.context() as patch:
-        engine_devices, engine_models = _engine_run(patch, tmp_path, start)
+        engine_devices, engine_models, engine_uplink = _engine_run(patch, tmp_path, start)
 
     stages = {k[2] for k in flower_devices.up}
     assert {"advertise", "share", "masked", "unmask"} <= stages, stages
@@ -198,3 +201,4 @@ def test_secure_aggregation_with_distributed_dp_is_the_same_bytes_and_model_in_b
     for server_round, (ours, theirs) in enumerate(zip(engine_models, flower_models), start=1):
         assert not np.array_equal(ours, start.numpy()), "the round released nothing"
         np.testing.assert_array_equal(ours, theirs, err_msg=f"round {server_round}")
+    assert engine_uplink == flower_uplink and all(b > 0 for b in engine_uplink), (engine_uplink, flower_uplink)
