@@ -93,7 +93,7 @@ class EASGD(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """The center (the downlink layer ships it, full or as what brings each copy up to date)."""
-        return self.model_messages(nodes, self.ctx.round_config(step.number, **{EASGD_ALPHA: self.alpha}), self.center)
+        return self.model_messages(nodes, self.round_config(step.number, **{EASGD_ALPHA: self.alpha}), self.center)
 
     def admit(self, step: Step, reply: Reply) -> None:
         """The metrics EASGD reports are checked before the update is decoded."""

@@ -73,7 +73,7 @@ class FedAvg(Algorithm):
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """The global model (the downlink layer ships it) and the round's config, to each node."""
-        return self.model_messages(nodes, self.ctx.round_config(step.number, **{PROX_MU: self.ctx.settings.prox_mu}),
+        return self.model_messages(nodes, self.round_config(step.number, **{PROX_MU: self.ctx.settings.prox_mu}),
                                    self.params)
 
     def absorb(self, step: Step, update: Update) -> None:

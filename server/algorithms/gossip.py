@@ -171,7 +171,7 @@ class Gossip(Algorithm):
                 GOSSIP_POSITION: i, GOSSIP_VERSION: version, GOSSIP_GAMMA: self.gamma, GOSSIP_MEASURE: measuring,
                 GOSSIP_PEERS: peers, GOSSIP_MIX_PEERS: list(mix), GOSSIP_MIX_WEIGHTS: list(mix.values()),
             }
-            content = RecordDict({CONFIG_RECORD: self.ctx.round_config(step.number, **extra).to_record()})
+            content = RecordDict({CONFIG_RECORD: self.round_config(step.number, **extra).to_record()})
             if self.synced.get(i) == version - 1 and version >= 1:
                 relay = {str(j): payload_array(self.pending[j]) for j in peers if self.pending[j] is not None}
                 content[RELAY_RECORD] = ArrayRecord(relay) if relay else ArrayRecord()

@@ -48,7 +48,7 @@ from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
-from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGINS
+from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGIN_HANDLER, PLUGINS
 from fedge.protocol.failures import Rejected
 from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -134,7 +134,7 @@ class Algorithm(ABC):
     #: its own name. FedBuff's clients do FedAvg's work, so FedBuff says ``"fedavg"``.
     device_handler: ClassVar[str] = ""
     #: plugin algorithms (``register_algorithm``): the name of their device handler, which travels
-    #: in the config record's ``handler`` key of their ``train.plugin`` messages
+    #: in the config record's ``handler`` key of their ``train.plugin`` messages (:meth:`round_config`)
     plugin_handler: ClassVar[str] = ""
     #: the algorithm-specific run settings (``settings.ALGORITHM_KEYS``) this algorithm uses; a run
     #: that sets another of them away from its default is refused before it starts
@@ -197,6 +197,13 @@ class Algorithm(ABC):
     @abstractmethod
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         """Messages for ``nodes`` (synchronous: the step's nodes, once; asynchronous: free nodes)."""
+
+    def round_config(self, step: int, **extra: Any) -> RoundConfig:
+        """The run's config for a train message of ``step`` plus the algorithm's own keys; a plugin
+        algorithm's (``register_algorithm``) names its device handler, which its ``train.plugin``
+        messages are routed to."""
+        handler = {PLUGIN_HANDLER: self.plugin_handler} if self.plugin_handler else {}
+        return self.ctx.round_config(step, **handler, **extra)
 
     def model_messages(self, nodes: list[int], config: RoundConfig, model: torch.Tensor) -> list[Outgoing]:
         """One train message per node carrying ``config`` (its own record: layers add keys to it)

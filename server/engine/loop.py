@@ -44,8 +44,7 @@ from flwr.app import ArrayRecord, Message
 
 from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
-from fedge.protocol import CONFIG_RECORD, UPDATE_RECORD, array_bytes, read_payload
-from fedge.protocol.config_keys import PLUGIN_HANDLER
+from fedge.protocol import UPDATE_RECORD, array_bytes, read_payload
 from fedge.protocol.door import door
 from fedge.server.engine.algorithm import (
     Algorithm,
@@ -412,10 +411,6 @@ class Engine:
         """The algorithm's messages for ``nodes``, through every layer (which may keep some back:
         secure aggregation's, to the devices that dealt no shares); those that go out are counted."""
         outgoing = self.algorithm.configure(step, nodes) if nodes else []
-        handler = self.algorithm.plugin_handler
-        for o in outgoing:  # a plugin algorithm's messages name their device handler
-            if handler and CONFIG_RECORD in o.content.config_records:
-                o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] = handler
         self.layers.outgoing(step, outgoing, tally)
         return outgoing
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedge.edge_client.app import handled_algorithms
 from fedge.server.algorithms import algorithms
@@ -31,3 +32,35 @@ def test_settings_rules_come_from_the_classes() -> None:
     with pytest.raises(SettingsError, match="downlink-codec=.lattice. applies to algorithm"):
         check_algorithm_settings(RunSettings(algorithm="gossip", downlink_codec="lattice"))
     assert check_algorithm_settings(RunSettings(algorithm="fedbuff", aggregator="median")).name == "fedbuff"
+
+
+def test_a_plugin_algorithms_messages_name_its_device_handler(tmp_path, monkeypatch) -> None:
+    """``register_algorithm(cls, train)``: the algorithm's train messages go to ``train.plugin``
+    with the handler's name in their config record, written by the algorithm's own round config
+    (``Algorithm.round_config``), not by the engine afterwards."""
+    from fedge.protocol import CONFIG_RECORD
+    from fedge.protocol.config_keys import PLUGIN_HANDLER
+    from fedge.protocol.plugins import PLUGIN_ACTION, _HANDLERS
+    from fedge.server.algorithms import registry
+    from fedge.server.algorithms.fedavg import FedAvg
+    from fedge.protocol.step import Step
+    from tests.server.engines import build_engine
+
+    class Renamed(FedAvg):
+        name = "renamed_fedavg_test"
+
+        @property
+        def spec(self) -> str:
+            return self.name
+
+    monkeypatch.setattr(registry, "_PLUGINS", {})
+    monkeypatch.setattr("fedge.protocol.plugins._HANDLERS", dict(_HANDLERS))
+    registry.register_algorithm(Renamed, lambda msg, context: msg)
+    engine = build_engine({"algorithm": "renamed_fedavg_test", "clients_per_round": 2, "run_dir": str(tmp_path)})
+    engine.algorithm.start(torch.zeros(engine.ctx.numel))
+    outgoing = engine.algorithm.configure(Step(1, [3, 5]), [3, 5])
+    assert [o.message_type for o in outgoing] == [f"train.{PLUGIN_ACTION}"] * 2
+    assert {o.content.config_records[CONFIG_RECORD][PLUGIN_HANDLER] for o in outgoing} == {"renamed_fedavg_test"}
+    plain = build_engine({"clients_per_round": 2, "run_dir": str(tmp_path / "plain")}).algorithm
+    plain.start(torch.zeros(plain.ctx.numel))
+    assert all(PLUGIN_HANDLER not in o.content.config_records[CONFIG_RECORD] for o in plain.configure(Step(1, [3]), [3]))
