@@ -19,6 +19,7 @@ check_flower()  # before anything reads Flower: another release gets a clear err
 from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
 from fedge.edge_client.elastic_mod import elastic_mod  # noqa: E402
 from fedge.edge_client.layers import refusal_mod  # noqa: E402
+from fedge.edge_client.resources import resource_mod  # noqa: E402
 from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
@@ -26,5 +27,5 @@ from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: 
 from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
 
 __all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy",
-           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "refusal_mod", "secure",
-           "secure_mod"]
+           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "refusal_mod",
+           "resource_mod", "secure", "secure_mod"]

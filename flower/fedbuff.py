@@ -25,7 +25,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import with_extra, with_raw
+from fedge.flower.messages import counted, with_extra, with_raw
 from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Missing
@@ -36,7 +36,7 @@ from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.tally import Tally
+from fedge.protocol.tally import Tally, resource_summary
 from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -159,7 +159,7 @@ class FedBuff:
             in_time()
             started = version if started is None else started
             if isinstance(item, Message):  # what arrived, used or not, as the engine's tally counts it
-                buffer.accounting.replied(item)
+                counted(item, buffer.accounting)
             failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
                            started=started, refuses=REFUSED)
             if failure is not None:
@@ -178,7 +178,8 @@ class FedBuff:
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             run.layers.close(buffer.step, outcome, buffer.accounting)
-            counts = buffer.accounting.by_kind("fedge-failed", "fedge-declined")
+            counts: dict[str, object] = dict(buffer.accounting.by_kind("fedge-failed", "fedge-declined"))
+            counts["fedge-device-resources"] = resource_summary(buffer.accounting.resources)
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
                                                                  {**outcome.extra, **counts})
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,

@@ -30,7 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import Wrapper, own_config, with_extra, with_raw
+from fedge.flower.messages import Wrapper, counted, own_config, with_extra, with_raw
 from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
@@ -40,7 +40,7 @@ from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally
+from fedge.protocol.tally import Tally, resource_summary
 from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered", "mean_refusal"]
@@ -166,7 +166,7 @@ class LayeredStrategy(Wrapper):
         clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
         for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
-            state.tally.replied(message)
+            counted(message, state.tally)
             taken: list[Update | None] = []
             failure = door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
                 self._update(state, m, reply, key)), refuses=REFUSED)
@@ -201,6 +201,8 @@ class LayeredStrategy(Wrapper):
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
         fedge: dict[str, object] = dict(state.tally.by_kind("fedge-failed", "fedge-declined"))
+        if state.tally.resources:  # what the round cost the devices that report it (``resource_mod``)
+            fedge["fedge-device-resources"] = resource_summary(state.tally.resources)
         if self.uplink is not None:
             fedge.update({"fedge-uplink-bytes": state.tally.uplink, "fedge-refused": len(self.refused) - refused_before})
         if self.downlink is not None:
@@ -279,7 +281,7 @@ class LayeredStrategy(Wrapper):
         a device's typed refusal is logged and left out, as in a train round; Flower's error replies
         pass on, for the strategy to count); with a downlink, each reply confirms the copy its
         message brought, a failure forgets it, and the metrics gain ``fedge-downlink-bytes``."""
-        downlink, step, passed = self.downlink, Step(server_round), []
+        downlink, step, passed, tally = self.downlink, Step(server_round), [], Tally(0.0)
 
         def take(reply: Reply, message: Message) -> None:
             passed.append(message)
@@ -287,6 +289,7 @@ class LayeredStrategy(Wrapper):
                 downlink.arrived(step, reply, memoryview(b""), {})
 
         for message in replies:
+            counted(message, tally)
             failure = door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
                            what="evaluation", refuses=REFUSED)
             if failure is not None and downlink is not None:
@@ -294,10 +297,10 @@ class LayeredStrategy(Wrapper):
             if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:
                 passed.append(message)
         metrics = self.strategy.aggregate_evaluate(server_round, passed)
+        extra: dict[str, object] = {"fedge-device-resources": resource_summary(tally.resources)}
         if downlink is not None and downlink.bytes:
-            metrics = metrics if metrics is not None else MetricRecord()
-            metrics["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
-        return metrics
+            extra["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
+        return with_extra(metrics, extra)
 
     def describe(self) -> str:
         parts = [f"compressed uplink: {self.uplink}"] if self.uplink is not None else []

@@ -12,7 +12,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-__all__ = ["Wrapper", "own_config", "parsed", "with_extra", "with_raw"]
+from fedge.protocol.resources import RESOURCES_RECORD
+from fedge.protocol.tally import Tally
+
+__all__ = ["Wrapper", "counted", "own_config", "parsed", "with_extra", "with_raw"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,14 +74,28 @@ def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
 
 
+def counted(reply: Message, tally: Tally) -> None:
+    """Count a reply that arrived in its step's tally (its bytes, its device's resource report,
+    ``fedge.protocol.tally``) and take the report out of it: Flower's strategies aggregate replies
+    that hold exactly one MetricRecord, and a node with ``resource_mod`` adds a second."""
+    tally.replied(reply)
+    if not reply.has_error():
+        reply.content.pop(RESOURCES_RECORD, None)
+
+
 def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:
-    """The strategy's metrics plus the layers' numbers (one level of dicts flattened)."""
+    """The strategy's metrics plus the layers' numbers (nested dicts flattened, ``a.b.c``)."""
     flat: dict[str, float] = {}
+
+    def add(name: str, value: object) -> None:
+        if isinstance(value, dict):
+            for sub, item in value.items():
+                add(f"{name}.{sub}", item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = value
+
     for name, value in extra.items():
-        items = value.items() if isinstance(value, dict) else [("", value)]
-        for sub, number in items:
-            if isinstance(number, (int, float)) and not isinstance(number, bool):
-                flat[f"{name}.{sub}" if sub else name] = number
+        add(name, value)
     if not flat:
         return metrics
     out = MetricRecord(dict(metrics or {}))

@@ -31,10 +31,11 @@ class Grid:
 
 
 def _user_app(with_mod: bool = True, seen: dict[int, list[ArrayRecord]] | None = None,
-              refusals: bool = False) -> ClientApp:
-    from fedge.flower import refusal_mod
+              refusals: bool = False, resources: bool = False) -> ClientApp:
+    from fedge.flower import refusal_mod, resource_mod
 
-    app = ClientApp(mods=([refusal_mod] if refusals else []) + ([compression_mod] if with_mod else []))
+    app = ClientApp(mods=([resource_mod] if resources else []) + ([refusal_mod] if refusals else []) +
+                    ([compression_mod] if with_mod else []))
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:  # a user's body: weights in, weights out

@@ -104,10 +104,12 @@ def test_one_version_with_every_node_and_no_delay_is_fedavgs_round() -> None:
 def test_a_slow_node_never_holds_a_version_back_and_counts_with_its_staleness() -> None:
     clock = Clock()
     latency = {11: 1.0, 12: 1.0, 13: 5.0}  # node 13 is five times slower
-    grid = LatencyGrid({n: _user_app() for n in NODES}, latency, clock)
+    grid = LatencyGrid({n: _user_app(resources=True) for n in NODES}, latency, clock)  # with resource_mod
     strategy = FedBuff(concurrency=3, buffer=2, uplink="qsgd:bits=4")
     result = _run(strategy, grid, 6, clock)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4, 5, 6]
+    # each version's metrics: the costs its two replies' devices reported (taken out of the replies)
+    assert all(m["fedge-device-resources.devices"] == 2 for m in result.train_metrics_clientapp.values())
     # six versions of two updates each took about six fast turns, not six slow ones
     assert clock.now < 6 * 5.0
     assert grid.sent.count(13) < grid.sent.count(11)

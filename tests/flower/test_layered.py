@@ -352,3 +352,28 @@ def test_a_message_a_layer_keeps_back_is_not_sent_and_the_round_aggregates_the_o
     for name in expected:
         assert np.array_equal(got[name].numpy(), expected[name].numpy()), name
     assert metrics["test_counter.step"] == len(NODES) - 1 and "fedge-failed.timeout" not in metrics
+
+
+def test_the_devices_resource_reports_reach_the_round_metrics_and_not_the_strategy() -> None:
+    """``resource_mod`` on a Flower app's ClientApp adds a second MetricRecord to each reply, which
+    Flower's FedAvg refuses to aggregate: the wrapper counts it in the round's tally (as the engine
+    counts it for its row) and takes it out, and the train metrics gain the devices' costs, the
+    median and 95th percentile of each field over the replies."""
+    model, contexts = _model(), _contexts()
+    wrapped = compressed(FedAvg(), uplink="qsgd:bits=4")
+    apps = {n: _user_app(resources=True) for n in NODES}
+    replies = _exchange(list(wrapped.configure_train(1, model, ConfigRecord({}), Grid())), apps, contexts)
+    assert all(set(r.content.metric_records) == {"metrics", "resources"} for r in replies)
+    plain = FedAvg()
+    list(plain.configure_train(1, model, ConfigRecord({}), Grid()))
+    from flwr.serverapp.exception import InconsistentMessageReplies
+
+    with pytest.raises(InconsistentMessageReplies, match="exactly one MetricRecord"):  # what the wrapper spares it
+        plain.aggregate_train(1, _copy(replies))
+    arrays, metrics = wrapped.aggregate_train(1, replies)
+    assert arrays is not None and metrics["fedge-uplink-bytes"] > 0
+    resources = {k.removeprefix("fedge-device-resources."): v for k, v in metrics.items()
+                 if k.startswith("fedge-device-resources.")}
+    assert resources["devices"] == len(NODES)
+    assert resources["cpu_seconds.p95"] >= resources["cpu_seconds.median"] > 0
+    assert resources["bytes_up.median"] > 0 and resources["peak_rss_mib.median"] > 0
