@@ -30,7 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import Wrapper, counted, own_config, with_extra, with_raw
+from fedge.flower.messages import counted, own_config, with_extra, with_raw
 from fedge.protocol.app_reply import REFUSED, reply_through_layers
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
@@ -59,9 +59,11 @@ class _Round:
     sent_at: dict[int, float] = field(default_factory=dict)  # node -> its message's created_at
 
 
-class LayeredStrategy(Wrapper):
+class LayeredStrategy(Strategy):
     """``strategy`` with ``layers`` around its train rounds (see the module docstring); ``uplink``:
-    the codec the nodes encode their updates with (None: they send their models)."""
+    the codec the nodes encode their updates with (None: they send their models). ``summary`` prints
+    the wrapper's line before the strategy's, and every attribute the wrapper lacks
+    (``fraction_train``, ``weighted_by_key``, ...) is the wrapped strategy's."""
 
     #: the codec the nodes encode their updates with, the seed of its round randomness, and whether
     #: a plain mean is taken from one running sum (``compressed(..., streaming=True)``)
@@ -301,6 +303,15 @@ class LayeredStrategy(Wrapper):
         if downlink is not None and downlink.bytes:
             extra["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
         return with_extra(metrics, extra)
+
+    def summary(self) -> None:
+        log.info("%s (fedge.flower), wrapping:", self.describe())
+        self.strategy.summary()
+
+    def __getattr__(self, name: str) -> object:
+        if name == "strategy":  # not set yet (inside __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.strategy, name)
 
     def describe(self) -> str:
         parts = [f"compressed uplink: {self.uplink}"] if self.uplink is not None else []

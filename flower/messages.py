@@ -1,23 +1,19 @@
-"""What every wrapper of ``fedge.flower`` passes through to the strategy it wraps, and the records it
-copies or merges (how a reply is read is ``fedge.protocol.app_reply``'s, what a message asks for
+"""The records the drivers of ``fedge.flower`` copy, count or merge on a message's way to and from
+the user's strategy (how a reply is read is ``fedge.protocol.app_reply``'s, what a message asks for
 ``fedge.protocol.uplink_request``'s)."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
 from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.protocol.tally import Tally
 
-__all__ = ["Wrapper", "counted", "own_config", "parsed", "with_extra", "with_raw"]
+__all__ = ["counted", "own_config", "parsed", "with_extra", "with_raw"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -30,33 +26,6 @@ def parsed(parse: Callable[[str], T | None], text: str, name: str) -> T:
     if value is None:
         raise ValueError(f"{name} {text!r}: a spec is needed here, not 'none'")
     return value
-
-
-class Wrapper(Strategy):
-    """A strategy around ``self.strategy``: evaluation, ``summary`` after the wrapper's own line, and
-    every attribute the wrapper lacks (``fraction_train``, ``weighted_by_key``, ...) are the
-    wrapped strategy's."""
-
-    strategy: Strategy
-
-    def describe(self) -> str:
-        return type(self).__name__
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
-
-    def summary(self) -> None:
-        log.info("%s (fedge.flower), wrapping:", self.describe())
-        self.strategy.summary()
-
-    def __getattr__(self, name: str) -> object:
-        if name == "strategy":  # not set yet (inside __init__): no recursion
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
 
 
 def own_config(message: Message) -> ConfigRecord:
