@@ -24,6 +24,8 @@ def test_reject_bound_refuses_a_sign_flipped_update_in_every_algorithm(tmp_path,
     assert second.clients_used == 2
     (rejected,) = second.rejected
     assert rejected["node"] == grid.node_id(2) and "exceeds the bound" in rejected["reason"]
+    if algorithm == "fedavg":  # the refused update's bytes were sent: three payloads of one size each round
+        assert second.uplink_bytes == first.uplink_bytes and first.clients_used == 3
 
 
 def test_clip_bound_names_the_clipped_client(tmp_path) -> None:
