@@ -172,12 +172,12 @@ class FedBuff:
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, run.sent_models)
-            self.uplink_bytes += buffer.accounting.uplink
             version += 1
             like = self._like(like, buffer.contents)
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             run.layers.close(buffer.step, outcome, buffer.accounting)
+            self.uplink_bytes += buffer.accounting.uplink  # the version's replies and its layers' exchanges
             counts: dict[str, object] = dict(buffer.accounting.by_kind("fedge-failed", "fedge-declined"))
             counts["fedge-device-resources"] = resource_summary(buffer.accounting.resources)
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),

@@ -203,8 +203,7 @@ class LayeredStrategy(Strategy):
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
         fedge: dict[str, object] = dict(state.tally.by_kind("fedge-failed", "fedge-declined"))
-        if state.tally.resources:  # what the round cost the devices that report it (``resource_mod``)
-            fedge["fedge-device-resources"] = resource_summary(state.tally.resources)
+        fedge["fedge-device-resources"] = resource_summary(state.tally.resources)  # none reported: nothing
         if self.uplink is not None:
             fedge.update({"fedge-uplink-bytes": state.tally.uplink, "fedge-refused": len(self.refused) - refused_before})
         if self.downlink is not None:

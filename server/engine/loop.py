@@ -26,8 +26,8 @@ sequence:
 The synchronous loop runs 1-4 once per round; the asynchronous loop keeps nodes busy, receives
 replies as they land and concludes a step whenever the algorithm is ready. ``uplink_bytes`` are the
 bytes of the ``update`` record of every reply that arrived, used or refused (the real encoded
-payloads, headers included; ``protocol.tally``) plus layers' own exchanges, ``measurement_bytes`` those of ``measure`` records, ``downlink_bytes`` every
-array sent.
+payloads, headers included; ``protocol.tally``) plus layers' own exchanges, ``measurement_bytes``
+those of ``measure`` records, ``downlink_bytes`` every array sent.
 """
 
 from __future__ import annotations
