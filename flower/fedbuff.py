@@ -25,18 +25,17 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import counted, with_extra, with_raw
-from fedge.protocol.app_reply import REFUSED, reply_through_layers
+from fedge.flower.messages import through_door, with_extra, with_raw
+from fedge.protocol.app_reply import reply_through_layers
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
-from fedge.protocol.door import door
 from fedge.protocol.failures import FailureKind, Rejected
 from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.tally import Tally, resource_summary
+from fedge.protocol.tally import Tally
 from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -56,6 +55,7 @@ class _Buffer:
     accounting: Tally
     contents: list[RecordDict] = field(default_factory=list)
     last: tuple[int, torch.Tensor] | None = None  # (version it started from, update): FedAsync's one update
+    raw: ArrayRecord | None = None  # the integer buffers the latest reply sent
 
 
 @dataclass
@@ -158,10 +158,8 @@ class FedBuff:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
-            if isinstance(item, Message):  # what arrived, used or not, as the engine's tally counts it
-                counted(item, buffer.accounting)
-            failure = door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
-                           started=started, refuses=REFUSED)
+            failure = through_door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
+                                   buffer.accounting, started=started)
             if failure is not None:
                 if failure.kind is FailureKind.STALE:
                     self.dropped_stale += 1
@@ -173,15 +171,13 @@ class FedBuff:
                 return False
             model = self._advance(model, buffer, run.sent_models)
             version += 1
-            like = self._like(like, buffer.contents)
+            like = like if buffer.raw is None else with_raw(like, buffer.raw)  # integer buffers: the latest sent
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             run.layers.close(buffer.step, outcome, buffer.accounting)
             self.uplink_bytes += buffer.accounting.uplink  # the version's replies and its layers' exchanges
-            counts: dict[str, object] = dict(buffer.accounting.by_kind("fedge-failed", "fedge-declined"))
-            counts["fedge-device-resources"] = resource_summary(buffer.accounting.resources)
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
-                                                                 {**outcome.extra, **counts})
+                                                                 {**outcome.extra, **buffer.accounting.app_metrics()})
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:
@@ -226,9 +222,8 @@ class FedBuff:
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
         buffer.accounting.members.append(reply.node)
         buffer.tally.add(buffer.mean, update.vector, update.weight, tau)
-        buffer.contents.append(RecordDict({"metrics": next(iter(message.content.metric_records.values())), **(
-            {RAW_RECORD: message.content.array_records[RAW_RECORD]}
-            if RAW_RECORD in message.content.array_records else {})}))
+        buffer.contents.append(RecordDict({"metrics": next(iter(message.content.metric_records.values()))}))
+        buffer.raw = message.content.array_records.get(RAW_RECORD, buffer.raw)
         buffer.last = (started, update.vector)
 
     # -- pieces ---------------------------------------------------------------------------------
@@ -238,14 +233,6 @@ class FedBuff:
         if self.uplink is not None:
             UplinkRequest(self.uplink, layout.digest, version + 1, self.seed).write(config)
         return RecordDict({MODEL_RECORD: arrays, "config": config})
-
-    @staticmethod
-    def _like(like: ArrayRecord, metrics_seen: list[RecordDict]) -> ArrayRecord:
-        """Non-float arrays (integer buffers): the latest a client sent, else as they were."""
-        for content in reversed(metrics_seen):
-            if RAW_RECORD in content.array_records:
-                return with_raw(like, content.array_records[RAW_RECORD])
-        return like
 
     def _train_metrics(self, buffer: _Buffer) -> MetricRecord:
         """The replies' metrics averaged as Flower's FedAvg averages them (weighted by

@@ -30,11 +30,10 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import counted, own_config, with_extra, with_raw
-from fedge.protocol.app_reply import REFUSED, reply_through_layers
+from fedge.flower.messages import own_config, through_door, with_extra, with_raw
+from fedge.protocol.app_reply import reply_through_layers
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
-from fedge.protocol.door import door
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
@@ -70,11 +69,13 @@ class LayeredStrategy(Strategy):
     uplink: str | None = None
     seed: int = 0
     streaming: bool = False
+    #: whether updates leave the devices masked (``secure(...)``): what another wrapper asks first
+    masks_updates = False
 
     def __init__(self, strategy: Strategy, layers: Iterable[Layer], uplink: str | None = None, seed: int = 0,
                  streaming: bool = False) -> None:
         layers = list(layers)
-        if getattr(strategy, "masks_updates", False):
+        if getattr(strategy, "masks_updates", False):  # a Flower strategy has none
             raise ValueError("layered(...) and compressed(...) around secure(...) would decode masked uploads: wrap "
                              "them inside it, secure(compressed(strategy, uplink=\"none\", downlink=...)) or "
                              "secure(layered(strategy, *layers))")
@@ -168,10 +169,9 @@ class LayeredStrategy(Strategy):
         clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
         for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
-            counted(message, state.tally)
             taken: list[Update | None] = []
-            failure = door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
-                self._update(state, m, reply, key)), refuses=REFUSED)
+            failure = through_door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
+                self._update(state, m, reply, key)), state.tally)
             if failure is not None:  # the door logged a refusal already; a silence or an error it does not
                 self._missed(state, failure, logged=failure.kind not in (FailureKind.TIMEOUT,
                                                                          FailureKind.CLIENT_ERROR))
@@ -202,13 +202,14 @@ class LayeredStrategy(Strategy):
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
         self.layers.close(step, outcome, state.tally)
-        fedge: dict[str, object] = dict(state.tally.by_kind("fedge-failed", "fedge-declined"))
-        fedge["fedge-device-resources"] = resource_summary(state.tally.resources)  # none reported: nothing
-        if self.uplink is not None:
+        fedge = state.tally.app_metrics()
+        if self.uplink is not None or self.masks_updates:  # masked uploads: their bytes and the key exchange
             fedge.update({"fedge-uplink-bytes": state.tally.uplink, "fedge-refused": len(self.refused) - refused_before})
+        if self.masks_updates:  # the secure layer released the survivors' sum (or nothing)
+            fedge["fedge-secagg-survivors"] = released.count
         if self.downlink is not None:
             fedge["fedge-downlink-bytes"], self.downlink.bytes = self.downlink.bytes, 0
-        return arrays, self._metrics(state, with_extra(metrics, {**outcome.extra, **fedge}))
+        return arrays, with_extra(metrics, {**outcome.extra, **fedge})
 
     def _streamed(self, state: _Round, released: Partial, kept: list[Message],
                   key: str) -> tuple[ArrayRecord, MetricRecord | None]:
@@ -225,10 +226,6 @@ class LayeredStrategy(Strategy):
         arrays = layout.rebuild(state.sent + released.mean().numpy(), like)
         contents = [RecordDict(dict(r.content.metric_records.items())) for r in kept]
         return arrays, self.strategy.train_metrics_aggr_fn(contents, key)  # type: ignore[attr-defined]
-
-    def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord | None:
-        """The round's train metrics (a wrapper over one layer adds that layer's own names here)."""
-        return metrics
 
     def _update(self, state: _Round, message: Message, reply: Reply, key: str) -> Update | None:
         """One reply through the layers' part of the door (:func:`reply_through_layers`; None: a
@@ -290,9 +287,8 @@ class LayeredStrategy(Strategy):
                 downlink.arrived(step, reply, memoryview(b""), {})
 
         for message in replies:
-            counted(message, tally)
-            failure = door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
-                           what="evaluation", refuses=REFUSED)
+            failure = through_door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
+                                   tally, what="evaluation")
             if failure is not None and downlink is not None:
                 downlink.missed(step, failure)
             if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:

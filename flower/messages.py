@@ -9,10 +9,15 @@ from typing import TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedge.protocol.app_reply import REFUSED
+from fedge.protocol.dispatcher import Missing
+from fedge.protocol.door import door
+from fedge.protocol.failures import Failure
 from fedge.protocol.resources import RESOURCES_RECORD
+from fedge.protocol.step import Reply
 from fedge.protocol.tally import Tally
 
-__all__ = ["counted", "own_config", "parsed", "with_extra", "with_raw"]
+__all__ = ["own_config", "parsed", "through_door", "with_extra", "with_raw"]
 
 T = TypeVar("T")
 
@@ -43,13 +48,17 @@ def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
 
 
-def counted(reply: Message, tally: Tally) -> None:
-    """Count a reply that arrived in its step's tally (its bytes, its device's resource report,
-    ``fedge.protocol.tally``) and take the report out of it: Flower's strategies aggregate replies
-    that hold exactly one MetricRecord, and a node with ``resource_mod`` adds a second."""
-    tally.replied(reply)
-    if not reply.has_error():
-        reply.content.pop(RESOURCES_RECORD, None)
+def through_door(number: int, item: Message | Missing, consume: Callable[[Reply], None], tally: Tally,
+                 **door_args: object) -> Failure | None:
+    """A Flower-app driver's door (``fedge.protocol.door``, with the errors that refuse an app's
+    reply): a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
+    resource report, ``fedge.protocol.tally``) and the report taken out of it, since Flower's
+    strategies aggregate replies that hold exactly one MetricRecord and ``resource_mod`` adds one."""
+    if isinstance(item, Message):
+        tally.replied(item)
+        if not item.has_error():
+            item.content.pop(RESOURCES_RECORD, None)
+    return door(number, item, consume, refuses=REFUSED, **door_args)  # type: ignore[arg-type]
 
 
 def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:

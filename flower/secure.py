@@ -15,19 +15,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedge.flower.layered import LayeredStrategy, _Round, mean_refusal
-from fedge.flower.messages import own_config, parsed
+from fedge.compression import make_codec
+from fedge.flower.layered import LayeredStrategy, mean_refusal
+from fedge.flower.messages import parsed
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.protocol.config_keys import WEIGHT_KEY
-from fedge.compression import make_codec
 from fedge.protocol.distributed_dp_layer import DistributedDP
 from fedge.protocol.layer import Layer
-from fedge.protocol.secure_layer import SecureAggregation, secure_round_of
+from fedge.protocol.secure_layer import SecureAggregation
 from fedge.protocol.secure_session import SecureSession
 
 __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
@@ -91,27 +88,8 @@ class SecureStrategy(LayeredStrategy):
         #: the weight a device reports (under DP every device weighs 1: none)
         self.weight_key = "" if self.dp is not None else str(getattr(strategy, "weighted_by_key", ""))
         layer = SecureAggregation(self.session, weighted=bool(self.weight_key),
-                                  dp_spec=None if self.dp is None else self.dp.spec)
+                                  dp_spec=None if self.dp is None else self.dp.spec, weight_key=self.weight_key)
         self._wrap(strategy, [*layers, layer] + ([self.dp] if self.dp is not None else []))
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """The layers' round: stages 1 and 2 among the nodes the wrapped strategy sampled (under DP:
-        a Poisson sample of the connected nodes); the ones that dealt their shares get the train
-        message with the plan, their shares and the weight they report."""
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        for message in messages:
-            own_config(message)[WEIGHT_KEY] = self.weight_key
-        return messages
-
-    def _metrics(self, state: _Round, metrics: MetricRecord | None) -> MetricRecord:
-        """The wrapped strategy's metrics plus ``fedge-secagg-survivors`` and ``fedge-uplink-bytes``
-        (masked uploads and key exchange); under DP, the layer's ``dp_*`` fields."""
-        _, revealed = secure_round_of(state.step)
-        out = MetricRecord(dict(metrics or {}))
-        out["fedge-secagg-survivors"] = revealed.count if revealed is not None else 0
-        out["fedge-uplink-bytes"] = state.tally.uplink  # the masked uploads and the layer's own exchanges
-        return out
 
     def describe(self) -> str:
         return f"secure aggregation: {self.spec.spec}"

@@ -28,14 +28,16 @@ from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
+from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.protocol.layer import MEMBERS, SUM, Layer
+from fedge.protocol.records import CONFIG_RECORD
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.protocol.secure_round import SecureRound
 from fedge.protocol.secure_session import SecureSession
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
 from fedge.protocol.tally import Tally
 
-__all__ = ["SecureAggregation", "secure_round_of"]
+__all__ = ["SecureAggregation"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ class SecureAggregation(Layer):
     provides = frozenset({SUM, MEMBERS})
 
     def __init__(self, session: SecureSession, numel: int = 0, *, weighted: bool = True,
-                 dp_spec: DPSpec | None = None) -> None:
+                 dp_spec: DPSpec | None = None, weight_key: str | None = None) -> None:
         if dp_spec is not None and session.spec.ratio < 1:
             raise ValueError("secure aggregation with ratio < 1 (random-k) cannot carry distributed DP: the noise "
                              "and the sensitivity cover the whole update; use ratio=1")
@@ -68,6 +70,9 @@ class SecureAggregation(Layer):
         #: the update's length (0: taken from the first model, in ``start``)
         self.numel = int(numel)
         self.weighted = weighted
+        #: the metric a Flower app's device weighs its update by ("": every device weighs 1), written
+        #: into each message; None (Fedge's engine): its devices weigh by their example count
+        self.weight_key = weight_key
 
     def start(self, params: torch.Tensor) -> None:
         self.numel = self.numel or int(params.numel())
@@ -90,6 +95,8 @@ class SecureAggregation(Layer):
         for o in outgoing:
             assert state.secure is not None
             o.content[SECAGG_RECORD] = state.secure.train_record(o.node)
+            if self.weight_key is not None:
+                o.content.config_records[CONFIG_RECORD][WEIGHT_KEY] = self.weight_key
 
     def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
         """A masked upload, already screened with its metrics checked, held once its size is what
@@ -147,11 +154,3 @@ class SecureAggregation(Layer):
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.session.load_state_dict(state)
-
-
-def secure_round_of(step: Step) -> tuple[SecureRound | None, Partial | None]:
-    """A step's secure round and its revealed sum (None, None when it had none): what an adapter
-    reports in its own metrics."""
-    state = step.layers.get(SecureAggregation.key)
-    return (None, None) if state is None else (state.secure, state.revealed)
-

@@ -80,6 +80,12 @@ class Tally:
         counts = {failed: dict(sorted(self.failures.items())), declined: dict(sorted(self.declined.items()))}
         return {name: by_kind for name, by_kind in counts.items() if by_kind}
 
+    def app_metrics(self) -> dict[str, object]:
+        """What a Flower-app driver adds to a step's metrics from its tally: ``fedge-failed`` and
+        ``fedge-declined`` by kind, and ``fedge-device-resources`` (empty when no device reported)."""
+        return {**self.by_kind("fedge-failed", "fedge-declined"),
+                "fedge-device-resources": resource_summary(self.resources)}
+
 
 def train_seconds(reply: Message) -> float:
     """A reply's own ``train-seconds`` (a number >= 0), or 0 when it sent none or nonsense: it is
