@@ -5,11 +5,9 @@
     # server_app.py
     strategy = compressed(FedAvg(fraction_train=0.5), uplink="qsgd:bits=4")
 
-``compressed``, ``layered``, ``secure``, ``distributed_dp``, ``FedBuff`` and ``FedAsync`` are thin
-drivers of the parts Fedge's own coordinator runs (``fedge.protocol``'s layers, door and
-asynchronous loop), so each feature is written once. This package is the server side; the mods
-are the device's and live with its other parts in ``fedge.edge_client``, re-exported here so an
-app imports both sides from one place. Nothing here imports Fedge's coordinator (``fedge.server``).
+The strategies here drive the parts Fedge's own coordinator runs (``fedge.protocol``'s layers, door
+and asynchronous loop); the mods are ``fedge.edge_client``'s, re-exported so an app imports both
+sides from one place. Nothing here imports Fedge's coordinator (``fedge.server``).
 """
 
 from fedge.protocol.flower_release import check_flower

@@ -1,15 +1,10 @@
 """``layered(strategy, *layers)`` and ``compressed(strategy, uplink=..., downlink=...)``: Fedge's
-layers, uplink codecs and downlink around any Message-API strategy (docs/flower.md: what each does
-and what a round's metrics gain).
+layers, uplink codecs and downlink around any Message-API strategy (docs/flower.md).
 
-A wrapper, not a second coordinator: a layer (:class:`fedge.protocol.layer.Layer`) is written once,
-and this drives the engine's :class:`~fedge.protocol.layer.LayerStack` and door
-(``fedge.protocol.door``) around the strategy's train round. ``select`` re-addresses its messages,
-``outgoing`` acts on them (or keeps some back), each reply passes the door and the layers before the
-strategy sees the model it makes, ``release`` may put another sum in place of the clear one (the
-strategy then steps from its mean), ``close`` adds to the round's metrics. Not called:
-``delivered`` and ``state_dict`` (a Flower app keeps its own model and has no Fedge checkpoint).
-The wrappers merge: ``compressed(layered(s, *layers))`` is one round with every layer.
+A driver, not a second coordinator: it runs the engine's :class:`~fedge.protocol.layer.LayerStack`
+and door around the strategy's train round, and hands the strategy the models the updates make (or,
+when a layer releases its own sum, one model stepped by that sum's mean). ``delivered`` and
+``state_dict`` are never called: a Flower app keeps its own model and has no Fedge checkpoint.
 """
 
 from __future__ import annotations

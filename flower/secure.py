@@ -1,13 +1,10 @@
 """``secure(strategy, secure_aggregation="secagg:...")``: a user's strategy that sees only the sum
 (docs/flower.md, "Secure aggregation"; SECURITY.md for what the coordinator learns).
 
-It is :func:`fedge.flower.layered` with the engine's secure-aggregation layer
-(``fedge.protocol.secure_layer``) and, under distributed DP, its distributed-DP layer
-(``fedge.protocol.distributed_dp_layer``): one secure coordinator, whose stages reach the devices as
-``train`` messages carrying the ``secagg`` record (Flower's SecAgg+ convention, so the user's
-ClientApp needs only :func:`fedge.edge_client.secure_mod`). The wrapped strategy aggregates one
-reply, the current model plus the survivors' weighted mean update, so only strategies that step
-from a mean (FedAvg, FedProx, FedAvgM, the server optimizers) are accepted, with the reason when not.
+It is :func:`fedge.flower.layered` with the engine's secure-aggregation layer and, under
+distributed DP, its distributed-DP layer (``fedge.protocol``): its stages reach the devices as
+``train`` messages carrying the ``secagg`` record (Flower's SecAgg+ convention; the ClientApp needs
+:func:`fedge.edge_client.secure_mod`). What it builds is checked here, when wrapped.
 """
 
 from __future__ import annotations
