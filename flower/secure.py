@@ -62,7 +62,7 @@ class SecureStrategy(LayeredStrategy):
         self.wrapped = strategy
         layers: list[Layer] = []
         uplink = None
-        if isinstance(strategy, LayeredStrategy) and not getattr(strategy, "masks_updates", False):  # one round
+        if isinstance(strategy, LayeredStrategy) and not strategy.masks_updates:  # one round
             strategy, layers, uplink = strategy.strategy, list(strategy.layers), strategy.uplink
         reason = refuse_reason(strategy, layers, uplink)
         if reason is not None:
