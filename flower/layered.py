@@ -32,7 +32,7 @@ from fedge.protocol.dispatcher import grid_exchange
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD
+from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally, resource_summary
 from fedge.protocol.uplink_request import UplinkRequest
@@ -261,6 +261,10 @@ class LayeredStrategy(Strategy):
         messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
         if self.downlink is None or not messages:
             return messages
+        if self.downlink.track_supports:  # a tcs uplink sends on what the next train message moves: an
+            # evaluation that brought the copies current would leave that empty; it carries the arrays, counted
+            self.downlink.bytes += sum(array_bytes(m.content, (MODEL_RECORD,)) for m in messages)
+            return messages
         params = torch.from_numpy(Layout(arrays).flatten(arrays))
         for message in messages:
             own_config(message)
@@ -273,19 +277,21 @@ class LayeredStrategy(Strategy):
         """The wrapped strategy's, over the replies the one door lets through (``fedge.protocol.door``:
         a device's typed refusal is logged and left out, as in a train round; Flower's error replies
         pass on, for the strategy to count); with a downlink, each reply confirms the copy its
-        message brought, a failure forgets it, and the metrics gain ``fedge-downlink-bytes``."""
+        message brought (under a ``tcs`` uplink none brought one), a failure forgets it, and the metrics
+        gain ``fedge-downlink-bytes``."""
         downlink, step, passed, tally = self.downlink, Step(server_round), [], Tally(0.0)
+        copies = None if downlink is None or downlink.track_supports else downlink  # what configure_evaluate shipped
 
         def take(reply: Reply, message: Message) -> None:
             passed.append(message)
-            if downlink is not None:
-                downlink.arrived(step, reply, memoryview(b""), {})
+            if copies is not None:
+                copies.arrived(step, reply, memoryview(b""), {})
 
         for message in replies:
             failure = through_door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
                                    tally, what="evaluation")
-            if failure is not None and downlink is not None:
-                downlink.missed(step, failure)
+            if failure is not None and copies is not None:
+                copies.missed(step, failure)
             if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:
                 passed.append(message)
         metrics = self.strategy.aggregate_evaluate(server_round, passed)

@@ -476,3 +476,48 @@ def test_evaluate_replies_pass_the_one_door_a_refusal_is_left_out_and_its_kind_r
     again = {m.metadata.dst_node_id: m for m in wrapped.configure_train(2, arrays, ConfigRecord(), grid)}
     assert DOWNLINK_BASE_KEY in again[12].content[DOWNLINK_RECORD]  # needs-base: the base, once
     assert DOWNLINK_BASE_KEY not in again[11].content[DOWNLINK_RECORD]
+
+
+def test_with_a_tcs_uplink_evaluation_carries_the_model_whole_and_leaves_the_copies_to_the_train_rounds() -> None:
+    """A ``tcs`` update travels on the coordinates its node's train message moved. An evaluation
+    message through the lattice would bring every copy current between rounds, so the next train
+    message would move nothing and every update would lose its support (seen: 0 coordinates in
+    rounds 2-4, against 1,139-1,915 without evaluation). Evaluation messages carry the strategy's
+    arrays (counted in the downlink's bytes), and every train round's supports and uplink bytes are
+    those of the same run without evaluation."""
+    spec = "tcs:extra=0.01,sample=0+qsgd:bits=4"
+
+    def run(evaluate: bool) -> tuple[list[tuple[dict[int, int], float]], list[float]]:
+        arrays, grid = _model(), Grid()
+        wrapped = compressed(FedAvg(fraction_evaluate=1.0 if evaluate else 0.0), uplink=spec,
+                             downlink="lattice:ratio=0.05")
+        apps, contexts, seen = {}, _contexts(), []
+        for node in NODES:
+            apps[node] = _user_app()
+
+            @apps[node].evaluate()
+            def evaluate_handler(msg: Message, context: Context) -> Message:
+                seen.append(_flat(msg.content["arrays"]))
+                return Message(RecordDict({"metrics": MetricRecord({"num-examples": 10, "accuracy": 0.5})}),
+                               reply_to=msg)
+
+        rounds, evaluated = [], []
+        for server_round in (1, 2, 3, 4):
+            messages = list(wrapped.configure_train(server_round, arrays, ConfigRecord({"lr": 0.1}), grid))
+            supports = {n: len(s) for n, s in wrapped.downlink.broadcast.supports.items()}
+            arrays, metrics = wrapped.aggregate_train(server_round, _exchange(messages, apps, contexts))
+            assert metrics is not None and not wrapped.refused
+            rounds.append((supports, metrics["fedge-uplink-bytes"]))
+            messages = list(wrapped.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
+            if evaluate:
+                seen.clear()
+                metrics = wrapped.aggregate_evaluate(server_round, _exchange(messages, apps, contexts))
+                assert len(seen) == len(NODES) and all(np.array_equal(s, _flat(arrays)) for s in seen)  # the exact model
+                evaluated.append(metrics["fedge-downlink-bytes"])
+        return rounds, evaluated
+
+    plain, _ = run(evaluate=False)
+    rounds, evaluated = run(evaluate=True)
+    assert rounds == plain and all(n > 0 for n in plain[1][0].values())
+    whole = sum(len(array.data) for array in _model().values())  # fp32 arrays, .npy headers included
+    assert evaluated == [len(NODES) * whole] * 4 and whole > 4 * _flat(_model()).size  # every node, every round
