@@ -37,6 +37,9 @@ class Tally:
     #: the nodes of the used replies, in the order they landed
     members: list[int] = field(default_factory=list)
     uplink: int = 0
+    #: replies that brought an upload (an update or a model; used or refused): what ``uplink`` is the
+    #: bytes of, and so what its fp32 baseline counts
+    uploads: int = 0
     measurement: int = 0
     downlink: int = 0
     idle: float = 0.0  # asynchronous: node-seconds between a node's reply and its next message
@@ -60,8 +63,9 @@ class Tally:
         if reply.has_error():
             return
         records = reply.content.array_records
-        self.uplink += array_bytes(reply.content, (UPDATE_RECORD,) if UPDATE_RECORD in records else
-                                   tuple(n for n in records if n != MEASURE_RECORD))
+        uploaded = (UPDATE_RECORD,) if UPDATE_RECORD in records else tuple(n for n in records if n != MEASURE_RECORD)
+        self.uplink += array_bytes(reply.content, uploaded)
+        self.uploads += bool(uploaded)
         self.measurement += array_bytes(reply.content, (MEASURE_RECORD,))
         report = report_of(reply)
         if report is not None:

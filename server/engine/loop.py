@@ -270,7 +270,7 @@ class Engine:
         row = RoundRow(
             round=step.number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
             evaluation="federated" if self.ctx.evaluation == "federated" else "central",
-            train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.used * self.ctx.fp32_bytes,
+            train_loss=outcome.train_loss, uplink_bytes=tally.uplink, uplink_fp32_bytes=tally.uploads * self.ctx.fp32_bytes,
             downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
             clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
             clients_declined=sum(tally.declined.values()),
