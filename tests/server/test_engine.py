@@ -189,7 +189,6 @@ def test_fault_mod_covers_every_handler(tmp_path) -> None:
         assert rejected["node"] == grid.node_id(1) and rejected["reason"].startswith("checksum mismatch")
 
 
-
 def test_a_refused_upload_is_in_the_uplink_bytes_and_in_their_fp32_baseline(tmp_path) -> None:
     """``uplink_bytes`` counts every upload that arrived, used or refused, so its fp32 baseline counts
     the same uploads (until 2026-12-03 it counted the used ones only, and a round with a refused
@@ -199,6 +198,7 @@ def test_a_refused_upload_is_in_the_uplink_bytes_and_in_their_fp32_baseline(tmp_
     assert row.clients_used == 2 and len(row.rejected) == 1
     assert row.uplink_bytes == 3 * make_codec(engine.settings.codec).wire_bytes(engine.ctx.numel)
     assert row.uplink_fp32_bytes == 3 * engine.ctx.fp32_bytes
+
 
 def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     """The client validates the model it receives as strictly as the server validates an update."""
