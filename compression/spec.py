@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fedge.compression.errors import SpecError
 
-__all__ = ["build_from_spec", "parse_spec"]
+__all__ = ["build_from_spec", "parse_spec", "required_spec"]
+
+T = TypeVar("T")
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -31,6 +33,18 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
                 raise SpecError(f"parameter {key!r} given twice in spec {spec!r}")
             params[key] = value
     return name.strip().lower(), params
+
+
+def required_spec(parse: Callable[[str], T | None], text: str, name: str) -> T:
+    """``parse(text)`` where ``none`` is no answer (a wrapper that exists to run the feature): its
+    error (a ValueError) or the ``none`` is named after the argument ``name``."""
+    try:
+        value = parse(text)
+    except ValueError as err:
+        raise ValueError(f"{name} {text!r}: {err}") from None
+    if value is None:
+        raise ValueError(f"{name} {text!r}: a spec is needed here, not 'none'")
+    return value
 
 
 def build_from_spec(

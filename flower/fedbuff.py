@@ -25,8 +25,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import through_door, with_extra, with_raw
-from fedge.protocol.app_reply import reply_through_layers
+from fedge.protocol.app_reply import reply_through_layers, through_door, with_extra, with_raw
 from fedge.protocol.async_loop import AsyncLoop
 from fedge.protocol.dispatcher import Missing
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec

@@ -25,8 +25,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.flower.messages import own_config, through_door, with_extra, with_raw
-from fedge.protocol.app_reply import reply_through_layers
+from fedge.protocol.app_reply import own_config, reply_through_layers, through_door, with_extra, with_raw
 from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.dispatcher import grid_exchange
 from fedge.protocol.failures import Failure, FailureKind

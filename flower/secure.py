@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from flwr.serverapp.strategy import Strategy
 
 from fedge.compression import make_codec
+from fedge.compression.spec import required_spec
 from fedge.flower.layered import LayeredStrategy, mean_refusal
-from fedge.flower.messages import parsed
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
 from fedge.protocol.distributed_dp_layer import DistributedDP
@@ -67,12 +67,12 @@ class SecureStrategy(LayeredStrategy):
         reason = refuse_reason(strategy, layers, uplink)
         if reason is not None:
             raise ValueError(f"secure aggregation cannot wrap {type(strategy).__name__}: {reason}")
-        spec = parsed(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
+        spec = required_spec(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
         self.spec, self.seed = spec, int(seed)
         #: distributed DP: the devices add Skellam noise inside the ring
         self.dp: DistributedDP | None = None
         if differential_privacy and differential_privacy.strip().lower() != "none":
-            dp_spec = parsed(parse_differential_privacy, differential_privacy, "differential_privacy")
+            dp_spec = required_spec(parse_differential_privacy, differential_privacy, "differential_privacy")
             rate = float(getattr(strategy, "fraction_train", 0.0))
             if not 0 < rate <= 1:
                 raise ValueError(f"Poisson sampling needs the strategy's fraction_train in (0, 1], got {rate}")

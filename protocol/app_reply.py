@@ -1,9 +1,11 @@
-"""How a coordinator reads a Flower app's train reply, in one place: its weight (``num-examples`` or
-the strategy's ``weighted_by_key``), its update (the uplink codec's payload, or, from an app that
-sends models, its model minus the one sent) and the layers' part of the door around the decoding
-(``LayerStack.through``, as Fedge's engine runs it). Every Flower-app driver (``fedge.flower``'s
-``layered`` and ``FedBuff``) takes a reply through :func:`reply_through_layers`, so what refuses a
-reply cannot differ between them.
+"""How a coordinator reads a Flower app's reply, in one place: the door it passes (with the
+errors that refuse an app's reply), its weight (``num-examples`` or the strategy's
+``weighted_by_key``), its update (the uplink codec's payload, or, from an app that sends models, its
+model minus the one sent) and the layers' part of the door around the decoding
+(``LayerStack.through``, as Fedge's engine runs it); and the records a driver copies or merges on a
+message's way to and from the user's strategy. Every Flower-app driver (``fedge.flower``'s
+``layered`` and ``FedBuff``) takes a reply through :func:`through_door` and
+:func:`reply_through_layers`, so what refuses a reply cannot differ between them.
 """
 
 from __future__ import annotations
@@ -13,15 +15,21 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedge.compression import Codec, PayloadError
+from fedge.protocol.dispatcher import Missing
+from fedge.protocol.door import door
+from fedge.protocol.failures import Failure
 from fedge.protocol.layer import LayerStack
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
+from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.protocol.step import Reply, Step, Update
+from fedge.protocol.tally import Tally
 
-__all__ = ["REFUSED", "reply_through_layers", "reply_update", "reply_weight"]
+__all__ = ["REFUSED", "own_config", "reply_through_layers", "reply_update", "reply_weight", "through_door",
+           "with_extra", "with_raw"]
 
 #: errors that refuse one reply (logged with the reason, left out of the aggregate)
 REFUSED = (PayloadError, ProtocolError, LayoutError, KeyError, ValueError)
@@ -82,3 +90,51 @@ def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply
 
     update = layers.through(step, reply, payload, metrics, decode)
     return (None, None) if update is None else (update, decoded[0])
+
+
+def own_config(message: Message) -> ConfigRecord:
+    """The message's ``config`` record as its own copy, in its own RecordDict: Flower's strategies
+    give every message of a round one RecordDict (and the caller's one ConfigRecord), and what is
+    written for one node must not reach another."""
+    content = RecordDict(dict(message.content.items()))
+    config = content["config"] = ConfigRecord(dict(content.config_records.get("config", ConfigRecord())))
+    message.content = content
+    return config
+
+
+def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
+    """``like`` with the arrays ``raw`` has (the integer buffers a node sends as they are)."""
+    return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
+
+
+def through_door(number: int, item: Message | Missing, consume: Callable[[Reply], None], tally: Tally,
+                 **door_args: object) -> Failure | None:
+    """A Flower-app driver's door (``fedge.protocol.door``, with the errors that refuse an app's
+    reply): a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
+    resource report, ``fedge.protocol.tally``) and the report taken out of it, since Flower's
+    strategies aggregate replies that hold exactly one MetricRecord and ``resource_mod`` adds one."""
+    if isinstance(item, Message):
+        tally.replied(item)
+        if not item.has_error():
+            item.content.pop(RESOURCES_RECORD, None)
+    return door(number, item, consume, refuses=REFUSED, **door_args)  # type: ignore[arg-type]
+
+
+def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:
+    """The strategy's metrics plus the layers' numbers (nested dicts flattened, ``a.b.c``)."""
+    flat: dict[str, float] = {}
+
+    def add(name: str, value: object) -> None:
+        if isinstance(value, dict):
+            for sub, item in value.items():
+                add(f"{name}.{sub}", item)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = value
+
+    for name, value in extra.items():
+        add(name, value)
+    if not flat:
+        return metrics
+    out = MetricRecord(dict(metrics or {}))
+    out.update(flat)
+    return out
