@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ __all__ = [
     "RegistrationError",
     "ServerTLS",
     "register_node",
+    "register_nodes",
     "superlink_argv",
     "supernode_argv",
     "write_connection",
@@ -142,18 +144,48 @@ def write_connection(flwr_home: Path, name: str, address: str, root_cert: Path |
     )
 
 
+def register_nodes(keys: Sequence[tuple[Path, str | None]], connection: str, env: Mapping[str, str], *,
+                   registered_ok: bool = False, timeout: float = 60.0) -> list[int | None]:
+    """Register SuperNodes' public keys (each with its name, or None) with Flower's own ``flwr
+    supernode register``, all in one process (``fedge.launcher.node_registration``); their node ids,
+    in order (None: the key was registered before, with ``registered_ok``). A key Flower refuses
+    raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
+    if not keys:
+        return []
+    argv = [sys.executable, "-m", "fedge.launcher.node_registration", connection]
+    for key, name in keys:
+        argv += [str(Path(key).resolve()), name or ""]
+    env = {**env, **({"FLWR_HOME": str(Path(env["FLWR_HOME"]).resolve())} if "FLWR_HOME" in env else {})}
+    # `python -m` puts its working directory first on the import path: the keys' own directory, never
+    # a user's project (whose modules could shadow Flower's)
+    done = subprocess.run(argv, env=env, cwd=Path(keys[0][0]).resolve().parent, capture_output=True, text=True,
+                          timeout=timeout * len(keys), check=False)
+    replies, decoder, text = [], json.JSONDecoder(), done.stdout.strip()
+    while text:  # one JSON reply per key, as flwr prints it
+        try:
+            reply, end = decoder.raw_decode(text)
+        except json.JSONDecodeError:
+            break
+        replies.append(reply)
+        text = text[end:].lstrip()
+    if len(replies) != len(keys) or not all(isinstance(r, dict) for r in replies):
+        raise RegistrationError(f"flwr supernode register ({len(keys)} keys) failed ({done.returncode}): "
+                                f"{(done.stdout + done.stderr).strip()[-800:]}")
+    ids: list[int | None] = []
+    for (key, _), reply in zip(keys, replies):
+        message = str(reply.get("error-message", ""))
+        if reply.get("success") and "node-id" in reply:
+            ids.append(int(reply["node-id"]))
+        elif registered_ok and "already in use" in message:
+            ids.append(None)
+        else:
+            raise RegistrationError(f"flwr supernode register {key} failed: {message.strip()[-800:]}")
+    return ids
+
+
 def register_node(public_key: Path, connection: str, env: Mapping[str, str], *, name: str | None = None,
                   timeout: float = 60.0) -> int:
-    """Register a SuperNode's public key with Flower's own ``flwr supernode register``; its node id."""
-    argv = ["flwr", "supernode", "register", str(public_key), connection, "--format", "json"]
-    if name:
-        argv += ["--name", name]
-    done = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
-    try:
-        reply = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        reply = {}
-    if done.returncode != 0 or not reply.get("success", False):
-        raise RegistrationError(f"flwr supernode register {public_key} failed ({done.returncode}): "
-                                f"{(done.stdout + done.stderr).strip()[-800:]}")
-    return int(reply["node-id"])
+    """Register one SuperNode's public key (:func:`register_nodes`); its node id."""
+    (node,) = register_nodes([(public_key, name)], connection, env, timeout=timeout)
+    assert node is not None
+    return node

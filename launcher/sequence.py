@@ -18,12 +18,12 @@ all of them (and their descendants) on exit.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedge.launcher.environment import config_args, node_config_arg, supernode_home
-from fedge.launcher.federation import ServerTLS, register_node, superlink_argv, supernode_argv, write_connection
+from fedge.launcher.federation import ServerTLS, register_nodes, superlink_argv, supernode_argv, write_connection
 from fedge.launcher.isolation import choose_isolation, supernode_isolation_argv, warm_executor_argv, write_secret
 from fedge.launcher.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 
@@ -84,9 +84,10 @@ class FlowerLaunch:
         wait_for_port(int(dial_port), timeout, superlink, host=dial_host)
         return superlink
 
-    def register(self, public_key: Path, name: str | None = None) -> int:
-        """Register a SuperNode's public key with the running SuperLink; its node id."""
-        return register_node(public_key, self.connection, self.group.env, name=name)
+    def register(self, keys: Sequence[tuple[Path, str | None]], registered_ok: bool = False) -> list[int | None]:
+        """Register SuperNodes' public keys (each with its name) with the running SuperLink, in one
+        process (``fedge.launcher.federation.register_nodes``); their node ids."""
+        return register_nodes(keys, self.connection, self.group.env, registered_ok=registered_ok)
 
     def start_supernode(
         self,

@@ -291,13 +291,14 @@ def launch(
         if leaves:  # the root's nodes: one bridge per leaf
             from fedge.protocol.leaf import LEAF_SPOOL, LEAF_TIMEOUT  # the spool's wire (torch): leaves only
 
+            bridge_keys = _registered(flower, security, [num_supernodes + i for i in range(leaves)])
             for i, (_, spool) in enumerate(tiers):
-                bridge_key = _registered(flower, security, num_supernodes + i)
                 flower.start_supernode(i, {"partition-id": i, "num-partitions": leaves, LEAF_SPOOL: str(spool),
                                            LEAF_TIMEOUT: 0.8 * settings.round_timeout},
-                                       auth_key=bridge_key, cwd=run_dir)
+                                       auth_key=bridge_keys.get(num_supernodes + i), cwd=run_dir)
             flower.start_warm_executor(cwd=run_dir, partitions=False)
         elif engine == "deployment":
+            node_keys = _registered(flower, security, list(range(num_supernodes)))
             for i in range(num_supernodes):
                 # cache-dir: each node reads its partition from a small .npz instead of rebuilding
                 # it (scikit-learn, datasets) in every ClientApp process (edge_client/node_data.py).
@@ -307,7 +308,7 @@ def launch(
                           **((node_config or {}).get(i) or {})}
                 if security:
                     config = {**security.node_identity(i), **config}
-                flower.start_supernode(i, config, auth_key=_registered(flower, security, i), cwd=run_dir)
+                flower.start_supernode(i, config, auth_key=node_keys.get(i), cwd=run_dir)
             # a device with its own data file never builds a partition: no scikit-learn or datasets preloaded
             own_data = all("data" in ((node_config or {}).get(i) or {}) for i in range(num_supernodes))
             flower.start_warm_executor(cwd=run_dir, partitions=not own_data)
@@ -388,14 +389,15 @@ def _stop_leaves(tiers: list[tuple[ProcessGroup, Path]]) -> None:
             (spool / LEAF_STOP).touch()
 
 
-def _registered(flower: FlowerLaunch, security: LoopbackSecurity | None, index: int) -> Path | None:
-    """Node ``index``'s private key, its public key registered with ``flower``'s SuperLink (None
-    without TLS: nodes connect unauthenticated)."""
+def _registered(flower: FlowerLaunch, security: LoopbackSecurity | None, indices: list[int]) -> dict[int, Path]:
+    """The private keys of nodes ``indices``, their public keys registered with ``flower``'s
+    SuperLink in one process before any of them starts (none without TLS: nodes connect
+    unauthenticated)."""
     if security is None:
-        return None
-    key = security.node_key(index)
-    flower.register(key.with_suffix(".pub"), name=f"node-{index}")
-    return key
+        return {}
+    keys = {index: security.node_key(index) for index in indices}
+    flower.register([(key.with_suffix(".pub"), f"node-{index}") for index, key in keys.items()])
+    return keys
 
 
 def leaves_refusal(settings: RunSettings, leaves: int, devices: int, engine: str, *, leaf_engine: str = "deployment",
@@ -475,12 +477,13 @@ def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Pat
     if simulated:  # no GPU share: two leaves' Ray instances would each hand out the same GPUs
         federation_config = _simulated_federation(mapping.nodes)
     else:
+        node_keys = _registered(flower, security, [mapping.device(j) for j in range(mapping.nodes)])
         for j in range(mapping.nodes):
             partition = mapping.device(j)
             config = {"partition-id": partition, "num-partitions": plan.devices,
                       "cache-dir": str(run_dir / "node-cache"),
                       **(security.node_identity(partition) if security else {})}
-            flower.start_supernode(j, config, auth_key=_registered(flower, security, partition), cwd=leaf_dir)
+            flower.start_supernode(j, config, auth_key=node_keys.get(partition), cwd=leaf_dir)
     # A leaf's step is a plain FedAvg step over its devices (all of them, or its sample) from the
     # root's model (HierFAVG's edge average); the root's algorithm (FedAvg, FedBuff across leaves),
     # its server optimizer and its model average act on the leaves' steps.

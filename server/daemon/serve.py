@@ -31,12 +31,9 @@ import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from fedge.launcher.environment import flower_environment
-from fedge.launcher.federation import RegistrationError
 from fedge.launcher.processes import ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch
 from fedge.server.daemon.json_logs import fields
@@ -51,9 +48,6 @@ __all__ = ["Daemon"]
 log = logging.getLogger("fedge.serve")
 
 _CONNECTION = "fedge"
-#: concurrent ``flwr supernode register`` calls at daemon start (each a short-lived CLI process)
-_REGISTER_WORKERS = 4
-
 #: what _supervise returns when the run failed and may be restarted
 _FAILED = -1
 
@@ -224,23 +218,16 @@ class Daemon:
             leftovers.stop(grace=5.0)
 
     def _register_keys(self, flower: FlowerLaunch) -> None:
-        """Register every configured SuperNode key with Flower's ``flwr supernode register``, a few at
-        a time: each call is a CLI process (~2 s, mostly imports), paid at every daemon start, so a
-        fleet of keys registered one by one would delay every restart by minutes."""
-        def register(key: Path) -> tuple[Path, int | None]:
-            try:
-                return key, flower.register(key)
-            except RegistrationError as err:
-                if "already in use" not in str(err):
-                    raise
-                return key, None
-
-        with ThreadPoolExecutor(max_workers=_REGISTER_WORKERS) as pool:
-            for key, node in pool.map(register, self.config.register_keys):  # in order; the first error raises
-                if node is None:
-                    log.info("node key already registered", extra=fields(key=str(key)))
-                else:
-                    log.info("node key registered", extra=fields(key=str(key), node=node))
+        """Register every configured SuperNode key with Flower's ``flwr supernode register``, all in
+        one process (``fedge.launcher.node_registration``): a ``flwr`` process per key spends ~1.4 CPU-s
+        on imports, paid at every daemon start. A key registered before (a persistent database) is
+        logged and kept."""
+        keys = list(self.config.register_keys)
+        for key, node in zip(keys, flower.register([(key, None) for key in keys], registered_ok=True)):
+            if node is None:
+                log.info("node key already registered", extra=fields(key=str(key)))
+            else:
+                log.info("node key registered", extra=fields(key=str(key), node=node))
 
     def _supervise(self, rows_log: MetricsLog) -> int:
         config, group = self.config, self.group

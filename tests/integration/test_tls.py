@@ -18,6 +18,7 @@ from fedge.launcher.federation import (
     LoopbackSecurity,
     RegistrationError,
     register_node,
+    register_nodes,
     superlink_argv,
     supernode_argv,
     write_connection,
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 def test_unregistered_and_plaintext_supernodes_are_refused(tmp_path: Path, assert_no_leftovers) -> None:
     home = tmp_path / "flwr-home"
     env = flower_environment(home)
-    security = LoopbackSecurity.create(tmp_path / "tls", nodes=1)
+    security = LoopbackSecurity.create(tmp_path / "tls", nodes=3)
     make_node_key(security.directory, "rogue")  # a well-formed key nobody registered
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -49,6 +50,13 @@ def test_unregistered_and_plaintext_supernodes_are_refused(tmp_path: Path, asser
         node_id = int(done.stdout.split(" as node ")[1])
         with pytest.raises(RegistrationError, match="already in use"):
             register_node(security.directory / "node-0.pub", "fedge", env)
+        # a launch registers its keys in one process, each answered by Flower in order; a daemon
+        # restarted on its database keeps the keys registered before
+        keys = [(security.directory / f"node-{i}.pub", name) for i, name in ((1, "node-1"), (0, None), (2, None))]
+        first, again, last = register_nodes(keys, "fedge", env, registered_ok=True)
+        assert again is None and None not in (first, last) and len({first, last, node_id}) == 3
+        with pytest.raises(RegistrationError, match="(?s)node-1.pub failed: .*already in use"):
+            register_nodes(keys[:1], "fedge", env)
         good = group.start("good", supernode_argv(address, free_port(), config, root_cert=security.server.ca_cert,
                                                   auth_key=security.node_key(0)), cwd=tmp_path)
         rogue = group.start("rogue", supernode_argv(address, free_port(), config, root_cert=security.server.ca_cert,
