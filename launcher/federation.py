@@ -147,12 +147,13 @@ def write_connection(flwr_home: Path, name: str, address: str, root_cert: Path |
 def register_nodes(keys: Sequence[tuple[Path, str | None]], connection: str, env: Mapping[str, str], *,
                    registered_ok: bool = False, timeout: float = 60.0) -> list[int | None]:
     """Register SuperNodes' public keys (each with its name, or None) with Flower's own ``flwr
-    supernode register``, all in one process (``fedge.launcher.node_registration``); their node ids,
+    supernode register``, all in one process (``fedge.server.node_registration``); their node ids,
     in order (None: the key was registered before, with ``registered_ok``). A key Flower refuses
     raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
     if not keys:
         return []
-    argv = [sys.executable, "-m", "fedge.launcher.node_registration", connection]
+    # the process runs Flower's CLI, which this layer never imports: it lives with the coordinator
+    argv = [sys.executable, "-m", "fedge.server.node_registration", connection]
     for key, name in keys:
         argv += [str(Path(key).resolve()), name or ""]
     env = {**env, **({"FLWR_HOME": str(Path(env["FLWR_HOME"]).resolve())} if "FLWR_HOME" in env else {})}

@@ -219,7 +219,7 @@ class Daemon:
 
     def _register_keys(self, flower: FlowerLaunch) -> None:
         """Register every configured SuperNode key with Flower's ``flwr supernode register``, all in
-        one process (``fedge.launcher.node_registration``): a ``flwr`` process per key spends ~1.4 CPU-s
+        one process (``fedge.server.node_registration``): a ``flwr`` process per key spends ~1.4 CPU-s
         on imports, paid at every daemon start. A key registered before (a persistent database) is
         logged and kept."""
         keys = list(self.config.register_keys)

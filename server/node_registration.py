@@ -1,4 +1,4 @@
-"""``python -m fedge.launcher.node_registration CONNECTION KEY NAME [KEY NAME ...]``: Flower's own
+"""``python -m fedge.server.node_registration CONNECTION KEY NAME [KEY NAME ...]``: Flower's own
 ``flwr supernode register KEY CONNECTION --format json [--name NAME]`` for every key, in one process.
 
 Each ``flwr`` process spends about 1.4 CPU-s importing Flower's CLI before it sends one request, so
