@@ -86,8 +86,8 @@ def _one_default_federation_at_a_time(request: pytest.FixtureRequest) -> Iterato
 
 
 #: the longest process tests (docs/testing.md), started first so none of them becomes the tail
-_LONGEST_FIRST = ("test_leaves.py", "test_serve.py", "test_packaging.py", "test_warm_execution.py", "test_algorithms.py",
-                  "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
+_LONGEST_FIRST = ("test_leaves.py", "test_serve.py", "test_packaging.py", "test_warm_execution.py",
+                  "test_algorithms.py", "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
