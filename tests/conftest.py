@@ -85,16 +85,18 @@ def _one_default_federation_at_a_time(request: pytest.FixtureRequest) -> Iterato
         yield
 
 
-#: the longest process tests (docs/testing.md), started first so none of them becomes the tail
-_LONGEST_FIRST = ("test_leaves.py", "test_serve.py", "test_packaging.py", "test_warm_execution.py",
-                  "test_algorithms.py", "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
+#: the longest process tests (docs/testing.md), started first so none of them becomes the tail. Not
+#: test_leaves.py: its two trees (a leaf's own Ray instance each, in the simulated one) started beside
+#: these at the suite's start, and a leaf's Ray node timed out starting (2026-12-03 17:32)
+_LONGEST_FIRST = ("test_serve.py", "test_packaging.py", "test_warm_execution.py", "test_algorithms.py",
+                  "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that start real processes first, the longest of them first, so that none of them
-    starts late and forms a tail after the short in-process tests (the killed root's test alone
-    takes 140-290 s). The suite is CPU-bound on two cores either way (96-100% busy in every
-    minute, 2026-12-03): what the order changes is the tail, not the work."""
+    starts late and forms a tail after the short in-process tests. The suite is CPU-bound on two
+    cores either way (96-100% busy in every minute, 2026-12-03): what the order changes is the
+    tail, not the work."""
 
     def order(item: pytest.Item) -> tuple[int, int]:
         if item.get_closest_marker("integration") is None:
