@@ -307,14 +307,13 @@ def run_one(args: argparse.Namespace, isolation: str) -> dict[str, Any]:
 #: the release of its clean file pages, as the warm process does), with the process's resident memory
 #: after each (``VmRSS``, its anonymous and file-backed parts, and the peak so far, ``VmHWM``)
 _LADDER = """
-import json, sys
-from fedge.edge_client.warm_executor import PRELOAD, PARTITION_PRELOAD, WarmExecutor, WarmNode
+import json
+from fedge.edge_client.warm_executor import PRELOAD, WarmExecutor, WarmNode
 def memory():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
     return [int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "RssAnon", "RssFile", "VmHWM")]
 rows = [("python and the warm executor's module", memory())]
-preload = PRELOAD + (PARTITION_PRELOAD if sys.argv[1] == "partitions" else ())
-WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=preload).warm_up(
+WarmExecutor([WarmNode.parse("127.0.0.1:1")], preload=PRELOAD).warm_up(
     each=lambda name: rows.append(("import " + name, memory())))
 rows.append(("warm-up (torch to one thread; codec kernels when numba is there)", memory()))
 print(json.dumps(rows))
@@ -322,13 +321,14 @@ print(json.dumps(rows))
 
 
 def import_ladder(device: bool) -> list[tuple[str, list[float]]]:
-    """What the warm process holds, step by step: a fresh interpreter imports what it preloads (as a
-    device installs it with ``device``: no partitioners, no numba) and warms up as it does, and
-    reports its resident memory after each step (MiB: RSS, anonymous, file-backed)."""
+    """What the warm process holds, step by step: a fresh interpreter imports what it preloads (the
+    run's partitions are drawn before its nodes start, so no partitioners; as a device installs it
+    with ``device``: no numba either) and warms up as it does, and reports its resident memory after
+    each step (MiB: RSS, anonymous, file-backed)."""
     import subprocess
 
     env = {**os.environ, **({"FEDGE_KERNELS": "off"} if device else {})}
-    done = subprocess.run([sys.executable, "-c", _LADDER, "device" if device else "partitions"], env=env,
+    done = subprocess.run([sys.executable, "-c", _LADDER], env=env,
                           capture_output=True, text=True, check=True, timeout=300)
     return [(step, values) for step, values in json.loads(done.stdout.strip().splitlines()[-1])]
 

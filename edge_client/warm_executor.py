@@ -69,8 +69,9 @@ PRELOAD = (
 )
 #: ``off``: keep the imports' clean file pages resident (``fedge.edge_client.page_release``)
 PAGE_RELEASE_ENV = "FEDGE_PAGE_RELEASE"
-#: what a node that builds its own partition of a shared data set needs on its first message (local
-#: clusters and benchmarks; a device with its own data file never imports them)
+#: what a node that builds its own partition of a shared data set needs on its first message (a local
+#: cluster whose launcher could not draw the partitions ahead, a user's task found only in the app; a
+#: device with its own data file never imports them)
 PARTITION_PRELOAD = ("sklearn.datasets", "flwr_datasets")
 
 #: The Runtime API method Flower's SuperNode guards with the SuperExec secret (run_superexec.py)

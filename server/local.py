@@ -267,11 +267,12 @@ def launch(
     ray_temp: Path | None = None
     tiers: list[tuple[ProcessGroup, Path]] = []  # each leaf's processes and spool
     share_settings = settings
+    shared = False  # the run's partitions drawn where every node reads them
 
     def meanwhile() -> None:  # while the SuperLink starts (a second or two): the run's partitions, its app
-        nonlocal app
+        nonlocal app, shared
         if not ray_address:
-            _share_partitions(share_settings, num_supernodes, run_dir / "partitions")
+            shared = _share_partitions(share_settings, num_supernodes, run_dir / "partitions")
         app = stage_run_app(flwr_home / "app", share_settings.task, app_dir, share_settings.plugins)
 
     app = flwr_home / "app"
@@ -309,9 +310,11 @@ def launch(
                 if security:
                     config = {**security.node_identity(i), **config}
                 flower.start_supernode(i, config, auth_key=node_keys.get(i), cwd=run_dir)
-            # a device with its own data file never builds a partition: no scikit-learn or datasets preloaded
+            # scikit-learn and datasets (130 MiB in the warm process and every message it forks) are
+            # preloaded only where a node draws its partition itself: a device with its own data file
+            # never does, nor does a node whose partition this process drew (bench/clientapp_cpu.py)
             own_data = all("data" in ((node_config or {}).get(i) or {}) for i in range(num_supernodes))
-            flower.start_warm_executor(cwd=run_dir, partitions=not own_data)
+            flower.start_warm_executor(cwd=run_dir, partitions=not (own_data or shared))
         else:
             federation_config = _simulated_federation(num_supernodes, parallel_clients=parallel_clients,
                                                      cluster=bool(ray_address or ray_head), gpus=gpus_here)
@@ -362,13 +365,14 @@ def _leaf_power_cut(kill: tuple[int, int], tiers: list[tuple[ProcessGroup, Path]
     return row_seen
 
 
-def _share_partitions(settings: RunSettings, num_partitions: int, directory: Path) -> None:
+def _share_partitions(settings: RunSettings, num_partitions: int, directory: Path) -> bool:
     """Draw the run's partitions once, here, into the directory every process of the run reads them
     from (``FEDGE_PARTITION_CACHE``, ``fedge.tasks.partition``): otherwise each Ray actor and each
     SuperNode imports flwr-datasets (~1.8 CPU-s) and draws the same split again. Only a speed-up: a
-    task this process cannot build (a user's module found only in the app) is drawn by the nodes."""
+    task this process cannot build (a user's module found only in the app) is drawn by the nodes,
+    and then this returns False."""
     if passed_before(settings, num_partitions):  # its preflight drew this split into the machine's cache
-        return  # where every node finds it (``partition_indices``); no torch here for the task
+        return True  # where every node finds it (``partition_indices``); no torch here for the task
     from fedge.tasks import make_task  # torch: the run's task
 
     try:
@@ -378,6 +382,8 @@ def _share_partitions(settings: RunSettings, num_partitions: int, directory: Pat
                           size=len(pool), cache_dir=directory)  # type: ignore[arg-type]
     except Exception as err:  # noqa: BLE001 - the nodes draw it themselves and report what fails
         log.info("partitions not drawn ahead of the run (each node draws its own): %s", err)
+        return False
+    return True
 
 
 def _stop_leaves(tiers: list[tuple[ProcessGroup, Path]]) -> None:

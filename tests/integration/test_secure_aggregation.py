@@ -72,3 +72,9 @@ def test_over_tls_identities_are_issued_and_a_device_the_operator_did_not_issue_
     assert row["secagg_consistency"] is True and "issuer=" in row["secure_aggregation"]
     assert row["clients_used"] == 4, row["rejected"]
     assert len(row["rejected"]) == 1 and "not endorsed by the operator's CA" in row["rejected"][0]["reason"]
+    # the launcher drew the partitions before the nodes started, so the devices' warm process
+    # preloads what training needs and no partitioners (scikit-learn, datasets: 130 MiB in it and
+    # in every message process it forks)
+    from fedge.edge_client.warm_executor import PRELOAD
+
+    assert f"warm: {len(PRELOAD)} module(s) imported" in result.logs["warm-executor"].read_text()
