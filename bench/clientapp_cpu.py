@@ -22,7 +22,7 @@ Memory: the SuperNode processes' and the warm process's peak RSS and PSS (``smap
 pages divided among the processes sharing them). A node's first message (it also loads and caches
 its partition) is reported apart from the later ones.
 
-    .venv/bin/python bench/clientapp_cpu.py                          # 4 SuperNodes, 3 rounds, subprocess then warm
+    .venv/bin/python bench/clientapp_cpu.py          # 4 SuperNodes, 3 rounds: subprocess, warm, warm-device
     .venv/bin/python bench/clientapp_cpu.py --rounds 5 --local-epochs 1 --partitioning iid   # the whole-tree measure
     .venv/bin/python bench/clientapp_cpu.py --supernodes 16 --rounds 6 --algorithm fedbuff:concurrency=16,buffer=8 \
         --stragglers fraction=0.25,slowdown=5
@@ -340,7 +340,7 @@ def main() -> int:
     parser.add_argument("--local-epochs", type=int, default=5)
     parser.add_argument("--algorithm", default="fedavg")
     parser.add_argument("--partitioning", default=None, help="run setting (default: the product's)")
-    parser.add_argument("--isolation", default="subprocess,warm",
+    parser.add_argument("--isolation", default="subprocess,warm,warm-device",
                         help="comma-separated, run one after the other in this invocation: subprocess, warm, "
                              "warm-device (warm, as a device installed with the device extra: its own data "
                              "file, no numba)")
