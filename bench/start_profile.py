@@ -179,8 +179,8 @@ def main() -> int:
               f"({', '.join(f'{c / w:.2f}x' for c, w in zip(cluster, flower))} per pair)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": command, "runs": runs, "ratio": ratio,
-                                     "accuracy_gap_points": gap, "first_round_sent_s": max(begun)}, indent=2) + "\n")
+    out.write_text(json.dumps({"command": command, "runs": runs, "ratio": ratio, "accuracy_gap_points": gap,
+                               "first_round_sent_s": max(begun)}, indent=2) + "\n")
     print(f"written: {out}\nreproduce: {command}")
     return 0
 
