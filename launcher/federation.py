@@ -14,9 +14,6 @@ plaintext node never gets past the TLS handshake.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ from fedge.deploy.certs import (
     issue_server_certificate,
     make_node_key,
 )
+from fedge.launcher.flower_cli import FlowerCli, FlowerCliError, json_replies
 
 __all__ = [
     "LoopbackSecurity",
@@ -147,33 +145,25 @@ def write_connection(flwr_home: Path, name: str, address: str, root_cert: Path |
 def register_nodes(keys: Sequence[tuple[Path, str | None]], connection: str, env: Mapping[str, str], *,
                    registered_ok: bool = False, timeout: float = 60.0) -> list[int | None]:
     """Register SuperNodes' public keys (each with its name, or None) with Flower's own ``flwr
-    supernode register``, all in one process (``fedge.server.node_registration``); their node ids,
-    in order (None: the key was registered before, with ``registered_ok``). A key Flower refuses
-    raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
+    supernode register``, all in one process (:class:`~fedge.launcher.flower_cli.FlowerCli`); their
+    node ids, in order (None: the key was registered before, with ``registered_ok``). A key Flower
+    refuses raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
     if not keys:
         return []
-    # the process runs Flower's CLI, which this layer never imports: it lives with the coordinator
-    argv = [sys.executable, "-m", "fedge.server.node_registration", connection]
-    for key, name in keys:
-        argv += [str(Path(key).resolve()), name or ""]
-    env = {**env, **({"FLWR_HOME": str(Path(env["FLWR_HOME"]).resolve())} if "FLWR_HOME" in env else {})}
-    # `python -m` puts its working directory first on the import path: the keys' own directory, never
-    # a user's project (whose modules could shadow Flower's)
-    done = subprocess.run(argv, env=env, cwd=Path(keys[0][0]).resolve().parent, capture_output=True, text=True,
-                          timeout=timeout * len(keys), check=False)
-    replies, decoder, text = [], json.JSONDecoder(), done.stdout.strip()
-    while text:  # one JSON reply per key, as flwr prints it
-        try:
-            reply, end = decoder.raw_decode(text)
-        except json.JSONDecodeError:
-            break
-        replies.append(reply)
-        text = text[end:].lstrip()
-    if len(replies) != len(keys) or not all(isinstance(r, dict) for r in replies):
-        raise RegistrationError(f"flwr supernode register ({len(keys)} keys) failed ({done.returncode}): "
-                                f"{(done.stdout + done.stderr).strip()[-800:]}")
+    answers = []
+    with FlowerCli(env, cwd=Path(keys[0][0]).resolve().parent) as flwr:
+        for key, name in keys:
+            try:
+                code, text = flwr.call(["supernode", "register", str(Path(key).resolve()), connection, "--format",
+                                        "json", *(["--name", name] if name else [])], timeout=timeout)
+            except FlowerCliError as err:
+                raise RegistrationError(f"flwr supernode register {key} failed: {err}") from None
+            replies = json_replies(text)
+            if len(replies) != 1 or not isinstance(replies[0], dict):
+                raise RegistrationError(f"flwr supernode register {key} failed ({code}): {text.strip()[-800:]}")
+            answers.append(replies[0])
     ids: list[int | None] = []
-    for (key, _), reply in zip(keys, replies):
+    for (key, _), reply in zip(keys, answers):
         message = str(reply.get("error-message", ""))
         if reply.get("success") and "node-id" in reply:
             ids.append(int(reply["node-id"]))

@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import subprocess
 import threading
 import time
 from typing import Any
 
 from fedge.launcher.environment import flower_environment
+from fedge.launcher.flower_cli import FlowerCli, FlowerCliError, json_replies
 from fedge.launcher.processes import ProcessGroup
 from fedge.launcher.sequence import FlowerLaunch
 from fedge.server.daemon.json_logs import fields
@@ -79,6 +79,8 @@ class Daemon:
         self._run_going = False
         self._attempt = 0  # supervision attempts of this process (a restart after a failure adds one)
         self._seen = 0  # metrics rows reported so far
+        #: the one process that answers the daemon's `flwr` calls (stopped with each attempt's processes)
+        self._flwr = FlowerCli(self.env, cwd=config.state_dir)
 
     # -- signals --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -129,14 +131,22 @@ class Daemon:
         """``(status, details)`` of this daemon's run as the SuperLink reports it (``flwr ls``);
         ``(None, why)`` when it cannot be asked."""
         try:
-            done = subprocess.run(["flwr", "ls", _CONNECTION, "--run-id", str(self._run_id), "--format", "json"],
-                                  env=self.env, capture_output=True, text=True, timeout=60, check=False)
-            runs = json.loads(done.stdout).get("runs") or []
-        except (subprocess.TimeoutExpired, json.JSONDecodeError, AttributeError, OSError) as err:
+            runs = self._flwr_json(["ls", _CONNECTION, "--run-id", str(self._run_id)]).get("runs") or []
+        except (FlowerCliError, ValueError, AttributeError) as err:
             return None, str(err)
         if not runs:
             return None, "the SuperLink does not know the run"
         return str(runs[0].get("status")), str(runs[0].get("status-details", ""))
+
+    def _flwr_json(self, args: list[str]) -> Any:
+        """Flower's JSON answer to ``flwr ARGS --format json``, from the daemon's one ``flwr`` process
+        (:class:`~fedge.launcher.flower_cli.FlowerCli`: the node poll and the run's status would
+        otherwise start a process each, 1.4 CPU-s of imports a call, for as long as the daemon serves)."""
+        code, text = self._flwr.call([*args, "--format", "json"], timeout=60)
+        replies = json_replies(text)
+        if len(replies) != 1:
+            raise ValueError(f"flwr {' '.join(args[:2])} answered {code}: {text.strip()[-300:]!r}")
+        return replies[0]
 
     def _fields(self, **values: Any) -> dict[str, Any]:
         """Event fields with Flower's run id, so a line can be matched with ``flwr log <run id>``."""
@@ -203,6 +213,7 @@ class Daemon:
             return self._supervise(rows_log)
         finally:
             self._run_going = False
+            self._flwr.close()
             self.group.stop()
             log.info("all processes stopped")
 
@@ -219,7 +230,7 @@ class Daemon:
 
     def _register_keys(self, flower: FlowerLaunch) -> None:
         """Register every configured SuperNode key with Flower's ``flwr supernode register``, all in
-        one process (``fedge.server.node_registration``): a ``flwr`` process per key spends ~1.4 CPU-s
+        one process (``fedge.launcher.flower_cli``): a ``flwr`` process per key spends ~1.4 CPU-s
         on imports, paid at every daemon start. A key registered before (a persistent database) is
         logged and kept."""
         keys = list(self.config.register_keys)
@@ -311,15 +322,13 @@ class Daemon:
         last = None
         while not self.stop.is_set() and self._run_going and self._attempt == attempt:
             try:
-                done = subprocess.run(["flwr", "supernode", "ls", _CONNECTION, "--format", "json"], env=self.env,
-                                      capture_output=True, text=True, timeout=60, check=False)
-                nodes = json.loads(done.stdout).get("nodes", [])
+                nodes = self._flwr_json(["supernode", "ls", _CONNECTION]).get("nodes", [])
                 online = sum(1 for n in nodes if n.get("status") == "online")
                 self.metrics.nodes.set(online)
                 if online != last:
                     log.info("nodes online", extra=self._fields(nodes=online))
                     last = online
-            except (subprocess.TimeoutExpired, json.JSONDecodeError, AttributeError, OSError) as err:
+            except (FlowerCliError, ValueError, AttributeError) as err:
                 log.warning("could not list nodes", extra=self._fields(error=str(err)))
             self.stop.wait(self.config.node_poll_seconds)
 

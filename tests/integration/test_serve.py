@@ -133,6 +133,9 @@ round-timeout = 240
             events = [json.loads(line) for line in (tmp_path / "serve-1.log").read_text().splitlines()
                       if line.startswith("{")]
             assert any(e["event"] == "reply rejected" and "node" in e and e.get("round") == 1 for e in events)
+            # the node poll asks the TLS SuperLink through the daemon's one flwr process, and is answered
+            assert any(e["event"] == "nodes online" for e in events)
+            assert not any(e["event"] == "could not list nodes" for e in events)
             run_id = json.loads((run_dir / "config.json").read_text())["flower_run_id"]
             assert all(e.get("run") == run_id for e in events if e["event"] in ("round completed", "reply rejected"))
 

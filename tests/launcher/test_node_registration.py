@@ -1,4 +1,4 @@
-"""Registering SuperNode keys in one process (``fedge.server.node_registration``), where Flower
+"""Registering SuperNode keys in one process (``fedge.launcher.flower_cli``), where Flower
 refuses them before any SuperLink answers: each key gets Flower's own JSON reply, and the first
 refused one raises with Flower's answer and the key's path. A SuperLink that registers them is
 ``tests/integration/test_tls.py``."""
