@@ -73,7 +73,7 @@ def main() -> int:
         FlowerLaunch(group, home).start_superlink(cwd=work)
         with FlowerCli(env, cwd=work) as helper:
             t0 = time.perf_counter()
-            code, text = helper.call(list(CALLS[0]))
+            _, text = helper.call(list(CALLS[0]))
             assert helper.pid is not None and _answered(text), text
             first = (time.perf_counter() - t0, _cpu_of(helper.pid))
             for i in range(args.calls * len(CALLS)):
@@ -84,7 +84,7 @@ def main() -> int:
                 rows["process"].append((time.perf_counter() - t0, _children_cpu() - cpu0))
                 assert _answered(done.stdout), done.stdout + done.stderr
                 cpu0, t0 = _cpu_of(helper.pid), time.perf_counter()
-                code, text = helper.call(list(call))
+                _, text = helper.call(list(call))
                 rows["helper"].append((time.perf_counter() - t0, _cpu_of(helper.pid) - cpu0))
                 assert _answered(text), text
     figures = {

@@ -117,7 +117,7 @@ def _start_ray_head(group: ProcessGroup, address: str, cpus: int, cwd: Path) -> 
     ``ray_current_cluster`` file of Ray's default directory, where a user's later ``ray.init()``
     would try to join this run's stopped instance. A short path: Ray's sockets live under it. What
     the head leaves out, and why: ``fedge.launcher.ray_start_hook``."""
-    host, _, port = address.rpartition(":")
+    port = address.rpartition(":")[2]
     temp_dir = Path(tempfile.mkdtemp(prefix="fedge-ray-"))
     group.start("ray-head", [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                              f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}",
@@ -282,7 +282,8 @@ def launch(
         if leaves:
             meanwhile()  # each leaf's processes read the partitions and the app as they start
             leaf_plan = _LeafPlan(leaves, num_supernodes, leaf_engine, leaf_sample, isolation, security)
-            tiers = [_start_leaf(i, leaf_plan, settings, run_dir, app) for i in range(leaves)]
+            for i in range(leaves):  # one at a time: a leaf that fails to start leaves the started ones stoppable
+                tiers.append(_start_leaf(i, leaf_plan, settings, run_dir, app))
             settings = root_settings
             run_config = settings.replace(run_dir=str(run_dir)).to_run_config()
         flower = FlowerLaunch(group, flwr_home, isolation=isolation if engine == "deployment" else "subprocess")
@@ -474,6 +475,18 @@ def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Pat
     env["RAY_ADDRESS"] = "local"
     env[CACHE_ENV] = str(run_dir / "partitions")
     group = ProcessGroup(leaf_dir / "logs", env=env, also_match={"FLWR_HOME": env["FLWR_HOME"]})
+    try:
+        _serve_leaf(index, plan, settings, run_dir, app, group, home)
+    except BaseException:  # a key Flower refused, a node that died: nothing of this leaf outlives the launch
+        group.stop()
+        raise
+    return group, spool
+
+
+def _serve_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Path, app: Path, group: ProcessGroup,
+                home: Path) -> None:
+    """Start leaf ``index``'s processes in its ``group`` (:func:`_start_leaf`)."""
+    leaf_dir = home.parent
     mapping = LeafDevices(index, plan.leaves, plan.devices)
     simulated = plan.engine == "simulation"
     flower = FlowerLaunch(group, home, isolation="subprocess" if simulated else plan.isolation)
@@ -494,13 +507,12 @@ def _start_leaf(index: int, plan: _LeafPlan, settings: RunSettings, run_dir: Pat
     # root's model (HierFAVG's edge average); the root's algorithm (FedAvg, FedBuff across leaves),
     # its server optimizer and its model average act on the leaves' steps.
     sampled = min(plan.sample, mapping.nodes) if plan.sample else mapping.nodes
-    leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(spool), clients_per_round=sampled,
+    leaf = settings.replace(run_dir=str(leaf_dir), leaf_spool=str(leaf_dir / "spool"), clients_per_round=sampled,
                             min_replies=min(settings.min_replies, sampled), export_bundle="",
                             algorithm="fedavg", server_opt="fedavg", model_average="none",
                             leaf_devices=mapping.spec if simulated else "",
                             **_tier_privacy(settings, plan.devices, "leaf"))
     flower.submit(app, leaf.to_run_config(), federation_config=federation_config, cwd=leaf_dir)
-    return group, spool
 
 
 def _follow(

@@ -116,3 +116,30 @@ def _why(run_dir, rows: list[dict]) -> str:
         tails.append(f"--- {log.relative_to(run_dir)}:\n{text[-1500:]}")
     return json.dumps([{k: r.get(k) for k in ("round", "clients_used", "rejected")} for r in rows]) + "\n" + \
         "\n".join(tails)
+
+
+def test_a_leaf_that_fails_to_start_takes_the_started_leaves_down_with_it(tmp_path, assert_no_leftovers,
+                                                                         monkeypatch) -> None:
+    """The second leaf fails as it starts, after its SuperLink is up (here its devices' registration
+    raises, as for a key Flower refuses): the launch raises that error, and neither that SuperLink
+    nor the first leaf's processes (its SuperLink, device and coordinator's run) outlive it. Both
+    did before 2026-12-06 (the leaves' groups were kept only once every leaf had started)."""
+    import fedge.server.local as local
+    from fedge.launcher.federation import RegistrationError
+
+    real, calls = local._registered, []
+
+    def refused_on_the_second_leaf(flower, security, indices):  # type: ignore[no-untyped-def]
+        calls.append(list(indices))
+        if len(calls) == 2:
+            raise RegistrationError("flwr supernode register node-1.pub failed: refused (test)")
+        return real(flower, security, indices)
+
+    monkeypatch.setattr(local, "_registered", refused_on_the_second_leaf)
+    settings = RunSettings(rounds=1, clients_per_round=2, local_epochs=1, run_dir=str(tmp_path / "run"))
+    with pytest.raises(RegistrationError, match="refused \\(test\\)"):
+        launch(settings, engine="deployment", num_supernodes=4, leaves=2, timeout=120)
+    assert [len(c) for c in calls] == [2, 2]  # each leaf's devices; the first leaf was up when the second failed
+    assert (tmp_path / "run" / "leaf-0" / "logs" / "superlink.log").is_file()
+    assert (tmp_path / "run" / "leaf-1" / "logs" / "superlink.log").is_file()
+    assert_no_leftovers(tmp_path / "run")  # every FLWR_HOME of the tree: the root's and each leaf's

@@ -44,7 +44,7 @@ def test_a_call_past_its_timeout_ends_the_helper_and_the_next_one_starts_another
     with pytest.raises(FlowerCliError, match="no answer within"):
         flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=0.01)  # Flower's imports take longer
     assert flwr.pid is None
-    code, text = flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
+    _, text = flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
     assert "'nosuch' not found" in json_replies(text)[0]["error-message"]
 
 
@@ -56,5 +56,5 @@ def test_a_helper_that_died_is_started_again(flwr: FlowerCli) -> None:
     deadline = time.monotonic() + 10
     while flwr.pid is not None and time.monotonic() < deadline:  # the kill lands
         time.sleep(0.05)
-    code, text = flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
+    _, text = flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
     assert json_replies(text)[0]["success"] is False and flwr.pid not in (None, dead)
