@@ -88,15 +88,16 @@ def main() -> int:
                 rows["helper"].append((time.perf_counter() - t0, _cpu_of(helper.pid) - cpu0))
                 assert _answered(text), text
     figures = {
-        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs", "calls_each_way": len(rows["helper"]),
-        "command": "bench/flower_cli_calls.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs",
+        "calls_each_way": len(rows["helper"]), "command": "bench/flower_cli_calls.py " + " ".join(sys.argv[1:]),
         "helper_first_call": {"wall_s": round(first[0], 3), "cpu_s": round(first[1], 3)},
     }
     for way, values in rows.items():
         walls, cpus = [w for w, _ in values], [c for _, c in values]
-        figures[way] = {"wall_s_median": round(statistics.median(walls), 4), "cpu_s_median": round(statistics.median(cpus), 4),
-                        "cpu_s_mean": round(statistics.fmean(cpus), 4)}
-    figures["cpu_ratio_helper_to_process"] = round(figures["helper"]["cpu_s_mean"] / figures["process"]["cpu_s_mean"], 4)
+        figures[way] = {"wall_s_median": round(statistics.median(walls), 4),
+                        "cpu_s_median": round(statistics.median(cpus), 4), "cpu_s_mean": round(statistics.fmean(cpus), 4)}
+    ratio = figures["helper"]["cpu_s_mean"] / figures["process"]["cpu_s_mean"]
+    figures["cpu_ratio_helper_to_process"] = round(ratio, 4)
     print(f"{len(rows['helper'])} calls each way against one SuperLink ({figures['date']}, {figures['machine']}):")
     for way in rows:
         print(f"  {way:8s} median {figures[way]['wall_s_median']:.3f} s wall, {figures[way]['cpu_s_median']:.3f} CPU-s "

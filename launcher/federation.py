@@ -14,6 +14,7 @@ plaintext node never gets past the TLS handshake.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,15 +144,19 @@ def write_connection(flwr_home: Path, name: str, address: str, root_cert: Path |
 
 
 def register_nodes(keys: Sequence[tuple[Path, str | None]], connection: str, env: Mapping[str, str], *,
-                   registered_ok: bool = False, timeout: float = 60.0) -> list[int | None]:
+                   registered_ok: bool = False, timeout: float = 60.0,
+                   cli: FlowerCli | None = None) -> list[int | None]:
     """Register SuperNodes' public keys (each with its name, or None) with Flower's own ``flwr
-    supernode register``, all in one process (:class:`~fedge.launcher.flower_cli.FlowerCli`); their
-    node ids, in order (None: the key was registered before, with ``registered_ok``). A key Flower
-    refuses raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
+    supernode register``, all in one process (``cli``, a caller's helper that stays up, such as the
+    daemon's; else one for these keys: :class:`~fedge.launcher.flower_cli.FlowerCli`); their node
+    ids, in order (None: the key was registered before, with ``registered_ok``). A key Flower refuses
+    raises :class:`RegistrationError` with Flower's answer, after every key was tried."""
     if not keys:
         return []
     answers = []
-    with FlowerCli(env, cwd=Path(keys[0][0]).resolve().parent) as flwr:
+    # a helper of its own runs in the keys' directory, never a user's project (``FlowerCli``'s ``cwd``)
+    helper = contextlib.nullcontext(cli) if cli is not None else FlowerCli(env, cwd=Path(keys[0][0]).resolve().parent)
+    with helper as flwr:
         for key, name in keys:
             try:
                 code, text = flwr.call(["supernode", "register", str(Path(key).resolve()), connection, "--format",

@@ -24,6 +24,7 @@ from typing import Any
 
 from fedge.launcher.environment import config_args, node_config_arg, supernode_home
 from fedge.launcher.federation import ServerTLS, register_nodes, superlink_argv, supernode_argv, write_connection
+from fedge.launcher.flower_cli import FlowerCli
 from fedge.launcher.isolation import choose_isolation, supernode_isolation_argv, warm_executor_argv, write_secret
 from fedge.launcher.processes import ManagedProcess, ProcessGroup, free_port, wait_for_port
 
@@ -84,10 +85,12 @@ class FlowerLaunch:
         wait_for_port(int(dial_port), timeout, superlink, host=dial_host)
         return superlink
 
-    def register(self, keys: Sequence[tuple[Path, str | None]], registered_ok: bool = False) -> list[int | None]:
+    def register(self, keys: Sequence[tuple[Path, str | None]], registered_ok: bool = False,
+                 cli: FlowerCli | None = None) -> list[int | None]:
         """Register SuperNodes' public keys (each with its name) with the running SuperLink, in one
-        process (``fedge.launcher.federation.register_nodes``); their node ids."""
-        return register_nodes(keys, self.connection, self.group.env, registered_ok=registered_ok)
+        process (``cli``, or one for these keys: ``fedge.launcher.federation.register_nodes``); their
+        node ids."""
+        return register_nodes(keys, self.connection, self.group.env, registered_ok=registered_ok, cli=cli)
 
     def start_supernode(
         self,

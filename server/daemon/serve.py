@@ -229,12 +229,12 @@ class Daemon:
             leftovers.stop(grace=5.0)
 
     def _register_keys(self, flower: FlowerLaunch) -> None:
-        """Register every configured SuperNode key with Flower's ``flwr supernode register``, all in
-        one process (``fedge.launcher.flower_cli``): a ``flwr`` process per key spends ~1.4 CPU-s
-        on imports, paid at every daemon start. A key registered before (a persistent database) is
-        logged and kept."""
+        """Register every configured SuperNode key with Flower's ``flwr supernode register``, in the
+        process that answers the daemon's polls (``fedge.launcher.flower_cli``): a ``flwr`` process
+        per key spends ~1.4 CPU-s on imports, paid at every daemon start. A key registered before (a
+        persistent database) is logged and kept."""
         keys = list(self.config.register_keys)
-        for key, node in zip(keys, flower.register([(key, None) for key in keys], registered_ok=True)):
+        for key, node in zip(keys, flower.register([(key, None) for key in keys], registered_ok=True, cli=self._flwr)):
             if node is None:
                 log.info("node key already registered", extra=fields(key=str(key)))
             else:
