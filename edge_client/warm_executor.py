@@ -34,6 +34,7 @@ turn, and each child sets its node's ``FLWR_HOME`` before it installs the FAB.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -195,8 +196,8 @@ class WarmExecutor:
         if node._client is not None:
             try:
                 node._client.close()  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as err:  # noqa: BLE001 - a connection that will be made again anyway
+                log.debug("closing the node's SuperExec client: %s", err)
             node._client = None
 
     def _fork(self, node: WarmNode, token: str) -> None:
@@ -340,14 +341,12 @@ def _run_child(node: WarmNode, token: str, *, parent_pid: int) -> None:
         code = 0
     except SystemExit as done:  # Flower's flwr_exit: its exit handlers have pushed the outcome
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    except BaseException:  # noqa: BLE001 - report, never fall back into the parent's loop
+    except BaseException:  # report, never fall back into the parent's loop
         logging.getLogger("fedge.edge.warm").exception("the warm child failed")
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed stream: the child exits all the same
                 stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
         os._exit(code)
 
 
