@@ -13,6 +13,7 @@ the later ones. Calls from several threads are answered one at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
@@ -24,11 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FlowerCli", "FlowerCliError", "json_replies"]
+__all__ = ["END", "FlowerCli", "FlowerCliError", "json_replies"]
 
-#: the line that ends each answer (``fedge.server.flower_cli.END``; not imported: that module is the
-#: helper's, and this layer never imports the coordinator)
-_END = "\x1efedge-flwr-end "
+#: starts the line the helper writes after each answer; the rest of the line is the exit code
+END = "\x1efedge-flwr-end "
 
 
 class FlowerCliError(RuntimeError):
@@ -93,8 +93,8 @@ class FlowerCli:
                     tail = self._tail()
                     self._stop(kill=True)
                     raise FlowerCliError(f"flwr {' '.join(args[:2])}: the helper exited{tail}")
-                if line.startswith(_END):
-                    return int(line[len(_END):].strip() or 1), "".join(output)
+                if line.startswith(END):
+                    return int(line[len(END):].strip() or 1), "".join(output)
                 output.append(line)
 
     def close(self) -> None:
@@ -137,6 +137,9 @@ class FlowerCli:
             if kill:
                 popen.kill()
                 popen.wait()
+                if popen.stdin is not None:
+                    with contextlib.suppress(OSError):  # its reader is gone: a pending write cannot flush
+                        popen.stdin.close()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

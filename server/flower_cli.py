@@ -8,7 +8,8 @@ ls`` every 5 s once a run's log stream ended, a process each, for as long as it 
 imports are paid once. Each request is one line on stdin, a JSON list: the arguments ``flwr`` would
 get, passed to its own entry point (``flwr.cli.app:app``), so what Flower checks and answers is
 unchanged. Whatever Flower prints for it (a ``--format json`` reply: on ``sys.__stdout__``) is
-followed by one line, :data:`END` and the exit code. The process ends when stdin closes.
+followed by one line, ``END`` (``fedge.launcher.flower_cli``) and the exit code. The process ends
+when stdin closes (the caller stopped it, or died).
 
 Flower redirects ``sys.stdout`` process-wide while a JSON command runs, which is why this runs in a
 process of its own rather than inside the daemon, whose other threads log.
@@ -19,10 +20,9 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["END", "main"]
+from fedge.launcher.flower_cli import END
 
-#: starts the line that ends each request's output; the rest of the line is its exit code
-END = "\x1efedge-flwr-end "
+__all__ = ["main"]
 
 
 def _run(app: object, argv: list[str]) -> int:
