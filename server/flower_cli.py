@@ -32,7 +32,7 @@ def _run(app: object, argv: list[str]) -> int:
     try:
         return int(app(argv, standalone_mode=False) or 0)  # type: ignore[operator]
     except SystemExit as stop:  # click's own exits, e.g. a usage error
-        return stop.code if isinstance(stop.code, int) else 1
+        return 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     except Exception as err:  # noqa: BLE001 - one bad request must not end the process
         if callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int):
             err.show(file=sys.__stderr__)  # type: ignore[attr-defined]  # a usage error, as `flwr` shows it
