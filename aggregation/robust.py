@@ -33,6 +33,7 @@ reach the optimal error under heterogeneity. It costs a second ``capacity x nume
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +136,10 @@ class Mean(Aggregator):
     def partial(self) -> Partial:
         return self._mean.partial()
 
+    @classmethod
+    def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
+        return 12 * numel  # the exact sum's two limbs (aggregation.exact_sum)
+
 
 def pairwise_sq_distances(rows: torch.Tensor) -> torch.Tensor:
     """``n x n`` float64 squared Euclidean distances between the rows of ``rows``.
@@ -184,6 +189,7 @@ class _Buffered(Aggregator):
         self.nnm = nnm
         self._rows = torch.empty(capacity, numel, dtype=torch.float32)
         self._weights: list[float] = []
+        self._arrival: list[int] = []  # the position in the order of add() of each held row
 
     def _suffix(self) -> str:
         return f",nnm={self.nnm}" if self.nnm else ""
@@ -202,17 +208,55 @@ class _Buffered(Aggregator):
             raise ValueError(f"weight must be a finite positive number, got {weight!r}")
         self._rows[self.count].copy_(flat)
         self._weights.append(float(weight))
+        self._arrival.append(len(self._arrival))
 
     def _stack(self) -> torch.Tensor:
-        """The updates the rule sees: as added, or mixed with their nearest neighbours (``nnm``)."""
+        """The updates the rule sees, in their canonical order (:meth:`_canonical`), as added or
+        mixed with their nearest neighbours (``nnm``)."""
         if not self.count:
             raise ValueError("no update was accumulated")
+        self._canonical()
         rows = self._rows[: self.count]
         return nearest_neighbour_mixing(rows, self.nnm) if self.nnm else rows
 
+    def _canonical(self) -> None:
+        """Put the held updates in an order that depends on their values alone (lexicographic, then
+        by weight), in place with one spare row: a trimmed mean's float sums, NNM's neighbourhoods
+        and Krum's ties then give the same bits whatever order the replies came in (and a shift of
+        every update shifts the result: the order is translation-invariant)."""
+        n = self.count
+        rows = self._rows
+
+        def compare(i: int, j: int) -> int:
+            differ = torch.ne(rows[i], rows[j]).nonzero()
+            if differ.numel():
+                k = int(differ[0, 0])
+                return -1 if rows[i, k] < rows[j, k] else 1
+            return (self._weights[i] > self._weights[j]) - (self._weights[i] < self._weights[j])
+
+        order = sorted(range(n), key=functools.cmp_to_key(compare))  # position p takes row order[p]
+        if order == list(range(n)):
+            return
+        spare = torch.empty(self.numel, dtype=torch.float32)
+        done = [False] * n
+        for start in range(n):
+            if done[start] or order[start] == start:
+                done[start] = True
+                continue
+            spare.copy_(self._rows[start])
+            p = start
+            while order[p] != start:
+                self._rows[p].copy_(self._rows[order[p]])
+                done[p] = True
+                p = order[p]
+            self._rows[p].copy_(spare)
+            done[p] = True
+        self._weights = [self._weights[i] for i in order]
+        self._arrival = [self._arrival[i] for i in order]
+
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
-        return 4 * numel * capacity + _mixing_bytes(numel, capacity, params)
+        return 4 * numel * (capacity + 1) + _mixing_bytes(numel, capacity, params)  # + the spare row
 
 
 def _mixing_bytes(numel: int, capacity: int, params: dict[str, Any]) -> int:
@@ -292,7 +336,7 @@ class MultiKrum(_Buffered):
         rows = self._stack()
         order = torch.argsort(self.scores(rows), stable=True)
         chosen = order[: min(self.m, rows.shape[0])].tolist()
-        self._chosen = sorted(chosen)
+        self._chosen = sorted(self._arrival[i] for i in chosen)  # positions in the order of add()
         mean = StreamingMean(self.numel)
         for i in chosen:
             mean.add(rows[i], self._weights[i])
@@ -303,7 +347,7 @@ class MultiKrum(_Buffered):
 
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:
-        return 4 * numel * (capacity + 1) + 8 * capacity * capacity + _mixing_bytes(numel, capacity, params)
+        return 4 * numel * (capacity + 4) + 8 * capacity * capacity + _mixing_bytes(numel, capacity, params)
 
 
 def _krum(numel: int, capacity: int, f: int = 1, nnm: int = 0) -> MultiKrum:

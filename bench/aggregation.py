@@ -5,12 +5,14 @@
 * ``flower``: every reply is held as a dense fp32 ``ArrayRecord`` (what ``send_and_receive`` returns to
   ``flwr.serverapp.strategy.FedAvg``), then ``aggregate_arrayrecords`` (the function its
   ``aggregate_train`` calls) averages them.
-* ``streaming-<codec>``: each client's payload arrives, is validated, decoded into one accumulator
-  (``aggregation.StreamingMean``) and dropped.
+* ``streaming-<codec>``: each client's payload arrives, is validated, decoded, added to one exact
+  accumulator (``aggregation.StreamingMean``: the same bits in any order of replies) and dropped.
 
 Each method runs in its own process; peak memory is the growth of ru_maxrss over the process's
 baseline after imports (and after the fused codec kernels are compiled, a one-time cost of the
-process); seconds are the aggregation work (building the replies is not counted).
+process); seconds are the aggregation work (building the replies is not counted). The streaming
+methods' clients encode in a process of their own and send their payloads over a pipe, so the
+coordinator process holds only what it receives (one payload at a time) and what it aggregates.
 Prints a markdown table and writes bench/results/aggregation.json with the command.
 
     .venv/bin/python bench/aggregation.py [--clients 100] [--params 1000000]
@@ -64,6 +66,8 @@ def run_flower(clients: int, numel: int) -> dict:
 
 
 def run_streaming(clients: int, numel: int, spec: str) -> dict:
+    import struct
+
     from fedge.aggregation import StreamingMean
     from fedge.compression import make_codec
 
@@ -72,20 +76,44 @@ def run_streaming(clients: int, numel: int, spec: str) -> dict:
     import torch
 
     warm = codec.encode(torch.randn(4096))
-    codec.decode_into(warm, torch.zeros(4096))
+    codec.decode(warm, 4096)
+    # The clients encode in a process of their own and send each payload over a pipe, as devices
+    # would: the coordinator's memory is what it holds, not what encoding an update costs.
+    clients_process = subprocess.Popen([sys.executable, __file__, "--clients", str(clients), "--params", str(numel),
+                                        "--method", f"emit:{spec}"], stdout=subprocess.PIPE)
+    assert clients_process.stdout is not None
     base = _peak_mb()
     mean = StreamingMean(numel)
     seconds = 0.0
-    for c in range(clients):  # each payload arrives, is decoded into the accumulator, and dropped
-        payload = codec.encode(_update(c, numel))
+    for c in range(clients):  # each payload arrives, is decoded, added to the exact sum, and dropped
+        (size,) = struct.unpack("<Q", clients_process.stdout.read(8))
+        payload = clients_process.stdout.read(size)
         start = time.perf_counter()
-        mean.add_payload(payload, codec, 10 + c)
+        decoded = codec.decode(payload, numel)  # what the coordinator's door does: validate in full, decode
+        mean.add(decoded, 10 + c)
         seconds += time.perf_counter() - start
-        del payload
+        del payload, decoded
+    if clients_process.wait() != 0:
+        raise RuntimeError("the clients' process failed")
     start = time.perf_counter()
     result = mean.mean()
     seconds += time.perf_counter() - start
     return {"seconds": seconds, "peak_mb": _peak_mb() - base, "checksum": float(result.abs().sum())}
+
+
+def emit_payloads(clients: int, numel: int, spec: str) -> None:
+    """The clients: each update encoded, written to stdout as an 8-byte length and the payload."""
+    import struct
+
+    from fedge.compression import make_codec
+
+    codec = make_codec(spec)
+    out = sys.stdout.buffer
+    for c in range(clients):
+        payload = codec.encode(_update(c, numel))
+        out.write(struct.pack("<Q", len(payload)))
+        out.write(payload)
+    out.flush()
 
 
 def _shapes(numel: int) -> list[tuple[int, ...]]:
@@ -102,6 +130,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fedge.aggregation.json"))
     args = parser.parse_args()
     if args.method:  # child process
+        if args.method.startswith("emit:"):
+            emit_payloads(args.clients, args.params, args.method.removeprefix("emit:"))
+            return
         if args.method == "flower":
             out = run_flower(args.clients, args.params)
         else:

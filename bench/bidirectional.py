@@ -25,8 +25,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from fedge.server.local import launch
-from fedge.server.settings import RunSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness.seeds import interval, paired, seeds_row, verdict  # noqa: E402
+from fedge.server.local import launch  # noqa: E402
+from fedge.server.settings import RunSettings  # noqa: E402
 
 DEFAULT_CONFIGS = [
     "fp32;none;none",
@@ -85,6 +87,25 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def seeds_table(results: list[dict]) -> tuple[str, list[dict]]:
+    """Each configuration over its seeds: final accuracy's mean and 95% interval, and the paired
+    difference against the first configuration (seed by seed), with its verdict."""
+    labels = list(dict.fromkeys(r["label"] for r in results))
+    by = {label: {r["seed"]: r["accuracy"] for r in results if r["label"] == label} for label in labels}
+    seeds = sorted(set.intersection(*(set(v) for v in by.values())))
+    base = [by[labels[0]][s] for s in seeds]
+    rows, lines = [], [f"Final held-out accuracy over seeds {seeds} (95% interval, Student t; differences paired "
+                       f"seed by seed against {labels[0]!r}):", "",
+                       "| configuration | final accuracy | paired difference |", "|---|---|---|"]
+    for label in labels:
+        values = [by[label][s] for s in seeds]
+        row = seeds_row(label, values, None if label == labels[0] else base)
+        rows.append(row)
+        diff = "-" if label == labels[0] else verdict(paired(values, base))
+        lines.append(f"| {label} | {interval(values).text(scale=100, unit='%')} | {diff} |")
+    return "\n".join(lines), rows
+
+
 def typed_settings(items: list[str]) -> dict[str, object]:
     """``["server-opt=fedavg:lr=2", "lr=0.05"]`` as RunSettings keyword arguments, parsed and checked
     by the settings' own parser (an unknown key or a bad value is refused with its reason)."""
@@ -119,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             result["settings"] = own[0] if own else ""
             results.append(result)
             print(f"{label} seed {seed}: {100 * result['accuracy']:.2f}% in {result['seconds']:.0f} s", flush=True)
-    command = "PYTHONPATH=. .venv/bin/python " + shlex.join(sys.argv)
+    command = ".venv/bin/python " + shlex.join(sys.argv)
+    seeds_text, seed_rows = seeds_table(results)
     text = "\n".join([
         f"# Both directions compressed ({time.strftime('%Y-%m-%d')}, {platform.node()}, {platform.processor() or platform.machine()})",
         "", f"    {command}", "",
         f"{args.clients} clients, {args.per_round} per round, {args.rounds} rounds, {args.local_epochs} local epochs, "
-        f"task {args.task}, {args.partitioning}, settings {extra or 'default'}.", "", table(results), "",
+        f"task {args.task}, {args.partitioning}, settings {extra or 'default'}.", "", seeds_text, "", table(results), "",
         "Catch-up messages by versions behind (median size as a fraction of one fp32 model):", "",
         *[f"- {r['label']} seed {r['seed']}: " + ", ".join(
             f"{v}: {h['count']} x {h['median_of_fp32']:.4f}" for v, h in r["catch_up_histogram"].items())
@@ -134,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
-    out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=1), encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "seeds": seed_rows, "results": results}, indent=1), encoding="utf-8")
     return 0
 
 

@@ -51,12 +51,14 @@ from fedge.edge_client.privacy_policy import privacy_policy_mod
 from fedge.edge_client.plugins import train as plugin_train
 from fedge.edge_client.bridge import bridge_mod
 from fedge.edge_client.resources import resource_mod
+from fedge.edge_client.roster import answer_roster
 from fedge.edge_client.secure_aggregation import secure_stage_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
 from fedge.protocol.flower_release import check_flower
 from fedge.protocol.plugins import PLUGIN_ACTION
+from fedge.protocol.roster import ROSTER_ACTION
 
 __all__ = ["app", "handled_algorithms"]
 
@@ -93,4 +95,6 @@ def _register(client_app: ClientApp) -> list[str]:
 handled_algorithms = [*_register(app), PLUGIN_ACTION]
 # every plugin algorithm's messages: the handler its plugin registered (fedge.protocol.plugins)
 app.train(PLUGIN_ACTION)(plugin_train)
+# the coordinator's roll call: this node's stable name (fedge.protocol.roster)
+app.query(ROSTER_ACTION)(answer_roster)
 

@@ -23,6 +23,10 @@ Where the factor comes from:
   ⌈fraction × num-partitions⌉ partitions are slowed. This is how a simulation (whose nodes share one
   node config) gets a reproducible set of slow clients.
 
+``jitter=J`` (in the same setting, or a node's own config) adds a random delay of up to ``J``
+seconds to every train reply, drawn from the operating system: the replies' order then differs from
+run to run, which the reproducibility tests use to show that it changes nothing.
+
 Only train messages are slowed: evaluation and other traffic keep their real speed.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import sys
 import time
 
@@ -40,7 +45,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.protocol.secagg import secure_stage
 from fedge.protocol.stragglers import parse_stragglers
 
-__all__ = ["process_age", "slowdown_mod", "slowdown_of"]
+__all__ = ["jitter_of", "process_age", "slowdown_mod", "slowdown_of"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +64,7 @@ def slowdown_of(context: Context) -> float:
         if not (math.isfinite(factor) and factor >= 1.0):
             raise ValueError(f"node config slowdown must be >= 1, got {own!r}")
         return factor
-    fraction, slowdown = parse_stragglers(str(context.run_config.get("stragglers", "none")))
+    fraction, slowdown, _ = parse_stragglers(str(context.run_config.get("stragglers", "none")))
     if fraction <= 0.0 or slowdown == 1.0:
         return 1.0
     partition = context.node_config.get("partition-id")
@@ -94,14 +99,26 @@ def _work_seconds(handler_seconds: float) -> tuple[float, str]:
     return handler_seconds, "in the handler"
 
 
+def jitter_of(context: Context) -> float:
+    """The most seconds a train reply of this node is held back at random (the ``stragglers``
+    setting's ``jitter``; node config ``jitter=J`` for one node)."""
+    own = context.node_config.get("jitter")
+    if own is not None:
+        return parse_stragglers(f"jitter={own}").jitter
+    return parse_stragglers(str(context.run_config.get("stragglers", "none"))).jitter
+
+
 def slowdown_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    factor = slowdown_of(context)
-    if factor == 1.0 or not msg.metadata.message_type.startswith("train") or secure_stage(msg):
+    factor, jitter = slowdown_of(context), jitter_of(context)
+    if (factor == 1.0 and jitter == 0.0) or not msg.metadata.message_type.startswith("train") or secure_stage(msg):
         return call_next(msg, context)
     started = time.perf_counter()
     reply = call_next(msg, context)
     work, span = _work_seconds(time.perf_counter() - started)
     extra = (factor - 1.0) * work
-    log.info("slowdown x%g on purpose: %.2f s of work %s, %.2f s more", factor, work, span, extra)
+    if jitter:  # the OS's randomness, never the run's seed: the order of replies changes every run
+        extra += jitter * secrets.randbelow(1 << 20) / (1 << 20)
+    log.info("slowdown x%g, jitter up to %g s, on purpose: %.2f s of work %s, %.2f s more", factor, jitter, work,
+             span, extra)
     time.sleep(extra)
     return reply

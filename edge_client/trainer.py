@@ -18,6 +18,7 @@ from torch.optim.sgd import sgd as functional_sgd
 
 from torch.utils.data import Dataset
 
+from fedge.compression import derive_seed
 from fedge.edge_client.resources import timed
 from fedge.tasks import Task, TensorData, batches
 from fedge.tasks.device import model_device, to_device
@@ -67,9 +68,32 @@ def train_local(
     generator: torch.Generator | None = None,
 ) -> LocalTrainResult:
     """Train ``model`` in place for ``epochs`` passes over ``data`` in shuffled mini-batches,
-    minimising the task's loss."""
+    minimising the task's loss. With a ``generator`` everything random in training comes from it:
+    the shuffles, and (under ``torch.random.fork_rng``) the global stream dropout and other layers
+    draw from, seeded from the generator's own seed. A simulation runs many clients in one process,
+    so without that a client's dropout masks would depend on which clients ran there before it."""
     if len(data) == 0:  # type: ignore[arg-type]
         raise ValueError("this client's partition is empty")
+    if generator is None:
+        return _train(model, data, task, epochs=epochs, lr=lr, batch_size=batch_size, momentum=momentum,
+                      weight_decay=weight_decay, prox_mu=prox_mu, generator=None)
+    device = model_device(model)
+    with torch.random.fork_rng(devices=_cuda_index(device)):
+        torch.manual_seed(derive_seed(generator.initial_seed(), purpose="layers"))
+        return _train(model, data, task, epochs=epochs, lr=lr, batch_size=batch_size, momentum=momentum,
+                      weight_decay=weight_decay, prox_mu=prox_mu, generator=generator)
+
+
+def _cuda_index(device: torch.device) -> list[int]:
+    """The CUDA device whose generator ``fork_rng`` restores (none for the CPU: its stream always is)."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def _train(model: nn.Module, data: Dataset, task: Task, *, epochs: int, lr: float, batch_size: int,
+           momentum: float, weight_decay: float, prox_mu: float,
+           generator: torch.Generator | None) -> LocalTrainResult:
     started = time.perf_counter()
     anchor = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
     params = [p for p in model.parameters() if p.requires_grad]

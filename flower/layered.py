@@ -162,10 +162,16 @@ class LayeredStrategy(Strategy):
         kept: list[Message] = []
         clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
+        def consume(reply: Reply, message: Message, taken: list[Update | None]) -> None:
+            update = self._update(state, message, reply, key)
+            if update is not None:  # inside the door: a value beyond the exact sum's range refuses the reply
+                clear.add(update.vector, update.weight)
+            taken.append(update)
+
         for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
             taken: list[Update | None] = []
-            failure = through_door(server_round, message, lambda reply, m=message: taken.append(  # type: ignore[misc]
-                self._update(state, m, reply, key)), state.tally)
+            failure = through_door(server_round, message, lambda reply, m=message, t=taken: consume(reply, m, t),  # type: ignore[misc]
+                                   state.tally)
             if failure is not None:  # the door logged a refusal already; a silence or an error it does not
                 self._missed(state, failure, logged=failure.kind not in (FailureKind.TIMEOUT,
                                                                          FailureKind.CLIENT_ERROR))
@@ -173,7 +179,6 @@ class LayeredStrategy(Strategy):
             update = taken[0]
             if update is None:  # a layer took the reply whole
                 continue
-            clear.add(update.vector, update.weight)
             state.tally.members.append(update.node)
             kept.append(message)
         answered = {m.metadata.src_node_id for m in replies}

@@ -30,6 +30,7 @@ from fedge.server.run.plot import plot_run
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task, unflatten_state
+from fedge.tasks.parameters import model_digest
 
 __all__ = ["app", "configure_logging"]
 
@@ -119,7 +120,8 @@ def main(grid: Grid, context: Context) -> None:
             task=task.spec,
             state_dict=unflatten_state(result.model, task.build_model().state_dict()),
             metadata={"round": final_round, "metric": metric, metric: final.get(metric), "codec": settings.codec,
-                      "algorithm": algorithm.spec, "evaluation": rows[-1].evaluation if rows else "central"},
+                      "algorithm": algorithm.spec, "evaluation": rows[-1].evaluation if rows else "central",
+                      "seed": settings.seed, "model_digest": model_digest(result.model)},
         ),
     )
     bundle = _export_bundle(settings, run_dir, final_round) if settings.export_bundle else None
@@ -149,7 +151,12 @@ def main(grid: Grid, context: Context) -> None:
             "stopped_at": (settings.stop_at or f"accuracy>={settings.stop_accuracy}") if result.reached_target else None,
             "privacy_budget_spent": result.budget_spent,
             "dp_epsilon": rows[-1].extra.get("dp_epsilon") if rows else None,
+            # false: dp-seeded-noise drew the noise from the seed (a benchmark's run, not private)
+            "dp_private": rows[-1].extra.get("dp_private") if rows else None,
             "codec": settings.codec,
+            "seed": settings.seed,
+            # model.pt's weights: two runs of one seed and one setting give the same digest
+            "model_digest": model_digest(result.model),
             "bundle": bundle,
         }
     )

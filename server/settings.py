@@ -69,7 +69,9 @@ class RunSettings:
         "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
         "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO), "
         "'fedbuff[:concurrency=C,buffer=K,staleness=constant|poly|hinge,a=0.5,b=4,max-staleness=20]' (asynchronous, buffered), "
-        "'fedasync[:alpha=0.6,concurrency=C,staleness=poly,a=0.5,max-staleness=20]' (asynchronous, one update per version)",
+        "'fedasync[:alpha=0.6,concurrency=C,staleness=poly,a=0.5,max-staleness=20]' (asynchronous, one update per version). "
+        "The synchronous ones give the same bits for the same seed whatever order replies arrive in; fedbuff and fedasync "
+        "aggregate in arrival order by design, so their runs differ from seed to seed and from run to run",
     )
     codec: str = _opt(
         "qsgd:bits=4,bucket=512,norm=max",
@@ -118,6 +120,12 @@ class RunSettings:
         "client-level DP-FedAvg (Poisson sampling, updates clipped to L2 norm clip, adaptive: toward the quantile "
         "of norms, Gaussian noise of std noise x clip on the sum); epsilon at delta in every metrics row "
         "(dp-accounting); the run stops before exceeding budget (0: none); docs/privacy.md",
+    )
+    dp_seeded_noise: bool = _opt(
+        False,
+        "BENCHMARK ONLY, NOT PRIVATE: central DP draws its noise and its Poisson sample from the run seed, so two "
+        "runs of one seed give the same bits; anyone who knows the seed can subtract the noise, so every row and "
+        "the summary of such a run say dp_private=false. Off: the noise comes from the OS CSPRNG",
     )
     update_norm: str = _opt(
         "none",
@@ -185,7 +193,9 @@ class RunSettings:
     stragglers: str = _opt(
         "none",
         "slow clients on purpose, for benchmarks and tests: 'fraction=F,slowdown=S' makes the first "
-        "ceil(F x clients) partitions S times slower than their real work (node config 'slowdown=S' does it per node)",
+        "ceil(F x clients) partitions S times slower than their real work (node config 'slowdown=S' does it per node); "
+        "',jitter=J' (or 'jitter=J' alone) holds every train reply back a random 0..J s drawn from the OS, so replies "
+        "arrive in another order in every run",
     )
     faulty_clients: str = _opt(
         "none",
@@ -200,7 +210,9 @@ class RunSettings:
         "a device enforces the stricter of it and its own node config (fedge-edge join's flags), so it can only "
         "add requirements",
     )
-    seed: int = _opt(42, "seed of the initial model, client sampling and stochastic rounding")
+    seed: int = _opt(42, "seed of everything random in a run: the initial model, the partitions, client sampling, "
+                         "local shuffles and dropout, stochastic rounding; one seed, one run (synchronous algorithms), "
+                         "apart from DP noise and secure aggregation's keys and masks, which come from the OS")
     leaf_spool: str = _opt(
         "", "beyond one SuperLink: run as a leaf coordinator, one step per root round, answering the root's bridge "
         "node through this spool directory on the leaf's host (fedge local-cluster --leaves); empty = a root or "

@@ -6,11 +6,12 @@ task, so a flat update from a client lines up with the server's model element by
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 
 import torch
 
-__all__ = ["flatten_state", "numel_of", "tensor_sizes", "unflatten_state"]
+__all__ = ["flatten_state", "model_digest", "numel_of", "tensor_sizes", "unflatten_state"]
 
 
 def _float_items(state: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
@@ -33,6 +34,13 @@ def flatten_state(state: dict[str, torch.Tensor]) -> torch.Tensor:
     if not items:
         return torch.zeros(0)
     return torch.cat([v.detach().reshape(-1).to(torch.float32) for _, v in items])
+
+
+def model_digest(flat: torch.Tensor) -> str:
+    """A short fingerprint of a flat model (sha256 of its float32 little-endian bytes, 16 hex digits):
+    two users who ran the same seed and settings compare it to know they trained the same model."""
+    data = flat.detach().reshape(-1).to(torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 def unflatten_state(vector: torch.Tensor, template: dict[str, torch.Tensor]) -> OrderedDict[str, torch.Tensor]:

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedge.aggregation import StreamingMean
+from fedge.aggregation.exact_sum import ExactScalar
 from fedge.aggregation.elastic import center_step
 from fedge.server.engine.algorithm import (
     Algorithm,
@@ -56,11 +57,11 @@ log = logging.getLogger(__name__)
 class EASGDStep(Step):
     """One round: the sum of elastic differences and what the metrics row reports of the clients."""
 
-    loss: float = 0.0
+    # exact sums: the row is the same whatever order the replies came in
+    loss: ExactScalar = field(default_factory=ExactScalar)
     absorbed: int = 0  # updates absorbed one by one (none when a layer supplies only their sum)
-    distance: float = 0.0
-    score_sum: float = 0.0  # the clients' own models, on the task's primary metric
-    scored: int = 0
+    distance: ExactScalar = field(default_factory=ExactScalar)
+    score_sum: ExactScalar = field(default_factory=ExactScalar)  # the clients' own models, primary metric
 
 
 class EASGD(Algorithm):
@@ -109,12 +110,11 @@ class EASGD(Algorithm):
         assert isinstance(step, EASGDStep)
         step.aggregate.add(update.vector, weight=1.0)  # the center moves by the sum
         step.absorbed += 1
-        step.loss += update.train_loss
-        step.distance += float(update.metrics["center-distance"])
+        step.loss.add(update.train_loss)
+        step.distance.add(float(update.metrics["center-distance"]))
         score = update.metrics.get("local-score")
         if score is not None:
-            step.score_sum += score
-            step.scored += 1
+            step.score_sum.add(score)
 
     def close(self, step: Step) -> StepOutcome:
         assert isinstance(step, EASGDStep)
@@ -126,14 +126,14 @@ class EASGD(Algorithm):
             moved = center_step(released.sum(), used, self.alpha, self.beta)
             self.center, notes = finite_or_previous(self.center + moved, self.center, step.number)
             if step.absorbed:  # the distances came with the updates (none when only their sum came)
-                extra["center_distance"] = step.distance / step.absorbed
-            if step.scored:
+                extra["center_distance"] = step.distance.value / step.absorbed
+            if step.score_sum.count:
                 # e.g. client_model_accuracy: the clients' own models, measured on the clients
-                extra[f"client_model_{self.ctx.task.primary_metric}"] = step.score_sum / step.scored
+                extra[f"client_model_{self.ctx.task.primary_metric}"] = step.score_sum.value / step.score_sum.count
         else:
             log.warning("round %d: %d valid replies < min-replies %d; center unchanged",
                         step.number, used, self.ctx.settings.min_replies)
-        train_loss = step.loss / step.absorbed if step.absorbed else None
+        train_loss = step.loss.value / step.absorbed if step.absorbed else None
         return StepOutcome(model=self.center, train_loss=train_loss, extra=extra, notes=notes)
 
     def final_model(self) -> torch.Tensor:

@@ -100,8 +100,8 @@ class FedAsync(FedBuff):
         tau = self.version - update.started
         step.pending = (self._versions[update.started], update.vector, self.alpha * self.staleness.weight(tau))
         self._forget_versions()
-        step.loss_sum += update.train_loss
-        step.loss_weight += 1.0
+        step.loss_sum.add(update.train_loss)
+        step.loss_weight.add(1.0)
         step.used.append(update.node)
         step.tally.applied(tau)
 
@@ -126,7 +126,7 @@ class FedAsync(FedBuff):
             proposed = fedasync_mix(self.params, started_from, delta, alpha_t)
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
             extra.update(updates_applied=1, alpha_t=alpha_t)
-        train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None
+        train_loss = step.loss_sum.value / step.loss_weight.value if step.loss_weight.count else None
         extra["versions_held"] = len(self._versions)
         self.version = step.number
         self._forget_versions()

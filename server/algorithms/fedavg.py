@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from fedge.aggregation import make_server_optimizer
+from fedge.aggregation.exact_sum import ExactScalar
 from fedge.aggregation.robust import Aggregator, aggregator_memory_bytes, make_aggregator, validate_aggregator
 from fedge.protocol.config_keys import PROX_MU
 from fedge.server.engine.algorithm import (
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 class FedAvgStep(Step):
     """One round: the streaming (or robust) aggregate and what the metrics row reports of it."""
 
-    loss_sum: float = 0.0
-    loss_weight: float = 0.0
+    # exact sums: the row's train_loss is the same whatever order the replies came in
+    loss_sum: ExactScalar = field(default_factory=ExactScalar)
+    loss_weight: ExactScalar = field(default_factory=ExactScalar)
     used: list[int] = field(default_factory=list)
 
 
@@ -79,8 +81,8 @@ class FedAvg(Algorithm):
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedAvgStep)
         step.aggregate.add(update.vector, update.weight)
-        step.loss_sum += update.train_loss * update.weight
-        step.loss_weight += update.weight
+        step.loss_sum.add(update.train_loss * update.weight)
+        step.loss_weight.add(update.weight)
         step.used.append(update.node)
 
     def close(self, step: Step) -> StepOutcome:
@@ -102,7 +104,7 @@ class FedAvg(Algorithm):
         else:
             log.warning("round %d: %d valid replies < min-replies %d; global model unchanged",
                         step.number, used, self.ctx.settings.min_replies)
-        train_loss = step.loss_sum / step.loss_weight if step.loss_weight > 0 else None
+        train_loss = step.loss_sum.value / step.loss_weight.value if step.loss_weight.count else None
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 
     # -- state ------------------------------------------------------------------------------------

@@ -114,8 +114,8 @@ class FedBuff(FedAvg):
     def absorb(self, step: Step, update: Update) -> None:
         assert isinstance(step, FedBuffStep) and update.started is not None
         step.tally.add(step.aggregate, update.vector, update.weight, self.version - update.started)
-        step.loss_sum += update.train_loss * update.weight
-        step.loss_weight += update.weight
+        step.loss_sum.add(update.train_loss * update.weight)
+        step.loss_weight.add(update.weight)
         step.used.append(update.node)
 
     def ready(self, step: Step) -> bool:
@@ -135,7 +135,7 @@ class FedBuff(FedAvg):
         if released.count:
             proposed = self.server_opt.step(self.params, released.mean())
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
-        train_loss = step.loss_sum / step.loss_weight if step.loss_weight else None
+        train_loss = step.loss_sum.value / step.loss_weight.value if step.loss_weight.count else None
         self.version = step.number
         return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
 

@@ -40,12 +40,14 @@ at 16 nodes that is 16 × 153 KB of copies.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from fedge.aggregation.exact_sum import ExactScalar, ExactSum
 from fedge.aggregation.topology import Topology, make_topology
 from fedge.compression import relative_error
 from fedge.protocol.config_keys import (
@@ -81,11 +83,11 @@ class GossipStep(Step):
 
     next_pending: list[bytes | None] = field(default_factory=list)
     replied: set[int] = field(default_factory=set)
-    loss: float = 0.0
-    loss_count: int = 0
+    # exact sums: the row and the average model are the same whatever order the replies came in
+    loss: ExactScalar = field(default_factory=ExactScalar)
     measured: int = 0
-    measured_sum: torch.Tensor | None = None
-    measured_sumsq: float = 0.0
+    measured_sum: ExactSum | None = None
+    measured_sumsq: ExactScalar = field(default_factory=ExactScalar)
     scores: list[float] = field(default_factory=list)  # each measured node's model, primary metric
 
 
@@ -138,10 +140,12 @@ class Gossip(Algorithm):
 
     def select(self, step: int, nodes: list[int], sample: Any) -> list[int]:
         """The topology's members (fixed membership: the engine has waited until ``n`` nodes are
-        connected, and never samples). Positions follow the sorted node ids of this run; a resumed
-        run (new Flower run, new node state) re-maps them and every node receives its copies in full."""
+        connected, and never samples). Positions follow the run's canonical order of the nodes (by
+        partition, ``fedge.server.engine.roster``: the same partitions take the same positions in
+        every run of a seed); a resumed run (new Flower run, new node state) re-maps them and every
+        node receives its copies in full."""
         if self._members is None:
-            self._members = sorted(nodes)[: self.n]
+            self._members = list(nodes)[: self.n]
         return list(self._members)
 
     @property
@@ -153,7 +157,7 @@ class Gossip(Algorithm):
 
     def open_step(self, number: int, nodes: list[int]) -> GossipStep:
         return GossipStep(number, list(nodes), next_pending=[None] * self.n,
-                          measured_sum=torch.zeros(self.ctx.numel, dtype=torch.float64))
+                          measured_sum=ExactSum(self.ctx.numel))
 
     def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
         version = step.number - 1  # the copies each node holds after this message
@@ -202,12 +206,11 @@ class Gossip(Algorithm):
         self.public[i] = new_public
         step.next_pending[i] = update.payload
         step.replied.add(i)
-        step.loss += update.train_loss
-        step.loss_count += 1
+        step.loss.add(update.train_loss)
         if measured is not None:
             wide = measured.to(torch.float64)
-            step.measured_sum += wide
-            step.measured_sumsq += float(wide.dot(wide))
+            step.measured_sum.add(measured)
+            step.measured_sumsq.add(float(wide.dot(wide)))
             step.measured += 1
             if self.ctx.central_data is not None:  # each node's own model on central held-out data
                 step.scores.append(self.ctx.evaluate(measured)[self.ctx.task.primary_metric])
@@ -227,15 +230,15 @@ class Gossip(Algorithm):
         extra: dict[str, Any] = {"topology": self.topology.spec, "spectral_gap": self.topology.spectral_gap(),
                                  "nodes_replied": len(step.replied), "measured": step.measured > 0}
         if step.measured:
-            mean = step.measured_sum / step.measured
-            xi2 = max(0.0, step.measured_sumsq / step.measured - float(mean.dot(mean)))
+            mean = step.measured_sum.value(torch.float64, scale=1.0 / step.measured)
+            xi2 = max(0.0, step.measured_sumsq.value / step.measured - float(mean.dot(mean)))
             self.average = mean.to(torch.float32)
             extra.update({"consensus_distance": xi2, "nodes_measured": step.measured})
             scores, task = step.scores, self.ctx.task
             if scores:  # e.g. node_accuracy_mean / node_accuracy_worst, node_mse_mean / node_mse_worst
-                extra[f"node_{task.primary_metric}_mean"] = sum(scores) / len(scores)
+                extra[f"node_{task.primary_metric}_mean"] = math.fsum(scores) / len(scores)
                 extra[f"node_{task.primary_metric}_worst"] = min(scores) if task.maximize else max(scores)
-        loss = step.loss / step.loss_count if step.loss_count else None
+        loss = step.loss.value / step.loss.count if step.loss.count else None
         return StepOutcome(model=self.average, train_loss=loss, extra=extra)
 
     def final_model(self) -> torch.Tensor:

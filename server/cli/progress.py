@@ -101,6 +101,10 @@ def print_summary(console: Console, result: Any) -> None:
         table.add_row("edge bundle (int8, signed)", f"{bundle['bytes']:,} B, {shown}")
     elif bundle:
         table.add_row("edge bundle", f"refused: {bundle['error']}")
+    if summary.get("dp_private") is False:
+        table.add_row("differential privacy", "[bold red]NOT PRIVATE[/bold red]: noise from the seed (dp-seeded-noise)")
+    if summary.get("model_digest"):
+        table.add_row("seed · model digest", f"{summary.get('seed')} · {summary['model_digest']}")
     table.add_row("wall time", f"{result.seconds:.1f} s")
     console.print(table)
     console.print(f"run directory: [bold]{result.run_dir}[/bold]  (metrics.jsonl, plot.png, model.pt)")

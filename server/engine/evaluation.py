@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, MessageType, RecordDict
 
+from fedge.aggregation.exact_sum import ExactScalar
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, MODEL_RECORD
 from fedge.protocol.failures import Failure
 from fedge.server.engine.algorithm import Outgoing, Rejected, RunContext
@@ -56,8 +57,9 @@ class FederatedEvaluation:
 
     ctx: RunContext
     step: int
-    examples: float = 0.0
-    sums: dict[str, float] = field(default_factory=dict)
+    examples: int = 0
+    # exact sums: the row is the same whatever order the devices' figures came in
+    sums: dict[str, ExactScalar] = field(default_factory=dict)
     replies: int = 0
     ignored: list[dict[str, Any]] = field(default_factory=list)
 
@@ -85,7 +87,7 @@ class FederatedEvaluation:
         if self.replies and set(values) != set(self.sums):
             raise Rejected(f"evaluation metrics {sorted(values)} differ from the other devices' {sorted(self.sums)}")
         for name, value in values.items():
-            self.sums[name] = self.sums.get(name, 0.0) + value * examples
+            self.sums.setdefault(name, ExactScalar()).add(value * examples)
         self.examples += examples
         self.replies += 1
 
@@ -99,7 +101,7 @@ class FederatedEvaluation:
         """Each metric's example-weighted mean over the devices that replied (empty if none did)."""
         if not self.replies:
             return {}
-        return {name: total / self.examples for name, total in self.sums.items()}
+        return {name: total.value / self.examples for name, total in self.sums.items()}
 
     def facts(self) -> dict[str, Any]:
         """What the metrics row records about the exchange itself."""

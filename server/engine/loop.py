@@ -63,12 +63,14 @@ from fedge.protocol.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
+from fedge.server.engine.roster import Roster
 from fedge.protocol.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings, SettingsError
 from fedge.tasks import Task, numel_of
+from fedge.tasks.parameters import model_digest
 from fedge.tasks.data_files import load_npz
 
 __all__ = ["ClosedStep", "Engine", "EngineResult", "NotEnoughNodesError", "make_context", "sample_nodes"]
@@ -126,11 +128,13 @@ def _probe(task: Task) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sample_nodes(nodes: list[int], count: int, seed: int, step: int) -> list[int]:
     """``count`` of ``nodes``, drawn from (seed, step) alone: a resumed run samples exactly as an
-    uninterrupted one. Node ids are unsigned 64-bit: pick positions, never pass ids through numpy."""
-    nodes = sorted(nodes)
+    uninterrupted one. ``nodes`` come in the run's canonical order (:class:`Roster`: by partition,
+    so the same seed draws the same partitions whatever numbers Flower gave the nodes); the sample
+    keeps that order. Node ids are unsigned 64-bit: pick positions, never pass ids through numpy."""
+    nodes = list(nodes)
     count = min(count, len(nodes))
     rng = np.random.default_rng(derive_seed(seed, step, purpose="sample"))
-    return sorted(nodes[int(i)] for i in rng.choice(len(nodes), size=count, replace=False))
+    return [nodes[int(i)] for i in sorted(rng.choice(len(nodes), size=count, replace=False))]
 
 
 @dataclass
@@ -165,6 +169,8 @@ class Engine:
         self.layers = LayerStack(build_layers(algorithm, run_dir))
         #: added to the clock for a row's wall_seconds: this run's time across restarts (set by run)
         self._wall = 0.0
+        #: each node's stable name: every seeded choice sees the nodes in its order
+        self.roster = Roster()
 
     def layer(self, key: str) -> Layer | None:
         """The run's layer named ``key`` (``dp``, ``downlink``, ...), or None when it is off."""
@@ -223,16 +229,27 @@ class Engine:
         lands, :meth:`close`. (A leaf coordinator would forward ``step.released`` from here.)"""
         tally = Tally(self.clock())
         exchange = self._exchange(grid, number)
-        nodes = sorted(grid.get_node_ids())  # type: ignore[attr-defined]
+        nodes = self.connected(grid, number)
         if self.algorithm.fixed_membership and len(nodes) < self.algorithm.nodes_needed():
             nodes = self.wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
+            nodes = self.connected(grid, number)
         selected = self.algorithm.select(number, nodes, self.sample)
         state = self._open(number, selected, len(nodes), exchange, tally)
         outgoing = self._configure(state, state.nodes, tally)
         tally.sampled = len(selected)  # those a layer dropped before training were sampled too
         for item in exchange(outgoing, self.settings.round_timeout, "train"):
             self._receive(state, item, tally)
+        # the order of arrival is the one thing a run of the same seed may not reproduce (and need not)
+        log.info("round %d: used replies arrived from partitions %s", number,
+                 [self.roster.name(n) for n in tally.members])
         return ClosedStep(state, self.close(state, tally), tally, selected)
+
+    def connected(self, grid: object, number: int) -> list[int]:
+        """The connected nodes in the run's canonical order, after asking the new ones their name
+        (the roll call, :class:`Roster`)."""
+        nodes = list(grid.get_node_ids())  # type: ignore[attr-defined]
+        self.roster.learn(nodes, self._exchange(grid, number), self.settings.round_timeout)
+        return self.roster.order(nodes)
 
     def sample(self, nodes: list[int], step: int) -> list[int]:
         """The nodes of a sampled step: a layer's sample (Poisson under DP) or the seeded one."""
@@ -267,6 +284,10 @@ class Engine:
         if self.algorithm.asynchronous:
             extra["client_idle_seconds"] = tally.idle
         extra.update(tally.by_kind())
+        # the seed and the measured model's fingerprint: two runs of one seed compare these rows
+        extra["seed"] = self.settings.seed
+        if outcome.model is not None:
+            extra["model_digest"] = model_digest(outcome.model)
         row = RoundRow(
             round=step.number, algorithm=self.algorithm.name, metrics=metrics, metric=self.ctx.task.primary_metric,
             evaluation="federated" if self.ctx.evaluation == "federated" else "central",
@@ -360,12 +381,13 @@ class Engine:
         free_since: dict[int, float] = {}  # node -> when its last reply landed
         version = start
         tally = Tally(self.clock())
+        self.connected(grid, version + 1)  # the roll call: free nodes are picked in the roster's order
         state = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1), tally)  # type: ignore[attr-defined]
 
         def pick(free: list[int], want: int, dispatch: int) -> list[int]:
             # Seeded by the dispatch counter: which free nodes get the slots is reproducible for a
             # given order of replies (the order itself follows the devices' real speed).
-            return self._choose(sorted(free), want, 10**6 * (version + 1) + dispatch)
+            return self._choose(self.roster.order(free), want, 10**6 * (version + 1) + dispatch)
 
         def send(nodes: list[int]) -> list[Outgoing]:
             outgoing = self._configure(state, nodes, tally)
@@ -395,7 +417,7 @@ class Engine:
         ones; busy ones answer after their training message, as a SuperNode runs one at a time)."""
         if self.ctx.evaluation == "central":
             return []
-        return sample_nodes(sorted(grid.get_node_ids()), self.settings.clients_per_round,  # type: ignore[attr-defined]
+        return sample_nodes(self.roster.order(grid.get_node_ids()), self.settings.clients_per_round,  # type: ignore[attr-defined]
                             self.settings.seed, step=10**9 + version)
 
     # -- the step's parts -----------------------------------------------------------------------

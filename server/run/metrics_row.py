@@ -16,7 +16,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RoundRow"]
+__all__ = ["TIMING_FIELDS", "RoundRow", "without_timing"]
+
+#: the fields of a row that measure time (the step's, the run's, the devices' own): everything else
+#: in a row of a synchronous run is the same, bit for bit, in every run of one seed and one setting
+TIMING_FIELDS = frozenset({"seconds", "wall_seconds", "client_train_seconds", "client_idle_seconds",
+                           "device_resources"})
+
+
+def without_timing(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``metrics.jsonl`` row less its :data:`TIMING_FIELDS`: what two runs of one seed compare."""
+    return {k: v for k, v in row.items() if k not in TIMING_FIELDS}
 
 
 @dataclass

@@ -136,9 +136,10 @@ def test_median_and_trimmed_mean_bound_a_minority_of_huge_updates() -> None:
 def test_mean_streams_and_robust_rules_state_their_memory() -> None:
     assert make_aggregator("mean", 10, 5).streaming
     assert not make_aggregator("median", 10, 5).streaming
-    assert aggregator_memory_bytes("mean", 1000, 100) == 4000
-    assert aggregator_memory_bytes("median", 1000, 100) == 400_000
-    assert aggregator_memory_bytes("krum:f=1", 1000, 100) == 4 * 1000 * 101 + 8 * 100 * 100
+    assert aggregator_memory_bytes("mean", 1000, 100) == 12_000  # the exact sum's two limbs
+    assert aggregator_memory_bytes("median", 1000, 100) == 404_000  # the updates and one spare row
+    # the updates, the spare row and the chosen ones' exact mean
+    assert aggregator_memory_bytes("krum:f=1", 1000, 100) == 4 * 1000 * 104 + 8 * 100 * 100
 
 
 def test_configuration_over_the_memory_limit_is_refused() -> None:
@@ -231,9 +232,9 @@ def test_nnm_spec_memory_and_refusals() -> None:
     # NNM holds a mixed copy of the buffer, the distance matrix and one float64 accumulator row on top
     # of the rule's own memory
     assert aggregator_memory_bytes("trimmed-mean:beta=0.2,nnm=4", 1000, 20) == (
-        2 * 4 * 1000 * 20 + 8 * 20 * 20 + 8 * 1000)
+        4 * 1000 * 21 + 4 * 1000 * 20 + 8 * 20 * 20 + 8 * 1000)  # 21: the updates and the spare row
     assert aggregator_memory_bytes("krum:f=1,nnm=1", 1000, 100) == (
-        4 * 1000 * 101 + 8 * 100 * 100 + 4 * 1000 * 100 + 8 * 100 * 100 + 8 * 1000)
+        4 * 1000 * 104 + 8 * 100 * 100 + 4 * 1000 * 100 + 8 * 100 * 100 + 8 * 1000)
     with pytest.raises(ValueError, match="nnm"):
         make_aggregator("median:nnm=6", 4, capacity=6)
     with pytest.raises(ValueError, match="nnm"):

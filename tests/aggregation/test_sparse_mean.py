@@ -60,4 +60,4 @@ def test_refuses_bad_input_and_an_empty_step() -> None:
     with pytest.raises(ValueError, match="expected 4"):
         rule.add(torch.ones(5), 1.0)
     assert rule.count == 0
-    assert aggregator_memory_bytes("sparse-mean", 1000, 100) == 8000  # streaming: two vectors, any count
+    assert aggregator_memory_bytes("sparse-mean", 1000, 100) == 20_000  # streaming, any count: the exact sum (12 B) and int64 weights

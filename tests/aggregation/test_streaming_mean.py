@@ -63,5 +63,5 @@ def test_the_mean_of_one_reply_is_that_reply_bit_for_bit(weight: float, n: int, 
     assert torch.equal(acc.mean(), x) and torch.equal(acc.partial().mean(), x)
     x.add_(1.0)  # the caller's vector changing later changes nothing held
     assert not torch.equal(acc.mean(), x)
-    acc.add(x, weight)  # a second reply: back to the running sum
-    assert acc.partial().total is not None and acc.count == 2
+    acc.add(x, weight)  # a second reply: the exact sum, whose mean is rounded once
+    assert acc.count == 2 and torch.equal(acc.mean(), acc.partial().mean())

@@ -38,7 +38,9 @@ def test_a_round_without_secure_aggregation_gets_only_refusals(tmp_path) -> None
         assert row.clients_used == 0 and row.uplink_bytes == 0
         assert [entry["kind"] for entry in row.rejected] == ["policy"] * 3
         assert row.extra["failures"] == {"policy": 3}
-    assert seen and all(set(reply.content.keys()) <= {"refusal", "resources"} for reply in seen)
+    # refusals only; and the roll call's answers, which carry the node config's partition id alone
+    assert seen and all(set(reply.content.keys()) <= {"refusal", "resources"}
+                        or set(reply.content.keys()) <= {"fedge.roster", "resources"} for reply in seen)
     assert torch.equal(result.model, start)  # nothing was learnt from these devices
 
 

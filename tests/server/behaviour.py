@@ -25,6 +25,12 @@ adds or replaces this platform's set and leaves the others. Secure aggregation's
 from fresh X25519 keys, so its uploads differ every run; its fingerprint is the unmasked model and
 the upload sizes. Central DP draws its noise and its sample from the OS; the fingerprint run
 stands a fixed source in for both.
+
+2026-12-06: every set recorded anew on this project's machine (AMD, AVX-512) for a deliberate
+change of every digest: the coordinator's sums became exact (the same bits in any order of replies)
+and a device's dropout and other layer randomness come from its seeded generator. The sets of the
+other platforms were dropped with it (they recorded the old arithmetic); those platforms skip until
+someone records theirs with ``--write``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from fedge.protocol.roster import ROSTER_MESSAGE_TYPE
+
 __all__ = ["FakeClock", "InProcessGrid"]
 
 
@@ -57,7 +59,8 @@ class InProcessGrid:
             self.contexts[first_node_id + i] = Context(run_id=1, node_id=first_node_id + i, node_config=config,
                                                        state=RecordDict(), run_config=dict(run_config or {}))
         self.replies: dict[str, Message] = {}
-        self.pushed: list[Message] = []
+        self.pushed: list[Message] = []  # the run's work: every message but the roll call's
+        self.roll_calls: list[Message] = []  # the coordinator asking nodes their names (protocol.roster)
 
     def node_id(self, partition: int) -> int:
         return sorted(self.contexts)[partition]
@@ -69,7 +72,7 @@ class InProcessGrid:
         ids = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            self.pushed.append(msg)
+            (self.roll_calls if msg.metadata.message_type == ROSTER_MESSAGE_TYPE else self.pushed).append(msg)
             context = self.contexts.get(msg.metadata.dst_node_id)
             ids.append(msg.metadata.message_id)
             if context is None or context.node_config["partition-id"] in self.silent:

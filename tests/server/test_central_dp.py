@@ -171,3 +171,25 @@ def test_adaptive_clipping_runs_when_fewer_devices_connect_than_planned(tmp_path
                      differential_privacy="gaussian:noise=1.9,clip=1.0,delta=1e-5,adaptive=true,quantile=0.5")
     rows = engine.run(InProcessGrid(18), initial_params(TASK, 42)).rows
     assert [row.round for row in rows] == [1, 2] and all(row.extra["dp_epsilon"] > 0 for row in rows)
+
+
+def test_the_noise_differs_between_runs_of_one_seed_unless_the_benchmark_switch_seeds_it(tmp_path) -> None:
+    """DP noise comes from the OS, so one seed gives two models; ``dp-seeded-noise`` (benchmarks
+    only) gives one, and every row of such a run says it is not private."""
+    from fedge.server.run.metrics_row import without_timing
+
+    def run(name: str, **overrides):  # type: ignore[no-untyped-def]
+        engine = _engine(tmp_path / name, rounds=2, **overrides)
+        result = engine.run(InProcessGrid(6), initial_params(TASK, 42))
+        return result, [without_timing(r.to_json()) for r in result.rows]
+
+    (private_a, rows_a), (private_b, rows_b) = run("a"), run("b")
+    assert not torch.equal(private_a.model, private_b.model)
+    assert rows_a[-1]["model_digest"] != rows_b[-1]["model_digest"]
+    assert all(r["dp_private"] is True for r in rows_a + rows_b)
+    (seeded_a, seeded_rows_a), (seeded_b, seeded_rows_b) = (run("c", dp_seeded_noise=True),
+                                                            run("d", dp_seeded_noise=True))
+    assert torch.equal(seeded_a.model, seeded_b.model) and seeded_rows_a == seeded_rows_b
+    assert all(r["dp_private"] is False for r in seeded_rows_a)
+    with pytest.raises(SettingsError, match="seeds central DP only"):
+        _engine(tmp_path / "e", dp_seeded_noise=True, secure_aggregation="secagg")

@@ -81,7 +81,8 @@ def test_robust_aggregator_metrics_state_the_memory_held(tmp_path) -> None:
     grid = InProcessGrid(3)
     (row,) = engine.run(grid, _start(engine)).rows
     assert row.extra["aggregator"] == "multikrum:f=0,m=2"
-    assert row.extra["aggregator_bytes"] == 4 * engine.ctx.numel * 4 + 8 * 9
+    # three updates, one spare row (the canonical order) and the chosen ones' exact mean (12 B)
+    assert row.extra["aggregator_bytes"] == 4 * engine.ctx.numel * (3 + 1 + 3) + 8 * 9
     assert len(row.extra["chosen_nodes"]) == 2 and set(row.extra["chosen_nodes"]) <= set(grid.get_node_ids())
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import secrets
 from typing import Any
 
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 
 from fedge.aggregation.partial import Partial
+from fedge.compression import derive_seed
 from fedge.privacy.accountant import PrivacyLedger
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.sampling import poisson_sample, sampling_rate
@@ -131,20 +133,26 @@ class DifferentialPrivacyLayer(Layer):
         reason = _tier_refusal(settings, spec)
         if reason is not None:
             raise SettingsError(f"differential-privacy {spec.spec!r}: {reason}")
+        if settings.dp_seeded_noise and settings.secure_aggregation != "none":
+            raise SettingsError("dp-seeded-noise seeds central DP only: under secure aggregation each device draws "
+                                "its share of the noise itself, from its OS, and no coordinator setting may change that")
         if settings.secure_aggregation != "none":
             rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
             cpr = settings.clients_per_round
             return DistributedDP(spec, lambda connected: sampling_rate(cpr, connected), algorithm.ctx.numel,
                                  rng=rng, sampler=_system_random())
-        return cls.central(spec, settings.clients_per_round)
+        return cls.central(spec, settings.clients_per_round, seeded=settings.seed if settings.dp_seeded_noise else None)
 
     @classmethod
-    def central(cls, spec: DPSpec | str, clients_per_round: int) -> DifferentialPrivacyLayer:
+    def central(cls, spec: DPSpec | str, clients_per_round: int,
+                seeded: int | None = None) -> DifferentialPrivacyLayer:
         """Central DP from its spec (``"gaussian:noise=z,clip=C,delta=...,budget=..."``, adaptive
         clipping too), sampling each connected device with probability clients-per-round over their
         number. The engine builds it from its settings; a Flower app hands it to
         ``fedge.flower.layered(strategy, DifferentialPrivacyLayer.central(...))``. A noise that
-        adaptive clipping's count cannot share raises ``SettingsError`` (a ``ValueError``)."""
+        adaptive clipping's count cannot share raises ``SettingsError`` (a ``ValueError``). ``seeded``
+        (benchmarks only, ``dp-seeded-noise``): draw the noise and the sample from this seed, which
+        makes the run reproducible and not private; its rows say so."""
         if isinstance(spec, str):
             parsed = parse_differential_privacy(spec)
             if parsed is None:
@@ -152,7 +160,7 @@ class DifferentialPrivacyLayer(Layer):
             spec = parsed
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round must be >= 1, got {clients_per_round}")
-        dp = CentralDP(spec)
+        dp = CentralDP(spec, seeded=seeded)
         if spec.adaptive:
             dp.update_noise_multiplier(float(clients_per_round))  # refuses a noise the count cannot share
         return cls(dp, clients_per_round)
@@ -166,7 +174,7 @@ class DifferentialPrivacyLayer(Layer):
             raise RunComplete.budget_spent(self.dp.spec.budget, self.dp.spec.delta)
         if self.tier == "root":
             self.dp.rate = self.dp.spec.rate
-            return sorted(nodes)
+            return list(nodes)
         if self.tier == "leaf":
             return self.dp.sample_at(nodes, self.dp.spec.rate)
         return self.dp.sample(nodes, self.clients_per_round)
@@ -244,14 +252,21 @@ class DifferentialPrivacyLayer(Layer):
 
 
 class CentralDP:
-    def __init__(self, spec: DPSpec) -> None:
+    def __init__(self, spec: DPSpec, seeded: int | None = None) -> None:
         self.spec = spec
         self.ledger = PrivacyLedger(spec.delta)
-        # The noise: numpy's PCG64 seeded with 128 bits from the OS CSPRNG (never the run seed):
-        # unpredictable to whoever knows the run's settings, and fast enough for model-sized draws.
-        self._rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
-        #: the sample: straight from the OS CSPRNG (one draw per connected device)
-        self._sampler = _system_random()
+        #: None: private. A seed (``dp-seeded-noise``, benchmarks only): noise and sample from it
+        self.seeded = seeded
+        if seeded is None:
+            # The noise: numpy's PCG64 seeded with 128 bits from the OS CSPRNG (never the run seed):
+            # unpredictable to whoever knows the run's settings, and fast enough for model-sized draws.
+            self._rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
+            #: the sample: straight from the OS CSPRNG (one draw per connected device)
+            self._sampler: random.Random = _system_random()
+        else:
+            log.warning("dp-seeded-noise: DP noise and sample come from the run seed; this run is NOT private")
+            self._rng = np.random.default_rng(derive_seed(seeded, purpose="dp-noise"))
+            self._sampler = random.Random(derive_seed(seeded, purpose="dp-sample"))
         self.rate = 0.0
         #: the current clipping bound (moves each round when adaptive) and this round's sum of the
         #: devices' centred bits, +1/2 when a device's update fitted under the bound, -1/2 when not
@@ -320,7 +335,9 @@ class CentralDP:
         self.ledger.record(self.rate, self.spec.noise)
         fields = {"dp_epsilon": self.ledger.epsilon_pld(), "dp_epsilon_rdp": self.ledger.epsilon_rdp(),
                   "dp_delta": self.spec.delta, "dp_sampling_rate": self.rate, "dp_noise_multiplier": self.spec.noise,
-                  "dp_clip": self.clip_bound}  # not the count of clipped updates: unnoised (audit 2, N7)
+                  "dp_clip": self.clip_bound,  # not the count of clipped updates: unnoised (audit 2, N7)
+                  # false when the noise came from the run seed (dp-seeded-noise): a benchmark, not private
+                  "dp_private": self.seeded is None}
         if self.spec.adaptive:  # the noisy fraction of devices under the bound, released and used
             sigma_b = self._count_noise_std()
             fraction = (self.fitted + self._rng.normal(0.0, sigma_b)) / self._expected + 0.5

@@ -151,7 +151,7 @@ class SelectionLayer(Layer):
 
     # -- choosing -----------------------------------------------------------------------------
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
-        nodes = sorted(nodes)
+        nodes = list(nodes)  # the run's canonical order (fedge.server.engine.roster)
         for node in nodes:  # every connected device counts in the fairness figure, chosen or not
             self.devices.setdefault(node, _Device())
         if self.rule is None:
@@ -187,7 +187,8 @@ class SelectionLayer(Layer):
         for node in picked:
             self.devices[node].chosen += 1
             self.devices[node].last = self.steps
-        return sorted(picked)
+        chosen = set(picked)
+        return [n for n in nodes if n in chosen]
 
     def _scores(self, pool: list[int], count: int, rng: np.random.Generator) -> dict[int, float]:
         known = sorted(d.duration for d in self.devices.values() if d.duration is not None)
