@@ -129,7 +129,8 @@ class _Scratch:
         self.units = torch.empty(size, dtype=torch.int64)
         self.bits = torch.empty(size, dtype=torch.int32)
 
-    def add(self, chunk: torch.Tensor, weight: float, hi: torch.Tensor, lo: torch.Tensor, fresh: bool = False) -> None:
+    def add(self, chunk: torch.Tensor, weight: float, hi: torch.Tensor, lo: torch.Tensor,
+            fresh: bool = False) -> None:
         """Add one chunk of ``weight * x`` onto the grid: ``floor(w x 2**24)`` to ``hi`` and the next
         30 bits (a floor too) to ``lo``, then carry. Each part depends on the term alone, and
         ``x * (w * 2**24)`` is ``(x * w) * 2**24`` exactly, one rounding. ``fresh``: ``hi``/``lo``

@@ -90,4 +90,5 @@ class StreamingMean:
             assert self._first is not None
             return Partial.of_mean(self._first.clone(), self.total_weight, 1)
         # the mean, from the exact sum in float64, rounded once (and one model-sized tensor)
-        return Partial.of_mean(self._exact.value(scale=1.0 / self.total_weight), self.total_weight, self.count)
+        total = self.total_weight
+        return Partial.of_mean(self._exact.value(scale=1.0 / total), total, self.count)

@@ -74,6 +74,7 @@ def _torchrun(nproc: int, args: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-mb", type=int, default=256)
+    parser.add_argument("--hooks", default=",".join(HOOKS), help=f"comma-separated subset of {','.join(HOOKS)}")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "allreduce.json"))
     args = parser.parse_args()
@@ -85,7 +86,9 @@ def main() -> None:
         _torchrun(2, [__file__, "--max-mb", str(args.max_mb), "--worker", f"{tmp}/bw.json"])
         bandwidth = json.loads(Path(f"{tmp}/bw.json").read_text())
         steps = []
-        for hook in HOOKS:
+        for hook in args.hooks.split(","):
+            if hook not in HOOKS:
+                parser.error(f"--hooks: {hook!r} is not one of {', '.join(HOOKS)}")
             for nproc in (1, 2):
                 out = f"{tmp}/{nproc}-{len(steps)}"
                 _torchrun(nproc, ["-m", "fedge.deploy.train", "--task", TASK, "--epochs", "1", "--max-steps", "12",
@@ -105,7 +108,7 @@ def main() -> None:
           "throughput(2) / (2 x throughput(1))):\n")
     print("| hook | s/step, 1 proc | s/step, 2 procs | samples/s 1 | samples/s 2 | scaling efficiency | payload B/step |")
     print("|---|---|---|---|---|---|---|")
-    for hook in HOOKS:
+    for hook in args.hooks.split(","):
         one = next(s for s in steps if s["hook"] == hook and s["processes"] == 1)
         two = next(s for s in steps if s["hook"] == hook and s["processes"] == 2)
         efficiency = two["samples_per_s"] / (2 * one["samples_per_s"])

@@ -41,7 +41,7 @@ from fedge.server.run.checkpoint import CheckpointStore  # noqa: E402
 from fedge.launcher.environment import flower_environment, supernode_home  # noqa: E402
 from fedge.launcher.federation import supernode_argv  # noqa: E402
 from fedge.launcher.processes import ProcessGroup, free_port, processes_with_env  # noqa: E402
-from fedge.server.daemon.service_metrics import reason_label  # noqa: E402
+from fedge.server.daemon.service_metrics import kind_label  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -79,8 +79,8 @@ def _rejected(rows: list[dict[str, Any]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in rows:
         for item in row.get("rejected") or []:
-            reason = reason_label(str(item.get("reason", "")))
-            counts[reason] = counts.get(reason, 0) + 1
+            kind = kind_label(item)  # the typed kind, as the daemon's /metrics labels it
+            counts[kind] = counts.get(kind, 0) + 1
     return counts
 
 

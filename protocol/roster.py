@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from flwr.app import MessageType, MetricRecord, RecordDict
 
-__all__ = ["ROSTER_MESSAGE_TYPE", "ROSTER_ACTION", "ROSTER_KEY", "ROSTER_RECORD", "roster_answer", "read_roster_answer"]
+__all__ = ["ROSTER_ACTION", "ROSTER_KEY", "ROSTER_MESSAGE_TYPE", "ROSTER_RECORD", "read_roster_answer",
+           "roster_answer"]
 
 ROSTER_ACTION = "roster"
 ROSTER_MESSAGE_TYPE = f"{MessageType.QUERY}.{ROSTER_ACTION}"
@@ -29,8 +30,8 @@ ROSTER_KEY = "partition-id"
 def roster_answer(node_config: dict[str, object]) -> RecordDict:
     """A device's answer: its partition id when its node config has one, else nothing."""
     value = node_config.get(ROSTER_KEY)
-    record = MetricRecord({ROSTER_KEY: int(value)}) if value is not None and str(value).lstrip("-").isdigit() else MetricRecord()
-    return RecordDict({ROSTER_RECORD: record})
+    named = value is not None and str(value).lstrip("-").isdigit()
+    return RecordDict({ROSTER_RECORD: MetricRecord({ROSTER_KEY: int(value)}) if named else MetricRecord()})
 
 
 def read_roster_answer(content: RecordDict) -> int | None:

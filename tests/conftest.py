@@ -89,7 +89,8 @@ def _one_default_federation_at_a_time(request: pytest.FixtureRequest) -> Iterato
 #: test_leaves.py: its two trees (a leaf's own Ray instance each, in the simulated one) started beside
 #: these at the suite's start, and a leaf's Ray node timed out starting (2026-12-03 17:32)
 _LONGEST_FIRST = ("test_serve.py", "test_packaging.py", "test_warm_execution.py", "test_algorithms.py",
-                  "test_plugin_examples.py", "test_ray_cluster.py", "test_secure_aggregation.py")
+                  "test_reproducibility.py", "test_plugin_examples.py", "test_ray_cluster.py",
+                  "test_secure_aggregation.py", "test_bench_smoke.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

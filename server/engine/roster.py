@@ -49,8 +49,8 @@ class Roster:
         for node in new:
             name = self.names[node]
             if name is not None and name in taken:
-                log.warning("nodes %d and %d both answer to partition %d: their order follows Flower's numbers",
-                            taken[name], node, name)
+                log.warning("nodes %d and %d both answer to partition %d: their order follows Flower's "
+                            "numbers", taken[name], node, name)
             elif name is not None:
                 taken[name] = node
         log.info("roll call: %d of %d new node(s) named by partition%s", len(new) - len(unnamed), len(new),

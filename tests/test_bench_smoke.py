@@ -1,0 +1,108 @@
+"""Every benchmark runs, at tiny sizes: a renamed function fails here, not in a headline.
+
+``bench/aggregation.py``, the source of a README figure, called a method that had been removed, and
+nothing noticed: no test ran it. Each ``bench/*.py`` is listed here with arguments that make it run
+in seconds (or, for those that start Flower's engines, in the fewest rounds and devices it accepts),
+writing into a temporary directory; the test runs it as the docs show (``.venv/bin/python
+bench/X.py ...``, from the repository root) and checks that it exits cleanly and wrote its output.
+A new benchmark without an entry fails :func:`test_every_benchmark_has_a_smoke_run`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: benchmark -> (arguments, a file it must write or None; "{out}" is a fresh temporary directory)
+SMOKE: dict[str, tuple[list[str], str | None]] = {
+    "aggregation.py": (["--clients", "3", "--params", "4000", "--out", "{out}/a.json"], "a.json"),
+    "codecs.py": (["--n", "20000", "--repeat", "1", "--out", "{out}/c.json"], "c.json"),
+    "fuzz.py": (["--per-codec", "20", "--out", "{out}/f.json"], "f.json"),
+    "wire_details.py": (["--repeat", "1"], None),
+    "dp_noise_multipliers.py": (["--rounds", "2", "--numel", "100", "--clients", "40"], None),
+    "flower_secaggplus.py": (["--clients", "5", "--dimension", "100", "--drop", "1", "--num-shares", "4",
+                              "--threshold", "3", "--out", "{out}/s.json"], "s.json"),
+    "secure_aggregation.py": (["--part", "cost", "--devices", "5", "--dimension", "100", "--no-flower",
+                               "--out", "{out}/sa.json"], "sa.json"),
+    "flower_cli_calls.py": (["--calls", "1", "--out", "{out}/cli.json"], "cli.json"),
+    "page_release.py": (["--pairs", "1", "--children", "2"], None),
+    "allreduce.py": (["--max-mb", "1", "--hooks", "allreduce", "--out", "{out}/ar.json"], "ar.json"),
+    "edge.py": (["--epochs", "1", "--runs", "5", "--out", "{out}/edge"], None),
+}
+
+#: benchmarks that start Flower's engines (or torchrun): the fewest rounds, devices and seeds they
+#: take. The light ones run in the default suite; the heavy ones (a minute or more on two cores) in
+#: ``make test-slow``.
+ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
+    "algorithms.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--only", "--config",
+                       "fedavg;fedavg;qsgd:bits=4", "--set", "clients-per-round=2", "--out", "{out}/alg"], None),
+    "bidirectional.py": (["--clients", "2", "--per-round", "2", "--rounds", "1", "--local-epochs", "1", "--config",
+                          "fp32;none;none", "--out", "{out}/bi"], "bi.json"),
+    "communication.py": (["--preset", "demo", "--seeds", "1", "--rounds", "1", "--only", "none", "--out",
+                          "{out}/comm"], None),
+    "differential_privacy.py": (["--clients", "2", "--per-round", "2", "--rounds", "1", "--local-epochs", "1",
+                                 "--out", "{out}/dp.json"], None),
+    "distributed_dp.py": (["--clients", "3", "--per-round", "3", "--rounds", "1", "--local-epochs", "1",
+                           "--seeds", "1", "--out", "{out}/ddp.json"], None),
+    "flower_app.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--repeats", "1", "--out",
+                       "{out}/fa"], None),
+    "flower_secure.py": (["--repeats", "1", "--out", "{out}/fs"], None),
+}
+#: a minute or more each on two cores beside the rest of the suite: ``make test-slow``
+HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flower_secure.py", "edge.py", "allreduce.py"}
+
+#: engine benchmarks without a smoke run yet, and why (each takes its own launch of an engine:
+#: minutes of the default suite's two cores together)
+PENDING = {name: "an engine benchmark not yet given its smoke arguments" for name in (
+    "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "flower_stragglers.py", "leaf_processes.py",
+    "leaf_scaling.py", "leaf_simulation.py", "partial_participation_screen.py", "scale.py", "soak.py",
+    "start_profile.py", "superlink_throughput.py", "same_seed.py")}
+
+#: run by a test of its own (named), or not a benchmark
+ELSEWHERE = {
+    "at_commit.py": "tests/test_at_commit.py",
+    "gpu_check.py": "tests/test_gpu_check.py (its rehearsal on the CPU)",
+    "sigterm.py": "a helper the engine benchmarks import (stop_on_sigterm), not a benchmark",
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    benches = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    known = set(SMOKE) | set(ELSEWHERE) | set(ENGINE_SMOKE) | set(PENDING)
+    missing = [b for b in benches if b not in known]
+    assert not missing, f"benchmarks without a smoke run in tests/test_bench_smoke.py: {missing}"
+    stale = sorted(known)
+    assert set(stale) <= set(benches), f"smoke entries for benchmarks that are gone: {set(stale) - set(benches)}"
+
+
+def _run(name: str, args: list[str], tmp_path: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, f"bench/{name}", *(a.replace("{out}", str(tmp_path)) for a in args)]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.integration  # a process each: ordered with the process tests (tests/conftest.py)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in sorted(SMOKE)])
+def test_benchmark_runs(name: str, tmp_path: Path) -> None:
+    args, wrote = SMOKE[name]
+    done = _run(name, args, tmp_path, timeout=240)
+    assert done.returncode == 0, f"bench/{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    if wrote is not None:
+        assert (tmp_path / wrote).exists(), f"bench/{name} wrote no {wrote}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
+                                  for n in sorted(ENGINE_SMOKE)])
+def test_engine_benchmark_runs(name: str, tmp_path: Path) -> None:
+    args, wrote = ENGINE_SMOKE[name]
+    done = _run(name, args, tmp_path, timeout=400)
+    assert done.returncode == 0, f"bench/{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    if wrote is not None:
+        assert (tmp_path / wrote).exists(), f"bench/{name} wrote no {wrote}"
