@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 
-from fedge.server.local import launch
-from fedge.server.settings import RunSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness.seeds import interval, paired, seeds_row, verdict  # noqa: E402
+from fedge.server.local import launch  # noqa: E402
+from fedge.server.settings import RunSettings  # noqa: E402
 
 PRESETS = {
     "demo": {
@@ -138,10 +140,31 @@ def main() -> None:
               f"{_mean_std([r['uplink_bytes'] for r in group], 1e-6, 3)} | "
               f"{_mean_std([r['downlink_bytes'] for r in group], 1e-6, 1)} | "
               f"{statistics.mean(r['ratio'] for r in group):.1f}x | {to_round} | {to_mb} |")
+    seeded = _over_seeds(runs, configs, args.seeds)
     out = Path(args.out or Path(__file__).parent / "results" / f"communication-{args.preset}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": command, "date": time.strftime("%Y-%m-%d"),
-                               "machine": platform.platform(), "runs": runs}, indent=2) + "\n")
+                               "machine": platform.platform(), "seeds": seeded, "runs": runs}, indent=2) + "\n")
+
+
+def _over_seeds(runs: list[dict], configs: list[tuple[str, bool]], seeds: list[int]) -> list[dict]:
+    """Final accuracy per configuration with its 95% interval, and paired by seed against fp32
+    (``none`` with error feedback) when that ran: printed, and returned for the JSON."""
+    def values(codec: str, ef: bool) -> list[float]:
+        by_seed = {r["seed"]: r["accuracy"] for r in runs if r["codec"] == codec and r["error_feedback"] == ef}
+        return [by_seed[s] for s in seeds]
+
+    base = values("none", True) if ("none", True) in configs else None
+    print(f"\nOver seeds {seeds} (95% interval, Student t; differences paired by seed against fp32):\n")
+    print("| codec | EF | final held-out accuracy | paired difference vs fp32 |\n|---|---|---|---|")
+    rows = []
+    for codec, ef in configs:
+        own = values(codec, ef)
+        against = None if base is None or (codec, ef) == ("none", True) else base
+        rows.append(seeds_row(codec, own, against, error_feedback=ef))
+        diff = "-" if against is None else verdict(paired(own, against))
+        print(f"| `{codec}` | {'yes' if ef else 'no'} | {interval(own).text(scale=100, unit='%')} | {diff} |")
+    return rows
 
 
 if __name__ == "__main__":

@@ -21,13 +21,12 @@ knows too, having sent it.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from fedge.compression import make_codec
+from fedge.compression import derive_seed, make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
 from fedge.edge_client.downlink import receive_downlink
@@ -57,7 +56,10 @@ def compression_mod(msg: Message, context: Context, call_next: ClientAppCallable
         return update
     reply, layout, trained, delta = update.reply, update.layout, update.trained, update.delta
     codec = make_codec(request.codec).for_model(layout.sizes())
-    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    # the dither from (the wrapper's seed, the round, this node's partition): the same bits in every
+    # run that samples the same nodes (a node without a partition id: its Flower number stands in)
+    node = int(context.node_config.get("partition-id", context.node_id))
+    generator = torch.Generator().manual_seed(derive_seed(request.seed, request.round, node, purpose="dither"))
     payload, _ = encode_update(delta, codec, NodeStore(context.state, _MEMORY), server_round=request.round,
                                seed=request.seed, error_feedback=True, generator=generator, support=support)
     content = RecordDict({name: record for name, record in reply.content.items() if name != MODEL_RECORD})

@@ -295,13 +295,35 @@ class Engine:
             downlink_bytes=tally.downlink, measurement_bytes=tally.measurement, seconds=self.clock() - tally.began,
             clients_sampled=tally.sampled, clients_used=tally.used, clients_failed=len(tally.rejected),
             clients_declined=sum(tally.declined.values()),
-            codec=self.algorithm.codec.spec, rejected=tally.rejected + outcome.notes, extra={**outcome.extra, **extra},
+            codec=self.algorithm.codec.spec, rejected=self._in_roster_order(tally.rejected + outcome.notes),
+            extra=self._nodes_in_roster_order({**outcome.extra, **extra}),
         )
         log.info("%s %d: %s %s %.4f loss %.4f | %d/%d clients | uplink %d B (fp32 %d B) | %.1f s",
                  "version" if self.algorithm.asynchronous else "round", step.number, row.evaluation, row.metric,
                  row.score, row.loss, tally.used, tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
         self._write(row, result)
         return row
+
+    def _in_roster_order(self, rejected: list[dict]) -> list[dict]:
+        """A row's failures in an order that does not depend on arrival (the step's own notes first,
+        then by node in the roster's order), each named by its partition where the node has one:
+        Flower's node numbers are new in every simulation, partitions are not."""
+        def key(entry: dict) -> tuple:
+            node = entry.get("node")
+            return ((0, 0, 0) if node is None else self.roster.key(node)), str(entry.get("kind")), str(entry.get("reason"))
+
+        named = []
+        for entry in sorted(rejected, key=key):
+            name = None if entry.get("node") is None else self.roster.name(entry["node"])
+            named.append(entry if name is None else {**entry, "partition": name})
+        return named
+
+    def _nodes_in_roster_order(self, extra: dict) -> dict:
+        """Lists of nodes a row reports (``clipped_nodes``, ``chosen_nodes``, ...) in the roster's order."""
+        for field, value in extra.items():
+            if field.endswith("_nodes") and isinstance(value, list) and all(isinstance(n, int) for n in value):
+                extra[field] = self.roster.order(value)
+        return extra
 
     def release(self, step: Step, tally: Tally) -> Partial:
         """The step's aggregate on its way to the algorithm: the accumulator's partial (the clear

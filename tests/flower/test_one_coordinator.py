@@ -22,7 +22,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-import fedge.edge_client.compression_mod as client_mod
+from fedge.compression import derive_seed
 from fedge.edge_client import local
 from fedge.edge_client.node_store import NodeStore
 from fedge.aggregation.staleness import Staleness
@@ -43,13 +43,16 @@ from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _excha
 from tests.flower.test_fedbuff_strategy import Clock, LatencyGrid
 
 SEED = 7
-FIXED = (12345).to_bytes(8, "little")  # what compression_mod's os.urandom returns here: its generator's seed
+
+
+def _dither(node: int, server_round: int) -> torch.Generator:
+    """compression_mod's generator: (the wrapper's seed, the round, the node's partition or number)."""
+    return torch.Generator().manual_seed(derive_seed(SEED, server_round, node, purpose="dither"))
 
 
 @pytest.mark.parametrize("spec, downlink", [("qsgd:bits=4", "none"), ("dgc:ratio=0.05", "none"),
                                             ("tcs:extra=0.01,sample=0+qsgd:bits=4", "lattice:ratio=0.05")])
 def test_the_engines_device_and_compression_mod_send_the_same_payload(monkeypatch, spec: str, downlink: str) -> None:
-    monkeypatch.setattr(client_mod.os, "urandom", lambda n: FIXED[:n])
     task = make_task("digits")
     seen: dict[int, list[ArrayRecord]] = {}
     wrapped: CompressedStrategy = compressed(FedAvg(), uplink=spec, downlink=downlink, seed=SEED)
@@ -71,7 +74,7 @@ def test_the_engines_device_and_compression_mod_send_the_same_payload(monkeypatc
             delta = torch.from_numpy(layout.flatten(trained) - layout.flatten(received)).to(torch.float32)
             config = RoundConfig(round=server_round, task=task.spec, partitioning="iid", codec=spec,
                                  error_feedback=True, local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=SEED)
-            generator = torch.Generator().manual_seed(int.from_bytes(FIXED, "little") >> 1)
+            generator = _dither(node, server_round)
             engine_payload, _ = local.encode(delta, config, task, NodeStore(engine_state[node], "fedavg"), generator,
                                              support=support)
             assert read_payload(reply.content, UPDATE_RECORD) == engine_payload, (node, server_round)
@@ -166,7 +169,6 @@ def test_the_engines_async_algorithms_and_the_flower_wrappers_make_the_same_vers
     its updates arrive stale and some beyond the bound. The devices encode with the round the
     engine would name (version + 1), so each payload is what the same device sends the engine."""
     TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-    monkeypatch.setattr(client_mod.os, "urandom", lambda n: FIXED[:n])
     name = algorithm.split(":")[0]
     clock = Clock()
     flower_versions: list[np.ndarray] = []
@@ -206,7 +208,7 @@ def test_the_engines_async_algorithms_and_the_flower_wrappers_make_the_same_vers
         delta = torch.from_numpy(layout.flatten(_trained(node, started[node] + 1, received)) - layout.flatten(received))
         config = RoundConfig(round=started[node] + 1, task=task.spec, partitioning="iid", codec="qsgd:bits=4",
                              error_feedback=True, local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=SEED)
-        generator = torch.Generator().manual_seed(int.from_bytes(FIXED, "little") >> 1)
+        generator = _dither(node, started[node] + 1)
         device_payload, _ = local.encode(delta.to(torch.float32), config, task,
                                          NodeStore(device_state[node], "fedavg"), generator)
         assert read_payload(what.content, UPDATE_RECORD) == device_payload, (node, started[node])
