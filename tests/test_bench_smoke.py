@@ -34,6 +34,9 @@ SMOKE: dict[str, tuple[list[str], str | None]] = {
     "page_release.py": (["--pairs", "1", "--children", "2"], None),
     "allreduce.py": (["--max-mb", "1", "--hooks", "allreduce", "--out", "{out}/ar.json"], "ar.json"),
     "edge.py": (["--epochs", "1", "--runs", "5", "--out", "{out}/edge"], None),
+    "partial_participation_screen.py": (["--clients", "4", "--per-round", "2", "--rounds", "1", "--local-epochs", "1",
+                                         "--seeds", "1"], None),
+    "leaf_scaling.py": (["--devices", "4", "--rounds", "1", "--no-flat", "--out", "{out}/ls.json"], "ls.json"),
 }
 
 #: benchmarks that start Flower's engines (or torchrun): the fewest rounds, devices and seeds they
@@ -61,8 +64,7 @@ HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flowe
 #: minutes of the default suite's two cores together)
 PENDING = {name: "an engine benchmark not yet given its smoke arguments" for name in (
     "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "flower_stragglers.py", "leaf_processes.py",
-    "leaf_scaling.py", "leaf_simulation.py", "partial_participation_screen.py", "scale.py", "soak.py",
-    "start_profile.py", "superlink_throughput.py", "same_seed.py")}
+    "leaf_simulation.py", "scale.py", "soak.py", "start_profile.py", "superlink_throughput.py", "same_seed.py")}
 
 #: run by a test of its own (named), or not a benchmark
 ELSEWHERE = {
@@ -87,21 +89,11 @@ def _run(name: str, args: list[str], tmp_path: Path, timeout: float) -> subproce
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.integration  # a process each: ordered with the process tests (tests/conftest.py)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in sorted(SMOKE)])
-def test_benchmark_runs(name: str, tmp_path: Path) -> None:
-    args, wrote = SMOKE[name]
-    done = _run(name, args, tmp_path, timeout=240)
-    assert done.returncode == 0, f"bench/{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    if wrote is not None:
-        assert (tmp_path / wrote).exists(), f"bench/{name} wrote no {wrote}"
-
-
-@pytest.mark.integration
+@pytest.mark.integration  # a process (or an engine) each: ordered with the process tests (tests/conftest.py)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n
-                                  for n in sorted(ENGINE_SMOKE)])
-def test_engine_benchmark_runs(name: str, tmp_path: Path) -> None:
-    args, wrote = ENGINE_SMOKE[name]
+                                  for n in sorted({**SMOKE, **ENGINE_SMOKE})])
+def test_benchmark_runs(name: str, tmp_path: Path) -> None:
+    args, wrote = {**SMOKE, **ENGINE_SMOKE}[name]
     done = _run(name, args, tmp_path, timeout=400)
     assert done.returncode == 0, f"bench/{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     if wrote is not None:

@@ -231,7 +231,7 @@ class Engine:
         exchange = self._exchange(grid, number)
         nodes = self.connected(grid, number)
         if self.algorithm.fixed_membership and len(nodes) < self.algorithm.nodes_needed():
-            nodes = self.wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
+            self.wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
             nodes = self.connected(grid, number)
         selected = self.algorithm.select(number, nodes, self.sample)
         state = self._open(number, selected, len(nodes), exchange, tally)
