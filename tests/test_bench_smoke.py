@@ -40,8 +40,7 @@ SMOKE: dict[str, tuple[list[str], str | None]] = {
 }
 
 #: benchmarks that start Flower's engines (or torchrun): the fewest rounds, devices and seeds they
-#: take. The light ones run in the default suite; the heavy ones (a minute or more on two cores) in
-#: ``make test-slow``.
+#: take. The light ones run in the default suite; the heavy ones (``HEAVY``) in ``make test-slow``.
 ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
     "algorithms.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--only", "--config",
                        "fedavg;fedavg;qsgd:bits=4", "--set", "clients-per-round=2", "--out", "{out}/alg"], None),
@@ -56,15 +55,33 @@ ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
     "flower_app.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--repeats", "1", "--out",
                        "{out}/fa"], None),
     "flower_secure.py": (["--repeats", "1", "--out", "{out}/fs"], None),
+    "chaos.py": (["--nodes", "2", "--rounds", "2", "--local-epochs", "1", "--kill-nodes-after", "1",
+                  "--kill-coordinator-after", "1", "--no-baseline", "--out", "{out}/chaos.json"], None),
+    "clientapp_cpu.py": (["--supernodes", "2", "--rounds", "2", "--local-epochs", "1", "--out", "{out}/cpu.json"], None),
+    "deployment_rounds.py": (["--rounds", "2", "--supernodes", "2", "--local-epochs", "1", "--repeats", "1",
+                              "--no-flower", "--out", "{out}/dr.json"], None),
+    "same_seed.py": (["--repeats", "2", "--rounds", "1", "--clients", "4", "--per-round", "2", "--no-load",
+                      "--out", "{out}/ss"], "ss.json"),
+    "scale.py": (["--task", "digits", "--clients", "4", "--per-round", "2", "--rounds", "1", "--local-epochs", "1",
+                  "--out", "{out}/scale"], None),
+    "leaf_simulation.py": (["--devices", "4", "--leaves", "2", "--per-round", "4", "--rounds", "2", "--local-epochs",
+                            "1", "--out", "{out}/lsim.json"], "lsim.json"),
+    "leaf_processes.py": (["--supernodes", "4", "--leaves", "2", "--rounds", "1", "--local-epochs", "1", "--seeds", "1",
+                           "--out", "{out}/lp.json"], "lp.json"),
+    "start_profile.py": (["--clients", "2", "--rounds", "1", "--repeats", "1", "--out", "{out}/sp.json"], None),
+    "superlink_throughput.py": (["--supernodes", "2", "--rounds", "1", "--payload-bytes", "1000", "--out",
+                                 "{out}/st.json"], None),
+    "soak.py": (["--rounds", "2", "--nodes", "2", "--churn-every", "1", "--warmup", "1", "--out", "{out}/soak.json"],
+                None),
 }
-#: a minute or more each on two cores beside the rest of the suite: ``make test-slow``
-HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flower_secure.py", "edge.py", "allreduce.py"}
+#: half a minute or more each on two cores beside the rest of the suite: ``make test-slow``
+HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flower_secure.py", "edge.py", "allreduce.py",
+         "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "scale.py", "leaf_simulation.py", "leaf_processes.py",
+         "start_profile.py", "soak.py", "same_seed.py", "superlink_throughput.py"}
 
-#: engine benchmarks without a smoke run yet, and why (each takes its own launch of an engine:
-#: minutes of the default suite's two cores together)
-PENDING = {name: "an engine benchmark not yet given its smoke arguments" for name in (
-    "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "flower_stragglers.py", "leaf_processes.py",
-    "leaf_simulation.py", "scale.py", "soak.py", "start_profile.py", "superlink_throughput.py", "same_seed.py")}
+#: benchmarks without a smoke run yet, and why
+PENDING = {"flower_stragglers.py": "its smallest run (a Flower app to a target accuracy, with stragglers) took "
+                                   "over five minutes: no smoke arguments yet"}
 
 #: run by a test of its own (named), or not a benchmark
 ELSEWHERE = {
