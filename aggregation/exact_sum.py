@@ -14,8 +14,9 @@ one number whatever their order. 12 bytes a coordinate (a float32 sum held 4, a 
 
 Range: one term's magnitude must stay below ``2**36`` (6.9e10) and the step's terms together below
 ``2**38``; beyond that :class:`AccumulationRangeError` refuses the term and leaves the sum as it was
-(the update guard's norm bound refuses such updates long before). Resolution: ``2**-54`` (5.6e-17)
-per term, far below float32's rounding of any value above ``1e-9``.
+(an update that large is broken; the update guard's norm bound, when set, refuses it long before).
+Resolution: ``2**-54`` (5.6e-17) per term, below float32's rounding of any value above ``1e-9``
+(whose float32 spacing is 1.1e-16).
 
 :class:`ExactScalar` is the same promise for the scalars a step sums (losses, weights, squared
 norms): it keeps the terms and adds them with :func:`math.fsum`, which rounds once, correctly.
@@ -37,7 +38,7 @@ LO_BITS = 30
 _HI_SCALE = float(2**HI_BITS)
 _LO_SCALE = float(2**LO_BITS)
 _LO_MASK = 2**LO_BITS - 1
-#: the largest magnitude of one term, and the budget of all terms together, in ``hi`` units
+#: the largest magnitude of one term; the budget of all terms together, in ``hi`` units (2**38 in value)
 TERM_LIMIT = 2.0**36
 _BUDGET = 2**62
 #: coordinates converted at a time: the float64 temporaries stay at a few hundred KB
