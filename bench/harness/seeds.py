@@ -3,9 +3,8 @@
 One run of one seed says little: before the coordinator's sums were exact, one seed of the
 partial-participation setting ended anywhere between 89.7% and 96.7%, and a different seed still
 moves a final accuracy by points. So a benchmark that reports accuracy runs several seeds
-(``--seeds``), one torch thread per process and as many processes as cores (:func:`run_seeds`), and
-reports the mean with a Student-t 95% interval (:func:`summary`); a comparison of two settings
-pairs their runs seed by seed and reports the mean difference with its interval
+(``--seeds``) and reports the mean with a Student-t 95% interval (:func:`interval`); a comparison
+of two settings pairs their runs seed by seed and reports the mean difference with its interval
 (:func:`paired`). A difference whose interval contains zero is "no measurable difference"
 (:func:`verdict`), never a gain or a loss.
 """
@@ -13,15 +12,11 @@ pairs their runs seed by seed and reports the mean difference with its interval
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-__all__ = ["Interval", "interval", "paired", "run_seeds", "seeds_row", "summary", "t_quantile", "verdict"]
-
-T = TypeVar("T")
+__all__ = ["Interval", "interval", "paired", "seeds_row", "t_quantile", "verdict"]
 
 # Student's t, 97.5th percentile (two-sided 95%), by degrees of freedom 1..30; beyond, the normal's
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -90,28 +85,6 @@ def verdict(difference: Interval, scale: float = 100.0, unit: str = " points") -
     if difference.contains(0.0):
         return f"no measurable difference: {text}"
     return f"{'higher' if difference.mean > 0 else 'lower'}: {text}"
-
-
-def summary(values: Sequence[float], scale: float = 100.0, unit: str = "%") -> str:
-    return interval(values).text(scale=scale, unit=unit)
-
-
-def _one_thread(fn: Callable[[int], T], seed: int) -> T:
-    import torch
-
-    torch.set_num_threads(1)
-    return fn(seed)
-
-
-def run_seeds(fn: Callable[[int], T], seeds: Sequence[int], processes: int | None = None) -> list[T]:
-    """``fn(seed)`` for every seed, each in its own process with one torch thread, as many at once
-    as there are cores (``processes``): results in the order of ``seeds``. ``fn`` must be a
-    module-level function (it crosses a process boundary)."""
-    workers = max(1, min(len(seeds), processes or os.cpu_count() or 1))
-    if workers == 1:
-        return [_one_thread(fn, s) for s in seeds]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(_one_thread, [fn] * len(seeds), seeds))
 
 
 def seeds_row(label: str, values: Sequence[float], baseline: Sequence[float] | None = None,
