@@ -38,9 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
-
-from fedge.server.local import launch
-from fedge.server.settings import RunSettings, SettingsError
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness.seeds import interval, paired, verdict  # noqa: E402
+from fedge.server.local import launch  # noqa: E402
+from fedge.server.settings import RunSettings, SettingsError  # noqa: E402
 
 # (label, algorithm spec, codec); a spec may use {n} (clients) and {half} (clients // 2)
 CONFIGS = [
@@ -154,6 +155,33 @@ def run_one(label: str, algorithm: str, codec: str, args: argparse.Namespace, se
         "participation": rows[-1].get("participation") if rows else None,
         "wall_seconds": wall,
     }
+
+
+def seeds_summary(results: list[dict], seeds: list[int]) -> str:
+    """Over the seeds, per configuration: final accuracy with its 95% interval and its difference from
+    the first configuration's, paired by seed; where every run reached the target, the time to it
+    and the speed-up against the first configuration (a ratio per seed, then its interval).
+    Asynchronous runs differ from run to run even for one seed: their interval is that spread too."""
+    labels = list(dict.fromkeys(r["label"] for r in results))
+    by = {(r["label"], r["seed"]): r for r in results}
+    lines = [f"Over seeds {seeds} (95% interval, Student t; differences and speed-ups paired by seed against "
+             f"{labels[0]}):", ""]
+    base = [by[(labels[0], s)] for s in seeds]
+    for label in labels:
+        runs = [by[(label, s)] for s in seeds]
+        accuracy = [r["final_accuracy"] for r in runs]
+        line = f"- {label}: final accuracy {interval(accuracy).text(scale=100, unit='%')}"
+        if label != labels[0]:
+            line += f"; {verdict(paired(accuracy, [r['final_accuracy'] for r in base]))}"
+        times = [r["time_to_target"] for r in runs]
+        if all(t is not None for t in times):
+            line += f"; time to {100 * runs[0]['target']:.0f}% {interval(times).text(digits=0, unit=' s')}"
+            base_times = [r["time_to_target"] for r in base]
+            if label != labels[0] and all(t is not None for t in base_times):
+                speedups = [b / t for b, t in zip(base_times, times, strict=True)]
+                line += f", speed-up {interval(speedups).text(unit='x')}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -353,6 +381,8 @@ def main() -> int:
               f"of {args.local_epochs} local epochs, seeds {args.seeds}, {args.engine} engine"
               f"{''.join(f', {item}' for item in args.settings)}; `{command}`")
     markdown = header + "\n\n" + show(results) + "\n"
+    if len(args.seeds) > 1:
+        markdown += "\n" + seeds_summary(results, args.seeds) + "\n"
     out.with_suffix(".md").write_text(markdown)
     out.with_suffix(".json").write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
     plot(results, out.with_suffix(".png"))

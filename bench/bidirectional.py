@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.harness.seeds import interval, paired, seeds_row, verdict  # noqa: E402
+from bench.harness.seeds import client_slots, default_workers, interval, map_runs, paired, seeds_row, verdict  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
 
@@ -43,7 +43,8 @@ def run(label: str, codec: str, downlink: str, args: argparse.Namespace, seed: i
                                task=args.task, partitioning=args.partitioning, local_epochs=args.local_epochs,
                                seed=seed, run_dir=str(Path(tmp) / "run"), **extra)
         started = time.perf_counter()
-        result = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=7200)
+        result = launch(settings, engine="simulation", num_supernodes=args.clients, timeout=7200,
+                        parallel_clients=client_slots(args.workers))
         seconds = time.perf_counter() - started
     rows, summary = result.rows, result.summary
     participations = sum(r["clients_used"] + r["clients_failed"] for r in rows)
@@ -56,7 +57,7 @@ def run(label: str, codec: str, downlink: str, args: argparse.Namespace, seed: i
             behind[int(versions)].append(int(size))
     up_to_10 = [s for v, sizes in behind.items() if v <= 10 for s in sizes]
     return {
-        "label": label, "codec": codec, "downlink": downlink, "seed": seed,
+        "label": label, "codec": codec, "downlink": downlink, "seed": seed, "model_digest": summary.get("model_digest"),
         "accuracy": summary["final_accuracy"], "best_accuracy": max(r["accuracy"] for r in rows),
         "accuracy_by_round": [r["accuracy"] for r in rows],  # a late swing shows here, not in final/best
         "uplink_bytes": summary["uplink_bytes"], "downlink_bytes": summary["downlink_bytes"],
@@ -68,6 +69,17 @@ def run(label: str, codec: str, downlink: str, args: argparse.Namespace, seed: i
         "catch_up_median_of_fp32_up_to_10": (statistics.median(up_to_10) / fp32_model) if up_to_10 else None,
         "seconds": seconds,
     }
+
+
+def _job(job: tuple[argparse.Namespace, int, str]) -> dict:
+    """One (seed, configuration) run, in a worker process of :func:`map_runs`."""
+    args, seed, config = job
+    label, codec, downlink, *own = config.split(";")
+    extra = typed_settings(args.settings)
+    result = run(label, codec, downlink, args, seed, {**extra, **typed_settings(own[0].split("|") if own else [])})
+    result["settings"] = own[0] if own else ""
+    print(f"{label} seed {seed}: {100 * result['accuracy']:.2f}% in {result['seconds']:.0f} s", flush=True)
+    return result
 
 
 def table(results: list[dict]) -> str:
@@ -129,17 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                              "'...;server-opt=fedavg:lr=2|update-norm=clip:factor=3' ('|' separates them)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help="any other run setting, e.g. --set lr=0.05")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="runs at once, each in its own processes at one thread (default: one per core); "
+                             "a run's result does not depend on it")
     parser.add_argument("--out", default="bench/results/bidirectional")
     args = parser.parse_args(argv)
-    extra = typed_settings(args.settings)
-    results = []
-    for seed in args.seeds:
-        for config in args.config or DEFAULT_CONFIGS:
-            label, codec, downlink, *own = config.split(";")
-            result = run(label, codec, downlink, args, seed, {**extra, **typed_settings(own[0].split("|") if own else [])})
-            result["settings"] = own[0] if own else ""
-            results.append(result)
-            print(f"{label} seed {seed}: {100 * result['accuracy']:.2f}% in {result['seconds']:.0f} s", flush=True)
+    extra = typed_settings(args.settings)  # refused here, before any run starts
+    jobs = [(args, seed, config) for seed in args.seeds for config in (args.config or DEFAULT_CONFIGS)]
+    results = map_runs(_job, jobs, args.workers)
     command = ".venv/bin/python " + shlex.join(sys.argv)
     seeds_text, seed_rows = seeds_table(results)
     text = "\n".join([

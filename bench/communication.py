@@ -28,7 +28,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.harness.seeds import interval, paired, seeds_row, verdict  # noqa: E402
+from bench.harness.seeds import client_slots, default_workers, interval, map_runs, paired, seeds_row, verdict  # noqa: E402
 from fedge.server.local import launch  # noqa: E402
 from fedge.server.settings import RunSettings  # noqa: E402
 
@@ -69,21 +69,30 @@ PRESETS = {
 
 
 def run_one(codec: str, ef: bool, seed: int, clients: int, rounds: int, target: float, run_dir: str,
-            task: str = "digits", local_epochs: int = 5) -> dict:
+            task: str = "digits", local_epochs: int = 5, workers: int = 1) -> dict:
     settings = RunSettings(codec=codec, error_feedback=ef, rounds=rounds, clients_per_round=clients,
                            seed=seed, run_dir=run_dir, task=task, local_epochs=local_epochs)
-    result = launch(settings, engine="simulation", num_supernodes=clients, timeout=3600)
+    result = launch(settings, engine="simulation", num_supernodes=clients, timeout=3600,
+                    parallel_clients=client_slots(workers))
     rows, summary = result.rows, result.summary
     reached = next((r for r in rows if r["accuracy"] >= target), None)
     uplink_at = sum(r["uplink_bytes"] for r in rows if reached and r["round"] <= reached["round"])
     return {
-        "codec": codec, "error_feedback": ef, "seed": seed,
+        "codec": codec, "error_feedback": ef, "seed": seed, "model_digest": summary.get("model_digest"),
         "accuracy": summary["final_accuracy"], "loss": summary["final_loss"],
         "uplink_bytes": summary["uplink_bytes"], "downlink_bytes": summary["downlink_bytes"],
         "uplink_fp32_bytes": summary["uplink_fp32_bytes"], "ratio": summary["compression_ratio"],
         "round_to_target": reached["round"] if reached else None,
         "uplink_mb_to_target": uplink_at / 1e6 if reached else None,
     }
+
+
+def _job(job: tuple) -> dict:
+    """One (codec, seed) run, in a worker process of :func:`map_runs`."""
+    run = run_one(*job)
+    print(f"{run['codec']} ef={run['error_feedback']} seed={run['seed']}: {100 * run['accuracy']:.2f}% "
+          f"ratio {run['ratio']:.1f}x", file=sys.stderr, flush=True)
+    return run
 
 
 def _mean_std(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
@@ -101,6 +110,9 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=None,
                         help="accuracy for rounds-to-target (default: the preset's, 0.95 on digits)")
     parser.add_argument("--only", nargs="*", help="run only these codec specs")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="runs at once, each in its own processes at one thread (default: one per core); "
+                             "a run's result does not depend on it")
     parser.add_argument("--out", help="JSON output (default bench/results/communication-<preset>.json)")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
@@ -116,15 +128,11 @@ def main() -> None:
     args.target = args.target if args.target is not None else preset.get("target", 0.95)
     configs = [c for c in preset["configs"] if not args.only or c[0] in args.only]
     command = " ".join([Path(sys.executable).name, *sys.argv])
-    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (codec, ef) in enumerate(configs):
-            for seed in args.seeds:
-                run = run_one(codec, ef, seed, preset["clients"], rounds, args.target, f"{tmp}/run{i}-{seed}",
-                              task=task, local_epochs=preset.get("local_epochs", 5))
-                runs.append(run)
-                print(f"{codec} ef={ef} seed={seed}: {100 * run['accuracy']:.2f}% ratio {run['ratio']:.1f}x",
-                      file=sys.stderr)
+        jobs = [(codec, ef, seed, preset["clients"], rounds, args.target, f"{tmp}/run{i}-{seed}", task,
+                 preset.get("local_epochs", 5), args.workers)
+                for i, (codec, ef) in enumerate(configs) for seed in args.seeds]
+        runs = map_runs(_job, jobs, args.workers)
     print(f"\nMeasured {time.strftime('%Y-%m-%d')} on {platform.machine()}: {task}, Dirichlet(0.5), "
           f"{preset['clients']} clients (all sampled), {rounds} rounds, seeds {args.seeds}. Command: `{command}`\n")
     print(f"| codec | EF | held-out accuracy % | uplink MB | downlink MB | uplink vs fp32 | round to {args.target:.0%} | "

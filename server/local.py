@@ -96,8 +96,10 @@ def _gpus() -> int:
 
 
 def _ray_cpus(parallel_clients: int = 0) -> int:
-    """The logical CPUs Ray is told about: one actor (one ClientApp at a time) per CPU."""
-    return max(1, os.cpu_count() or 1, parallel_clients)
+    """The logical CPUs Ray is told about: one actor (one ClientApp at a time) per CPU, or exactly
+    ``parallel_clients`` when given (fewer than the cores when several runs share the machine, as a
+    benchmark's seeds do: ``bench/harness/seeds.py``)."""
+    return parallel_clients if parallel_clients > 0 else max(1, os.cpu_count() or 1)
 
 
 def _root_settings(settings: RunSettings, leaves: int, devices: int) -> RunSettings:
@@ -185,7 +187,7 @@ def launch(
     ``{1: {"slowdown": 3}}`` for a device three times slower or ``{1: {"fault": "bitflip"}}`` for
     one that corrupts its updates (chaos testing).
     ``parallel_clients`` (simulation only): how many ClientApps Ray runs at once; default one per
-    core. Straggler runs set it to the number of clients, so that a slow client sleeping through
+    core; fewer when several runs share the machine. Straggler runs set it to the number of clients, so that a slow client sleeping through
     its slowdown occupies its own simulated device, as on real hardware, not one of the few slots
     every other client is queued behind.
     ``tls`` (deployment only): TLS and SuperNode authentication on, as in a real deployment: a CA,

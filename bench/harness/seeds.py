@@ -7,16 +7,29 @@ moves a final accuracy by points. So a benchmark that reports accuracy runs seve
 of two settings pairs their runs seed by seed and reports the mean difference with its interval
 (:func:`paired`). A difference whose interval contains zero is "no measurable difference"
 (:func:`verdict`), never a gain or a loss.
+
+Seeds run side by side (:func:`map_runs`): one process per run, one torch thread per process, as
+many runs at once as there are cores (``--workers``). A run's result does not depend on what else
+the machine does (the coordinator's sums are exact and every random draw comes from the seed), so
+parallel seeds give the bits a sequential loop gives; ``tests/test_bench_harness.py`` checks it on a
+real simulation. Each simulated run then gets ``client_slots(workers)`` Ray actors, so the runs
+share the cores instead of each asking for all of them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Interval", "interval", "paired", "seeds_row", "t_quantile", "verdict"]
+__all__ = ["Interval", "client_slots", "default_workers", "interval", "map_runs", "paired", "seeds_row",
+           "t_quantile", "verdict"]
+
+T = TypeVar("T")
 
 # Student's t, 97.5th percentile (two-sided 95%), by degrees of freedom 1..30; beyond, the normal's
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -99,3 +112,44 @@ def seeds_row(label: str, values: Sequence[float], baseline: Sequence[float] | N
         row.update({"paired_difference": diff.mean, "paired_ci95_half": None if math.isnan(diff.half) else diff.half,
                     "verdict": verdict(diff)})
     return row
+
+
+def default_workers() -> int:
+    """One run per core: each run's clients train on one thread (``fedge.edge_client.threads``)."""
+    return max(1, os.cpu_count() or 1)
+
+
+def client_slots(workers: int) -> int:
+    """The Ray actors (ClientApps at once) one simulated run gets when ``workers`` runs share the
+    machine: its share of the cores, at least one (``launch(parallel_clients=...)``)."""
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
+def _one_thread() -> None:
+    """A worker process's start: torch (imported later, by the job) keeps to one thread, and so do
+    the processes the job starts (the launch passes its environment on)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def map_runs(job: Callable[[Any], T], items: Sequence[Any], workers: int = 1) -> list[T]:
+    """``[job(item) for item in items]``, up to ``workers`` at once, each in a fresh process
+    (``spawn``: no torch or Flower state inherited from this one), results in ``items``' order. An
+    item is whatever names one run: a seed, or a (configuration, seed) pair.
+
+    ``job`` must be a module-level function and ``items`` picklable. With ``workers == 1`` the jobs
+    run here, one after another, as a plain loop. A job that raises stops the benchmark: its
+    exception is raised here, naming the item."""
+    if workers <= 1 or len(items) <= 1:
+        return [job(item) for item in items]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context,
+                             initializer=_one_thread) as pool:
+        futures = [(item, pool.submit(job, item)) for item in items]
+        results = []
+        for item, future in futures:
+            try:
+                results.append(future.result())
+            except Exception as err:
+                raise RuntimeError(f"run {item!r} failed: {err}") from err
+        return results

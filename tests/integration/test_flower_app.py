@@ -35,10 +35,13 @@ EXAMPLE_LINES = {
 }
 
 
-def plain_flower_app(fedge_app: Path, out: Path) -> Path:
-    """The example as Flower wrote it: its four Fedge lines taken back out (the benchmarks' baseline)."""
+def plain_flower_app(fedge_app: Path, out: Path, package: str = "digitsapp") -> Path:
+    """The example as Flower wrote it: its four Fedge lines taken back out (the benchmarks' baseline).
+    ``package``: the app's package, for another app written with the same four lines
+    (``bench/flower_fashion``)."""
     shutil.copytree(fedge_app, out, ignore=shutil.ignore_patterns("__pycache__"))
     for name, lines in EXAMPLE_LINES.items():
+        name = name.replace("digitsapp/", f"{package}/", 1)
         text = (out / name).read_text()
         for fedge_line, flower_line in lines:
             assert text.count(fedge_line + "\n") == 1, f"{name}: {fedge_line!r} is not in the example once"

@@ -37,13 +37,16 @@ def _arrivals(result) -> list[str]:  # type: ignore[no-untyped-def]
 
 def test_simulation_same_seed_same_bits_whatever_the_reply_order(tmp_path, assert_no_leftovers) -> None:
     """Ten simulated clients, four a round (the roll call names them by partition, so the same
-    partitions are drawn though Flower numbers the nodes anew each run); a second seed differs."""
+    partitions are drawn though Flower numbers the nodes anew each run); a second seed differs. The
+    plain run has one Ray slot, as each of a benchmark's parallel seeds does (``bench/harness/seeds.py``),
+    and the jittered one a slot per client of a round: the slots a run gets change nothing either."""
     runs = {}
-    for name, seed, stragglers in (("plain", 42, "none"), ("jittered", 42, "jitter=0.4"), ("other-seed", 7, "none")):
+    for name, seed, stragglers, slots in (("plain", 42, "none", 1), ("jittered", 42, "jitter=0.4", 4),
+                                          ("other-seed", 7, "none", 4)):
         settings = RunSettings(rounds=3, clients_per_round=4, seed=seed, stragglers=stragglers,
                                run_dir=str(tmp_path / name), **_SETTING)
-        # one Ray slot per client of a round: a delayed client holds its own slot, the others overtake it
-        runs[name] = launch(settings, engine="simulation", num_supernodes=10, parallel_clients=4, timeout=300)
+        # a slot per client of a round: a delayed client holds its own slot, the others overtake it
+        runs[name] = launch(settings, engine="simulation", num_supernodes=10, parallel_clients=slots, timeout=300)
         assert_no_leftovers(runs[name].run_dir / "flwr-home")
     plain, jittered, other = runs["plain"], runs["jittered"], runs["other-seed"]
     assert [row["clients_used"] for row in plain.rows] == [4, 4, 4]

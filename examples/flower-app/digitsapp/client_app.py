@@ -18,7 +18,8 @@ def train(msg: Message, context: Context) -> Message:
     model = Net()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     loader = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]),
-                       int(context.run_config["batch-size"]), float(context.run_config["dirichlet-alpha"]))
+                       int(context.run_config["batch-size"]), float(context.run_config["dirichlet-alpha"]),
+                       int(context.run_config["seed"]), int(msg.content["config"]["server-round"]))
     train_loss = train_fn(model, loader, int(context.run_config["local-epochs"]), float(msg.content["config"]["lr"]))
     metrics = MetricRecord({"train_loss": train_loss, "num-examples": len(loader.dataset)})
     return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)

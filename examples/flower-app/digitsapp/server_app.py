@@ -16,7 +16,7 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run FedAvg for num-server-rounds rounds, evaluating the global model on held-out digits."""
-    torch.manual_seed(0)
+    torch.manual_seed(int(context.run_config["seed"]))
     arrays = ArrayRecord(Net().state_dict())
     strategy = compressed(FedAvg(fraction_train=float(context.run_config["fraction-train"]), fraction_evaluate=0.0), uplink=str(context.run_config["uplink"]), downlink=str(context.run_config["downlink"]), start=str(context.run_config["start"]) or None)
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=int(context.run_config["num-server-rounds"]),

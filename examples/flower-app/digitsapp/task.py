@@ -41,15 +41,18 @@ def _digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x[order[cut:]], y[order[cut:]], x[order[:cut]], y[order[:cut]]
 
 
-def load_data(partition_id: int, num_partitions: int, batch_size: int, alpha: float) -> DataLoader:
-    """This client's share of the training pool, Dirichlet(alpha) over labels."""
+def load_data(partition_id: int, num_partitions: int, batch_size: int, alpha: float, seed: int = 0,
+              server_round: int = 0) -> DataLoader:
+    """This client's share of the training pool, Dirichlet(alpha) over labels (the split drawn from
+    ``seed``), shuffled from the seed, the partition and the round: a run is its seed's."""
     x, y, _, _ = _digits()
     partitioner = DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
-                                       min_partition_size=5, seed=42)
+                                       min_partition_size=5, seed=42 + seed)
     partitioner.dataset = Dataset.from_dict({"index": np.arange(len(y)), "label": y})
     rows = np.asarray(partitioner.load_partition(partition_id)["index"])
+    shuffle = torch.Generator().manual_seed(hash((seed, partition_id, server_round)) % 2**63)
     return DataLoader(TensorDataset(torch.from_numpy(x[rows]), torch.from_numpy(y[rows])), batch_size=batch_size,
-                      shuffle=True)
+                      shuffle=True, generator=shuffle)
 
 
 def load_test() -> DataLoader:

@@ -1,0 +1,1 @@
+"""fashionapp: a second Flower app for the Flower-app benchmark."""
