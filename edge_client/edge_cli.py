@@ -74,6 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="take part only in secure rounds with distributed DP of at least this noise multiplier")
     join.add_argument("--dp-max-clip", type=float, default=0.0,
                       help="take part only in secure rounds with distributed DP that clip updates to at most this")
+    join.add_argument("--no-default-policy", action="store_true",
+                      help="with an identity issued by the operator's CA the device requires secure aggregation, "
+                      "at least 3 participants and a share threshold above 2/3 of its neighbours unless this is "
+                      "given (the device then logs at every message that its default policy is off)")
+    join.add_argument("--app", default="fedge.edge_client.app:app", dest="client_app", metavar="MODULE:ATTRIBUTE",
+                      help="the ClientApp this device runs, from its own installation (default: Fedge's); a run "
+                      "whose app names another is refused, and nothing the run ships is imported")
+    join.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
+                      help="an installed module a run's plugins or task may name (repeatable; default: none)")
+    join.add_argument("--unpinned", action="store_true",
+                      help="run the ClientApp the run's FAB ships, as Flower does (the coordinator's code: only "
+                      "for a coordinator you trust, or with --trusted-entities)")
+    join.add_argument("--trusted-entities", default=None, metavar="YAML",
+                      help="Flower's FAB signature check: only FABs signed by these keys are run "
+                      "(passed to flower-supernode)")
     join.add_argument("--check", action="store_true", help="validate everything, print the data summary, do not connect")
     status = sub.add_parser("status", help="what this device spent today: rounds, CPU-seconds, megabytes",
                             description="Sums the device's resource ledger (<state-dir>/resources.jsonl, one line "
@@ -122,6 +137,9 @@ def _join(args: argparse.Namespace) -> int:
         require_secure_aggregation=args.require_secure_aggregation, min_participants=args.min_participants,
         min_threshold=args.min_threshold,
         dp_min_noise=args.dp_min_noise, dp_max_clip=args.dp_max_clip,
+        client_app=args.client_app, allowed_modules=tuple(args.allow_module), unpinned=args.unpinned,
+        trusted_entities=Path(args.trusted_entities) if args.trusted_entities else None,
+        no_default_policy=args.no_default_policy,
     )
     try:
         summary = check_join(options)

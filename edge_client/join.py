@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.launcher.federation import EXIT_NODE_REFUSED
+from fedge.protocol.device_policy import NO_DEFAULT_POLICY
 
 __all__ = ["JoinError", "JoinOptions", "check_join", "join"]
 
@@ -71,6 +72,18 @@ class JoinOptions:
     #: most this clip (0: no requirement)
     dp_min_noise: float = 0.0
     dp_max_clip: float = 0.0
+    #: the ClientApp this device runs, from its own installation (fedge.edge_client.device_code)
+    client_app: str = "fedge.edge_client.app:app"
+    #: modules a run's plugins or task may import on this device (installed ones only)
+    allowed_modules: tuple[str, ...] = ()
+    #: run whatever ClientApp the run's FAB ships (Flower's behaviour; with trusted_entities, signed)
+    unpinned: bool = False
+    #: Flower's FAB signature check (flower-supernode --trusted-entities YAML)
+    trusted_entities: Path | None = None
+    #: an issued identity's defaults (secure aggregation, 3 participants, 2/3 threshold) turned off
+    no_default_policy: bool = False
+
+
 
 
 def check_join(options: JoinOptions) -> str:
@@ -98,6 +111,26 @@ def check_join(options: JoinOptions) -> str:
         raise JoinError("--min-participants, --dp-min-noise and --dp-max-clip must be >= 0 (0: no requirement)")
     if options.max_rounds_per_day < 0 or options.max_mb_per_day < 0:
         raise JoinError("--max-rounds-per-day and --max-mb-per-day must be >= 0 (0: no budget)")
+    if not options.unpinned and options.isolation != "warm":
+        raise JoinError("--isolation subprocess runs the ClientApp the run's FAB ships (Flower's runtime loads it); "
+                        "a device pinned to its installed code needs --isolation warm, or --unpinned to run the "
+                        "FAB's code (with --trusted-entities: only FABs signed by a key you trust)")
+    module, _, attribute = options.client_app.partition(":")
+    if not module or not attribute:
+        raise JoinError(f"--app must be MODULE:ATTRIBUTE, got {options.client_app!r}")
+    if not options.unpinned:
+        import importlib.util
+
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            raise JoinError(f"--app {options.client_app}: module {module!r} is not installed on this device")
+    from fedge.protocol.plugins import PluginError, plugin_modules
+
+    try:
+        plugin_modules(",".join(options.allowed_modules))
+    except PluginError as err:
+        raise JoinError(f"--allow-module: {err}") from None
+    if options.trusted_entities is not None and not Path(options.trusted_entities).is_file():
+        raise JoinError(f"--trusted-entities {options.trusted_entities}: no such file")
     from fedge.edge_client.eligibility import Policy
     from fedge.protocol.refusals import BadConfigRefusal
 
@@ -151,8 +184,14 @@ def _check_endorsement(options: JoinOptions, key) -> None:  # type: ignore[no-un
 
 
 def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
+    from fedge.edge_client.device_code import ALLOWED_MODULES, CLIENT_APP, DEVICE_CODE, PINNED
+
     config: dict[str, str | int | float] = {"data": str(Path(options.data).resolve()), "threads": options.threads,
                                             "state-dir": str(Path(options.state_dir).resolve())}
+    if not options.unpinned:
+        config.update({DEVICE_CODE: PINNED, CLIENT_APP: options.client_app})
+        if options.allowed_modules:
+            config[ALLOWED_MODULES] = ",".join(options.allowed_modules)
     if options.device != "auto":
         config["device"] = options.device
     if options.when:
@@ -177,7 +216,21 @@ def _node_config(options: JoinOptions) -> dict[str, str | int | float]:
         # an endorsement next to the key (`fedge certs node` with the CA at hand): this device's
         # secure-aggregation identity is issued by the operator, and it trusts none on first use
         config.update(identity_node_config(Path(options.auth_key), Path(options.root_cert)))
+    if issued_identity(config):
+        if options.no_default_policy:
+            config[NO_DEFAULT_POLICY] = "true"  # logged by the device at every message (privacy_policy)
+        else:  # safe by default: the owner's own, stricter, values win
+            config["require-secure-aggregation"] = "true"
+            config["min-participants"] = max(int(config.get("min-participants", 0)), 3)
+            config["min-threshold"] = max(float(config.get("min-threshold", 0.0)), 0.66)
     return config
+
+
+def issued_identity(config: dict[str, str | int | float]) -> bool:
+    """Whether the node config carries an identity the operator's CA issued (else: trust on first use)."""
+    from fedge.deploy.certs import IDENTITY_NODE_CONFIG
+
+    return all(config.get(key) for key in IDENTITY_NODE_CONFIG)
 
 
 def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
@@ -193,14 +246,32 @@ def join(options: JoinOptions, stop: threading.Event | None = None) -> int:
     env = flower_environment(state_dir / "flwr-home")
     env.update({"OMP_NUM_THREADS": str(options.threads), "MKL_NUM_THREADS": str(options.threads)})
     isolation = choose_isolation(options.isolation)
+    if isolation != "warm" and not options.unpinned:
+        log.error("warm isolation is not available here, and Flower's subprocess isolation runs the code the "
+                  "run's FAB ships: this device, pinned to its installed ClientApp, does not join (--unpinned "
+                  "accepts the FAB's code; with --trusted-entities only signed FABs)")
+        return 2
     secret = write_secret(state_dir / "superexec.secret") if isolation == "warm" else None
     port = options.port or free_port()
     argv = supernode_argv(
         options.superlink, port, node_config_arg(_node_config(options)),
         root_cert=None if options.insecure else Path(options.root_cert).resolve(),  # type: ignore[arg-type]
         auth_key=Path(options.auth_key).resolve() if options.auth_key else None,
-        extra=supernode_isolation_argv(isolation, secret),
+        extra=[*supernode_isolation_argv(isolation, secret),
+               *(["--trusted-entities", str(Path(options.trusted_entities).resolve())] if options.trusted_entities else [])],
     )
+    config = _node_config(options)
+    if issued_identity(config):
+        log.info("secure-aggregation identity issued by the operator's CA; %s", "default policy OFF "
+                 "(--no-default-policy): rounds in clear and small rounds are answered" if options.no_default_policy
+                 else f"requiring secure aggregation, >= {config['min-participants']} participants, a share "
+                 f"threshold above {config['min-threshold']} of the neighbours")
+    else:
+        log.warning("no identity issued by the operator's CA (--auth-key with its .endorsement and --root-cert): "
+                    "this device trusts secure-aggregation identities on first use")
+    log.info("device code: %s", "the run's FAB (--unpinned)" if options.unpinned else
+             f"pinned to the installed {options.client_app}; modules allowed to runs: "
+             f"{', '.join(options.allowed_modules) or 'none'}")
     # warm: one process with torch, Flower and Fedge imported, a child forked from it per message;
     # it outlives SuperNode restarts (it asks the Runtime API again until the node is back)
     warm_argv = (warm_executor_argv([(f"127.0.0.1:{port}", None)], secret, ledger=state_dir / "logs" / "warm-messages.jsonl")

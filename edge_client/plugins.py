@@ -11,8 +11,11 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedge.edge_client.device_code import check_modules
 from fedge.protocol import CONFIG_RECORD, ProtocolError
 from fedge.protocol.config_keys import PLUGINS
+
+TASK = "task"  # the round config's task spec (fedge.protocol.round_config)
 from fedge.protocol.plugins import device_handler, load_plugins
 
 __all__ = ["plugins_mod", "train"]
@@ -27,8 +30,12 @@ def _config_text(msg: Message, key: str) -> str:
 
 
 def plugins_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Import the installed plugins and the run's ``plugins`` modules before the handler runs."""
-    load_plugins(_config_text(msg, PLUGINS))
+    """Import the installed plugins and the run's ``plugins`` modules before the handler runs; on a
+    device pinned to its installed code, only modules its owner allowed
+    (:func:`fedge.edge_client.device_code.check_modules`: a typed ``policy`` refusal otherwise)."""
+    plugins = _config_text(msg, PLUGINS)
+    check_modules(context.node_config, plugins, _config_text(msg, TASK))
+    load_plugins(plugins)
     return call_next(msg, context)
 
 

@@ -2,14 +2,22 @@
 
 A device believes the messages it gets: a coordinator that leaves secure aggregation out of a round
 would otherwise receive every update in clear, with its example count and training metrics (privacy
-audit 2, N1). With ``require-secure-aggregation`` in its node config (``fedge-edge join
---require-secure-aggregation``) a device refuses, before anything is trained, evaluated or read from
-its data:
+audit 2, N1). With ``require-secure-aggregation`` in its node config
+(``fedge-edge join --require-secure-aggregation``) the policy gates *actions*, not records: before
+anything is trained, evaluated or read from its data, the device answers only
 
-* a train message without a secure-aggregation plan (the ``secagg`` record): its update would leave
-  in clear;
-* an evaluate message: federated evaluation reports the device's loss, metrics and example count in
-  clear.
+* a ``train`` message of an action whose upload goes through the masking layer (plain ``train``:
+  the FedAvg family, FedBuff and FedAsync; ``train.easgd``; :data:`SECURE_TRAIN_ACTIONS`) that
+  carries a secure-aggregation plan (the ``secagg`` record) which parses and meets the policy's
+  floors below, and the secure stages of such a round;
+* the roll call (``query.roster``), whose answer is the partition id its owner configured and
+  nothing of its data or model.
+
+Everything else is refused: a train message without a plan (its update would leave in clear), an
+action whose handler does not mask (gossip sends its model to its neighbours; a plugin's handler is
+not ours to vouch for) even when the coordinator adds a ``secagg`` record to it (privacy audit 3,
+F2), federated evaluation (loss, metrics and example count in clear), any other query, and a
+message kind this device does not know. SECURITY.md has the table, one test per row.
 
 The refusal is typed (``policy``, ``fedge.protocol.failures``): the coordinator counts it as a
 failure, and the reply carries only the refusal record. The secure-aggregation stages themselves
@@ -33,16 +41,19 @@ One check serves both coordinators: the Fedge ClientApp runs it as :func:`privac
 
 from __future__ import annotations
 
+import logging
 import math
 
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedge.privacy.errors import SecAggError
 from fedge.privacy.plan import SecAggPlan
 from fedge.protocol.device_policy import (
     DP_MAX_CLIP,
     DP_MIN_NOISE,
     MIN_PARTICIPANTS,
+    NO_DEFAULT_POLICY,
     MIN_THRESHOLD,
     REQUIRE_SECURE_AGGREGATION,
     PolicyError,
@@ -50,15 +61,27 @@ from fedge.protocol.device_policy import (
     stricter,
 )
 from fedge.protocol.refusals import PolicyRefusal
-from fedge.protocol.secagg import SECAGG_RECORD
+from fedge.protocol.roster import ROSTER_MESSAGE_TYPE
+from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
 
-__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "REQUIRE_SECURE_AGGREGATION", "check_privacy_policy",
+__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "REQUIRE_SECURE_AGGREGATION",
+           "SECURE_TRAIN_ACTIONS", "check_privacy_policy",
            "check_secure_plan", "privacy_policy_mod", "requires_secure_aggregation"]
 
 # the node config keys (``fedge-edge join --require-secure-aggregation --min-participants N``) are
 # fedge.protocol.device_policy's, which the run setting device-policy shares
 
 _TRUE = {"1", "true", "yes", "on"}
+
+log = logging.getLogger("fedge.edge.policy")
+
+#: the train actions whose device handler uploads through the masking layer
+#: (``fedge.edge_client.layers.upload``): "" is plain ``train`` (FedAvg and every rule over its
+#: updates, FedBuff, FedAsync, a Flower app's strategy), "easgd" is ``train.easgd``. A test checks
+#: each handler of ``fedge.edge_client.algorithms`` against this set.
+SECURE_TRAIN_ACTIONS = frozenset({"", "easgd"})
+
+_NEEDS = "this device requires secure aggregation (node config require-secure-aggregation)"
 
 
 def requires_secure_aggregation(context: Context) -> bool:
@@ -79,16 +102,30 @@ def _run_policy(context: Context) -> dict[str, float | bool]:
 
 def check_privacy_policy(msg: Message, context: Context) -> None:
     """Raise :class:`PolicyRefusal` when ``msg`` would make this device send something its policy
-    forbids; return when it may go on."""
+    forbids; return when it may go on. Under ``require-secure-aggregation`` the message's action
+    decides (the module's docstring), not which records the coordinator put in it."""
     if not requires_secure_aggregation(context):
         return
-    kind = msg.metadata.message_type.split(".")[0]
+    message_type = msg.metadata.message_type
+    if message_type == ROSTER_MESSAGE_TYPE:
+        return  # the partition id its owner configured: nothing of its data or model
+    kind, _, action = message_type.partition(".")
     if kind == "evaluate":
-        raise PolicyRefusal("this device requires secure aggregation (node config require-secure-aggregation): "
-                            "federated evaluation would report its metrics and example count in clear")
-    if kind == "train" and SECAGG_RECORD not in msg.content.config_records:
-        raise PolicyRefusal("this device requires secure aggregation (node config require-secure-aggregation) "
-                            "and the round has none: its update would leave in clear")
+        raise PolicyRefusal(f"{_NEEDS}: federated evaluation would report its metrics and example count in clear")
+    if kind != "train":
+        raise PolicyRefusal(f"{_NEEDS}: a {message_type!r} message is answered in clear; this device answers "
+                            "only secure rounds and the roll call")
+    if action not in SECURE_TRAIN_ACTIONS:
+        raise PolicyRefusal(f"{_NEEDS}: {message_type!r} does not run inside secure aggregation (its handler "
+                            "sends in clear whatever records the message carries)")
+    record = msg.content.config_records.get(SECAGG_RECORD) if msg.has_content() else None
+    if record is None:
+        raise PolicyRefusal(f"{_NEEDS} and the round has none: its update would leave in clear")
+    try:
+        plan, _ = plan_from_record(record)
+    except SecAggError as err:
+        raise PolicyRefusal(f"{_NEEDS}: the round's secure-aggregation plan is not valid ({err})") from None
+    check_secure_plan(plan, context)
 
 
 def check_secure_plan(plan: SecAggPlan, context: Context) -> None:
@@ -144,5 +181,8 @@ def _number(config: dict[str, object], key: str) -> float:
 def privacy_policy_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """:func:`check_privacy_policy` in front of every handler (inside ``refusal_mod``, which turns
     the refusal into a typed record)."""
+    if str(dict(context.node_config).get(NO_DEFAULT_POLICY, "")).lower() in _TRUE:
+        log.warning("this device's owner turned its default policy off (fedge-edge join --no-default-policy): "
+                    "it answers rounds without secure aggregation and rounds of any size")
     check_privacy_policy(msg, context)
     return call_next(msg, context)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ from fedge.privacy.distributed_dp import encode
 from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
 from fedge.privacy.plan import SecAggPlan
-from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state
+from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state, state_round
 from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, secure_stage, unpack_blobs, unpack_ids
 
 __all__ = ["identity_of", "masked_update", "query"]
@@ -65,7 +66,8 @@ _PINS_FILE = "secagg-pins.json"
 _ROUND = "fedge-secagg-round"
 _STAGES = "fedge-secagg-stages"  # the node's state: the stages answered (without a state directory)
 _STAGES_DIR = "secagg-stages"  # the state directory: one marker file per answered stage
-_KEEP_ROUNDS = 4  # markers of older rounds are pruned
+#: seconds a stage marker is kept once its round's state is gone (a day: far longer than any round)
+_MARKER_AGE = 86_400.0
 _RAW = serialization.Encoding.Raw
 _NODE_KEY, _ENDORSEMENT, _ISSUER = IDENTITY_NODE_CONFIG
 
@@ -101,18 +103,25 @@ def _claim(context: Context, plan: SecAggPlan, stage: str) -> None:
     unmask) messages at once could otherwise get two survivor sets signed, or, trusting on first
     use, both kinds of a device's shares (privacy audit 2, N10). The claim is an ``O_EXCL`` marker in
     the state directory, taken before signing or revealing; a node without one keeps the markers in
-    its state. Raises :class:`ProtocolError` for a stage already answered."""
+    its state. Raises :class:`ProtocolError` for a stage already answered.
+
+    Called only once the plan matched the round's saved state (:func:`_load`), so every marker names
+    a round this device really took part in; markers only age out (:data:`_MARKER_AGE`), and never
+    while the device holds that round's state. Pruning by round number let a message of another run
+    id, or of round + 4, erase the real round's marker before its plan was checked (privacy audit 3,
+    F3)."""
     run, number = plan.context.run_id.hex(), plan.context.round
     name = f"{run}-{number}-{stage}"
     refused = ProtocolError(f"stage {stage} of round {number} was answered already: a second message for it is "
                             "refused")
+    now, held = time.time(), _held_round(context)
     directory = _saved(context, _STAGES_DIR)
     if directory is None:
         record = context.state.config_records.get(_STAGES, ConfigRecord())
         if name in record:
             raise refused
-        kept = {k: v for k, v in record.items() if k.startswith(run) and int(k.split("-")[1]) > number - _KEEP_ROUNDS}
-        context.state[_STAGES] = ConfigRecord({**kept, name: 1})
+        kept = {k: v for k, v in record.items() if _keep(k, float(v), now, held)}  # type: ignore[arg-type]
+        context.state[_STAGES] = ConfigRecord({**kept, name: now})
         return
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -120,9 +129,24 @@ def _claim(context: Context, plan: SecAggPlan, stage: str) -> None:
     except FileExistsError:
         raise refused from None
     for old in directory.iterdir():
-        parts = old.name.split("-")
-        if len(parts) == 3 and (parts[0] != run or not parts[1].isdigit() or int(parts[1]) <= number - _KEEP_ROUNDS):
-            old.unlink(missing_ok=True)
+        try:
+            if old.name != name and not _keep(old.name, old.stat().st_mtime, now, held):
+                old.unlink(missing_ok=True)
+        except OSError:  # another task pruned it first
+            continue
+
+
+def _held_round(context: Context) -> str | None:
+    """``<run id hex>-<round>`` of the secure round whose state this device holds, if any."""
+    state = context.state.config_records.get(_ROUND)
+    held = None if state is None else state_round(dict(state))
+    return None if held is None else f"{held[0].hex()}-{held[1]}"
+
+
+def _keep(marker: str, made: float, now: float, held: str | None) -> bool:
+    """Whether a stage marker stays: its round's state is still held, or it is younger than
+    :data:`_MARKER_AGE`."""
+    return (held is not None and marker.startswith(held + "-")) or now - made < _MARKER_AGE
 
 
 def _public(key: Ed25519PrivateKey) -> bytes:
@@ -260,14 +284,14 @@ def query(msg: Message, context: Context) -> Message:
         ids, blobs = pack_blobs(sealed)
         reply = ConfigRecord({"sealed-to": ids, "sealed": blobs})
     elif stage == "consistency":
+        device = _load(context, plan, node)  # the plan must match the saved round before anything is claimed
         _claim(context, plan, stage)
-        device = _load(context, plan, node)
         signature = device.consistency(unpack_ids(record["survivors"]))
         _save(context, device)
         reply = ConfigRecord({"signature": signature})
     elif stage == "unmask":
+        device = _load(context, plan, node)  # the plan must match the saved round before anything is claimed
         _claim(context, plan, stage)
-        device = _load(context, plan, node)
         del context.state[_ROUND]  # whatever happens now, this round's secrets are never used again
         signatures, identities = None, None
         if plan.consistency:

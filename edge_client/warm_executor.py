@@ -9,7 +9,8 @@ of the operator's choosing claims each task (``AcquireTask``, the same call Flow
 makes, authenticated with the SuperExec shared secret) and runs it with the task's token. This module
 is that process. It imports the heavy modules once, then for each task it ``fork()``\\ s a child
 that runs Flower's own ``run_clientapp`` (pull the message, install the run's FAB, load its ClientApp
-by FAB hash, push the reply, exit). A FAB's bytes are extracted and checked by Flower once per node,
+by FAB hash, push the reply, exit), except that a node pinned to its owner's installed ClientApp runs
+that one and refuses a FAB that names another (``fedge.edge_client.device_code``). A FAB's bytes are extracted and checked by Flower once per node,
 not once per message (:func:`install_once`).
 
 Why a fresh fork per message, not a worker per run: a forked child starts in microseconds with every
@@ -336,6 +337,11 @@ def _run_child(node: WarmNode, token: str, *, parent_pid: int) -> None:
         import flwr.supernode.runtime.run_clientapp as runtime
 
         runtime.install_from_fab = install_once(runtime.install_from_fab)  # this child's runtime only
+        # which ClientApp runs is the node's to decide: the FAB's, or its owner's installed one
+        # (node config device-code = pinned; fedge.edge_client.device_code)
+        from fedge.edge_client.device_code import load_client_app
+
+        runtime.get_load_client_app_fn = lambda **_: load_client_app
         runtime.run_clientapp(runtime_api_address=node.address, token=token, insecure=True, certificates=None,
                               parent_pid=parent_pid, runtime_dependency_install=False)
         code = 0

@@ -17,13 +17,13 @@ import contextlib
 import json
 import queue
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from fedge.launcher.processes import module_argv
 
 __all__ = ["END", "FlowerCli", "FlowerCliError", "json_replies"]
 
@@ -50,9 +50,9 @@ def json_replies(text: str) -> list[Any]:
 
 class FlowerCli:
     """``flwr ARGS`` in one long-lived process. ``env`` is the environment the helper runs in (its
-    ``FLWR_HOME`` names the connections); ``cwd`` its working directory, which ``python -m`` puts first
-    on the import path: a directory of this run's, never a user's project, whose modules could shadow
-    Flower's."""
+    ``FLWR_HOME`` names the connections); ``cwd`` its working directory, for relative paths in ``ARGS``
+    only: the helper runs without it on its import path (:func:`fedge.launcher.processes.module_argv`),
+    so a module planted there, next to a key, never runs."""
 
     def __init__(self, env: Mapping[str, str], cwd: Path) -> None:
         home = env.get("FLWR_HOME")
@@ -114,7 +114,7 @@ class FlowerCli:
         self._stop()
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         try:
-            popen = subprocess.Popen([sys.executable, "-m", "fedge.server.flower_cli"], env=self.env, cwd=self.cwd,
+            popen = subprocess.Popen(module_argv("fedge.server.flower_cli"), env=self.env, cwd=self.cwd,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
                                      encoding="utf-8", bufsize=1)
         except OSError as err:

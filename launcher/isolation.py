@@ -19,6 +19,7 @@ import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from fedge.launcher.processes import module_argv
 
 __all__ = ["ISOLATIONS", "choose_isolation", "supernode_isolation_argv", "warm_executor_argv", "warm_unavailable", "write_secret"]
 
@@ -82,7 +83,7 @@ def warm_executor_argv(nodes: Sequence[tuple[str, Path | None]], secret: Path,
     """The warm process serving ``nodes`` (Runtime API ``host:port``, the node's FLWR_HOME);
     ``ledger``: where it appends a JSON line per message it ran; ``partitions``: the nodes build
     their partition of a shared data set (import the partitioners once too)."""
-    argv = [sys.executable, "-m", "fedge.edge_client.warm_executor", "--secret-file", str(secret)]
+    argv = [*module_argv("fedge.edge_client.warm_executor"), "--secret-file", str(secret)]
     if partitions:
         argv.append("--partitions")
     if ledger is not None:

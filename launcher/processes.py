@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import socket
+import sys
 import subprocess
 import time
 import uuid
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "module_argv",
     "MARKER",
     "ManagedProcess",
     "ProcessGroup",
@@ -65,6 +67,18 @@ _HANDED_OUT: set[int] = set()
 #: default worker ports (10002-19999), which a Ray node takes for its workers and refuses as its own
 #: GCS port ("worker_ports is trying to use a port number ... used by other components")
 _LOWEST = 20_000
+
+
+def module_argv(module: str) -> list[str]:
+    """``python -m module`` without the working directory on ``sys.path``.
+
+    ``python -m`` puts its working directory first on the import path, so a file planted there (a
+    ``json.py`` beside a node key whose directory the flwr helper ran in) ran as the operator (privacy
+    audit 3, F4). ``-I`` would also drop ``PYTHONPATH``, which a checkout run without installing
+    needs; here the first entry, the working directory, is removed before anything is imported
+    (``sys`` is built in), then ``runpy`` runs the module as ``-m`` would."""
+    return [sys.executable, "-c", "import sys; del sys.path[0]; import runpy; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
 def _ephemeral_range() -> tuple[int, int] | None:

@@ -4,8 +4,9 @@ Client-level DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018): each sampled
 clipped to L2 norm ``clip`` (on the device, and again by the coordinator after decoding, so one
 device cannot exceed it), the clipped updates are summed, Gaussian noise of standard deviation
 ``noise x clip`` is added to the sum, and the sum is divided by the expected number of devices.
-Devices are sampled by Poisson sampling at rate q = clients-per-round / connected devices (what the
-accountant's amplification assumes). ``delta`` is the delta that epsilon is reported at; ``budget``
+Devices are sampled by Poisson sampling at rate q = clients-per-round / N, fixed for the run (what the
+accountant's amplification assumes): N is ``population`` when declared, else the devices connected
+when the first private round samples (``fedge.privacy.sampling.RunRate``). ``delta`` is the delta that epsilon is reported at; ``budget``
 is the epsilon at which the run stops (0: never).
 
 ``adaptive=true`` (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS 2021, "Differentially Private
@@ -47,15 +48,18 @@ class DPSpec:
     #: beyond one SuperLink: ``leaf`` or ``root`` (empty: one tier), and the federation's sampling rate q
     tier: str = ""
     rate: float = 0.0
+    #: the run's declared number of devices (0: those connected at the first private round)
+    population: int = 0
 
     @property
     def spec(self) -> str:
         base = f"gaussian:noise={self.noise:g},clip={self.clip:g},delta={self.delta:g},budget={self.budget:g}"
         base += f",adaptive=true,quantile={self.quantile:g},clip-lr={self.clip_lr:g}" if self.adaptive else ""
+        base += f",population={self.population}" if self.population else ""
         return base + (f",tier={self.tier},rate={self.rate:g}" if self.tier else "")
 
 
-_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr", "tier", "rate")
+_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr", "tier", "rate", "population")
 TIERS = ("leaf", "root")
 
 
@@ -80,6 +84,11 @@ def parse_differential_privacy(spec: str) -> DPSpec | None:
                 raise SpecError(f"gaussian: tier={text!r} is not one of {', '.join(TIERS)}")
             values["tier"] = text
             continue
+        if key == "population":
+            if not text.isdigit() or int(text) < 1:
+                raise SpecError(f"gaussian: population={text!r} is not a number of devices >= 1")
+            values["population"] = int(text)
+            continue
         try:
             values[key.replace("-", "_")] = float(text)
         except ValueError:
@@ -100,6 +109,8 @@ def parse_differential_privacy(spec: str) -> DPSpec | None:
         raise SpecError(f"gaussian: tier={result.tier} needs the federation's sampling rate, rate in (0, 1]")
     if result.rate and not result.tier:
         raise SpecError("gaussian: rate is the sampling rate of a federation with leaves; it needs tier=leaf or root")
+    if result.tier and result.population:
+        raise SpecError("gaussian: with leaves the rate is the federation's (rate=Q); population is for one tier")
     if result.tier and result.adaptive:
         raise SpecError("gaussian: adaptive clipping with leaves is not built (the count's noise would be added "
                         "where no noise is); use a fixed clip")

@@ -43,7 +43,7 @@ from fedge.privacy.prg import mask
 from fedge.privacy.ring import ring_mask
 from fedge.privacy.shamir import split_secret
 
-__all__ = ["SecAggDevice", "export_state", "pair_mask_seed", "restore_state"]
+__all__ = ["SecAggDevice", "export_state", "pair_mask_seed", "restore_state", "state_round"]
 
 _ORDER = ("advertise", "share_keys", "masked_input", "consistency", "unmask", "done")
 
@@ -208,6 +208,14 @@ def export_state(device: SecAggDevice) -> dict[str, bytes | int]:
             _state_key("c"): private_bytes(device._c), _state_key("s"): private_bytes(device._s), _state_key("seed"): device._seed,
             _state_key("stage"): device._stage, _state_key("ads"): ads, _state_key("held"): held,
             _state_key("round"): device.plan.context.round, _state_key("run"): device.plan.context.run_id}
+
+
+def state_round(state: Mapping[str, bytes | int]) -> tuple[bytes, int] | None:
+    """(run id, round) of a state :func:`export_state` made; None for anything else."""
+    run, number = state.get(_state_key("run")), state.get(_state_key("round"))
+    if not isinstance(run, (bytes, bytearray)) or not isinstance(number, int):
+        return None
+    return bytes(run), number
 
 
 def restore_state(plan: SecAggPlan, node: int, identity: Ed25519PrivateKey,

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "POLICY_KEYS", "PolicyError",
+__all__ = ["DP_MAX_CLIP", "DP_MIN_NOISE", "MIN_PARTICIPANTS", "MIN_THRESHOLD", "NO_DEFAULT_POLICY", "POLICY_KEYS", "PolicyError",
            "REQUIRE_SECURE_AGGREGATION", "parse_device_policy", "stricter"]
 
 #: the node config keys a device policy sets (the names of ``fedge-edge join``'s flags)
 REQUIRE_SECURE_AGGREGATION = "require-secure-aggregation"
+#: node config: the owner of a device with an issued identity turned its default policy off
+#: (``fedge-edge join --no-default-policy``); the device logs it at every message
+NO_DEFAULT_POLICY = "no-default-policy"
 MIN_PARTICIPANTS = "min-participants"
 MIN_THRESHOLD = "min-threshold"
 DP_MIN_NOISE = "dp-min-noise"

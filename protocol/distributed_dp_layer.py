@@ -93,7 +93,8 @@ class DistributedDP(DistributedRelease, Layer):
         """The devices' noisy sum (plus the top-up for the planned ones that dropped) over q N, or
         noise alone when no sum was unmasked: never a noiseless release. Recorded in the ledgers."""
         self.scratch(step, dict)["received"] = partial
-        count, connected = partial.count, step.connected
+        # the run's population when its rate fixes one (fedge.privacy.sampling.RunRate), else the step's
+        count, connected = partial.count, getattr(self._rate, "population", None) or step.connected
         released = self.released_mean(partial.sum().numpy() if count else None, self.rate, connected,
                                       list(partial.members), partial.planned, self.rng)
         return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(self.rate * connected, 1.0),
@@ -113,9 +114,15 @@ class DistributedDP(DistributedRelease, Layer):
             "dp_epsilon_coordinator": against_coordinator, "dp_coordinator_rounds": most})
         outcome.train_loss = None
 
+    def state_dict(self) -> dict:
+        rate_state = getattr(self._rate, "state_dict", None)
+        return {**DistributedRelease.state_dict(self), **(rate_state() if rate_state is not None else {})}
+
     def load_state_dict(self, state: dict[str, Any] | None) -> None:  # type: ignore[override]
         if state is None:
             raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
+        if hasattr(self._rate, "load_state_dict"):
+            self._rate.load_state_dict(state)
         if not DistributedRelease.load_state_dict(self, state):
             log.warning("the checkpoint has no per-device ledger: epsilon against the coordinator counts only "
                         "the rounds from here on")

@@ -232,7 +232,8 @@ _OTHER_WORDS = {
     "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
     "train-seconds",  # a reply's metric
     "min-share", "max-share",  # parameters of selection=oort
-    "require-secure-aggregation", "min-participants", "dp-min-noise", "dp-max-clip",  # a device's node config
+    "require-secure-aggregation", "min-participants", "min-threshold", "dp-min-noise", "dp-max-clip",  # a device's node config
+    "device-code", "client-app", "allowed-modules", "no-default-policy",  # a device's node config (pinned code)
     *IDENTITY_NODE_CONFIG,  # a device's issued identity, in its node config
     "leaf-count", "leaf-connected",  # a bridge's metrics
     "warm-device",  # bench/clientapp_cpu.py --isolation: warm execution as a device install runs it

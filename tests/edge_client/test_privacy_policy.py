@@ -3,10 +3,15 @@ coordinator asks (privacy audit 2, N1): nothing about its data leaves it but the
 
 from __future__ import annotations
 
+import pytest
 import torch
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message, RecordDict
 
+from fedge.edge_client.privacy_policy import SECURE_TRAIN_ACTIONS
 from fedge.protocol.records import UPDATE_RECORD
+from fedge.protocol.refusals import read_refusal
+from fedge.protocol.roster import ROSTER_RECORD
+from fedge.protocol.secagg import MASKED_STAGE, SECAGG_RECORD
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 
@@ -152,3 +157,89 @@ def test_a_simulations_device_policy_adds_requirements_and_never_removes_one(tmp
     grid = InProcessGrid(3, run_config={"device-policy": "require-secure-aggregation"})
     row = engine.run(grid, _start(engine)).rows[-1]
     assert row.clients_used == 0 and row.extra["failures"] == {"policy": 3}
+
+
+def _masked_message(tmp_path) -> tuple[InProcessGrid, Message]:
+    """A real secure round's masked train message (its ``secagg`` record valid), and its grid."""
+    engine = _engine(tmp_path, rounds=1, clients_per_round=3, secure_aggregation=SECURE)
+    grid = InProcessGrid(3, node_config={i: POLICY for i in range(3)})
+    engine.run(grid, _start(engine))
+    masked = [m for m in grid.pushed if SECAGG_RECORD in m.content.config_records
+              and m.content.config_records[SECAGG_RECORD]["stage"] == MASKED_STAGE]
+    assert masked
+    return grid, masked[0]
+
+
+def _as(msg: Message, message_type: str, content: RecordDict | None = None) -> Message:
+    """``msg``'s records (its secure-aggregation plan included) under another message type."""
+    return Message(content if content is not None else msg.content, dst_node_id=msg.metadata.dst_node_id,
+                   message_type=message_type)
+
+
+def _refusal(grid: InProcessGrid, msg: Message) -> tuple[str, str] | None:
+    reply = grid.app(msg, grid.contexts[msg.metadata.dst_node_id])
+    assert reply.has_content()
+    refused = read_refusal(reply.content)
+    return None if refused is None else (refused[0].value, refused[1])
+
+
+# privacy audit 3, F2: the record does not make a message secure; its action does (SECURITY.md's table)
+@pytest.mark.parametrize("message_type", ["train.gossip", "train.plugin", "evaluate"])
+def test_a_secagg_record_on_an_action_that_does_not_mask_is_refused(tmp_path, message_type) -> None:
+    grid, masked = _masked_message(tmp_path)
+    refused = _refusal(grid, _as(masked, message_type))
+    assert refused is not None and refused[0] == "policy"
+    assert "requires secure aggregation" in refused[1]
+    # an action the device has no handler for: Flower's ClientApp raises before any mod or handler runs
+    for unknown in ("train.someone_elses", "query", "query.metrics"):
+        with pytest.raises(ValueError, match="No (train|query) function registered"):
+            grid.app(_as(masked, unknown), grid.contexts[masked.metadata.dst_node_id])
+
+
+def test_the_policy_refuses_other_kinds_in_a_users_app() -> None:
+    """The same check guards a user's ClientApp (``secure_mod``), whose handlers may answer queries."""
+    from flwr.app import Context
+
+    from fedge.edge_client.privacy_policy import check_privacy_policy
+    from fedge.protocol.refusals import PolicyRefusal
+
+    context = Context(run_id=1, node_id=1, node_config=dict(POLICY), state=RecordDict(), run_config={})
+    for message_type in ("query", "query.metrics", "evaluate", "train.gossip", "train"):
+        with pytest.raises(PolicyRefusal, match="requires secure aggregation"):
+            check_privacy_policy(Message(RecordDict(), dst_node_id=1, message_type=message_type), context)
+
+
+def test_the_policy_answers_secure_actions_and_the_roll_call_only(tmp_path) -> None:
+    grid, masked = _masked_message(tmp_path)
+    for message_type in ("train", "train.easgd"):  # SECURE_TRAIN_ACTIONS: past the policy (no policy refusal)
+        try:  # replayed or incomplete: the handler fails on its own checks, after the policy let it through
+            refused = _refusal(grid, _as(masked, message_type))
+        except Exception as err:  # noqa: BLE001 (a policy refusal never gets here: refusal_mod answers it)
+            refused = None
+            assert "requires secure aggregation" not in str(err)
+        assert refused is None or refused[0] != "policy", refused
+    record = ConfigRecord(dict(masked.content.config_records[SECAGG_RECORD]))
+    record["bits"] = "eight"  # a plan that does not parse
+    bad = RecordDict({**{k: v for k, v in masked.content.items() if k != SECAGG_RECORD}, SECAGG_RECORD: record})
+    refused = _refusal(grid, _as(masked, "train", bad))
+    assert refused is not None and refused[0] == "policy" and "plan is not valid" in refused[1]
+    assert grid.roll_calls and all(ROSTER_RECORD in grid.app(m, grid.contexts[m.metadata.dst_node_id]).content
+                                   for m in grid.roll_calls)
+
+
+def test_every_handler_that_masks_is_named_and_no_other() -> None:
+    """SECURE_TRAIN_ACTIONS against the device's handlers: an action is in it exactly when its
+    handler uploads through the masking layer (``fedge.edge_client.layers.upload``)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from fedge.edge_client import algorithms
+    from fedge.protocol.records import message_type_for
+
+    masking = set()
+    for info in pkgutil.iter_modules(algorithms.__path__):
+        module = importlib.import_module(f"{algorithms.__name__}.{info.name}")
+        if "upload(" in inspect.getsource(module):
+            masking.add(message_type_for(info.name).partition(".")[2])
+    assert masking == set(SECURE_TRAIN_ACTIONS)

@@ -101,9 +101,13 @@ round-timeout = 240
     try:
         wait_for(lambda: "run submitted" in (tmp_path / "serve-1.log").read_text(), 120, "the daemon to submit the run")
         def join(i: int) -> list[str]:
+            # --no-default-policy: these devices' identities are issued, so by default they would
+            # refuse this run's rounds in clear (tests/edge_client/test_join_check.py); the daemon is
+            # what is tested here
             return [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--root-cert",
                     str(certs / "ca.crt"), "--auth-key", str(certs / f"device-{i}"), "--data",
-                    str(tmp_path / f"device-{i}.npz"), "--state-dir", str(tmp_path / f"device-{i}")]
+                    str(tmp_path / f"device-{i}.npz"), "--state-dir", str(tmp_path / f"device-{i}"),
+                    "--no-default-policy"]
 
         for i in range(2):
             devices.append(_start(join(i), tmp_path / f"join-{i}.log", env))

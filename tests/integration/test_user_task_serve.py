@@ -1,7 +1,8 @@
 """A user's regression task (outside Fedge, by import path) on the coordinator daemon with two
 devices that join with their own data files: ``fedge serve`` stages the task's module into the app
-bundle, each ``fedge-edge join`` checks its file against the task and its SuperNode's ClientApps
-import the module from the bundle.
+bundle, each ``fedge-edge join`` checks its file against the task and, pinned to its installed code, imports
+the module from its owner's copy (on its ``PYTHONPATH``, allowed with ``--allow-module``), never from
+the bundle.
 
 In ``make test-slow``: the default suite already runs the daemon with joined devices over TLS
 (``test_serve.py``) and the user task on the deployment engine (``test_user_task.py``); this
@@ -61,8 +62,10 @@ round-timeout = 240
         for i in range(2):
             processes.append(subprocess.Popen(
                 [str(BIN / "fedge-edge"), "join", "--superlink", f"127.0.0.1:{port}", "--insecure", "--task",
-                 "my_tasks:LinearRegressionTask", "--data", f"device-{i}.npz", "--state-dir", f"device-{i}"],
-                cwd=tmp_path, env=env, stdout=logs[f"join-{i}"], stderr=subprocess.STDOUT, start_new_session=True))
+                 "my_tasks:LinearRegressionTask", "--data", f"device-{i}.npz", "--state-dir", f"device-{i}",
+                 "--allow-module", "my_tasks"],  # the device imports its owner's copy, never the bundle's
+                cwd=tmp_path, env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                                                      env.get("PYTHONPATH")]))}, stdout=logs[f"join-{i}"], stderr=subprocess.STDOUT, start_new_session=True))
         summary = tmp_path / "state" / "run" / "summary.json"
         wait_for(lambda: summary.exists() or processes[0].poll() is not None, 600, "the run to finish")
         assert summary.exists(), (tmp_path / "serve.log").read_text()[-4000:]

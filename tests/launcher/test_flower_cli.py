@@ -58,3 +58,22 @@ def test_a_helper_that_died_is_started_again(flwr: FlowerCli) -> None:
         time.sleep(0.05)
     _, text = flwr.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
     assert json_replies(text)[0]["success"] is False and flwr.pid not in (None, dead)
+
+
+def test_a_module_planted_in_the_helpers_directory_never_runs(tmp_path: Path) -> None:
+    """Privacy audit 3, F4: ``python -m`` put the working directory (a node key's, for
+    ``fedge certs register``) first on the import path, so a ``json.py`` there ran as the operator.
+    The helper now runs without it on the path: the call is answered, and the planted module is
+    never imported."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    ran = tmp_path / "planted-ran"
+    for name in ("json", "click", "typer"):  # modules the helper and flwr import early
+        (keys / f"{name}.py").write_text(f"open({str(ran)!r}, 'a').write('{name}')\nraise SystemExit(9)\n")
+    home = tmp_path / "flwr-home"
+    write_connection(home, "fedge", "127.0.0.1:9", None)
+    with FlowerCli(flower_environment(home), cwd=keys) as cli:
+        code, text = cli.call(["supernode", "ls", "nosuch", "--format", "json"], timeout=60)
+    (reply,) = json_replies(text)
+    assert reply["success"] is False and code == 0
+    assert not ran.exists()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fedge.launcher.processes import module_argv
+
 from fedge.edge_client.warm_executor import WarmNode
 from fedge.launcher import isolation
 
@@ -49,7 +51,8 @@ def test_flags_for_each_isolation(tmp_path: Path) -> None:
         isolation.supernode_isolation_argv("warm", None)
     argv = isolation.warm_executor_argv([("127.0.0.1:9094", tmp_path / "h0"), ("127.0.0.1:9095", None)],
                                         tmp_path / "s", ledger=tmp_path / "l.jsonl", partitions=True)
-    assert argv[1:3] == ["-m", "fedge.edge_client.warm_executor"]
+    assert argv[:3] == module_argv("fedge.edge_client.warm_executor")  # its directory off the import path
+    assert "del sys.path[0]" in argv[2] and "'fedge.edge_client.warm_executor'" in argv[2]
     assert ["--node", f"127.0.0.1:9094={tmp_path / 'h0'}"] == argv[argv.index("--node"):argv.index("--node") + 2]
     assert "127.0.0.1:9095" in argv and "--partitions" in argv and str(tmp_path / "l.jsonl") in argv
     # what the warm process parses back

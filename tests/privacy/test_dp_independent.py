@@ -100,7 +100,7 @@ def test_the_noise_standard_deviation_is_z_c_over_q_n() -> None:
     1/q N missing, or the clip left out, is off by far more than the interval's +-1.2%."""
     dp = _central()
     connected, per_round = 50, 10
-    dp.sample(list(range(connected)), per_round)  # sets q = 0.2
+    dp.sample_at(list(range(connected)), per_round / connected)  # q = 0.2
     n = 400_000
     released = dp.noisy_mean(torch.zeros(n), connected).double().numpy()
     sigma = 1.3 * 0.7 / (0.2 * connected)
@@ -122,7 +122,7 @@ def test_poisson_sampling_has_the_accounted_rate_and_draws_each_device_independe
     nodes = list(range(1000))
     sizes, counts = [], np.zeros(1000)
     for _ in range(400):
-        chosen = dp.sample(nodes, 100)
+        chosen = dp.sample_at(nodes, 100 / len(nodes))
         sizes.append(len(chosen))
         counts[chosen] += 1
     assert dp.rate == 0.1
@@ -176,3 +176,39 @@ def test_every_device_weighs_the_same_whatever_example_count_it_claims(tmp_path,
     lying = model(tmp_path / "b", claiming, True)
     assert torch.allclose(honest, lying, atol=1e-6)
     assert not torch.allclose(model(tmp_path / "c", fedge_app, False), model(tmp_path / "d", claiming, False), atol=1e-4)
+
+
+def test_a_device_that_joins_does_not_move_anyones_sampling_rate(tmp_path) -> None:
+    """Privacy audit 3, F5: q used to be clients-per-round over the devices connected each round,
+    so a device that joined lowered every other device's inclusion probability, and epsilon was
+    accounted at a q that depended on who was there. Now the run fixes q at its first private
+    round (2 of 20: q = 0.1, z = 2) and keeps it when a 21st device joins: every round samples at
+    0.1, and the reported epsilon is the closed form's at q = 0.1 for the rounds run, the worst
+    case for any device whoever else joins (each is in with probability 0.1, independently)."""
+    from flwr.app import Context, RecordDict
+
+    from fedge.server.run.initial_model import initial_params
+    from fedge.tasks import make_task
+    from tests.server.engines import build_engine
+    from tests.server.in_process_grid import InProcessGrid
+
+    engine = build_engine(dict(rounds=3, clients_per_round=2, local_epochs=1, round_timeout=5.0, wait_for_nodes=1.0,
+                               run_dir=str(tmp_path), seed=3, weight_cap="none",
+                               differential_privacy="gaussian:noise=2.0,clip=1.0,delta=1e-5"))
+    grid = InProcessGrid(20)
+    publish = engine.publish
+
+    def a_device_joins(grid_, closed, result):  # type: ignore[no-untyped-def]
+        publish(grid_, closed, result)
+        if len(grid.contexts) == 20:  # after the first round, a 21st device connects
+            grid.contexts[2001] = Context(run_id=1, node_id=2001, node_config={"partition-id": 20,
+                                                                                "num-partitions": 21},
+                                          state=RecordDict(), run_config={})
+
+    engine.publish = a_device_joins  # type: ignore[method-assign]
+    rows = engine.run(grid, initial_params(make_task("digits"), 42)).rows
+    assert len(grid.contexts) == 21
+    assert [row.extra["dp_sampling_rate"] for row in rows] == [0.1, 0.1, 0.1]
+    reported = rows[-1].extra["dp_epsilon_rdp"]
+    ours = epsilon_from_rdp(3, 0.1, 2.0, 1e-5, tight=True)
+    assert ours * 0.97 <= reported <= ours * (1 + 1e-9), (reported, ours)

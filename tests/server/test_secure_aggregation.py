@@ -650,3 +650,45 @@ def test_a_second_message_for_one_stage_is_refused(tmp_path) -> None:
     row = engine.run(InProcessGrid(4, app=twice, node_config=config), initial_params(TASK, 42)).rows[0]
     assert row.clients_used == 4 and not row.rejected
     assert sorted(refused) == ["consistency"] * 4 + ["unmask"] * 4
+
+
+def test_a_message_of_another_run_or_a_later_round_does_not_erase_a_stage_marker(tmp_path) -> None:
+    """Privacy audit 3, F3: the marker of a stage used to be pruned by round number before the plan
+    was matched to the saved round, so a third message (another run id, or round + 4) erased the real
+    round's marker and a forked second message was answered again. Now such a message fails at the
+    plan check and touches no marker: the second answer is still refused, for every device."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from fedge.edge_client.app import app as fedge_app
+    from fedge.privacy.errors import ProtocolError
+    from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
+
+    ca, config = _issued_federation(tmp_path, 4)
+    for i in range(4):
+        config[i]["state-dir"] = str(tmp_path / f"device-{i}")
+    refused: list[str] = []
+
+    def fork_of(context):  # type: ignore[no-untyped-def]
+        return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
+                       state=RecordDict(dict(context.state.items())), run_config=context.run_config)
+
+    def attacked(msg, context):  # type: ignore[no-untyped-def]
+        record = msg.content.config_records.get(SECAGG_RECORD)
+        stage = plan_from_record(record)[1] if record is not None else None
+        fork = fork_of(context)
+        reply = fedge_app(msg, context)
+        if stage in ("consistency", "unmask"):
+            for key, value in (("run-id", b"\x01" * 16), ("round", int(record["round"]) + 4)):
+                forged = ConfigRecord({**dict(record), key: value})
+                with pytest.raises(ProtocolError, match="no secure-aggregation state"):
+                    fedge_app(Message(RecordDict({SECAGG_RECORD: forged}), dst_node_id=msg.metadata.dst_node_id,
+                                      message_type=msg.metadata.message_type), fork_of(fork))
+            with pytest.raises(ProtocolError, match="answered already"):
+                fedge_app(msg, fork)
+            refused.append(stage)
+        return reply
+
+    engine = _engine(tmp_path, rounds=1, clients_per_round=4, secure_aggregation=f"{SECAGG},issuer={ca}")
+    row = engine.run(InProcessGrid(4, app=attacked, node_config=config), initial_params(TASK, 42)).rows[0]
+    assert row.clients_used == 4 and not row.rejected
+    assert sorted(refused) == ["consistency"] * 4 + ["unmask"] * 4

@@ -52,7 +52,7 @@ from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
 from fedge.privacy.accountant import PrivacyLedger
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
-from fedge.privacy.sampling import poisson_sample, sampling_rate
+from fedge.privacy.sampling import RunRate, poisson_sample
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
@@ -113,6 +113,8 @@ class DifferentialPrivacyLayer(Layer):
         self.dp = dp
         self.tier = dp.spec.tier  # "" (one tier), "leaf" or "root"
         self.clients_per_round = clients_per_round
+        #: one tier: q fixed for the run (audit 3, F5); with leaves the spec's rate is the federation's
+        self.run_rate = RunRate(clients_per_round, dp.spec.population)
 
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | DistributedDP | None:
@@ -139,7 +141,7 @@ class DifferentialPrivacyLayer(Layer):
         if settings.secure_aggregation != "none":
             rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
             cpr = settings.clients_per_round
-            return DistributedDP(spec, lambda connected: sampling_rate(cpr, connected), algorithm.ctx.numel,
+            return DistributedDP(spec, RunRate(cpr, spec.population), algorithm.ctx.numel,
                                  rng=rng, sampler=_system_random())
         return cls.central(spec, settings.clients_per_round, seeded=settings.seed if settings.dp_seeded_noise else None)
 
@@ -177,12 +179,12 @@ class DifferentialPrivacyLayer(Layer):
             return list(nodes)
         if self.tier == "leaf":
             return self.dp.sample_at(nodes, self.dp.spec.rate)
-        return self.dp.sample(nodes, self.clients_per_round)
+        return self.dp.sample_at(nodes, self.run_rate(len(nodes)))
 
     def _spent(self, connected: int) -> bool:
         if self.tier == "leaf":  # the root keeps the ledger; a leaf steps when its root asks
             return False
-        q = self.dp.spec.rate if self.tier == "root" else self.dp.sampling_rate(connected, self.clients_per_round)
+        q = self.dp.spec.rate if self.tier == "root" else self.run_rate(connected)
         return self.dp.ledger.would_exceed(self.dp.spec.budget, q, self.dp.spec.noise)
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
@@ -225,8 +227,9 @@ class DifferentialPrivacyLayer(Layer):
             return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned,
                                    noised=True)
         total = partial.mean() * count if count else torch.zeros(partial.numel)
-        noisy = self.dp.noisy_mean(total, step.connected)
-        expected = self.dp.rate * step.connected
+        population = self.run_rate.population or max(step.connected, 1)  # fixed when the round sampled
+        noisy = self.dp.noisy_mean(total, population)
+        expected = self.dp.rate * population
         return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
@@ -243,12 +246,13 @@ class DifferentialPrivacyLayer(Layer):
         outcome.train_loss = None
 
     def state_dict(self) -> dict[str, Any]:
-        return self.dp.state_dict()
+        return {**self.dp.state_dict(), **self.run_rate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if state is None:
             raise ValueError("the checkpoint has no privacy ledger: it was not a differentially private run")
         self.dp.load_state_dict(state)
+        self.run_rate.load_state_dict(state)
 
 
 class CentralDP:
@@ -297,13 +301,6 @@ class CentralDP:
                                 f"(m/10 for {self.count_devices:g} expected devices); sample more devices or use "
                                 "less noise")
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
-
-    def sampling_rate(self, connected: int, clients_per_round: int) -> float:
-        return sampling_rate(clients_per_round, connected)
-
-    def sample(self, nodes: list[int], clients_per_round: int) -> list[int]:
-        """Poisson sampling: each connected node independently with probability q."""
-        return self.sample_at(nodes, self.sampling_rate(len(nodes), clients_per_round))
 
     def sample_at(self, nodes: list[int], rate: float) -> list[int]:
         """Poisson sampling at ``rate`` (a leaf's: the federation's q)."""
