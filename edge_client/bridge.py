@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.deploy.atomic import atomic_write_bytes
+from fedge.deploy.owned_directory import owned_directory
 from fedge.edge_client import local
 from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
@@ -67,7 +68,7 @@ class SpoolChannel:
                  down_after: float = DOWN_AFTER, wall: Callable[[], float] = time.time) -> None:
         self.spool, self.timeout, self.poll, self.down_after = Path(spool), timeout, poll, down_after
         self.clock, self.sleep, self.wall = clock, sleep, wall
-        self.spool.mkdir(parents=True, exist_ok=True)
+        owned_directory(self.spool)  # only this user may write it (privacy audit 3, F9)
 
     def step(self, root_round: int, model: torch.Tensor, origin: RootOrigin | None = None) -> LeafResult:
         result = self.spool / result_name(root_round)

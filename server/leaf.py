@@ -40,6 +40,7 @@ from fedge.protocol.leaf import (
 )
 from fedge.protocol.step import Outgoing, Step
 from fedge.server.engine.loop import Engine
+from fedge.deploy.owned_directory import owned_directory
 
 __all__ = ["LeafCoordinator", "LeafError", "heartbeat"]
 
@@ -169,8 +170,7 @@ class LeafCoordinator:
         newest round without a result is served (an older one's root round is over), and a round
         with a result is never stepped again: a leaf that crashed between its step and its answer
         runs that round's step afresh from the root's model, so the root counts it once."""
-        spool = Path(spool)
-        spool.mkdir(parents=True, exist_ok=True)
+        spool = owned_directory(spool)  # only this user may write it (privacy audit 3, F9)
         with heartbeat(spool / HEARTBEAT, HEARTBEAT_EVERY):  # the bridge tells a busy leaf from a dead one
             return self._serve(spool, stop, poll, sleep)
 

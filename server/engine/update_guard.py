@@ -22,10 +22,14 @@ log = logging.getLogger(__name__)
 
 
 class UpdateGuard:
-    def __init__(self, update_norm: str = "none", weight_cap: str = "none") -> None:
+    def __init__(self, update_norm: str = "none", weight_cap: str = "none", *, private: bool = False) -> None:
         """``update_norm`` and ``weight_cap`` are the run settings' specs (docs/settings: ``clip:max=M``,
         ``reject:max=M``, ``median:factor=F``, ``fixed:max=N``); a Flower app passes them directly to
-        run the same guard through ``fedge.flower.layered``."""
+        run the same guard through ``fedge.flower.layered``. ``private`` (a differentially private
+        run): the rows name the clipped and rejected devices but not their updates' norms, nor a
+        limit computed from the norms (privacy audit 3, F6: a norm is a noiseless statistic of one
+        device's data)."""
+        self.private = private
         self.norm = make_norm_bound(update_norm)
         self.cap = make_weight_cap(weight_cap)
         self._clipped: list[dict[str, Any]] = []
@@ -36,7 +40,10 @@ class UpdateGuard:
         try:
             bounded, note = self.norm.apply(update)
         except UpdateRejected as err:
-            raise Rejected(str(err)) from None
+            raise Rejected("update norm exceeds the bound (its value withheld: differential privacy)"
+                           if self.private else str(err)) from None
+        if note and self.private:
+            note = "clipped to the bound (its norm withheld: differential privacy)"
         if note:
             log.warning("round %d: node %d: %s", step, node, note)
             self._clipped.append({"node": node, "reason": note})
@@ -57,6 +64,8 @@ class UpdateGuard:
         """This step's interventions for the metrics row; the step's norms and claims become the
         next step's references."""
         limit = self.norm.limit()
+        if self.private and self.norm.factor:  # a multiple of the devices' norms: a statistic of their data
+            limit = None
         extra: dict[str, Any] = {
             "update_norm_limit": limit,
             "clipped": len(self._clipped), "clipped_nodes": self._clipped,

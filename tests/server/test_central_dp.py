@@ -193,3 +193,23 @@ def test_the_noise_differs_between_runs_of_one_seed_unless_the_benchmark_switch_
     assert all(r["dp_private"] is False for r in seeded_rows_a)
     with pytest.raises(SettingsError, match="seeds central DP only"):
         _engine(tmp_path / "e", dp_seeded_noise=True, secure_aggregation="secagg")
+
+
+def test_rows_of_a_private_run_carry_no_device_norms(tmp_path) -> None:
+    """Privacy audit 3, F6: with an update-norm bound, a row named each rejected or clipped device
+    with its update's exact norm, a noiseless statistic of its data. Under DP the row still names
+    the devices, without the norm, and a limit that is a multiple of the devices' norms is left out;
+    the same run without DP keeps both (the check can fail)."""
+    import re
+
+    def row(dp: str, bound: str, name: str):  # type: ignore[no-untyped-def]
+        engine = _engine(tmp_path / name, rounds=2, differential_privacy=dp, update_norm=bound)
+        return engine.run(InProcessGrid(4), initial_params(make_task("digits"), 42)).rows[-1]
+
+    private = row("gaussian:noise=1.0,clip=1.0,delta=1e-5", "reject:max=1e-9", "private-reject")
+    assert private.rejected and all(not re.search(r"\d", entry["reason"]) for entry in private.rejected)
+    clipped = row("gaussian:noise=1.0,clip=1.0,delta=1e-5", "clip:factor=0.5", "private-clip")
+    assert clipped.extra["clipped_nodes"] and clipped.extra["update_norm_limit"] is None
+    assert all(not re.search(r"\d", entry["reason"]) for entry in clipped.extra["clipped_nodes"])
+    plain = row("none", "reject:max=1e-9", "plain")
+    assert plain.rejected and all(re.search(r"norm \d", entry["reason"]) for entry in plain.rejected)

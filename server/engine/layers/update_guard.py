@@ -31,7 +31,9 @@ class UpdateGuardLayer(Layer):
     @classmethod
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> UpdateGuardLayer:
         """Every run has one; a bound that would change what an algorithm relays as sent is refused."""
-        guard = UpdateGuard(algorithm.ctx.settings.update_norm, algorithm.ctx.settings.weight_cap)
+        settings = algorithm.ctx.settings
+        guard = UpdateGuard(settings.update_norm, settings.weight_cap,
+                            private=settings.differential_privacy.strip().lower() != "none")
         if algorithm.relays_updates and guard.norm.mode == "clip":
             raise SettingsError(f"update-norm clip cannot apply to {algorithm.name}: the coordinator relays each "
                                 "encoded message as sent, so a clipped copy would desynchronise the public copies; "
