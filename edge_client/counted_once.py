@@ -10,7 +10,9 @@ compressed, or masked under secure aggregation).
 Only the device knows it was asked twice, so the device keeps the rule: each leaf stamps its train
 messages with the root round it serves and its own index (``fedge.root-round``,
 ``fedge.root-leaf``, ``fedge.protocol.leaf.RootOrigin``); the device remembers the last root round
-it trained for and through which leaf, in its node state (with ``state-dir``, on its disk through
+it trained for and through which leaf (the last :data:`WINDOW` root rounds: a leaf still serving an
+older root round, late, is declined too; remembering only the last one let it train the device a
+second time for that round, privacy audit 3, F8), in its node state (with ``state-dir``, on its disk through
 ``fedge.edge_client.persistent_state``, so the memory moves with the device to its new leaf), and
 declines a train message of that root round from another leaf with a typed ``counted-elsewhere``
 refusal, which the leaf counts as declined, not failed. The same leaf may ask it again in that root
@@ -30,11 +32,14 @@ from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
 from fedge.protocol.refusals import BadConfigRefusal, CountedElsewhereRefusal
 from fedge.protocol.secagg import secure_stage
 
-__all__ = ["counted_once_mod"]
+__all__ = ["WINDOW", "counted_once_mod"]
 
 log = logging.getLogger(__name__)
 
-_NAMESPACE = "root-round"  # the node store's namespace: {"round": "<root run>/<round>", "leaf": index}
+_NAMESPACE = "root-round"  # the node store's namespace: {"rounds": ["<root run>/<round>", ...], "leaves": [...]}
+
+#: root rounds a device remembers (a root round outlives its leaves' steps by far less)
+WINDOW = 64
 
 
 def counted_once_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -47,10 +52,15 @@ def counted_once_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         raise BadConfigRefusal(f"{ROOT_ROUND} must be text and {ROOT_LEAF} a leaf index, got {root_round!r}, {leaf!r}")
     store = NodeStore(context.state, _NAMESPACE)
     held = store.get_meta("last") or {}
-    if held.get("round") == root_round and held.get("leaf") != leaf:
-        raise CountedElsewhereRefusal(f"this device took part in root round {root_round} through leaf {held.get('leaf')}; "
-                                      f"leaf {leaf} asked it again (it moved during the round)")
+    rounds = list(zip(held.get("rounds", []), held.get("leaves", []), strict=False))
+    if "round" in held:  # the one-round memory of before 2026-12-07
+        rounds.append((held["round"], held.get("leaf")))
+    where = dict(rounds)
+    if root_round in where and where[root_round] != leaf:
+        raise CountedElsewhereRefusal(f"this device took part in root round {root_round} through leaf "
+                                      f"{where[root_round]}; leaf {leaf} asked it again (it moved during the round)")
     reply = call_next(msg, context)
-    if not reply.has_error():  # its update is in this leaf's step: the round is this leaf's now
-        store.put_meta("last", {"round": root_round, "leaf": leaf})
+    if not reply.has_error() and root_round not in where:  # its update is in this leaf's step
+        rounds = [*rounds, (root_round, leaf)][-WINDOW:]
+        store.put_meta("last", {"rounds": [r for r, _ in rounds], "leaves": [int(w) for _, w in rounds]})
     return reply

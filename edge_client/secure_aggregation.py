@@ -64,6 +64,8 @@ _PINS = "fedge-secagg-pins"
 _IDENTITY_FILE = "secagg-identity.key"
 _PINS_FILE = "secagg-pins.json"
 _ROUND = "fedge-secagg-round"
+_SERIAL = "fedge-revocation-serial"  # the highest revocation-list serial seen (without a state directory)
+_SERIAL_FILE = "revocation-serial"
 _STAGES = "fedge-secagg-stages"  # the node's state: the stages answered (without a state directory)
 _STAGES_DIR = "secagg-stages"  # the state directory: one marker file per answered stage
 #: seconds a stage marker is kept once its round's state is gone (a day: far longer than any round)
@@ -190,7 +192,21 @@ def _issuer(context: Context) -> Issuer | None:
     ``secagg-auth-key``, ``secagg-endorsement``, ``secagg-issuer``); None: trust on first use."""
     if not all(context.node_config.get(k) for k in IDENTITY_NODE_CONFIG):
         return None
-    return load_issuer(str(context.node_config[_ISSUER]))
+    # the highest revocation-list serial this device has seen: an older list, or none, is refused
+    path = _saved(context, _SERIAL_FILE)
+    record = context.state.config_records.get(_SERIAL)
+    seen = int(record["serial"]) if record is not None else 0
+    if path is not None and path.exists():
+        try:
+            seen = max(seen, int(path.read_text(encoding="utf-8").strip() or 0))
+        except ValueError:
+            raise ProtocolError(f"{path} is not a revocation serial: refused rather than forgotten") from None
+    issuer = load_issuer(str(context.node_config[_ISSUER]), seen)
+    if issuer.serial > seen:
+        context.state[_SERIAL] = ConfigRecord({"serial": issuer.serial})
+        if path is not None:
+            atomic_write_text(path, f"{issuer.serial}\n", mode=0o600)
+    return issuer
 
 
 def _credential(context: Context, identity: Ed25519PrivateKey) -> bytes:

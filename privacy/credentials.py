@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fedge.privacy.errors import AdvertisementError
 
 __all__ = ["REVOCATIONS_FILE", "CredentialError", "Credential", "Issuer", "endorse", "bind_identity",
-           "verify_credential", "load_issuer", "load_node_key", "revocation_list", "revoke"]
+           "verify_credential", "load_issuer", "load_node_key", "read_revocations", "revocation_list", "revoke"]
 
 _ENDORSE_LABEL = b"fedge-node-endorsement-v2|"
 _BIND_LABEL = b"fedge-secagg-identity-v1|"
@@ -132,6 +132,9 @@ class Issuer:
     key: ec.EllipticCurvePublicKey
     revoked_keys: frozenset[str] = field(default_factory=frozenset)
     revoked_names: frozenset[str] = field(default_factory=frozenset)
+    #: the revocation list's serial (0: no list, or one from before lists had serials); a verifier
+    #: keeps the highest it has seen and refuses an older list, or none, after it
+    serial: int = 0
 
 
 def verify_credential(credential: bytes, identity_public: bytes, issuer: Issuer, *,
@@ -190,10 +193,13 @@ def check_distinct(credentials: dict[int, Credential]) -> None:
             seen[mark] = node
 
 
-def load_issuer(path: str | Path) -> Issuer:
+def load_issuer(path: str | Path, highest_seen: int = 0) -> Issuer:
     """The operator's CA from its PEM certificate, with the revocations beside it
     (:data:`REVOCATIONS_FILE`, when the operator revoked any); :class:`CredentialError` if either is
-    unusable, a list that is not the CA's included."""
+    unusable, a list that is not the CA's included. ``highest_seen``: the highest list serial this
+    verifier has seen; a list with a lower serial, or no list after one was seen, is refused (an
+    older signed list would re-admit a revoked device: privacy audit 3, F7). The caller keeps
+    ``Issuer.serial`` as its new highest."""
     try:
         key = x509.load_pem_x509_certificate(Path(path).read_bytes()).public_key()
     except (OSError, ValueError) as error:
@@ -201,15 +207,22 @@ def load_issuer(path: str | Path) -> Issuer:
     if not isinstance(key, ec.EllipticCurvePublicKey):
         raise CredentialError(f"the identity issuer {path}: not an EC certificate (`fedge certs init` makes one)")
     revocations = Path(path).with_name(REVOCATIONS_FILE)
-    if not revocations.exists():
-        return Issuer(key)
-    entries = revocation_list(revocations, key)
-    return Issuer(key, frozenset(e["node_key_sha256"] for e in entries), frozenset(e["name"] for e in entries))
+    serial, entries = read_revocations(revocations, key) if revocations.exists() else (0, [])
+    if serial < highest_seen:
+        raise CredentialError(f"the revocation list beside {path} has serial {serial}, older than {highest_seen} "
+                              "seen before: an older list (or none) would re-admit revoked devices; refused")
+    return Issuer(key, frozenset(e["node_key_sha256"] for e in entries), frozenset(e["name"] for e in entries),
+                  serial)
 
 
 def revocation_list(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> list[dict[str, str]]:
     """The revoked endorsements of a signed list (each ``{"name", "node_key_sha256", "revoked"}``);
     :class:`CredentialError` if the file is malformed or not signed by ``ca_public``."""
+    return read_revocations(path, ca_public)[1]
+
+
+def read_revocations(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> tuple[int, list[dict[str, str]]]:
+    """(serial, revoked endorsements) of a signed list; a list from before serials is serial 0."""
     try:
         document = json.loads(Path(path).read_text())
         payload, signature = document["list"], base64.b64decode(document["signature"], validate=True)
@@ -217,25 +230,29 @@ def revocation_list(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> l
         if not (isinstance(entries, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str)
                                                   and isinstance(e.get("node_key_sha256"), str) for e in entries)):
             raise ValueError("entries must each name a node and its key's sha256")
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        serial = payload.get("serial", 0)
+        if not isinstance(serial, int) or isinstance(serial, bool) or serial < 0:
+            raise ValueError(f"serial {serial!r} is not a whole number >= 0")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise CredentialError(f"the revocation list {path} is malformed: {error}") from None
     try:
         ca_public.verify(signature, _REVOKE_LABEL + _canonical(payload), _SIGN)
     except InvalidSignature:
         raise CredentialError(f"the revocation list {path} is not signed by the operator's CA") from None
-    return entries
+    return serial, entries
 
 
 def revoke(ca_key: ec.EllipticCurvePrivateKey, path: str | Path, name: str, node_public_der: bytes,
            *, now: float | None = None) -> bytes:
     """The signed list at ``path`` (empty if none) with one more endorsement revoked: the bytes to
     write there (``fedge certs revoke`` writes them atomically)."""
-    entries = revocation_list(path, ca_key.public_key()) if Path(path).exists() else []
+    serial, entries = read_revocations(path, ca_key.public_key()) if Path(path).exists() else (0, [])
     digest = hashlib.sha256(node_public_der).hexdigest()
+    today = _date(int(time.time() if now is None else now))
     if not any(e["node_key_sha256"] == digest for e in entries):
-        entries.append({"name": name, "node_key_sha256": digest,
-                        "revoked": _date(int(time.time() if now is None else now))})
-    payload = {"version": 1, "revoked": entries}
+        entries.append({"name": name, "node_key_sha256": digest, "revoked": today})
+    # every list the operator signs has a higher serial than the last: verifiers refuse an older one
+    payload = {"version": 1, "serial": serial + 1, "issued": today, "revoked": entries}
     signature = ca_key.sign(_REVOKE_LABEL + _canonical(payload), _SIGN)
     return (json.dumps({"list": payload, "signature": base64.b64encode(signature).decode()}, indent=1) + "\n").encode()
 

@@ -37,18 +37,22 @@ class SecureSession:
         #: the operator CA's key when identities must be issued (``issuer=``); None: trust on first use.
         #: Loaded here so that a missing or bad CA file is refused before the run (CredentialError).
         self.issuer: Any = load_issuer(spec.issuer) if spec.issuer else None
+        #: the highest revocation-list serial seen (kept in the checkpoint): an older list is refused
+        self.revocation_serial = self.issuer.serial if self.issuer is not None else 0
 
     def round(self, number: int, nodes: list[int], numel: int, *, weighted: bool,
               noise: SkellamParams | None = None) -> SecureRound:
         """Round ``number`` among ``nodes`` (not yet opened: :meth:`SecureRound.open`). With an
         issuer, its revocations as they stand now: a revoked device is out from this round on."""
         if self.spec.issuer:
-            self.issuer = load_issuer(self.spec.issuer)
+            self.issuer = load_issuer(self.spec.issuer, self.revocation_serial)
+            self.revocation_serial = self.issuer.serial
         return SecureRound(self.spec, self.run_id, self.seed, number, nodes, numel, self.pins, weighted=weighted,
                            issuer=self.issuer, noise=noise)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run-id": self.run_id.hex(), "pins": {str(node): raw.hex() for node, raw in sorted(self.pins.items())}}
+        return {"run-id": self.run_id.hex(), "pins": {str(node): raw.hex() for node, raw in sorted(self.pins.items())},
+                "revocation-serial": self.revocation_serial}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """A resumed run keeps its run id and its identity pins (a checkpoint from before they were
@@ -64,6 +68,10 @@ class SecureSession:
             if len(pin) != 32:
                 raise ValueError(f"the checkpoint's identity pin of node {node} is not 32 bytes")
             pins[int(node)] = pin
+        serial = state.get("revocation-serial", 0)
+        if not isinstance(serial, int) or isinstance(serial, bool) or serial < 0:
+            raise ValueError(f"the checkpoint's revocation serial {serial!r} is not a whole number >= 0")
         self.run_id = raw
         self.pins.clear()
         self.pins.update(pins)
+        self.revocation_serial = max(self.revocation_serial, serial)

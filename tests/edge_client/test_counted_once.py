@@ -55,3 +55,19 @@ def test_unstamped_and_non_train_messages_pass_and_bad_stamps_are_refused() -> N
     assert not _ask(device, evaluate).has_error()  # evaluation adds nothing to a round's sum
     with pytest.raises(BadConfigRefusal, match="leaf index"):
         _ask(device, _message({"fedge.root-round": "9/3", "fedge.root-leaf": "one"}))
+
+
+def test_a_late_leaf_still_serving_an_older_root_round_is_declined() -> None:
+    """Privacy audit 3, F8: the device remembered only its last root round, so after round 9/2
+    through leaf 1, leaf 0 (late, still stepping round 9/1) could train it again for 9/1, which
+    leaf 1 had already counted. It remembers a window of root rounds now; the oldest age out."""
+    from fedge.edge_client.counted_once import WINDOW
+
+    device = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    assert not _ask(device, _stamped("9/1", 1)).has_error()
+    assert not _ask(device, _stamped("9/2", 1)).has_error()
+    with pytest.raises(CountedElsewhereRefusal, match="root round 9/1 through leaf 1"):
+        _ask(device, _stamped("9/1", 0))
+    for number in range(3, WINDOW + 3):  # a window's worth of later rounds: 9/1 ages out
+        assert not _ask(device, _stamped(f"9/{number}", 1)).has_error()
+    assert not _ask(device, _stamped("9/1", 0)).has_error()

@@ -91,3 +91,47 @@ def test_a_version_1_endorsement_without_expiry_is_refused_with_what_to_do(tmp_p
     with pytest.raises(ValueError, match="positive number of days"):
         endorse(ec.generate_private_key(ec.SECP384R1()), "n", ec.generate_private_key(ec.SECP384R1()).public_key(),
                 valid_days=0)
+
+
+def test_an_older_revocation_list_or_none_is_refused_once_a_newer_one_was_seen(tmp_path: Path) -> None:
+    """Privacy audit 3, F7: the list had no serial, so a coordinator (or anyone who can write beside
+    ``ca.crt``) could put back an older signed list, or remove it, and re-admit a revoked device.
+    Each list the operator signs now carries a serial one higher than the last; the coordinator
+    (in its checkpoint) and every device (in its state directory) keep the highest they have seen
+    and refuse an older list, or none."""
+    from flwr.app import Context, RecordDict
+
+    from fedge.edge_client.secure_aggregation import _issuer
+    from fedge.privacy.spec import parse_secure_aggregation
+    from fedge.protocol.secure_session import SecureSession
+
+    certs = tmp_path / "certs"
+    init_ca(certs)
+    keys = {name: make_node_key(certs, name) for name in ("device-0", "device-1", "device-2")}
+    ca, listed = certs / "ca.crt", certs / REVOCATIONS_FILE
+    assert load_issuer(ca).serial == 0  # no list yet
+    revoke_node(certs, "device-1")
+    first = listed.read_bytes()
+    revoke_node(certs, "device-2")
+    assert load_issuer(ca).serial == 2 and len(load_issuer(ca).revoked_names) == 2
+    session = SecureSession(parse_secure_aggregation(f"secagg:bits=8,clip=0.2,weight-cap=256,issuer={ca}"), 1)
+    config = {"secagg-auth-key": str(keys["device-0"].private_key),
+              "secagg-endorsement": str(keys["device-0"].endorsement), "secagg-issuer": str(ca),
+              "state-dir": str(tmp_path / "device-0")}
+    device = Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
+    assert _issuer(device).serial == 2
+    listed.write_bytes(first)  # the older list put back: device-2 would be admitted again
+    with pytest.raises(CredentialError, match="serial 1, older than 2"):
+        load_issuer(ca, highest_seen=2)
+    with pytest.raises(CredentialError, match="older than 2"):
+        session.round(1, [1, 2], 10, weighted=False)
+    restarted = Context(run_id=1, node_id=1, node_config=config, state=RecordDict(), run_config={})
+    with pytest.raises(CredentialError, match="older than 2"):  # the state directory remembers
+        _issuer(restarted)
+    listed.unlink()  # no list at all
+    with pytest.raises(CredentialError, match="serial 0, older than 2"):
+        _issuer(restarted)
+    resumed = SecureSession(parse_secure_aggregation(f"secagg:bits=8,clip=0.2,weight-cap=256,issuer={ca}"), 1)
+    resumed.load_state_dict(session.state_dict())  # the checkpoint remembers too
+    with pytest.raises(CredentialError, match="older than 2"):
+        resumed.round(1, [1, 2], 10, weighted=False)
