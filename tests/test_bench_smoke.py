@@ -74,7 +74,9 @@ ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
     "soak.py": (["--rounds", "2", "--nodes", "2", "--churn-every", "1", "--warmup", "1", "--out", "{out}/soak.json"],
                 None),
 }
-#: half a minute or more each on two cores beside the rest of the suite: ``make test-slow``
+#: half a minute to three minutes each on two cores beside the rest of the suite (1,464 s for the 16,
+#: one after another, 2026-12-07): ``make test-slow``. The default suite checks every name they take
+#: from Fedge and parses their ``--help`` (``tests/test_bench_names.py``)
 HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flower_secure.py", "edge.py", "allreduce.py",
          "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "scale.py", "leaf_simulation.py", "leaf_processes.py",
          "start_profile.py", "soak.py", "same_seed.py", "superlink_throughput.py"}
