@@ -521,7 +521,7 @@ def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, 
                          "run_dir": str(tmp_path / "f")})
     grid = InProcessGrid(6)
     leaf_b_nodes = set(grid.get_node_ids()[3:])
-    _drop_in_round(flat.layer("dp").dp, "sample", 2, lambda node: node not in leaf_b_nodes)
+    _drop_in_round(flat.layer("dp").dp, "sample_at", 2, lambda node: node not in leaf_b_nodes)
     flat_rows = flat.run(grid, start).rows
 
     def leaf(name: str, partitions: range) -> LeafCoordinator:
