@@ -33,6 +33,7 @@ from typing import Any
 
 from flwr.app import Context, Message
 
+from fedge.protocol.config_keys import PLUGINS, START_KEY
 from fedge.protocol.plugins import plugin_modules
 from fedge.protocol.refusals import POLICY, PolicyRefusal, refusal_content
 
@@ -64,23 +65,35 @@ def allowed_modules(node_config: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(name.split(".")[0] for name in plugin_modules(str(node_config.get(ALLOWED_MODULES, "") or "")))
 
 
-def check_modules(node_config: Mapping[str, Any], plugins: str, task: str) -> None:
+def check_modules(node_config: Mapping[str, Any], plugins: str, task: str, start: str = "") -> None:
     """Raise :class:`PolicyRefusal` when a pinned device would import a module its owner did not
-    allow: a run's plugin, or the module of a task given by import path. Unpinned devices return."""
-    if pinned_app(node_config) is None:
+    allow: a run's plugin, the module of a task given by import path, or of a start model the
+    downlink names (``module:callable@seed``; the pinned app's own package needs no allowing).
+    Unpinned devices return."""
+    pinned = pinned_app(node_config)
+    if pinned is None:
         return
     from fedge.tasks.task_spec import task_module
 
-    allowed = allowed_modules(node_config)
+    allowed = allowed_modules(node_config) | {"fedge", pinned.partition(":")[0].split(".")[0]}
     wanted = [(name, "plugin") for name in plugin_modules(plugins)]
     module = task_module(task) if task else None
-    if module is not None and module != "fedge":
+    if module is not None:
         wanted.append((module, "task"))
+    if start:
+        wanted.append((start.partition(":")[0], "start model"))
     for name, what in wanted:
         if name.split(".")[0] not in allowed:
             raise PolicyRefusal(f"the run names {what} module {name!r}; this device imports only the modules its "
                                 f"owner allowed (node config {ALLOWED_MODULES}: "
-                                f"{', '.join(sorted(allowed)) or 'none'}; fedge-edge join --allow-module)")
+                                f"{', '.join(sorted(allowed_modules(node_config))) or 'none'}; "
+                                "fedge-edge join --allow-module)")
+
+
+def _config_text(message: Message, key: str) -> str:
+    records = message.content.config_records if message.has_content() else {}
+    value = records["config"].get(key, "") if "config" in records else ""
+    return value if isinstance(value, str) else ""
 
 
 class DeviceCode:
@@ -102,6 +115,11 @@ class DeviceCode:
         if self.shipped != pinned:
             return _refused(message, f"the run's app names ClientApp {self.shipped!r}; this device runs only the "
                                      f"ClientApp its owner installed ({pinned!r}, node config {CLIENT_APP})")
+        try:  # before the app: whatever app it is, a message names no module the owner did not allow
+            check_modules(context.node_config, _config_text(message, PLUGINS), _config_text(message, "task"),
+                          _config_text(message, START_KEY))
+        except PolicyRefusal as refusal:
+            return _refused(message, str(refusal))
         return _installed(pinned)(message=message, context=context)
 
 

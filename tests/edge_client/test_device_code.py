@@ -60,3 +60,22 @@ def test_a_pinned_device_imports_only_modules_its_owner_allowed() -> None:
     check_modules({**PINNED, "allowed-modules": "mycodec,theirs"}, "mycodec.v2", "theirs.tasks:Task")
     check_modules(PINNED, "", "digits")  # a built-in task, no plugin
     check_modules({}, "planted", "theirs.tasks:Task")  # unpinned: as before
+
+
+
+@pytest.mark.parametrize(("key", "value", "what"), [("plugins", "planted", "plugin"),
+                                                   ("task", "theirs.tasks:Task", "task"),
+                                                   ("fedge.start", "theirs.models:Net@0", "start model")])
+def test_a_message_naming_a_module_is_refused_before_any_app_runs(key, value, what) -> None:
+    """The warm executor's check, for Fedge's app and a user's alike: a plugin, an import-path task
+    or a start model whose module the owner did not allow gets a refusal, and no app runs; the
+    pinned app's own package needs no allowing."""
+    from flwr.app import ConfigRecord
+
+    message = _message()
+    message.content = RecordDict({"config": ConfigRecord({key: value})})
+    code = DeviceCode("mine.client_app:app", lambda: pytest.fail("the FAB's app was loaded"))
+    config = {**PINNED, "client-app": "mine.client_app:app"}
+    kind, reason = read_refusal(code(message, _context(config)).content)
+    assert kind.value == "policy" and f"{what} module" in reason
+    check_modules(config, "", "", "mine.task:Net@0")  # its own package
