@@ -62,7 +62,8 @@ class RunSettings:
     )
     partitioning: str = _opt(
         "dirichlet:alpha=0.5",
-        "how client data is split: 'iid', 'dirichlet:alpha=A', 'pathological:classes=C'",
+        "how client data is split: 'iid', 'dirichlet:alpha=A' (label skew), 'pathological:classes=C' (C labels "
+        "a client, NIID-Bench's #C=k), 'quantity:beta=B' (quantity skew, sizes ~ Dir(B))",
     )
     algorithm: str = _opt(
         "fedavg",

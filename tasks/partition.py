@@ -1,8 +1,10 @@
 """Client partitions of a task's training pool, built by ``flwr_datasets`` partitioners on local data.
 
 Partitioning specs: ``iid``, ``dirichlet:alpha=0.5`` (label skew, Hsu et al. 2019),
-``pathological:classes=2`` (each client sees only a few classes, McMahan et al. 2017). A ``seed``
-parameter is accepted by all three (default 42). Nothing here downloads anything: the partitioners
+``pathological:classes=2`` (each client sees only a few classes, McMahan et al. 2017; NIID-Bench's
+"#C = k", label skew by sort and partition), ``quantity:beta=0.5`` (quantity skew, NIID-Bench's
+"q ~ Dir(beta)": each client's share of the pool drawn from a Dirichlet, the samples spread over
+labels as in ``iid``). A ``seed`` parameter is accepted by all of them (default 42). Nothing here downloads anything: the partitioners
 run over a ``datasets.Dataset`` built in memory from the pool's labels.
 
 Importing flwr-datasets costs ~1.8 CPU-s (its package imports its plotting helpers: matplotlib and
@@ -43,8 +45,8 @@ CACHE_ENV = "FEDGE_PARTITION_CACHE"
 _CACHE_FORMAT = 1
 
 
-def _iid(num_partitions: int, seed: int = 42) -> tuple[Callable[[], Partitioner], int]:
-    def build() -> Partitioner:
+def _iid(num_partitions: int, seed: int = 42) -> tuple[Callable[[int], Partitioner], int]:
+    def build(size: int) -> Partitioner:
         from flwr_datasets.partitioner import IidPartitioner
 
         return IidPartitioner(num_partitions=num_partitions)
@@ -54,11 +56,11 @@ def _iid(num_partitions: int, seed: int = 42) -> tuple[Callable[[], Partitioner]
 
 def _dirichlet(
     num_partitions: int, alpha: float = 0.5, min_size: int = 10, seed: int = 42
-) -> tuple[Callable[[], Partitioner], int]:
+) -> tuple[Callable[[int], Partitioner], int]:
     if alpha <= 0:
         raise SpecError(f"dirichlet alpha must be > 0, got {alpha}")
 
-    def build() -> Partitioner:
+    def build(size: int) -> Partitioner:
         from flwr_datasets.partitioner import DirichletPartitioner
 
         return DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
@@ -67,11 +69,11 @@ def _dirichlet(
     return build, seed
 
 
-def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tuple[Callable[[], Partitioner], int]:
+def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tuple[Callable[[int], Partitioner], int]:
     if classes < 1:
         raise SpecError(f"pathological classes must be >= 1, got {classes}")
 
-    def build() -> Partitioner:
+    def build(size: int) -> Partitioner:
         # "first-deterministic" guarantees every class is used at least once; the random mode can
         # leave a class to no client at all.
         from flwr_datasets.partitioner import PathologicalPartitioner
@@ -83,7 +85,39 @@ def _pathological(num_partitions: int, classes: int = 2, seed: int = 42) -> tupl
     return build, seed
 
 
-_REGISTRY = {"iid": _iid, "dirichlet": _dirichlet, "pathological": _pathological}
+def quantity_sizes(num_partitions: int, size: int, beta: float, min_size: int, seed: int) -> list[int]:
+    """Partition sizes for quantity skew: proportions q ~ Dir(beta) over the partitions (NIID-Bench,
+    Li et al. 2022), drawn again until every partition holds at least ``min_size`` samples (as
+    NIID-Bench redraws), rounded so that they add up to ``size``."""
+    if num_partitions * min_size > size:
+        raise SpecError(f"quantity: {num_partitions} partitions of at least {min_size} need {num_partitions * min_size} "
+                        f"samples; the pool has {size}")
+    rng = np.random.default_rng(seed)
+    for _ in range(1000):
+        shares = rng.dirichlet(np.full(num_partitions, beta))
+        sizes = np.floor(shares * size).astype(np.int64)
+        sizes[np.argmax(shares)] += size - int(sizes.sum())  # the rounding's remainder to the largest
+        if sizes.min() >= min_size:
+            return [int(v) for v in sizes]
+    raise SpecError(f"quantity: beta={beta:g} gave a partition under {min_size} samples in 1,000 draws; "
+                    "use a larger beta or min_size=0")
+
+
+def _quantity(num_partitions: int, beta: float = 0.5, min_size: int = 10,
+              seed: int = 42) -> tuple[Callable[[int], Partitioner], int]:
+    if beta <= 0 or min_size < 0:
+        raise SpecError(f"quantity beta must be > 0 and min_size >= 0, got {beta}, {min_size}")
+
+    def build(size: int) -> Partitioner:
+        # the pool is shuffled before it is split (``_draw``): consecutive slices of these sizes
+        from flwr_datasets.partitioner import SizePartitioner
+
+        return SizePartitioner(quantity_sizes(num_partitions, size, beta, int(min_size), seed))
+
+    return build, seed
+
+
+_REGISTRY = {"iid": _iid, "dirichlet": _dirichlet, "pathological": _pathological, "quantity": _quantity}
 
 
 def validate_partitioning(spec: str) -> None:
@@ -93,7 +127,7 @@ def validate_partitioning(spec: str) -> None:
     _make(spec, 2)
 
 
-def _make(spec: str, num_partitions: int) -> tuple[Callable[[], Partitioner], int]:
+def _make(spec: str, num_partitions: int) -> tuple[Callable[[int], Partitioner], int]:
     bound = {name: partial(factory, num_partitions) for name, factory in _REGISTRY.items()}
     return build_from_spec(spec, bound, family="partitioning")
 
@@ -135,7 +169,7 @@ def _draw(labels: tuple[int, ...], spec: str, num_partitions: int) -> tuple[np.n
     from datasets import ClassLabel, Dataset, Features, Value
 
     build, seed = _make(spec, num_partitions)
-    partitioner = build()
+    partitioner = build(len(labels))
     num_classes = max(labels) + 1 if labels else 1
     # IidPartitioner splits contiguous shards: shuffle the pool order first so shards are random.
     order = np.random.default_rng(seed).permutation(len(labels))
@@ -163,8 +197,8 @@ def partition_indices(
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} outside 0..{num_partitions - 1}")
     if labels is None:
-        if parse_spec(spec)[0] != "iid":
-            raise SpecError(f"partitioning {spec!r} skews class labels, and this task has none: use 'iid', "
+        if parse_spec(spec)[0] not in ("iid", "quantity"):
+            raise SpecError(f"partitioning {spec!r} skews class labels, and this task has none: use 'iid' or 'quantity', "
                             "or give the task a partition_labels() (e.g. binned targets)")
         if size is None:
             raise ValueError("partition_indices needs the pool size when there are no labels")

@@ -22,7 +22,7 @@ def test_digits_split_and_model() -> None:
     assert numel_of(task.build_model().state_dict()) == 38_282
 
 
-@pytest.mark.parametrize("spec", ["iid", "dirichlet:alpha=0.5", "pathological:classes=2"])
+@pytest.mark.parametrize("spec", ["iid", "dirichlet:alpha=0.5", "pathological:classes=2", "quantity:beta=0.5"])
 def test_partitions_are_disjoint_and_cover_the_pool(spec: str) -> None:
     task = make_task("digits")
     parts = [task.partition(i, 10, spec) for i in range(10)]
@@ -41,6 +41,24 @@ def test_partitioning_is_deterministic_and_skewed() -> None:
     assert len(set(path.y.tolist())) <= 2
 
 
+def test_quantity_skew_draws_sizes_from_a_dirichlet_and_spreads_labels() -> None:
+    """NIID-Bench's quantity skew: sizes ~ Dir(beta) (redrawn until each holds min_size), labels as
+    in iid; a small beta skews the sizes more than a large one, and the seed decides the draw."""
+    from fedge.tasks.partition import quantity_sizes
+
+    labels = tuple(int(v) for v in make_task("digits").train_pool().y.tolist())
+    sizes = [len(partition_indices(labels, "quantity:beta=0.5", 10, i)) for i in range(10)]
+    assert sum(sizes) == len(labels) and min(sizes) >= 10
+    assert sizes == quantity_sizes(10, len(labels), 0.5, 10, 42)
+    spread = {beta: np.std(quantity_sizes(10, 10_000, beta, 0, 7)) for beta in (0.1, 100.0)}
+    assert spread[0.1] > 5 * spread[100.0]
+    assert quantity_sizes(10, 10_000, 0.5, 0, 1) != quantity_sizes(10, 10_000, 0.5, 0, 2)
+    big = make_task("digits").partition(int(np.argmax(sizes)), 10, "quantity:beta=0.5")
+    assert len(set(big.y.tolist())) == 10  # the largest share holds every label (no label skew)
+    with pytest.raises(SpecError, match="need"):
+        quantity_sizes(10, 50, 0.5, 10, 0)
+
+
 def test_bad_partitioning() -> None:
     task = make_task("digits")
     with pytest.raises(SpecError):
@@ -49,6 +67,8 @@ def test_bad_partitioning() -> None:
         task.partition(10, 10, "iid")
     with pytest.raises(SpecError):
         task.partition(0, 10, "dirichlet:alpha=0")
+    with pytest.raises(SpecError):
+        task.partition(0, 10, "quantity:beta=0")
 
 
 def test_synthetic_task_scales() -> None:
