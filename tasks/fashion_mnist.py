@@ -8,7 +8,9 @@ downloaded: without the files the task raises :class:`DatasetMissing` naming the
 https://arxiv.org/abs/1708.07747). ``train_samples`` / ``test_samples`` take the first N of a
 seeded shuffle, so a CPU benchmark can use a stratified-enough subset. The model is a two-block CNN
 (conv-relu-pool x2, two linear layers) of 105k parameters. ``model=small`` is the same shape at half
-the channels with one linear layer, 9k parameters.
+the channels with one linear layer, 9k parameters. ``model=simple-cnn`` is NIID-Bench's ``simple-cnn``
+(Li, Diao, Chen, He, ICDE 2022: 5x5 convolutions of 6 and 16 channels, each with ReLU and 2x2 max
+pooling, then fully connected layers of 120 and 84), 44,426 parameters, for comparing with its table.
 
 The small one is for differential privacy with few devices per round. The noise on a round's mean
 has norm z C sqrt(d) / (q N). At ten devices per round that is 32 z C for the default CNN, against
@@ -29,7 +31,8 @@ from torch import nn
 
 from fedge.tasks.base import Task, TensorData
 
-__all__ = ["DEFAULT_DIR", "MODELS", "DatasetMissing", "FashionCNN", "FashionMNISTTask", "available", "read_idx"]
+__all__ = ["DEFAULT_DIR", "MODELS", "DatasetMissing", "FashionCNN", "FashionMNISTTask", "SimpleCNN", "available",
+           "read_idx"]
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
 _FILES = {
@@ -78,7 +81,23 @@ def _load(split: str, samples: int, seed: int) -> TensorData:
 
 
 #: the models ``model=`` names
-MODELS = ("cnn", "small")
+MODELS = ("cnn", "small", "simple-cnn")
+
+
+class SimpleCNN(nn.Module):
+    """NIID-Bench's ``simple-cnn`` for 28x28 single-channel images (its ``SimpleCNNMNIST``)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84),
+                                        nn.ReLU(), nn.Linear(84, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
 
 
 class FashionCNN(nn.Module):
@@ -113,6 +132,8 @@ class FashionMNISTTask(Task):
         self.spec = "fashion" + (":" + ",".join(extras) if extras else "")
 
     def build_model(self) -> nn.Module:
+        if self.model == "simple-cnn":
+            return SimpleCNN(self.num_classes)
         return FashionCNN(self.num_classes, small=self.model == "small")
 
     def train_pool(self) -> TensorData:

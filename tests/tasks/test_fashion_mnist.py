@@ -48,5 +48,9 @@ def test_the_small_model_is_named_in_the_spec_and_builds_without_the_data() -> N
     assert sum(p.numel() for p in small.build_model().parameters()) == 9098
     assert sum(p.numel() for p in default.build_model().parameters()) == 105866
     assert small.build_model()(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    niid = make_task("fashion:model=simple-cnn")  # NIID-Bench's simple-cnn
+    assert niid.spec == "fashion:model=simple-cnn"
+    assert sum(p.numel() for p in niid.build_model().parameters()) == 44426
+    assert niid.build_model()(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(Exception, match="not one of cnn, small"):
         make_task("fashion:model=tiny")
