@@ -617,46 +617,11 @@ def test_a_revoked_device_is_refused_by_the_coordinator_and_by_its_peers(tmp_pat
         _credentialed({9: raw}, {9: bind_identity(key, endorsement, raw)}, load_issuer(ca))
 
 
-def test_a_second_message_for_one_stage_is_refused(tmp_path) -> None:
-    """Privacy audit 2, N10: Flower starts a task per pulled message (the warm executor forks each)
-    from one saved state, so two consistency or unmask messages of one round could both be answered:
-    two survivor sets signed, or both kinds of a device's shares revealed. Each device here gets every
-    such message twice, the second on a copy of its state from before the first (a concurrent fork):
-    the marker in its state directory refuses the second, and the round still unmasks."""
-    from flwr.app import Context, RecordDict
-
-    from fedge.edge_client.app import app as fedge_app
-    from fedge.privacy.errors import ProtocolError
-    from fedge.protocol.secagg import SECAGG_RECORD, plan_from_record
-
-    ca, config = _issued_federation(tmp_path, 4)
-    for i in range(4):
-        config[i]["state-dir"] = str(tmp_path / f"device-{i}")
-    refused: list[str] = []
-
-    def twice(msg, context):  # type: ignore[no-untyped-def]
-        record = msg.content.config_records.get(SECAGG_RECORD)
-        stage = plan_from_record(record)[1] if record is not None else None
-        fork = Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
-                       state=RecordDict(dict(context.state.items())), run_config=context.run_config)
-        reply = fedge_app(msg, context)
-        if stage in ("consistency", "unmask"):
-            with pytest.raises(ProtocolError, match="answered already"):
-                fedge_app(msg, fork)
-            refused.append(stage)
-        return reply
-
-    engine = _engine(tmp_path, rounds=1, clients_per_round=4, secure_aggregation=f"{SECAGG},issuer={ca}")
-    row = engine.run(InProcessGrid(4, app=twice, node_config=config), initial_params(TASK, 42)).rows[0]
-    assert row.clients_used == 4 and not row.rejected
-    assert sorted(refused) == ["consistency"] * 4 + ["unmask"] * 4
-
-
-def test_a_message_of_another_run_or_a_later_round_does_not_erase_a_stage_marker(tmp_path) -> None:
-    """Privacy audit 3, F3: the marker of a stage used to be pruned by round number before the plan
-    was matched to the saved round, so a third message (another run id, or round + 4) erased the real
-    round's marker and a forked second message was answered again. Now such a message fails at the
-    plan check and touches no marker: the second answer is still refused, for every device."""
+def _each_stage_asked_twice(tmp_path, forge: bool) -> None:  # type: ignore[no-untyped-def]
+    """Every device gets each consistency and unmask message twice, the second on a copy of its state
+    from before the first (a concurrent fork), and must refuse the second; with ``forge``, between
+    the two, a message of another run id and one of round + 4, which must fail at the plan check
+    and leave the markers alone. The round still unmasks."""
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     from fedge.edge_client.app import app as fedge_app
@@ -672,13 +637,13 @@ def test_a_message_of_another_run_or_a_later_round_does_not_erase_a_stage_marker
         return Context(run_id=context.run_id, node_id=context.node_id, node_config=context.node_config,
                        state=RecordDict(dict(context.state.items())), run_config=context.run_config)
 
-    def attacked(msg, context):  # type: ignore[no-untyped-def]
+    def twice(msg, context):  # type: ignore[no-untyped-def]
         record = msg.content.config_records.get(SECAGG_RECORD)
         stage = plan_from_record(record)[1] if record is not None else None
         fork = fork_of(context)
         reply = fedge_app(msg, context)
         if stage in ("consistency", "unmask"):
-            for key, value in (("run-id", b"\x01" * 16), ("round", int(record["round"]) + 4)):
+            for key, value in ((("run-id", b"\x01" * 16), ("round", int(record["round"]) + 4)) if forge else ()):
                 forged = ConfigRecord({**dict(record), key: value})
                 with pytest.raises(ProtocolError, match="no secure-aggregation state"):
                     fedge_app(Message(RecordDict({SECAGG_RECORD: forged}), dst_node_id=msg.metadata.dst_node_id,
@@ -689,6 +654,22 @@ def test_a_message_of_another_run_or_a_later_round_does_not_erase_a_stage_marker
         return reply
 
     engine = _engine(tmp_path, rounds=1, clients_per_round=4, secure_aggregation=f"{SECAGG},issuer={ca}")
-    row = engine.run(InProcessGrid(4, app=attacked, node_config=config), initial_params(TASK, 42)).rows[0]
+    row = engine.run(InProcessGrid(4, app=twice, node_config=config), initial_params(TASK, 42)).rows[0]
     assert row.clients_used == 4 and not row.rejected
     assert sorted(refused) == ["consistency"] * 4 + ["unmask"] * 4
+
+
+def test_a_second_message_for_one_stage_is_refused(tmp_path) -> None:
+    """Privacy audit 2, N10: Flower starts a task per pulled message (the warm executor forks each)
+    from one saved state, so two consistency or unmask messages of one round could both be answered:
+    two survivor sets signed, or both kinds of a device's shares revealed. The marker in each
+    device's state directory refuses the second."""
+    _each_stage_asked_twice(tmp_path, forge=False)
+
+
+def test_a_message_of_another_run_or_a_later_round_does_not_erase_a_stage_marker(tmp_path) -> None:
+    """Privacy audit 3, F3: the marker of a stage used to be pruned by round number before the plan
+    was matched to the saved round, so a third message (another run id, or round + 4) erased the real
+    round's marker and a forked second message was answered again. Now such a message fails at the
+    plan check and touches no marker: the second answer is still refused, for every device."""
+    _each_stage_asked_twice(tmp_path, forge=True)
