@@ -35,7 +35,9 @@ class RunRate:
     The population is declared (``population=N``) or, when not, the devices connected when the first
     private round samples; from then on q does not move, devices beyond the population included:
     each is still in with probability q, independently, which is what is accounted. The release
-    divides by the expected count q N of that population (:attr:`expected`)."""
+    still divides by q times the devices connected in its round (their expected count): a
+    federation that grows past its first round's population then samples more devices a round, each
+    at the accounted q, and its mean keeps its scale."""
 
     def __init__(self, per_round: int, population: int = 0) -> None:
         if per_round < 1 or population < 0:
@@ -53,18 +55,13 @@ class RunRate:
         if connected > self.population and not self._beyond:
             self._beyond = True
             log.warning("differential privacy: %d devices connected, beyond the run's population of %d; each is "
-                        "still sampled at q = %g, as accounted, and the mean divides by q x %d", connected,
-                        self.population, self.rate, self.population)
+                        "still sampled at q = %g, as accounted (more devices a round than clients-per-round)",
+                        connected, self.population, self.rate)
         return self.rate
 
     @property
     def rate(self) -> float:
         return sampling_rate(self.per_round, self.population or 1)
-
-    @property
-    def expected(self) -> float:
-        """q N: how many devices a round samples on average, the release's denominator."""
-        return self.rate * (self.population or 1)
 
     def state_dict(self) -> dict[str, Any]:
         return {"population": self.population or 0}

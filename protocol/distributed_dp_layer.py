@@ -93,8 +93,7 @@ class DistributedDP(DistributedRelease, Layer):
         """The devices' noisy sum (plus the top-up for the planned ones that dropped) over q N, or
         noise alone when no sum was unmasked: never a noiseless release. Recorded in the ledgers."""
         self.scratch(step, dict)["received"] = partial
-        # the run's population when its rate fixes one (fedge.privacy.sampling.RunRate), else the step's
-        count, connected = partial.count, getattr(self._rate, "population", None) or step.connected
+        count, connected = partial.count, step.connected
         released = self.released_mean(partial.sum().numpy() if count else None, self.rate, connected,
                                       list(partial.members), partial.planned, self.rng)
         return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(self.rate * connected, 1.0),

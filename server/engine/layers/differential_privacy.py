@@ -227,9 +227,8 @@ class DifferentialPrivacyLayer(Layer):
             return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned,
                                    noised=True)
         total = partial.mean() * count if count else torch.zeros(partial.numel)
-        population = self.run_rate.population or max(step.connected, 1)  # fixed when the round sampled
-        noisy = self.dp.noisy_mean(total, population)
-        expected = self.dp.rate * population
+        noisy = self.dp.noisy_mean(total, step.connected)
+        expected = self.dp.rate * step.connected
         return Partial.of_mean(noisy, expected, count, members=partial.members, planned=partial.planned, noised=True)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
