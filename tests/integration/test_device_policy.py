@@ -45,6 +45,7 @@ def test_a_device_over_budget_or_outside_its_conditions_declines_and_is_counted_
     assert today["rounds"] == 1 and today["refused"] >= 1 and today["cpu_seconds"] > 0 and today["mb_down"] > 0.1
 
 
+@pytest.mark.slow  # the default suite has it in tests/integration/test_device_trust.py ("train-in-clear")
 def test_a_device_that_requires_secure_aggregation_refuses_a_round_without_it(
         tmp_path: Path, assert_no_leftovers) -> None:
     """Privacy audit 2, N1, on real processes: a coordinator runs a round without secure aggregation;

@@ -1,8 +1,8 @@
 """Device trust on real processes (privacy audit 3, F1 and F2): a SuperLink, three SuperNodes pinned
 to their installed ClientApp (node config ``device-code = "pinned"``, as ``fedge-edge join`` sets it),
 the warm executor, and a coordinator that lies. Its ServerApp (``liar``, shipped in the run's FAB
-with a plugin module of its own) sends every device a gossip message marked as masked, and a plain
-train message that names its plugin; a second run's FAB names the coordinator's own ClientApp.
+with a plugin module of its own) sends every device a gossip message marked as masked, a plain train
+message that names its plugin, and one without secure aggregation; a second run's FAB names the coordinator's own ClientApp.
 Every device answers each with a typed ``policy`` refusal and nothing else: no update, no example
 count, no metric; neither the shipped plugin nor the shipped ClientApp ever runs on a device."""
 
@@ -42,6 +42,7 @@ def main(grid: Grid, context: Context) -> None:
                                                    "secagg": ConfigRecord({"stage": "masked", "round": 1})}),
         "train-naming-a-plugin": ("train", {"config": ConfigRecord({"task": "digits", "round": 1,
                                                                      "plugins": "planted"})}),
+        "train-in-clear": ("train", {"config": ConfigRecord({"task": "digits", "round": 1})}),
     }
     replies = {}
     for name, (message_type, records) in asks.items():
@@ -150,6 +151,9 @@ def test_a_lying_coordinator_gets_only_typed_refusals_from_pinned_devices(tmp_pa
     assert all(r["refusal"] is not None and r["refusal"]["kind"] == "policy" for r in plugin), plugin
     # the warm executor checks the modules a message names before any app runs: all three refuse it
     assert all("plugin module 'planted'" in r["refusal"]["reason"] for r in plugin), plugin
+    clear = fedge_client["train-in-clear"]  # audit 2, N1: a round without secure aggregation
+    refused = [r["refusal"]["reason"] for r in clear if r["refusal"] is not None]
+    assert len(refused) == 2 and all("the round has none" in reason for reason in refused), clear
     for replies in runs["own-client"].values():
         for reply in replies:
             assert reply["refusal"]["kind"] == "policy" and "'liar.client_app:app'" in reply["refusal"]["reason"]
