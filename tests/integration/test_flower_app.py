@@ -112,6 +112,10 @@ def test_docs_flower_md_works_as_written_in_a_plain_flower_app(tmp_path: Path) -
 
 
 @pytest.mark.xdist_group("flwr-default-federation")
+# make test-slow: the default suite runs the page's diff on a plain app with the example's task
+# (test_docs_flower_md_works_as_written_in_a_plain_flower_app), on the same fixed Flower ports, so the
+# two ran one after the other (~50 s each); the example as shipped also runs in bench/flower_app.py
+@pytest.mark.slow
 def test_the_example_runs_as_docs_flower_md_says(tmp_path: Path) -> None:
     plain = plain_flower_app(APP, tmp_path / "plain")
     for name in ("server_app.py", "client_app.py"):
