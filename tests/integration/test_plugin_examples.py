@@ -39,6 +39,7 @@ def test_all_three_plugins_run_on_the_simulation_engine(tmp_path, assert_no_left
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~45 s: the default suite is at CI's 15 minutes; plugins on a real engine stay there
 def test_a_plugin_algorithm_runs_with_secure_aggregation_on_the_simulation_engine(tmp_path, assert_no_leftovers) -> None:
     """The plugin's device handler is FedAvg's built on the device's layers: under secure aggregation
     its devices mask (the uplink is the masked ring elements plus the key agreement) and the
