@@ -33,6 +33,7 @@ from typing import Any
 
 from flwr.app import Context, Message
 
+from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import PLUGINS, START_KEY
 from fedge.protocol.plugins import plugin_modules
 from fedge.protocol.refusals import POLICY, PolicyRefusal, refusal_content
@@ -91,8 +92,10 @@ def check_modules(node_config: Mapping[str, Any], plugins: str, task: str, start
 
 
 def _config_text(message: Message, key: str) -> str:
+    """A text value of the message's config record, "" when absent; a value that is not text is
+    left to the handlers' own checks (``fedge.edge_client.plugins``), which refuse it."""
     records = message.content.config_records if message.has_content() else {}
-    value = records["config"].get(key, "") if "config" in records else ""
+    value = records[CONFIG_RECORD].get(key, "") if CONFIG_RECORD in records else ""
     return value if isinstance(value, str) else ""
 
 
