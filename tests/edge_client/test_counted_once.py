@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
-from flwr.supercore.task_identity import TaskIdentity
-
 from fedge.edge_client.counted_once import counted_once_mod
 from fedge.protocol.refusals import BadConfigRefusal, CountedElsewhereRefusal
-
-
-@pytest.fixture(autouse=True)
-def _task_identity() -> None:
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
 
 
 def _message(stamps: dict[str, object] | None, kind: str = MessageType.TRAIN) -> Message:

@@ -18,10 +18,6 @@ def _context(config: dict) -> Context:
 
 
 def _message() -> Message:
-    from flwr.supercore.task_identity import TaskIdentity
-
-    # what Flower's runtime sets before a message is built outside it
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     return Message(RecordDict(), dst_node_id=7, message_type="query.roster")
 
 

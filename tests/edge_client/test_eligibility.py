@@ -98,9 +98,6 @@ def test_budgets_count_todays_rounds_and_megabytes(tmp_path: Path) -> None:
 
 
 def test_a_train_message_outside_the_conditions_gets_a_typed_refusal(tmp_path: Path, monkeypatch) -> None:
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     _supply(tmp_path, "BAT0", type="Battery", status="Discharging")
     monkeypatch.setenv("FEDGE_POWER_SUPPLY_DIR", str(tmp_path))
     context = Context(run_id=1, node_id=1, node_config={"when": "charging"}, state=RecordDict(), run_config={})

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from flwr.app import Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.edge_client.leaf_devices import LEAF_NODE, leaf_devices_mod
 
 
 def _seen(run_config: dict, node_config: dict, messages: int = 1) -> list[dict]:
     """The node config each of ``messages`` messages reaches the handler with (one node's context)."""
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0  # what Flower's runtime sets
     context = Context(run_id=1, node_id=7, node_config=dict(node_config), state=RecordDict(), run_config=run_config)
     seen: list[dict] = []
 

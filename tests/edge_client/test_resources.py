@@ -23,14 +23,6 @@ def _burn(seconds: float) -> None:
         x += 1
 
 
-@pytest.fixture(autouse=True)
-def _task_identity():
-    """Flower builds messages inside a task (a ClientApp's or ServerApp's process)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
-
-
 def _message() -> Message:
     msg = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=1, message_type="train")
     # a message as it arrives: with the metadata the SuperNode gives it

@@ -40,9 +40,6 @@ def test_mod_sleeps_in_proportion_to_the_real_work(monkeypatch) -> None:
     monkeypatch.setattr(slowdown.time, "sleep", slept.append)
     monkeypatch.setattr(slowdown, "_handled_in_process", False)
     monkeypatch.delitem(sys.modules, slowdown._CLIENTAPP_PROCESS_MODULE, raising=False)  # not a deployment process
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     msg = Message(RecordDict(), dst_node_id=1, message_type="train")
     reply = slowdown.slowdown_mod(msg, _context(0, slowdown=5), lambda m, c: m)
     assert reply is msg and slept == [pytest.approx(10.0)]  # (5 - 1) x 2.5 s
@@ -55,9 +52,6 @@ def test_a_deployment_clientapp_process_counts_its_start_as_the_first_messages_w
     """In Flower's one-message ``flwr-clientapp`` process, starting the process is the device's work
     for that message too: a slow device sleeps (F - 1) x the process's age at the handler's end.
     Later messages in the same process (and every message in a simulation worker) count the handler."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     ticks = iter([10.0, 12.5, 20.0, 22.5])  # each handler "takes" 2.5 s
     slept: list[float] = []
     monkeypatch.setattr(slowdown.time, "perf_counter", lambda: next(ticks))
