@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/leaf-simulation.json"))
     args = parser.parse_args(argv)
+    if args.rounds < 2:  # a round's CPU and wall time are measured from one round's end to the next's
+        parser.error("--rounds must be at least 2: the per-round figures are those of rounds 2..R")
     command = shlex.join([".venv/bin/python", "bench/leaf_simulation.py", *(argv or sys.argv[1:])])
     results = []
     for devices in args.devices:

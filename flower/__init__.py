@@ -22,8 +22,9 @@ from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
+from fedge.flower.tracked import TrackedStrategy, tracked  # noqa: E402
 from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
 
 __all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy",
-           "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered", "refusal_mod",
-           "resource_mod", "secure", "secure_mod"]
+           "TrackedStrategy", "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered",
+           "refusal_mod", "resource_mod", "secure", "secure_mod", "tracked"]

@@ -101,6 +101,8 @@ class FedBuff:
         self.refused: list[tuple[int, int, str]] = []  # (version, node, reason)
         self.dropped_stale = 0
         self.uplink_bytes = 0
+        #: called with (version, its train metrics) as each version is published
+        self.on_version: Callable[[int, MetricRecord], None] | None = None
 
     def summary(self) -> None:
         log.info("\t├── %s: concurrency %d, buffer %d, uplink %s, downlink %s, %s, server lr %g",
@@ -177,6 +179,8 @@ class FedBuff:
             self.uplink_bytes += buffer.accounting.uplink  # the version's replies and its layers' exchanges
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
                                                                  {**outcome.extra, **buffer.accounting.app_metrics()})
+            if self.on_version is not None:  # fedge.flower.tracked: the version's figures as they are known
+                self.on_version(version, result.train_metrics_clientapp[version])
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      buffer.tally.report()["staleness_mean"])
             if evaluate_fn is not None:

@@ -31,6 +31,7 @@ from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
 from fedge.tasks import make_task, unflatten_state
 from fedge.tasks.parameters import model_digest
+from fedge.tracking import Tracker
 
 __all__ = ["app", "configure_logging"]
 
@@ -93,19 +94,34 @@ def main(grid: Grid, context: Context) -> None:
 
     task = make_task(settings.task)
     algorithm = make_algorithm(settings.algorithm, make_context(settings, task))
-    engine = Engine(algorithm, run_dir)
+    # the run's tracking sinks see every row as it is written (after metrics.jsonl has it)
+    tracker = Tracker.open(settings.tracking, run_dir.path,
+                           tags={"fedge.role": "leaf" if settings.leaf_spool else "coordinator",
+                                 "fedge.algorithm": algorithm.spec, "fedge.task": task.spec})
+    tracker.start(settings.to_run_config())
+    engine = Engine(algorithm, run_dir, on_row=lambda row: tracker.row(row.to_json()))
+    finished = False
+    try:
+        finished = _serve_or_run(settings, run_dir, task, algorithm, engine, grid, tracker)
+    finally:  # a failed run leaves its MLflow run open (RUNNING): a restart resumes it
+        tracker.close(finished=finished)
+
+
+def _serve_or_run(settings: RunSettings, run_dir: RunDirectory, task: Any, algorithm: Any, engine: Engine,
+                  grid: Grid, tracker: Tracker) -> bool:
+    """The run itself; True when it finished (not stopped to be resumed)."""
     if settings.leaf_spool:  # a leaf: its root sets the model of every step (fedge.server.leaf)
         spool = Path(settings.leaf_spool)
         answered = LeafCoordinator(engine, grid).serve(spool, stop=lambda: (spool / LEAF_STOP).exists()
                                                        or run_dir.stop_requested())
         log.info("leaf done: %d root rounds answered", answered)
-        return
+        return not run_dir.stop_requested()
     start_params = initial_params(task, settings.seed, settings.init)
     first = engine.evaluate(start_params)
     result = engine.run(grid, start_params)
     if result.stopped:  # the checkpoint holds the state; no final model or summary for a paused run
         log.info("run stopped at the operator's request after round %d", result.rows[-1].round if result.rows else 0)
-        return
+        return False
 
     rows = result.rows
     final_round = rows[-1].round if rows else 0
@@ -162,3 +178,6 @@ def main(grid: Grid, context: Context) -> None:
     )
     log.info("done: %s %.4f after %d rounds; model %s", metric, final.get(metric, float("nan")), final_round,
              run_dir.model_path)
+    tracker.artifacts([run_dir.model_path, run_dir.plot_path, run_dir.summary_path,
+                       Path(bundle["path"]) if bundle and bundle.get("path") else None])
+    return True

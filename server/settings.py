@@ -224,6 +224,13 @@ class RunSettings:
         "this leaf is leaf I of L over N devices, and its simulated node of partition j is the device of partition "
         "I + j x L of N, as a deployed leaf's SuperNodes are; empty = each node's own partition"
     )
+    tracking: str = _opt(
+        "none",
+        "experiment tracking, beside metrics.jsonl: 'tensorboard[:DIR]' (event files in DIR/<run name>, default "
+        "<run dir>/tensorboard; pip install 'fedge[tensorboard]'), 'mlflow[:URI]' (a tracking server or database, "
+        "default sqlite:///<run dir>/mlflow.db; pip install 'fedge[mlflow]'), several with ';' between: the run's "
+        "settings, every round's figures, the final model, plot and bundle",
+    )
     run_dir: str = _opt(
         "", "run directory (metrics, checkpoint, model; an existing one resumes); empty: runs/demo-<time> or "
         "runs/cluster-<time> from the CLI, runs/run-<Flower run id> under flwr run"
@@ -286,6 +293,12 @@ class RunSettings:
             parse_device_policy(self.device_policy)
         except PolicyError as err:
             raise SettingsError(str(err)) from None
+        from fedge.tracking import TrackingError, check_tracking
+
+        try:
+            check_tracking(self.tracking)  # a missing extra is refused here, with its install command
+        except TrackingError as err:
+            raise SettingsError(f"tracking: {err}") from None
         if self.aggregator_memory_mb < 1:
             raise SettingsError("aggregator-memory-mb must be >= 1")
         from fedge.compression.errors import SpecError

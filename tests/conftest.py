@@ -29,6 +29,22 @@ settings.register_profile(
 settings.load_profile("fedge")
 
 
+@pytest.fixture
+def flower_task_identity() -> Iterator[None]:
+    """Flower builds a ``Message`` inside a task: its runtime sets the process's task identity first.
+
+    Device-side and strategy tests (``tests/edge_client``, ``tests/flower``) build messages outside
+    any runtime: their folders' conftest sets it for every test (and puts it back after), so that a
+    test does not pass or fail by which other test ran before it in the same worker.
+    """
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = saved
+
+
 # ---- shared model/key fixtures (deploy and edge tests), built once per session ---------------------
 
 

@@ -15,13 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("server", "edge_client", "aggregation", "compression", "deploy", "tasks", "protocol", "launcher", "privacy",
-          "flower")
+          "flower", "tracking")
 #: third-party imports a pure or edge-side module must never make
 FORBIDDEN = {
     "compression": {"flwr", "flwr_datasets"},
     "aggregation": {"flwr", "flwr_datasets"},
     "launcher": {"flwr", "torch"},
     "privacy": {"flwr", "flwr_datasets", "torch"},
+    "tracking": {"flwr", "flwr_datasets", "torch"},
 }
 
 

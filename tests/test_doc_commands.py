@@ -35,7 +35,7 @@ from fedge.deploy.train import parse_args as trainer_args
 from fedge.edge_client.edge_cli import build_parser as edge_parser
 from fedge.server.cli.main import build_parser as fedge_parser
 from fedge.server.cli.main import prepare_run
-from tests.test_docs import DOCS, ROOT, UNITS, _segments, _unit_commands
+from tests.test_docs import DOCS, ROOT, UNITS, _segments, _shell_parts, _unit_commands
 
 #: fenced blocks whose lines are commands (``text`` blocks are output and diagrams)
 _FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.S | re.M)
@@ -56,6 +56,8 @@ NOT_RUN_HERE = {
     "make": "the project's own targets, which CI runs",
     "source": "activates the virtual environment",
     "src=$PWD": "remembers the checkout's directory",
+    "tensorboard": "TensorBoard's viewer (a server); tests/tracking reads the same files with its event reader",
+    "mlflow": "MLflow's UI (a server); tests/tracking reads the same store with MlflowClient",
 }
 
 #: commands (by a substring of the command) that are not run through the preflight here, and why
@@ -236,27 +238,9 @@ def shell_lines() -> dict[str, list[str]]:
             for line in body.replace("\\\n", " ").splitlines():
                 line = line.split(" #")[0].strip().removeprefix("$ ")
                 if line and not line.startswith("#"):
-                    lines += [part.strip() for part in _split(line) if part.strip()]
+                    lines += [part.strip() for part in _shell_parts(line, pipes=False) if part.strip()]
         found[doc.relative_to(ROOT).as_posix()] = lines
     return found
-
-
-def _split(line: str) -> list[str]:
-    """A shell line's commands: split at ``&&`` and ``;`` outside quotes."""
-    parts, current, quote, i = [], "", "", 0
-    while i < len(line):
-        char = line[i]
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif line.startswith("&&", i) or char == ";":
-            parts.append(current)
-            current, i = "", i + (2 if char == "&" else 1)
-            continue
-        current += char
-        i += 1
-    return [*parts, current]
 
 
 def line_problem(line: str) -> str | None:
@@ -319,7 +303,7 @@ def test_no_line_uses_a_checkout_path_after_leaving_the_checkout(where: str) -> 
         if tag in _SHELL_TAGS - {""}:
             lines = [line.split(" #")[0].strip() for line in body.replace("\\\n", " ").splitlines()]
             found += checkout_paths_after_cd([part.strip() for line in lines if line and not line.startswith("#")
-                                              for part in _split(line) if part.strip()])
+                                              for part in _shell_parts(line, pipes=False) if part.strip()])
     assert not found, "\n".join(found)
 
 

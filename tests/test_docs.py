@@ -65,7 +65,7 @@ def _epilog_commands() -> list[str]:
 def _segments(line: str) -> list[str]:
     """The ``fedge``/``fedge-edge`` invocations in one shell line (``a && b``, ``a; b``, ``a | b``)."""
     out = []
-    for part in re.split(r"&&|;|\|", line):
+    for part in _shell_parts(line):
         words = part.strip().split()
         for i, word in enumerate(words):
             if word.split("/")[-1] in ("fedge", "fedge-edge"):
@@ -74,6 +74,25 @@ def _segments(line: str) -> list[str]:
             if word not in ("sudo", "time", "exec", "$") and not re.fullmatch(r"[A-Z_]+=\S*", word):
                 break  # the program is another one (``useradd ... fedge`` names a user)
     return out
+
+
+def _shell_parts(line: str, pipes: bool = True) -> list[str]:
+    """``line``'s commands: split at ``&&``, ``;`` and (``pipes``) ``|`` outside quotes, so
+    ``--tracking 'tensorboard;mlflow'`` stays one argument."""
+    parts, current, quote, i = [], [], "", 0
+    while i < len(line):
+        char = line[i]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == ";" or (pipes and char == "|") or line.startswith("&&", i):
+            parts.append("".join(current))
+            current, i = [], i + (2 if line.startswith("&&", i) else 1)
+            continue
+        current.append(char)
+        i += 1
+    return [*parts, "".join(current)]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

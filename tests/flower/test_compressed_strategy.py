@@ -11,7 +11,6 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian, FedProx
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.compression import make_codec
 from fedge.flower import compressed, compression_mod
@@ -50,11 +49,6 @@ def _user_app(with_mod: bool = True, seen: dict[int, list[ArrayRecord]] | None =
                                                             "train_loss": 1.0})}), reply_to=msg)
 
     return app
-
-
-@pytest.fixture(autouse=True)
-def _task() -> None:
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 
 
 def _model() -> ArrayRecord:

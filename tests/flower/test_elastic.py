@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg, FedMedian
 
 from fedge.flower import ElasticAveraging, compressed, compression_mod, elastic_mod, layered
-from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _task  # noqa: F401
+from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model
 
 ALPHA, BETA = 0.3, 0.9
 

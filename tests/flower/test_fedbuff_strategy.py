@@ -11,7 +11,6 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.aggregation.staleness import Staleness
 from fedge.flower import FedAsync, FedBuff
@@ -19,11 +18,6 @@ from fedge.protocol.records import UPDATE_RECORD, payload_record, read_payload
 from tests.flower.test_compressed_strategy import _model, _user_app
 
 NODES = [11, 12, 13]
-
-
-@pytest.fixture(autouse=True)
-def _task() -> None:
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 
 
 class Clock:

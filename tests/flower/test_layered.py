@@ -25,7 +25,6 @@ from tests.flower.test_compressed_strategy import (  # noqa: F401
     _exchange,
     _flat,
     _model,
-    _task,
     _user_app,
 )
 from tests.server.test_layers import CountingLayer

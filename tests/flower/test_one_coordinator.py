@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from fedge.compression import derive_seed
@@ -28,7 +28,6 @@ from fedge.edge_client.node_store import NodeStore
 from fedge.aggregation.staleness import Staleness
 from fedge.flower import FedAsync, FedBuff, compressed
 from fedge.protocol.config_keys import ROUND_KEY
-from flwr.supercore.task_identity import TaskIdentity
 from fedge.protocol.layout import Layout
 from fedge.flower.layered import CompressedStrategy
 from fedge.protocol.records import DOWNLINK_RECORD, UPDATE_RECORD, read_payload
@@ -39,7 +38,7 @@ from fedge.protocol.step import Outgoing, Step
 from fedge.protocol.downlink_layer import DownlinkLayer
 from fedge.server.settings import RunSettings
 from fedge.tasks import flatten_state, make_task, seeded_initial_params, tensor_sizes, unflatten_state
-from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _task, _user_app  # noqa: F401
+from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _user_app
 from tests.flower.test_fedbuff_strategy import Clock, LatencyGrid
 
 SEED = 7
@@ -168,7 +167,6 @@ def test_the_engines_async_algorithms_and_the_flower_wrappers_make_the_same_vers
     versions, the same staleness tally, the same updates dropped as too stale. Node 13 is slow, so
     its updates arrive stale and some beyond the bound. The devices encode with the round the
     engine would name (version + 1), so each payload is what the same device sends the engine."""
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     name = algorithm.split(":")[0]
     clock = Clock()
     flower_versions: list[np.ndarray] = []

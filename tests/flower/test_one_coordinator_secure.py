@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
 import fedge.edge_client.secure_aggregation as device_side
 import fedge.privacy.secagg_device as secagg_device
@@ -182,7 +181,6 @@ def test_secure_aggregation_with_distributed_dp_is_the_same_bytes_and_model_in_b
     with its Skellam noise, reveals) is the same bytes whichever coordinator drives it, and both
     release the same model (the same noisy sum over q N), and count the same uplink bytes (one
     tally: the masked uploads as they arrived and the stages' records)."""
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
     task = make_task("digits")
     torch.manual_seed(0)
     start = flatten_state(task.build_model().state_dict())

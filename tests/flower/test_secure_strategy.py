@@ -13,7 +13,6 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedYogi, Krum
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.flower import compressed, secure, secure_mod
 from fedge.protocol.records import UPDATE_RECORD, payload_record, read_payload
@@ -92,11 +91,6 @@ class Grid:
 
     def pull_messages(self, ids):  # type: ignore[no-untyped-def]
         return [self.pulled.pop(i) for i in ids if i in self.pulled]
-
-
-@pytest.fixture(autouse=True)
-def _task() -> None:
-    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
 
 
 def _model() -> ArrayRecord:

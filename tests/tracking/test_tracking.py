@@ -1,0 +1,157 @@
+"""Experiment tracking (``fedge.tracking``): what a row becomes, the setting's grammar, a failing sink,
+and a real run whose TensorBoard event files and MLflow store, read back with their own readers,
+hold every round's figures exactly as ``metrics.jsonl`` does."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedge.tracking import SinkSpec, Tracker, TrackingError, check_tracking, parse_tracking, row_scalars
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_row_becomes_its_finite_numbers_by_flat_name_with_ratio_and_refusals_by_kind() -> None:
+    row = {"round": 3, "accuracy": 0.9, "loss": float("nan"), "uplink_bytes": 100, "uplink_fp32_bytes": 800,
+           "codec": "qsgd:bits=4", "error_feedback": True, "metrics": ["loss", "accuracy"],
+           "participation": {"jain": 0.5, "inner": {"x": 2}},
+           "rejected": [{"node": 1, "kind": "timeout"}, {"node": 2, "kind": "timeout"}, {"node": 3}],
+           "declined": {"over-budget": 1}}
+    assert row_scalars(row) == {"accuracy": 0.9, "uplink_bytes": 100.0, "uplink_fp32_bytes": 800.0,
+                                "participation/jain": 0.5, "participation/inner/x": 2.0,
+                                "declined/over-budget": 1.0, "compression_ratio": 8.0,
+                                "rejected/timeout": 2.0, "rejected/other": 1.0}
+
+
+@given(st.dictionaries(st.text(st.characters(codec="ascii", exclude_characters="/"), min_size=1),
+                       st.one_of(st.floats(), st.integers(-2**40, 2**40), st.booleans(), st.text(), st.none()),
+                       max_size=8))
+def test_every_scalar_is_a_finite_float_of_the_row(row: dict) -> None:
+    row = {k: v for k, v in row.items() if k not in ("round", "rejected", "uplink_bytes", "uplink_fp32_bytes")}
+    scalars = row_scalars(row)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in scalars.values())
+    assert scalars == {k: float(v) for k, v in row.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def test_the_setting_names_sinks_with_targets_that_may_hold_colons() -> None:
+    assert parse_tracking("none") == parse_tracking("") == []
+    assert parse_tracking("tensorboard; mlflow:http://127.0.0.1:5000") == [
+        SinkSpec("tensorboard"), SinkSpec("mlflow", "http://127.0.0.1:5000")]
+    assert parse_tracking("tensorboard:/tmp/tb") == [SinkSpec("tensorboard", "/tmp/tb")]
+    with pytest.raises(TrackingError, match="unknown tracking sink 'wandb'"):
+        parse_tracking("wandb")
+    with pytest.raises(TrackingError, match="twice"):
+        parse_tracking("mlflow;mlflow:sqlite:///x.db")
+
+
+def test_a_missing_library_is_refused_with_its_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from fedge.server.settings import RunSettings, SettingsError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(TrackingError, match=r"pip install 'fedge\[mlflow\]'"):
+        check_tracking("tensorboard;mlflow")
+    with pytest.raises(SettingsError, match=r"tracking: .*pip install 'fedge\[mlflow\]'"):
+        RunSettings(tracking="mlflow")
+
+
+class _Broken:
+    name = "broken"
+
+    def start(self, params: dict) -> None:
+        pass
+
+    def log(self, step: int, scalars: dict) -> None:
+        raise ConnectionError("tracking server went away")
+
+    def artifacts(self, paths: list) -> None:
+        pass
+
+    def close(self, finished: bool) -> None:
+        pass
+
+
+class _Kept(_Broken):
+    name = "kept"
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def log(self, step: int, scalars: dict) -> None:
+        self.steps.append(step)
+
+
+def test_a_failing_sink_is_dropped_and_the_others_go_on(caplog: pytest.LogCaptureFixture) -> None:
+    kept = _Kept()
+    tracker = Tracker([_Broken(), kept])
+    for step in (1, 2):
+        tracker.row({"round": step, "accuracy": 0.5})
+    assert kept.steps == [1, 2] and [s.name for s in tracker.sinks] == ["kept"]
+    assert "broken failed in log (ConnectionError: tracking server went away)" in caplog.text
+
+
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    first = Tracker.open("mlflow", tmp_path)
+    first.start({"rounds": 2, "codec": "none"})
+    first.row({"round": 1, "accuracy": 0.5})
+    first.close(finished=False)  # stopped at the operator's request
+    again = Tracker.open("mlflow", tmp_path)
+    again.start({"rounds": 4, "codec": "none"})  # rounds may change on resume
+    again.row({"round": 2, "accuracy": 0.75})
+    again.close(finished=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("fedge").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2" and run.data.tags["resumed.rounds"] == "4"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "accuracy")] == [(1, 0.5), (2, 0.75)]
+
+
+@pytest.mark.integration
+def test_a_run_with_both_sinks_reads_back_as_its_metrics_jsonl(tmp_path: Path) -> None:
+    """``fedge demo`` on the simulation engine, three rounds, both sinks; then TensorBoard's own event
+    reader and MLflow's client: every round's every figure is the row's (TensorBoard stores float32)."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(Path(sys.executable).parent / "fedge"), "demo", "--rounds", "3", "--clients", "3",
+                           "--clients-per-round", "3", "--local-epochs", "3", "--tracking",
+                           f"tensorboard:{tmp_path / 'tb'};mlflow", "--run-dir", str(run_dir)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    expected = {r["round"]: row_scalars(r) for r in rows}
+    assert {"accuracy", "loss", "uplink_bytes", "downlink_bytes", "compression_ratio"} <= set(expected[1])
+
+    events = EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"scalars": 0})
+    events.Reload()
+    names = set().union(*(set(s) for s in expected.values()))
+    assert set(events.Tags()["scalars"]) == names
+    for name in names:
+        got = {e.step: e.value for e in events.Scalars(name)}
+        want = {step: np.float32(s[name]) for step, s in expected.items() if name in s}
+        assert got == want, name
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    run = client.get_run(json.loads((run_dir / "mlflow-run.json").read_text())["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert run.data.params["codec"] == json.loads((run_dir / "config.json").read_text())["settings"]["codec"]
+    for name in names:
+        history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
+        assert history == {step: s[name] for step, s in expected.items() if name in s}, name
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model.pt", "plot.png", "summary.json",
+                                                                         "bundle"}
