@@ -49,8 +49,14 @@ demo: $(STAMP)
 # One pytest over three workers (pytest-xdist): the tests that start real processes go first, the
 # longest first (tests/conftest.py), so none of them is the tail. The suite is CPU-bound on two cores
 # (busy 96-100% of every minute, 2026-12-03): a third worker fills what a process start leaves idle. Tests on Flower's fixed local ports share an xdist_group and a file lock (tests/conftest.py).
+# The live page's browser test drives the distribution's headless Chromium: installed here where the
+# machine lets us (root and apt); elsewhere the test says which package it needs (under CI=true it fails).
 test: $(STAMP)
 	@$(PY) -m compileall -q -j 0 -x '/(\.venv[^/]*|\.git|runs|build|templates)/' . >/dev/null
+	@command -v chromium-headless-shell >/dev/null || command -v chromium >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium-headless-shell >/dev/null 2>&1; } || \
+	  echo "note: no headless Chromium (apt-get install chromium-headless-shell): the live page's browser test is skipped"
 	$(PY) -m pytest -m "not slow" -q -n 3 --dist loadgroup --durations=20
 
 test-slow: $(STAMP)

@@ -3,9 +3,9 @@
 Every feature that works on a step's updates without looking at each one (secure aggregation reveals
 only their sum, distributed or central DP noises it, a leaf coordinator forwards it to a root) hands
 this one type along a chain, instead of wrapping the algorithm's accumulator in proxies with side
-fields. It is the value a layer receives and returns (``Layer.release``), and the value two partial
-sums combine into (:meth:`Partial.merge`): hierarchy is "a leaf returns a ``Partial``, the root
-merges them".
+fields. It is the value a layer receives and returns (``Layer.release``). (A leaf does not send its
+root a ``Partial``: its bridge sends the change of the leaf's model as one device's update, weighted
+by the leaf's devices' weights, which is what the root's FedAvg needs; ``fedge.protocol.leaf``.)
 
 A partial holds its sum either as the weighted sum itself (a streaming mean's accumulator) or as the
 weighted mean (what secure aggregation unmasks, what DP releases): whichever the producer computed,
@@ -51,8 +51,6 @@ class Partial:
     #: noise was added: the partial is released whatever the count (whether noise appears must
     #: never depend on who answered), and it is the last transformation a privacy ledger counts
     noised: bool = False
-    #: why it cannot be merged (a robust rule's output is not a sum); None: it can
-    unmergeable: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("total", "average"):
@@ -105,23 +103,6 @@ class Partial:
         if self.average is None:
             raise PartialError("no update was accumulated")
         return self.average * self.weight
-
-    # -- combining ----------------------------------------------------------------------------
-    def merge(self, other: Partial) -> Partial:
-        """The partial of both sets of updates (a root merging its leaves' sums)."""
-        for side in (self, other):
-            if side.unmergeable is not None:
-                raise PartialError(f"cannot merge: {side.unmergeable}")
-        if other.numel != self.numel:
-            raise PartialError(f"cannot merge partials of {self.numel} and {other.numel} values")
-        overlap = set(self.members) & set(other.members)
-        if overlap:
-            raise PartialError(f"cannot merge: nodes {sorted(overlap)[:5]} are in both sums")
-        sums = [p.sum() for p in (self, other) if not p.is_empty]
-        total = sums[0] if len(sums) == 1 else (sums[0] + sums[1] if sums else None)
-        return Partial(self.numel, total=total, weight=self.weight + other.weight, count=self.count + other.count,
-                       members=self.members + other.members, planned=self.planned + other.planned,
-                       noised=self.noised or other.noised)
 
 
 class Accumulator(Protocol):

@@ -98,11 +98,10 @@ class Aggregator(ABC):
 
     def partial(self) -> Partial:
         """The step's partial aggregate. A robust rule's output is not a sum: it stands as the mean of
-        unit weight, and refuses to be merged with another (a median of medians is not the median)."""
+        unit weight."""
         if self.count == 0:
             return Partial.empty(self.numel)
-        return Partial.of_mean(self.result(), 1.0, self.count,
-                               unmergeable=f"aggregator {self.spec!r} is not a sum of its updates")
+        return Partial.of_mean(self.result(), 1.0, self.count)
 
     @classmethod
     def memory_bytes(cls, numel: int, capacity: int, **params: Any) -> int:

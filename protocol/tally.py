@@ -46,6 +46,10 @@ class Tally:
     train_seconds: list[float] = field(default_factory=list)  # clients' own training time
     #: devices' resource reports (every reply that carried a valid one, used or not)
     resources: list[ResourceReport] = field(default_factory=list)
+    #: the same reports by the node that sent them (the run's device ledger keeps each device's last)
+    reports: dict[int, ResourceReport] = field(default_factory=dict)
+    #: (node, kind) of every device that declined by its owner's policy
+    declined_nodes: list[tuple[int | None, str]] = field(default_factory=list)
     rejected: list[dict[str, object]] = field(default_factory=list)
     #: failures by kind (``Failure.kind``): timeouts, client errors, refused replies, device refusals
     failures: Counter[str] = field(default_factory=Counter)
@@ -70,10 +74,12 @@ class Tally:
         report = report_of(reply)
         if report is not None:
             self.resources.append(report)
+            self.reports[reply.metadata.src_node_id] = report
 
     def failed(self, failure: Failure) -> None:
         if failure.kind.declined:
             self.declined[failure.kind.value] += 1
+            self.declined_nodes.append((failure.node, failure.kind.value))
             return
         self.rejected.append(failure.entry())
         self.failures[failure.kind.value] += 1

@@ -104,9 +104,13 @@ def _ray_cpus(parallel_clients: int = 0) -> int:
 
 def _root_settings(settings: RunSettings, leaves: int, devices: int) -> RunSettings:
     """The root's settings over ``leaves`` leaves: secure aggregation runs in each leaf, over its
-    devices, and the root sees the leaves' sums; its privacy is its tier's."""
+    devices, and the root sees the leaves' sums; its privacy is its tier's. The weight cap acts in
+    the leaves, on what devices claim: a leaf's weight is the sum of its devices' capped weights, not
+    a claim, so the root takes it as it is (capped again, the default cap would weigh every leaf 1 in
+    the first round, and a fixed cap would cut a large leaf to one device's weight)."""
     return settings.replace(clients_per_round=min(settings.clients_per_round, leaves),
                             min_replies=min(settings.min_replies, leaves), secure_aggregation="none",
+                            weight_cap="none",
                             **_tier_privacy(settings, devices, "root"))
 
 

@@ -7,6 +7,7 @@ run-config key (``--clients-per-round`` <-> ``clients-per-round``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -86,6 +87,12 @@ def _add_client_device(parser: argparse.ArgumentParser) -> None:
                         "simulated client; the CPU elsewhere), cpu, or cuda (refused without a GPU)")
 
 
+def _add_live(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--live", nargs="?", const="127.0.0.1:0", default=None, metavar="HOST:PORT",
+                        help="serve the run's live page (settings, rounds, curves, devices, leaves) while it runs "
+                        "and print its address (default 127.0.0.1 on a free port; read-only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedge",
@@ -109,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run the simulated clients on an existing Ray cluster (`ray start --head` here, "
                       "`ray start --address` on every other machine); default: a local Ray instance")
     _add_client_device(demo)
+    _add_live(demo)
     _add_run_options(demo, {"export-bundle": "auto"})
 
     cluster = sub.add_parser(
@@ -139,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="with --leaves: devices each leaf samples per root round (default: 0, all of them); "
                          "--clients-per-round is then the leaves per root round")
     _add_client_device(cluster)
+    _add_live(cluster)
     _add_run_options(cluster, {"rounds": 3, "clients-per-round": 2})
 
     cloud = sub.add_parser(
@@ -160,10 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="the coordinator daemon: SuperLink (TLS, node authentication, state database) + the Fedge run, "
-        "/metrics and /healthz, JSON logs",
+        "/metrics and /healthz, the live page, JSON logs",
         description="Runs the federation described by a fedge.toml ([service] + [run]; "
         "`fedge serve --example` prints a commented one). SIGTERM stops at the next round "
-        "boundary and exits 0; starting it again resumes the run.",
+        "boundary and exits 0; starting it again resumes the run. The live page of the federation "
+        "(settings, rounds, curves, devices, leaves) is at http://127.0.0.1:9101/ (page-address; "
+        "beyond loopback over TLS, with page-token-file's token as ?token=); /metrics at "
+        "http://127.0.0.1:9100/metrics (metrics-address).",
     )
     serve_what = serve.add_mutually_exclusive_group(required=True)
     serve_what.add_argument("--config", help="the fedge.toml file")
@@ -283,7 +295,10 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
         f"algorithm {settings.algorithm}, codec {settings.codec}, {settings.rounds} rounds"
     )
     console.print(f"run directory: {settings.run_dir}")
-    with RoundProgress(console, settings.rounds) as progress:
+    page = _live_page(args, Path(settings.run_dir))
+    if page is not None:
+        console.print(f"live page: {page.url}")
+    with page or contextlib.nullcontext(), RoundProgress(console, settings.rounds) as progress:
         try:
             result = launch(settings, engine=engine, num_supernodes=nodes, on_row=progress.update,
                             timeout=args.timeout, tls=getattr(args, "tls", False), app_dir=app_dir,
@@ -296,6 +311,20 @@ def _run(args: argparse.Namespace, engine: str, nodes: int) -> int:
             return 1
     print_summary(console, result)
     return 0
+
+
+def _live_page(args: argparse.Namespace, run_dir: Path) -> Any:
+    """The run's live page on ``--live``'s address (loopback only from here: ``fedge serve`` serves
+    it elsewhere, over TLS with a token), or None."""
+    if getattr(args, "live", None) is None:
+        return None
+    from fedge.server.live.server import LivePage, LivePageError
+
+    host, _, port = args.live.rpartition(":")
+    try:
+        return LivePage(run_dir, host or "127.0.0.1", int(port or 0))
+    except (LivePageError, ValueError, OSError) as err:
+        raise SettingsError(f"--live {args.live}: {err}") from None
 
 
 def cloud_train_command(args: argparse.Namespace) -> list[str]:

@@ -42,6 +42,7 @@ from fedge.server.flower_app import stage_run_app
 from fedge.server.run.metrics_log import MetricsLog
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.daemon.service_metrics import MetricsServer, ServiceMetrics
+from fedge.server.live.server import LivePage
 
 __all__ = ["Daemon"]
 
@@ -65,6 +66,9 @@ class Daemon:
         self.stop = threading.Event()
         self.group: ProcessGroup | None = None
         self.metrics_server: MetricsServer | None = None
+        self.live_page: LivePage | None = None
+        #: the SuperLink's node list at the last poll (``flwr supernode ls``), for the live page
+        self._nodes: list[dict[str, Any]] | None = None
         self._superlink = None
         self._runner = None
         self._round = 0
@@ -200,6 +204,8 @@ class Daemon:
         finally:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
+            if self.live_page is not None:
+                self.live_page.stop()
 
     def _attempt_once(self, rows_log: MetricsLog) -> int:
         """Start the SuperLink and the run, supervise them, and stop every process they left."""
@@ -250,6 +256,11 @@ class Daemon:
                                                       node_auth=bool(config.tls and config.tls.node_auth),
                                                       database=str(config.database)))
         self._register_keys(flower)
+        if config.page_host and self.live_page is None:  # one page for every attempt
+            self.live_page = LivePage(config.run_dir, config.page_host, config.page_port, token=config.page_token,
+                                      tls=(config.tls.certificate, config.tls.key) if config.page_token and config.tls
+                                      else None, online=lambda: self._nodes).start()
+            log.info("live page served", extra=fields(url=self.live_page.url.split("?")[0]))
         if config.metrics_host and self.metrics_server is None:  # one server for every attempt
             self.metrics_server = MetricsServer(self.metrics, config.metrics_host, config.metrics_port,
                                                 self.health).start()
@@ -323,6 +334,7 @@ class Daemon:
         while not self.stop.is_set() and self._run_going and self._attempt == attempt:
             try:
                 nodes = self._flwr_json(["supernode", "ls", _CONNECTION]).get("nodes", [])
+                self._nodes = [n for n in nodes if isinstance(n, dict)]
                 online = sum(1 for n in nodes if n.get("status") == "online")
                 self.metrics.nodes.set(online)
                 if online != last:

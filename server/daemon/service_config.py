@@ -7,6 +7,8 @@
     dial = "127.0.0.1:9093"           # how the daemon itself reaches it (default: loopback, same port)
     state-dir = "/var/lib/fedge"      # SuperLink database, the run directory, logs
     metrics-address = "127.0.0.1:9100"   # /metrics (Prometheus) and /healthz; "" turns it off
+    page-address = "127.0.0.1:9101"   # the live page of the federation; "" turns it off
+    page-token-file = "page.token"    # beyond loopback: the page needs this token (and TLS, the tls-* files)
     tls-ca = "certs/ca.crt"           # from `fedge certs init` / `fedge certs server`
     tls-cert = "certs/server.crt"
     tls-key = "certs/server.key"
@@ -30,7 +32,6 @@ same preflight as ``fedge demo``. Relative paths are relative to the config file
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from fedge.launcher.addresses import is_loopback
 from fedge.launcher.federation import ServerTLS
 from fedge.server.settings import RunSettings, SettingsError
 
@@ -50,7 +52,8 @@ log = logging.getLogger(__name__)
 
 _SERVICE_KEYS = {
     "address", "dial", "state-dir", "metrics-address", "tls-ca", "tls-cert", "tls-key", "node-auth",
-    "register-keys", "insecure", "stop-grace-seconds", "node-poll-seconds", "run-retries",
+    "register-keys", "insecure", "stop-grace-seconds", "node-poll-seconds", "run-retries", "page-address",
+    "page-token-file",
 }
 
 
@@ -75,6 +78,10 @@ class ServiceConfig:
     settings: RunSettings
     #: restarts after a failed run (SuperLink or ServerApp) without a round completing in between
     run_retries: int = 3
+    #: the live page (``fedge.server.live``): where, and the token it needs beyond loopback
+    page_host: str | None = None
+    page_port: int = 0
+    page_token: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -89,6 +96,8 @@ class ServiceConfig:
             "config": str(self.source), "address": f"{self.host}:{self.port}", "dial": self.dial,
             "state_dir": str(self.state_dir), "run_dir": str(self.run_dir),
             "metrics": f"http://{self.metrics_host}:{self.metrics_port}/metrics" if self.metrics_host else None,
+            "page": (f"{'https' if self.page_token else 'http'}://{self.page_host}:{self.page_port}/"
+                     if self.page_host else None),
             "tls": self.tls is not None, "node_auth": bool(self.tls and self.tls.node_auth),
             "register_keys": [str(p) for p in self.register_keys],
             "run": {k: v for k, v in self.settings.to_run_config().items()},
@@ -107,15 +116,6 @@ def _split_address(value: Any, key: str) -> tuple[str, int]:
     if not host or not 0 < port < 65536:
         raise ServiceConfigError(f"[service] {key} must be 'host:port' with a port in 1..65535, got {value!r}")
     return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _path(base: Path, value: Any, key: str) -> Path:
@@ -211,6 +211,24 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         if not is_loopback(host):
             log.warning("plaintext SuperLink on %s:%d (insecure = true): updates and models travel unencrypted "
                         "and any device can join", host, port)
+    page = service.get("page-address", "127.0.0.1:9101")
+    page_host, page_port = _split_address(page, "page-address") if page else (None, 0)
+    page_token = None
+    if page_host and not is_loopback(page_host):
+        if tls is None:
+            raise ServiceConfigError(f"[service] page-address {page}: beyond loopback the live page needs TLS "
+                                     "(tls-ca, tls-cert, tls-key) and page-token-file")
+        if "page-token-file" not in service:
+            raise ServiceConfigError(f"[service] page-address {page}: beyond loopback the live page needs "
+                                     "page-token-file (a file holding the token a viewer gives as ?token=)")
+        token_path = _path(base, service["page-token-file"], "page-token-file")
+        try:
+            page_token = token_path.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise ServiceConfigError(f"[service] page-token-file {token_path}: {err}") from None
+        if len(page_token) < 16:
+            raise ServiceConfigError(f"[service] page-token-file {token_path}: the token must be at least 16 "
+                                     "characters (e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)")
     keys = service.get("register-keys", [])
     if not isinstance(keys, list):
         raise ServiceConfigError("[service] register-keys must be a list of public key paths")
@@ -248,4 +266,5 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         metrics_host=metrics_host, metrics_port=metrics_port, tls=tls, register_keys=register_keys,
         insecure=insecure, stop_grace_seconds=numbers["stop-grace-seconds"],
         node_poll_seconds=numbers["node-poll-seconds"], settings=settings, run_retries=retries,
+        page_host=page_host, page_port=page_port, page_token=page_token,
     )

@@ -64,6 +64,7 @@ from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.roster import Roster
+from fedge.server.run.device_ledger import DeviceLedger
 from fedge.protocol.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
@@ -171,6 +172,7 @@ class Engine:
         self._wall = 0.0
         #: each node's stable name: every seeded choice sees the nodes in its order
         self.roster = Roster()
+        self.devices = DeviceLedger(run_dir.path / "devices.json")
 
     def layer(self, key: str) -> Layer | None:
         """The run's layer named ``key`` (``dp``, ``downlink``, ...), or None when it is off."""
@@ -302,6 +304,7 @@ class Engine:
                  "version" if self.algorithm.asynchronous else "round", step.number, row.evaluation, row.metric,
                  row.score, row.loss, tally.used, tally.sampled, tally.uplink, row.uplink_fp32_bytes, row.seconds)
         self._write(row, result)
+        self.devices.record(step.number, step.nodes, tally, self.roster.name)  # for people watching (devices.json)
         return row
 
     def _in_roster_order(self, rejected: list[dict]) -> list[dict]:
@@ -320,9 +323,9 @@ class Engine:
 
     def _nodes_in_roster_order(self, extra: dict) -> dict:
         """Lists of nodes a row reports (``clipped_nodes``, ``chosen_nodes``, ...) in the roster's order."""
-        for field, value in extra.items():
-            if field.endswith("_nodes") and isinstance(value, list) and all(isinstance(n, int) for n in value):
-                extra[field] = self.roster.order(value)
+        for name, value in extra.items():
+            if name.endswith("_nodes") and isinstance(value, list) and all(isinstance(n, int) for n in value):
+                extra[name] = self.roster.order(value)
         return extra
 
     def release(self, step: Step, tally: Tally) -> Partial:

@@ -79,29 +79,35 @@ def test_simulated_leaves_train_the_same_devices_as_one_flat_federation(tmp_path
     """Leaves whose devices run under Flower's Simulation Engine (a SuperLink in ``--simulation``
     mode and a Ray instance per leaf) under a deployed root: each simulated node trains as the
     device of the same partition a deployed leaf gives its SuperNode (``leaf-devices``), so the
-    tree's model equals, to 1e-6 per coordinate, the flat FedAvg over the same four devices, run
-    here on the engine's in-process grid (leaf 0 holds partitions 0 and 2, leaf 1 partitions 1
-    and 3; a node trained on Flower's own numbering would train partition 0 and 1 of 2 instead)."""
-    common = dict(rounds=2, local_epochs=1, codec="none", weight_cap="none", partitioning="iid", seed=3)
+    tree's model equals, to 1e-6 per coordinate, the flat FedAvg over the same five devices, run
+    here on the engine's in-process grid (leaf 0 holds partitions 0, 2 and 4, leaf 1 partitions 1
+    and 3; a node trained on Flower's own numbering would train partition 0 and 1 of 2 instead).
+
+    The leaves are of unequal size and the weight cap is the default (``median:factor=5``: every
+    device weighs 1 in a run's first step): the root weighs each leaf by the capped weights of its
+    devices, 3:2, as the flat run weighs the five devices. It weighed them 1:1 before 2026-12-07 (the
+    root capped its leaves' sums as if each were one device's claim)."""
+    common = dict(rounds=2, local_epochs=1, codec="none", partitioning="iid", seed=3)
     # a leaf's step starts a Ray instance and its simulated devices: under the whole suite on 2 cores
     # that took more than 0.8 x 120 s once (the root then counted no leaf), and a leaf's node took more
     # than 60 s to reach the root once (round 1 then ran on one leaf), so the bounds are generous; the
     # root stops waiting as soon as both leaves are there
     settings = RunSettings(**common, clients_per_round=2, run_dir=str(tmp_path / "run"), wait_for_nodes=240.0,
                            round_timeout=200.0)
-    result = launch(settings, engine="deployment", num_supernodes=4, leaves=2, leaf_engine="simulation", timeout=560)
+    result = launch(settings, engine="deployment", num_supernodes=5, leaves=2, leaf_engine="simulation", timeout=560)
     used = [r["clients_used"] for r in result.rows]
     assert used == [2, 2] and not any(r["rejected"] for r in result.rows), _why(result.run_dir, result.rows)
-    flat = build_engine({**common, "clients_per_round": 4, "round_timeout": 5.0, "wait_for_nodes": 1.0,
+    flat = build_engine({**common, "clients_per_round": 5, "round_timeout": 5.0, "wait_for_nodes": 1.0,
                          "run_dir": str(tmp_path / "flat")})
     start = initial_params(make_task("digits"), 3)
-    flat.run(InProcessGrid(4), start)
+    flat.run(InProcessGrid(5), start)
     tree = flatten_state(load_model_file(result.run_dir / "model.pt").state_dict)
     torch.testing.assert_close(tree, flat.algorithm.final_model(), rtol=0, atol=1e-6)
     assert not torch.equal(tree, start)
     for leaf in ("leaf-0", "leaf-1"):
         rows = [json.loads(line) for line in (result.run_dir / leaf / "metrics.jsonl").read_text().splitlines()]
-        assert [(r["round"], r["clients_used"]) for r in rows] == [(1, 2), (2, 2)], rows
+        devices = 3 if leaf == "leaf-0" else 2
+        assert [(r["round"], r["clients_used"]) for r in rows] == [(1, devices), (2, devices)], rows
         assert not list((result.run_dir / leaf / "logs").glob("supernode*")), "a simulated leaf starts no SuperNode"
         assert_no_leftovers(result.run_dir / leaf / "flwr-home")
     assert_no_leftovers(result.run_dir / "flwr-home")

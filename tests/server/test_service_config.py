@@ -143,3 +143,18 @@ def test_a_leafs_daemon_is_a_run_setting_away(tmp_path: Path) -> None:
     config = load_service_config(_write(tmp_path, 'address = "127.0.0.1:9093"\nstate-dir = "s"',
                                         'rounds = 100\nleaf-spool = "/var/lib/fedge/leaf/spool"'))
     assert config.settings.leaf_spool == "/var/lib/fedge/leaf/spool"
+
+
+def test_the_live_page_beyond_loopback_needs_tls_and_a_token_file(tmp_path: Path, certs: Path) -> None:
+    assert load_service_config(_write(tmp_path, "")).page_host == "127.0.0.1"  # default: loopback, no token
+    assert load_service_config(_write(tmp_path, 'page-address = ""')).page_host is None
+    with pytest.raises(ServiceConfigError, match="page-address 0.0.0.0:9101: beyond loopback the live page needs TLS"):
+        load_service_config(_write(tmp_path, 'page-address = "0.0.0.0:9101"'))
+    with pytest.raises(ServiceConfigError, match="needs page-token-file"):
+        load_service_config(_write(tmp_path, f'page-address = "0.0.0.0:9101"\n{TLS}'))
+    (tmp_path / "page.token").write_text("short\n")
+    with pytest.raises(ServiceConfigError, match="at least 16 characters"):
+        load_service_config(_write(tmp_path, f'page-address = "0.0.0.0:9101"\npage-token-file = "page.token"\n{TLS}'))
+    (tmp_path / "page.token").write_text("a-token-of-enough-length\n")
+    config = load_service_config(_write(tmp_path, f'page-address = "0.0.0.0:9101"\npage-token-file = "page.token"\n{TLS}'))
+    assert config.page_token == "a-token-of-enough-length" and config.describe()["page"] == "https://0.0.0.0:9101/"

@@ -1,24 +1,17 @@
 """Experiment tracking (``fedge.tracking``): what a row becomes, the setting's grammar, a failing sink,
-and a real run whose TensorBoard event files and MLflow store, read back with their own readers,
-hold every round's figures exactly as ``metrics.jsonl`` does."""
+a resumed MLflow run. A real run read back with TensorBoard's and MLflow's own readers:
+``tests/integration/test_watching_a_run.py``."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fedge.tracking import SinkSpec, Tracker, TrackingError, check_tracking, parse_tracking, row_scalars
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_a_row_becomes_its_finite_numbers_by_flat_name_with_ratio_and_refusals_by_kind() -> None:
     row = {"round": 3, "accuracy": 0.9, "loss": float("nan"), "uplink_bytes": 100, "uplink_fp32_bytes": 800,
@@ -117,41 +110,3 @@ def test_a_resumed_run_continues_its_mlflow_run(tmp_path: Path) -> None:
     (run,) = client.search_runs([client.get_experiment_by_name("fedge").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["rounds"] == "2" and run.data.tags["resumed.rounds"] == "4"
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "accuracy")] == [(1, 0.5), (2, 0.75)]
-
-
-@pytest.mark.integration
-def test_a_run_with_both_sinks_reads_back_as_its_metrics_jsonl(tmp_path: Path) -> None:
-    """``fedge demo`` on the simulation engine, three rounds, both sinks; then TensorBoard's own event
-    reader and MLflow's client: every round's every figure is the row's (TensorBoard stores float32)."""
-    from mlflow.tracking import MlflowClient
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run_dir = tmp_path / "run"
-    done = subprocess.run([str(Path(sys.executable).parent / "fedge"), "demo", "--rounds", "3", "--clients", "3",
-                           "--clients-per-round", "3", "--local-epochs", "3", "--tracking",
-                           f"tensorboard:{tmp_path / 'tb'};mlflow", "--run-dir", str(run_dir)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    expected = {r["round"]: row_scalars(r) for r in rows}
-    assert {"accuracy", "loss", "uplink_bytes", "downlink_bytes", "compression_ratio"} <= set(expected[1])
-
-    events = EventAccumulator(str(tmp_path / "tb" / "run"), size_guidance={"scalars": 0})
-    events.Reload()
-    names = set().union(*(set(s) for s in expected.values()))
-    assert set(events.Tags()["scalars"]) == names
-    for name in names:
-        got = {e.step: e.value for e in events.Scalars(name)}
-        want = {step: np.float32(s[name]) for step, s in expected.items() if name in s}
-        assert got == want, name
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    run = client.get_run(json.loads((run_dir / "mlflow-run.json").read_text())["run_id"])
-    assert run.info.status == "FINISHED" and run.info.run_name == "run"
-    assert run.data.params["codec"] == json.loads((run_dir / "config.json").read_text())["settings"]["codec"]
-    for name in names:
-        history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
-        assert history == {step: s[name] for step, s in expected.items() if name in s}, name
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"model.pt", "plot.png", "summary.json",
-                                                                         "bundle"}
