@@ -91,6 +91,7 @@ def _write_config(directory: Path, port: int, metrics_port: int, nodes: int, rou
 address = "127.0.0.1:{port}"
 state-dir = "state"
 metrics-address = "127.0.0.1:{metrics_port}"
+page-address = ""
 node-poll-seconds = 10
 stop-grace-seconds = 60
 

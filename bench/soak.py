@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 address = "127.0.0.1:{port}"
 state-dir = "state"
 metrics-address = "127.0.0.1:{metrics_port}"
+page-address = ""
 node-poll-seconds = 10
 
 [run]

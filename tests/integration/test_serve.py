@@ -71,12 +71,13 @@ def test_daemon_and_joined_devices_train_over_tls_stop_on_sigterm_and_resume(tmp
         make_node_key(certs, f"device-{i}")
         part = task.partition(i, 3, "iid")  # stands in for each device's own data
         np.savez(tmp_path / f"device-{i}.npz", x=part.x.numpy(), y=part.y.numpy())
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, page_port = free_port(), free_port(), free_port()
     (tmp_path / "fedge.toml").write_text(f"""
 [service]
 address = "127.0.0.1:{port}"
 state-dir = "state"
 metrics-address = "127.0.0.1:{metrics_port}"
+page-address = "127.0.0.1:{page_port}"
 tls-ca = "certs/ca.crt"
 tls-cert = "certs/server.crt"
 tls-key = "certs/server.key"
@@ -126,6 +127,10 @@ round-timeout = 240
             faulty.start("warm-executor", warm_executor_argv([(f"127.0.0.1:{runtime_port}", faulty_home)], secret))
             wait_for(lambda: _scrape(metrics_port)["fedge_rounds_completed_total"] >= 1, 300, "round 1 on /metrics")
             first = _scrape(metrics_port)
+            # the live page's data: the run's rows, and the devices with the SuperLink's own status
+            page = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{page_port}/api/federation", timeout=10).read())
+            assert page["rows"] and page["online_known"] and page["settings"]["rounds"] == 4
+            assert sum(d.get("status") == "online" for d in page["devices"]) >= 2, page["devices"]
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(timeout=300) == 0, (tmp_path / "serve-1.log").read_text()[-3000:]
             stopped_at = CheckpointStore(run_dir / "checkpoint").load()

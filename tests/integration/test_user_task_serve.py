@@ -41,6 +41,8 @@ def test_serve_and_two_joined_devices_train_a_users_regression_task(tmp_path: Pa
 [service]
 address = "127.0.0.1:{port}"
 state-dir = "state"
+metrics-address = ""
+page-address = ""
 insecure = true
 node-poll-seconds = 5
 
