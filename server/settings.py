@@ -67,7 +67,9 @@ class RunSettings:
     )
     algorithm: str = _opt(
         "fedavg",
-        "round algorithm: 'fedavg' (FedProx through prox-mu), 'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
+        "round algorithm: 'fedavg' (FedProx through prox-mu), 'fednova' (FedAvg normalised by each device's local "
+        "steps and the run's momentum: devices that train longer do not pull the model their way), "
+        "'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
         "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO), "
         "'fedbuff[:concurrency=C,buffer=K,staleness=constant|poly|hinge,a=0.5,b=4,max-staleness=20]' (asynchronous, buffered), "
         "'fedasync[:alpha=0.6,concurrency=C,staleness=poly,a=0.5,max-staleness=20]' (asynchronous, one update per version). "

@@ -44,8 +44,10 @@ SMOKE: dict[str, tuple[list[str], str | None]] = {
 #: benchmarks that start Flower's engines (or torchrun): the fewest rounds, devices and seeds they
 #: take. The light ones run in the default suite; the heavy ones (``HEAVY``) in ``make test-slow``.
 ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
+    # FedNova here: the one real-engine run of it in the default suite (devices report their steps
+    # from Ray actors); FedAvg runs on the real engines in many other tests
     "algorithms.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--only", "--config",
-                       "fedavg;fedavg;qsgd:bits=4", "--set", "clients-per-round=2", "--out", "{out}/alg"], None),
+                       "fednova;fednova;qsgd:bits=4", "--set", "clients-per-round=2", "--out", "{out}/alg"], None),
     "bidirectional.py": (["--clients", "2", "--per-round", "2", "--rounds", "1", "--local-epochs", "1", "--config",
                           "fp32;none;none", "--out", "{out}/bi"], "bi.json"),
     "communication.py": (["--preset", "demo", "--seeds", "1", "--rounds", "1", "--only", "none", "--out",

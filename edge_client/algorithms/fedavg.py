@@ -45,7 +45,9 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
                              device=local.node_device(context))
         return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
                       memory=local.store(context, namespace), generator=generator, started=started,
-                      metrics={"train-loss": result.loss, "train-seconds": result.seconds}, model=model)
+                      metrics={"train-loss": result.loss, "train-seconds": result.seconds,
+                               # FedNova's coordinator normalises by them (fedge.aggregation.fednova)
+                               "local-steps": result.steps}, model=model)
 
     return train
 
