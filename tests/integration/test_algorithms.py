@@ -61,7 +61,7 @@ def test_killed_run_resumes_to_the_same_number_of_rounds(tmp_path, assert_no_lef
 @pytest.mark.parametrize("algorithm", ["easgd", "gossip:topology=ring"])
 def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_no_leftovers, algorithm) -> None:
     easgd = algorithm == "easgd"  # EASGD's center goes out as versioned lattice copies
-    settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=5,
+    settings = RunSettings(algorithm=algorithm, rounds=3, clients_per_round=4, local_epochs=3,
                            downlink_codec="lattice:ratio=0.1" if easgd else "none", run_dir=str(tmp_path / "run"))
     machine_wide = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # what a bare ray.init() joins
     before = machine_wide.read_text() if machine_wide.exists() else None
@@ -112,7 +112,7 @@ def test_fedbuff_with_a_straggler_is_killed_and_resumes(tmp_path, assert_no_left
     lattice copies: a device returning versions later gets the catch-up from the cache. The delivered
     model is the moving average of the versions (``model-average``), continued across the restart."""
     settings = RunSettings(algorithm="fedbuff:concurrency=4,buffer=2", rounds=10, clients_per_round=4,
-                           local_epochs=5, stragglers="fraction=0.25,slowdown=3", downlink_codec="lattice:ratio=0.1",
+                           local_epochs=3, stragglers="fraction=0.25,slowdown=3", downlink_codec="lattice:ratio=0.1",
                            model_average="ema:decay=0.5", run_dir=str(tmp_path / "run"))
     crashed = launch(settings, engine="simulation", num_supernodes=4, stop_after_round=2, timeout=300)
     assert crashed.summary is None
