@@ -24,7 +24,8 @@ from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
 from fedge.flower.tracked import TrackedStrategy, tracked  # noqa: E402
 from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
+from fedge.protocol.fednova_layer import NormalizedAveraging  # noqa: E402
 
-__all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "SecureStrategy",
-           "TrackedStrategy", "compressed", "compression_mod", "distributed_dp", "elastic_mod", "layered",
-           "refusal_mod", "resource_mod", "secure", "secure_mod", "tracked"]
+__all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "NormalizedAveraging",
+           "SecureStrategy", "TrackedStrategy", "compressed", "compression_mod", "distributed_dp", "elastic_mod",
+           "layered", "refusal_mod", "resource_mod", "secure", "secure_mod", "tracked"]

@@ -1,6 +1,7 @@
-"""FedNova (``algorithm = "fednova"``): the step norm against torch's own momentum SGD, the
-coordinator's update against the paper's rule, FedAvg when every device takes the same steps, and
-refusals; then a few rounds on the engine's in-process grid with the real device handler."""
+"""FedNova (``algorithm = "fednova"``: FedAvg with ``fedge.protocol.fednova_layer``): the step norm
+against torch's own momentum SGD, the coordinator's update against the paper's rule, FedAvg when
+every device takes the same steps, and refusals; then a few rounds on the engine's in-process grid
+with the real device handler. The same layer in a Flower app: ``tests/flower/test_fednova_layer.py``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from fedge.aggregation.fednova import FedNovaError, step_norm
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
+from fedge.server.engine.layers.fednova import FedNovaLayer
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -47,11 +49,17 @@ def _algorithm(tmp_path, **settings):  # type: ignore[no-untyped-def]
     return make_algorithm("fednova", make_context(run, make_task("digits")))
 
 
-def _close(algorithm, params, updates):  # type: ignore[no-untyped-def]
+def _close(algorithm, params, updates, layer=None):  # type: ignore[no-untyped-def]
+    """One step of ``algorithm`` over ``updates`` (node, vector, weight, steps), through ``layer`` as
+    the engine passes them (each update, then the step's aggregate); FedNova's is built from the run."""
+    layer = layer if layer is not None else FedNovaLayer.build(algorithm)
     algorithm.start(params)
     step = algorithm.open_step(1, [u[0] for u in updates])
     for node, vector, weight, steps in updates:
-        algorithm.absorb(step, Update(node, vector, weight, {"local-steps": steps, "train-loss": 0.5}, b"", RecordDict()))
+        update = Update(node, vector, weight, {"local-steps": steps, "train-loss": 0.5}, b"", RecordDict())
+        algorithm.absorb(step, layer.update(step, update) if layer is not None else update)
+    if layer is not None:
+        step.released = layer.release(step, step.aggregate.partial())
     return algorithm.close(step).model
 
 
@@ -79,20 +87,23 @@ def test_with_equal_steps_it_is_fedavg(tmp_path) -> None:
     nova = _close(_algorithm(tmp_path / "nova"), params, updates)
     fedavg = make_algorithm("fedavg", make_context(RunSettings(codec="none", run_dir=str(tmp_path / "avg")),
                                                     make_task("digits")))
+    assert FedNovaLayer.build(fedavg) is None  # the layer is FedNova's alone
     avg = _close(fedavg, params, updates)
     torch.testing.assert_close(nova, avg, rtol=1e-5, atol=1e-7)
 
 
 def test_a_reply_without_its_steps_is_rejected_and_sum_only_layers_are_refused(tmp_path) -> None:
     algorithm = _algorithm(tmp_path)
-    algorithm.start(torch.zeros(algorithm.ctx.numel))
+    layer = FedNovaLayer.build(algorithm)
     step = algorithm.open_step(1, [1])
     with pytest.raises(Rejected, match="local-steps"):
-        algorithm.absorb(step, Update(1, torch.zeros(algorithm.ctx.numel), 1.0, {"train-loss": 0.1}, b"", RecordDict()))
+        layer.update(step, Update(1, torch.zeros(algorithm.ctx.numel), 1.0, {"train-loss": 0.1}, b"", RecordDict()))
     for setting in ({"aggregator": "median"}, {"secure_aggregation": "secagg"},
                     {"differential_privacy": "gaussian:noise=1.0"}):
-        with pytest.raises((ValueError, SettingsError), match="fednova"):
-            _algorithm(tmp_path / "x", **setting)
+        with pytest.raises(SettingsError, match="fednova"):
+            FedNovaLayer.build(_algorithm(tmp_path / "x", **setting))
+    with pytest.raises(SettingsError, match="prox-mu"):
+        _algorithm(tmp_path / "y", prox_mu=0.1)
 
 
 def test_devices_that_train_unequally_long_still_train_the_model(tmp_path) -> None:
