@@ -18,8 +18,9 @@ __all__ = ["FedNova"]
 class FedNova(FedAvg):
     name = "fednova"
     device_handler = "fedavg"  # the devices do FedAvg's work and report their steps
-    # not prox-mu: FedProx's proximal term changes the step weights (a_i) this normalises by
-    settings_used = frozenset({"server-opt", "aggregator", "downlink-codec", "model-average"})
+    # not prox-mu: FedProx's proximal term changes the step weights (a_i) this normalises by; not
+    # aggregator: the normalisation rescales the weighted mean, which a robust rule does not take
+    settings_used = frozenset({"server-opt", "downlink-codec", "model-average"})
 
     @property
     def spec(self) -> str:

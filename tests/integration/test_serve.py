@@ -89,7 +89,7 @@ stop-grace-seconds = 240
 rounds = 4
 clients-per-round = 3
 min-replies = 2
-local-epochs = 3
+local-epochs = 5
 wait-for-nodes = 240
 round-timeout = 240
 """)

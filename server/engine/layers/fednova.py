@@ -16,8 +16,9 @@ class FedNovaLayer(NormalizedAveraging):
         if algorithm.name != "fednova":
             return None
         s = algorithm.ctx.settings
+        # (a robust aggregator and prox-mu are refused for fednova with every algorithm-specific setting)
         refused = [f"{key}={value!r}" for key, value, default in (
-            ("aggregator", s.aggregator, "mean"), ("secure-aggregation", s.secure_aggregation, "none"),
+            ("secure-aggregation", s.secure_aggregation, "none"),
             ("differential-privacy", s.differential_privacy, "none")) if value != default]
         if refused:
             raise SettingsError(f"fednova normalises each update by its own local steps, so it needs every update "
