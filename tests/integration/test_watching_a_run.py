@@ -65,7 +65,7 @@ def test_the_live_page_in_a_browser_and_both_tracking_sinks_show_the_run(tmp_pat
     run_dir = tmp_path / "run"
     demo = subprocess.Popen([str(Path(sys.executable).parent / "fedge"), "demo", "--rounds", "8", "--clients", "3",
                              "--clients-per-round", "3", "--local-epochs", "3", "--run-dir", str(run_dir), "--live",
-                             "--tracking", f"tensorboard:{tmp_path / 'tb'};mlflow"],
+                             "--tracking", f"tensorboard:{tmp_path / 'tb'};mlflow:{(tmp_path / 'mlruns').as_uri()}"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url, lines = None, []
@@ -97,16 +97,17 @@ def test_the_live_page_in_a_browser_and_both_tracking_sinks_show_the_run(tmp_pat
         shot = _browse(browser, url, f"--screenshot={tmp_path / 'live-page.png'}")
         assert shot.returncode == 0 and (tmp_path / "live-page.png").stat().st_size > 10_000, shot.stderr[-2000:]
         assert demo.wait(timeout=300) == 0
-        _tracked_as_written(run_dir, tmp_path / "tb" / "run")
+        _tracked_as_written(run_dir, tmp_path / "tb" / "run", (tmp_path / "mlruns").as_uri())
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
 
 
-def _tracked_as_written(run_dir: Path, events_dir: Path) -> None:
-    """TensorBoard's event reader and MLflow's client see every round's figures as the row has them
-    (TensorBoard stores float32), the settings as parameters and the final files as artifacts."""
+def _tracked_as_written(run_dir: Path, events_dir: Path, mlflow_uri: str) -> None:
+    """TensorBoard's event reader and MLflow's client (on a plain-file store: the default SQLite one
+    is ``tests/tracking``'s) see every round's figures as the row has them (TensorBoard stores
+    float32), the settings as parameters and the final files as artifacts."""
     import numpy as np
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -124,7 +125,8 @@ def _tracked_as_written(run_dir: Path, events_dir: Path) -> None:
     for name in names:
         got = {e.step: e.value for e in events.Scalars(name)}
         assert got == {step: np.float32(s[name]) for step, s in expected.items() if name in s}, name
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # this process reads the store the run named
+    client = MlflowClient(tracking_uri=mlflow_uri)
     run = client.get_run(json.loads((run_dir / "mlflow-run.json").read_text())["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     assert run.data.params["codec"] == json.loads((run_dir / "config.json").read_text())["settings"]["codec"]
