@@ -41,6 +41,7 @@ from fedge.launcher.environment import flower_environment  # noqa: E402
 from fedge.launcher.processes import ProcessGroup  # noqa: E402
 from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
 from bench.harness.seeds import client_slots, interval, map_runs, paired, verdict  # noqa: E402
+from bench.sigterm import stop_on_sigterm  # noqa: E402
 from tests.integration.test_flower_app import APP, plain_flower_app  # noqa: E402
 
 #: --app: the app's directory and its package
@@ -156,6 +157,7 @@ def seeds_lines(columns: list[list[dict]], seeds: list[int]) -> list[str]:
 
 
 def main() -> int:
+    stop_on_sigterm()  # a killed benchmark stops every process it started
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     app_arguments(parser)
     parser.add_argument("--app", choices=sorted(APPS), default="digits",

@@ -26,9 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.flower_app import app_arguments, report  # noqa: E402
 from bench.flower_stragglers import bench_app, run_app  # noqa: E402
+from bench.sigterm import stop_on_sigterm  # noqa: E402
 
 
 def main() -> int:
+    stop_on_sigterm()  # a killed benchmark stops every process it started
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     app_arguments(parser)
     parser.add_argument("--secure", default="secagg:bits=12,clip=0.5,weight-cap=512")

@@ -45,6 +45,7 @@ from bench.flower_app import app_arguments, report  # noqa: E402
 from fedge.launcher.environment import flower_environment  # noqa: E402
 from fedge.launcher.processes import ProcessGroup  # noqa: E402
 from fedge.launcher.sequence import FlowerLaunch  # noqa: E402
+from bench.sigterm import stop_on_sigterm  # noqa: E402
 
 APP = ROOT / "examples" / "flower-app"
 
@@ -175,6 +176,7 @@ def run_engine(args: argparse.Namespace, label: str, algorithm: str, tmp: Path) 
 
 
 def main() -> int:
+    stop_on_sigterm()  # a killed benchmark stops every process it started
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     app_arguments(parser, clients=16, local_epochs=5, rounds_help="synchronous rounds; FedBuff publishes "
                   "rounds x clients / buffer versions (the same client work)")
