@@ -233,6 +233,9 @@ class FedBuff:
     def _content(self, arrays: ArrayRecord, layout: Layout, version: int,
                  train_config: ConfigRecord | None) -> RecordDict:
         config = ConfigRecord(dict(train_config or {}))
+        # what Flower's strategies put in every train message (a ClientApp written for them reads
+        # it): the round this message's update is for, version + 1, as the engine names it
+        config.setdefault("server-round", version + 1)
         if self.uplink is not None:
             UplinkRequest(self.uplink, layout.digest, version + 1, self.seed).write(config)
         return RecordDict({MODEL_RECORD: arrays, "config": config})

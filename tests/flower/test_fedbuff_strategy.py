@@ -351,3 +351,21 @@ def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
     moved = np.concatenate([(result.arrays[k].numpy() - start[k].numpy()).ravel() for k in start.keys()])
     assert 0 < np.linalg.norm(moved) <= 5 * 0.05 + 1e-4
     assert sum(metrics[v]["clipped"] for v in metrics) >= 5
+
+
+def test_a_clientapp_written_for_flowers_strategies_reads_the_round_it_trains_for() -> None:
+    """Flower's strategies put ``server-round`` in every train config and apps read it (the example
+    app seeds its shuffles with it): FedBuff's messages carry it too, the version + 1 they train for.
+    Without it every reply was an error and the versions never came (bench/flower_stragglers.py)."""
+    seen: list[int] = []
+    base = _user_app()
+
+    def app(msg, context):  # type: ignore[no-untyped-def]
+        seen.append(int(msg.content["config"]["server-round"]))  # KeyError before
+        return base(msg, context)
+
+    clock = Clock()
+    grid = LatencyGrid({n: app for n in NODES}, {n: 1.0 for n in NODES}, clock)
+    result = _run(FedBuff(concurrency=3, buffer=3), grid, 2, clock)
+    assert sorted(result.train_metrics_clientapp) == [1, 2] and set(seen) == {1, 2}
+
