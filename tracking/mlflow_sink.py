@@ -34,7 +34,7 @@ class MlflowSink:
     name = "mlflow"
 
     def __init__(self, uri: str, run_dir: Path, run_name: str, tags: dict[str, str] | None = None) -> None:
-        if uri.startswith("file:") or "://" not in uri and not uri.startswith("sqlite:"):
+        if uri.partition(":")[0] in ("file", uri):  # file:///PATH, or a bare path
             # a plain-file store named on purpose: MLflow 3 keeps it in maintenance mode and refuses it
             # unless told; naming it in `tracking` is that
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

@@ -9,16 +9,14 @@ directory. Failures are counted by their typed kind (``fedge.protocol.failures``
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from fedge.launcher.http_service import HTTPService
 from fedge.protocol.failures import DECLINED, FailureKind
 
 __all__ = ["DECLINED_LABELS", "KIND_LABELS", "MetricsServer", "ServiceMetrics", "kind_label"]
@@ -96,15 +94,6 @@ def _age(path: Path) -> float:
         return -1.0
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
-        pass
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
 class MetricsServer:
     """``/metrics`` and ``/healthz`` on ``host:port`` in a background thread (port 0: pick one)."""
 
@@ -125,14 +114,12 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics or /healthz\n"]
 
-        self._server = make_server(host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler)
-        self.port = int(self._server.server_port)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fedge-metrics", daemon=True)
+        self._service = HTTPService(app, host, port, name="fedge-metrics")
+        self.port = self._service.port
 
     def start(self) -> MetricsServer:
-        self._thread.start()
+        self._service.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._service.stop()

@@ -1,27 +1,25 @@
 """The live page's HTTP server: ``/`` (the page), ``/api/federation`` (the snapshot as JSON).
 
-Read-only (GET only), a background thread of the coordinator's process. On a loopback address it
-answers anyone on this machine, as ``/metrics`` does; on any other address it needs TLS (the
-daemon's certificate and key) and a token (``?token=`` on the page's address, which the page passes
-on as a bearer token), and refuses to start without them. Idle, it waits in ``select``: nothing is
-read or computed until a request comes.
+Read-only (GET only), a background thread of the coordinator's process
+(``fedge.launcher.http_service``, as ``/metrics``). On a loopback address it answers anyone on this
+machine, as ``/metrics`` does; on any other address it needs TLS (the daemon's certificate and key)
+and a token (``?token=`` on the page's address, which the page passes on as a bearer token), and
+refuses to start without them. Idle, it waits in ``select``: nothing is read or computed until a
+request comes.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-import ssl
-import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from fedge.launcher.addresses import is_loopback
+from fedge.launcher.http_service import HTTPService
 from fedge.server.live.snapshot import Snapshots
 
 __all__ = ["LivePage", "LivePageError"]
@@ -31,17 +29,6 @@ log = logging.getLogger(__name__)
 
 class LivePageError(ValueError):
     """The page cannot be served as configured (a non-loopback address without TLS or a token)."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _Quiet(WSGIRequestHandler):
-    timeout = 30  # seconds a connection may sit silent (socketserver sets it on the socket)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        log.debug("live page: " + format, *args)
 
 
 class LivePage:
@@ -56,29 +43,19 @@ class LivePage:
         self.token = token or None
         self.snapshots = Snapshots(run_dir, online)
         self._page = resources.files("fedge.server.live").joinpath("page.html").read_bytes()
-        self._server = make_server(host, port, self._app, server_class=_Server, handler_class=_Quiet)
-        if tls is not None:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            context.load_cert_chain(str(tls[0]), str(tls[1]))
-            # the handshake happens on the first read, in the request's own thread: a client that
-            # connects and says nothing holds its thread (for _Quiet.timeout), never the accept loop
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
-                                                      do_handshake_on_connect=False)
-        self.scheme = "https" if tls is not None else "http"
-        self.host, self.port = host, int(self._server.server_port)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fedge-live-page", daemon=True)
+        self._service = HTTPService(self._app, host, port, name="fedge-live-page", tls=tls)
+        self.scheme, self.host, self.port = self._service.scheme, host, self._service.port
 
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}/" + (f"?token={self.token}" if self.token else "")
 
     def start(self) -> LivePage:
-        self._thread.start()
+        self._service.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._service.stop()
 
     def __enter__(self) -> LivePage:
         return self.start()

@@ -40,7 +40,7 @@ def test_the_setting_names_sinks_with_targets_that_may_hold_colons() -> None:
     assert parse_tracking("none") == parse_tracking("") == []
     assert parse_tracking("tensorboard; mlflow:http://127.0.0.1:5000") == [
         SinkSpec("tensorboard"), SinkSpec("mlflow", "http://127.0.0.1:5000")]
-    assert parse_tracking("tensorboard:/tmp/tb") == [SinkSpec("tensorboard", "/tmp/tb")]
+    assert parse_tracking("tensorboard:runs/tb") == [SinkSpec("tensorboard", "runs/tb")]
     with pytest.raises(TrackingError, match="unknown tracking sink 'wandb'"):
         parse_tracking("wandb")
     with pytest.raises(TrackingError, match="twice"):
