@@ -117,15 +117,18 @@ def node_device(context: Context) -> torch.device:
 
 
 def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator: torch.Generator,
-          prox_mu: float = 0.0, device: torch.device | None = None) -> LocalTrainResult:
+          prox_mu: float = 0.0, device: torch.device | None = None,
+          correction: dict[str, torch.Tensor] | None = None) -> LocalTrainResult:
     """Local training on ``device`` (default the CPU); the model comes back to the CPU, where its
-    update is taken and encoded, so nothing after training depends on where it ran."""
+    update is taken and encoded, so nothing after training depends on where it ran. ``correction``:
+    SCAFFOLD's per-parameter ``c - c_i`` (``fedge.edge_client.trainer.train_local``)."""
     elsewhere = device is not None and device.type != "cpu"
     if elsewhere:
         model.to(device)
     try:
         return train_local(model, data, task_of(config), epochs=config.local_epochs, lr=config.lr,
-                           batch_size=config.batch_size, momentum=config.momentum, prox_mu=prox_mu, generator=generator)
+                           batch_size=config.batch_size, momentum=config.momentum, prox_mu=prox_mu, generator=generator,
+                           correction=correction)
     finally:
         if elsewhere:
             model.to("cpu")

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import math
 import time
-
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.optim.sgd import sgd as functional_sgd
-
 from torch.utils.data import Dataset
 
+from fedge.aggregation.scaffold import corrected_step
 from fedge.compression import derive_seed
 from fedge.edge_client.resources import timed
 from fedge.tasks import Task, TensorData, batches
 from fedge.tasks.device import model_device, to_device
+
 
 __all__ = ["LocalTrainResult", "train_local"]
 
@@ -66,22 +66,25 @@ def train_local(
     weight_decay: float = 0.0,
     prox_mu: float = 0.0,
     generator: torch.Generator | None = None,
+    correction: dict[str, torch.Tensor] | None = None,
 ) -> LocalTrainResult:
     """Train ``model`` in place for ``epochs`` passes over ``data`` in shuffled mini-batches,
     minimising the task's loss. With a ``generator`` everything random in training comes from it:
     the shuffles, and (under ``torch.random.fork_rng``) the global stream dropout and other layers
     draw from, seeded from the generator's own seed. A simulation runs many clients in one process,
-    so without that a client's dropout masks would depend on which clients ran there before it."""
+    so without that a client's dropout masks would depend on which clients ran there before it.
+    ``correction`` (SCAFFOLD's ``c - c_i``, by parameter name) moves each parameter by ``-lr *
+    correction`` after every optimizer step (``fedge.aggregation.scaffold.corrected_step``)."""
     if len(data) == 0:  # type: ignore[arg-type]
         raise ValueError("this client's partition is empty")
     if generator is None:
         return _train(model, data, task, epochs=epochs, lr=lr, batch_size=batch_size, momentum=momentum,
-                      weight_decay=weight_decay, prox_mu=prox_mu, generator=None)
+                      weight_decay=weight_decay, prox_mu=prox_mu, generator=None, correction=correction)
     device = model_device(model)
     with torch.random.fork_rng(devices=_cuda_index(device)):
         torch.manual_seed(derive_seed(generator.initial_seed(), purpose="layers"))
         return _train(model, data, task, epochs=epochs, lr=lr, batch_size=batch_size, momentum=momentum,
-                      weight_decay=weight_decay, prox_mu=prox_mu, generator=generator)
+                      weight_decay=weight_decay, prox_mu=prox_mu, generator=generator, correction=correction)
 
 
 def _cuda_index(device: torch.device) -> list[int]:
@@ -91,13 +94,33 @@ def _cuda_index(device: torch.device) -> list[int]:
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
+def _corrections(model: nn.Module, correction: dict[str, torch.Tensor] | None
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(parameter, its correction on the parameter's device) pairs; a name or shape that does not
+    match the model is a caller's error."""
+    if not correction:
+        return []
+    named = dict(model.named_parameters())
+    unknown = sorted(set(correction) - set(named))
+    if unknown:
+        raise ValueError(f"corrections for parameters the model does not have: {unknown}")
+    pairs = []
+    for name, c in correction.items():
+        p = named[name]
+        if c.shape != p.shape:
+            raise ValueError(f"correction for {name} has shape {tuple(c.shape)}, the parameter {tuple(p.shape)}")
+        pairs.append((p, c.to(device=p.device, dtype=p.dtype)))
+    return pairs
+
+
 def _train(model: nn.Module, data: Dataset, task: Task, *, epochs: int, lr: float, batch_size: int,
            momentum: float, weight_decay: float, prox_mu: float,
-           generator: torch.Generator | None) -> LocalTrainResult:
+           generator: torch.Generator | None, correction: dict[str, torch.Tensor] | None = None) -> LocalTrainResult:
     started = time.perf_counter()
     anchor = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
     params = [p for p in model.parameters() if p.requires_grad]
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
+    corrected = _corrections(model, correction)
     model.train()
     device = model_device(model)  # the batches go where the model is (fedge.tasks.device)
     if isinstance(data, TensorData):  # on a GPU the partition goes there once
@@ -117,6 +140,10 @@ def _train(model: nn.Module, data: Dataset, task: Task, *, epochs: int, lr: floa
                 p.grad = None
             objective.backward()
             _sgd_step(params, momentum_buffers, lr=lr, momentum=momentum, weight_decay=weight_decay)
+            if corrected:
+                with torch.no_grad():
+                    for p, c in corrected:
+                        corrected_step(p, c, lr)
             term = loss.detach().double()
             total = term if total is None else total + term
             steps += 1

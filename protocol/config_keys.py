@@ -34,6 +34,7 @@ __all__ = [
     "ROOT_LEAF",
     "ROOT_ROUND",
     "ROUND_KEY",
+    "SCAFFOLD_CONTROL_CODEC",
     "SEED_KEY",
     "START_KEY",
     "WEIGHT_KEY",
@@ -61,6 +62,8 @@ ROOT_LEAF = "fedge.root-leaf"
 PROX_MU = "prox-mu"
 #: EASGD: the elastic coupling alpha
 EASGD_ALPHA = "alpha"
+#: SCAFFOLD: the codec spec the server's control variate (``CONTROL_RECORD``) is encoded with
+SCAFFOLD_CONTROL_CODEC = "scaffold-control-codec"
 #: gossip: the node's position, the copies' version, gamma, whether to measure, peers and mixing row
 GOSSIP_POSITION = "position"
 GOSSIP_VERSION = "version"

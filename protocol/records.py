@@ -36,6 +36,8 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 
 __all__ = [
     "CONFIG_RECORD",
+    "CONTROL_KEY",
+    "CONTROL_RECORD",
     "DOWNLINK_BASE_KEY",
     "DOWNLINK_RECORD",
     "DOWNLINK_STEPS_KEY",
@@ -74,6 +76,10 @@ MEASURE_RECORD = "measure"
 RELAY_RECORD = "relay"
 PUBLIC_RECORD = "public"
 PAYLOAD_KEY = "payload"
+#: SCAFFOLD: the server's control variate going down (its own record, encoded with the run's codec)
+#: and a device's control change going up (a second payload in the update record, under this key)
+CONTROL_RECORD = "fedge.control"
+CONTROL_KEY = "control"
 #: the lattice downlink's record (``downlink``) carries, besides its payload, the per-tensor steps
 #: (snapshots) and the base model (only for a device that cannot rebuild it)
 DOWNLINK_STEPS_KEY = "steps"

@@ -69,6 +69,8 @@ class RunSettings:
         "fedavg",
         "round algorithm: 'fedavg' (FedProx through prox-mu), 'fednova' (FedAvg normalised by each device's local "
         "steps and the run's momentum: devices that train longer do not pull the model their way), "
+        "'scaffold[:control-bits=8]' (control variates correct each device's drift; kept on the devices, sent "
+        "compressed both ways), "
         "'easgd[:alpha=0.3,beta=0.9]' (elastic averaging), "
         "'gossip[:topology=ring|torus|exponential|onepeer|random,gamma=1,degree=4,measure=1]' (decentralized, CHOCO), "
         "'fedbuff[:concurrency=C,buffer=K,staleness=constant|poly|hinge,a=0.5,b=4,max-staleness=20]' (asynchronous, buffered), "

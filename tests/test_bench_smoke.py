@@ -79,6 +79,8 @@ ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
                                  "{out}/st.json"], None),
     "soak.py": (["--rounds", "2", "--nodes", "2", "--churn-every", "1", "--warmup", "1", "--out", "{out}/soak.json"],
                 None),
+    "niid_bench.py": (["run", "--smoke", "--cell", "scaffold-c2-dgc-s1", "--cell", "fedavg-c2-fp32-s1", "--out",
+                       "{out}/niid"], "niid/niid-bench.md"),
     "flower_stragglers.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--target", "0.1",
                               "--stragglers", "none", "--timeout", "300", "--out", "{out}/fst"], None),
 }
@@ -90,7 +92,8 @@ ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
 #: they take from Fedge and parses their ``--help`` (``tests/test_bench_names.py``)
 HEAVY = {"differential_privacy.py", "distributed_dp.py", "flower_app.py", "flower_secure.py", "edge.py", "allreduce.py",
          "chaos.py", "clientapp_cpu.py", "deployment_rounds.py", "scale.py", "leaf_simulation.py", "leaf_processes.py",
-         "start_profile.py", "soak.py", "same_seed.py", "superlink_throughput.py", "flower_stragglers.py"}
+         "start_profile.py", "soak.py", "same_seed.py", "superlink_throughput.py", "flower_stragglers.py",
+         "niid_bench.py"}
 
 #: benchmarks without a smoke run yet, and why
 PENDING: dict[str, str] = {}

@@ -93,6 +93,23 @@ def test_compressed_easgd_and_gossip_on_the_simulation_engine(tmp_path, assert_n
     assert len(list((result.run_dir / "partitions").glob("partitions-4-*.npz"))) == 1
 
 
+def test_scaffold_keeps_control_variates_on_the_devices_of_the_simulation_engine(tmp_path,
+                                                                              assert_no_leftovers) -> None:
+    """SCAFFOLD on Ray's actors: each device's c_i kept in its node state from round to round, its
+    change and update both 4-bit with error feedback, the server's c an 8-bit snapshot down."""
+    settings = RunSettings(algorithm="scaffold", rounds=3, clients_per_round=4, local_epochs=3, momentum=0.5,
+                           run_dir=str(tmp_path / "run"))
+    result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
+    assert_no_leftovers(result.run_dir / "flwr-home")
+    assert [row["round"] for row in result.rows] == [1, 2, 3]
+    assert all(row["algorithm"] == "scaffold" and row["clients_used"] == 4 and not row["rejected"]
+               for row in result.rows)
+    assert all(row["control_norm"] > 0 for row in result.rows)
+    # two 4-bit payloads a reply (update and control change): about a quarter of one fp32 model each
+    assert result.rows[-1]["uplink_bytes"] < result.rows[-1]["uplink_fp32_bytes"] / 3
+    assert result.summary["final_accuracy"] > result.summary["initial_accuracy"] + 0.1
+
+
 @pytest.mark.slow
 def test_gossip_on_the_deployment_engine(tmp_path, assert_no_leftovers) -> None:
     settings = RunSettings(algorithm="gossip:topology=ring", rounds=2, clients_per_round=3, min_replies=3,

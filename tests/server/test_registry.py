@@ -15,7 +15,7 @@ from fedge.server.settings import ALGORITHM_KEYS, RunSettings, SettingsError
 
 def test_every_algorithm_in_the_package_is_found() -> None:
     # the package's own (a plugin another test of this process loaded registers beside them)
-    assert set(_discover()) == {"fedavg", "fednova", "easgd", "gossip", "fedbuff", "fedasync"}
+    assert set(_discover()) == {"fedavg", "fednova", "easgd", "gossip", "fedbuff", "fedasync", "scaffold"}
     assert set(_discover()) <= set(algorithms())
 
 
