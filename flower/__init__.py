@@ -18,6 +18,7 @@ from fedge.edge_client.compression_mod import compression_mod  # noqa: E402
 from fedge.edge_client.elastic_mod import elastic_mod  # noqa: E402
 from fedge.edge_client.layers import refusal_mod  # noqa: E402
 from fedge.edge_client.resources import resource_mod  # noqa: E402
+from fedge.edge_client.scaffold_mod import scaffold_correction, scaffold_mod  # noqa: E402
 from fedge.edge_client.secure_mod import secure_mod  # noqa: E402
 from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
@@ -25,7 +26,9 @@ from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: 
 from fedge.flower.tracked import TrackedStrategy, tracked  # noqa: E402
 from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
 from fedge.protocol.fednova_layer import NormalizedAveraging  # noqa: E402
+from fedge.protocol.scaffold_layer import ControlVariates  # noqa: E402
 
-__all__ = ["CompressedStrategy", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy", "NormalizedAveraging",
-           "SecureStrategy", "TrackedStrategy", "compressed", "compression_mod", "distributed_dp", "elastic_mod",
-           "layered", "refusal_mod", "resource_mod", "secure", "secure_mod", "tracked"]
+__all__ = ["CompressedStrategy", "ControlVariates", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy",
+           "NormalizedAveraging", "SecureStrategy", "TrackedStrategy", "compressed", "compression_mod", "distributed_dp",
+           "elastic_mod", "layered", "refusal_mod", "resource_mod", "scaffold_correction", "scaffold_mod", "secure",
+           "secure_mod", "tracked"]

@@ -31,7 +31,7 @@ from fedge.protocol.dispatcher import grid_exchange
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
-from fedge.protocol.records import MODEL_RECORD, RAW_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol.records import FEDGE_REPLY_RECORDS, MODEL_RECORD, RAW_RECORD, array_bytes
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.protocol.tally import Tally, resource_summary
 from fedge.protocol.uplink_request import UplinkRequest
@@ -240,11 +240,11 @@ class LayeredStrategy(Strategy):
             return None  # every layer saw it; one consumed it
         assert original is not None
         records, metrics = message.content.array_records, original.metrics
-        name = MODEL_RECORD if wire is not None else next(n for n in records if n not in (UPDATE_RECORD, RAW_RECORD))
+        name = MODEL_RECORD if wire is not None else next(n for n in records if n not in FEDGE_REPLY_RECORDS)
         record = with_raw(state.arrays, records.get(RAW_RECORD, ArrayRecord())) if wire is not None else records[name]
         if (update is not original or state.wire is not None) and not self.streaming:
             # what the layers made of the update, as the model the strategy aggregates
-            content = RecordDict({n: r for n, r in message.content.items() if n not in (UPDATE_RECORD, RAW_RECORD)})
+            content = RecordDict({n: r for n, r in message.content.items() if n not in FEDGE_REPLY_RECORDS})
             content[name] = layout.rebuild(state.sent + update.vector.numpy(), record)
             if update is not original:
                 content[next(iter(message.content.metric_records), "metrics")] = MetricRecord({**metrics,

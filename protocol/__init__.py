@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 #: ``fedge.protocol.records.__all__``, spelled out so that it needs no import (a test keeps them equal)
-__all__ = ["CONFIG_RECORD", "CONTROL_KEY", "CONTROL_RECORD", "DOWNLINK_BASE_KEY", "DOWNLINK_RECORD",
-           "DOWNLINK_STEPS_KEY", "MEASURE_RECORD", "METRICS_RECORD", "MODEL_RECORD", "PAYLOAD_KEY", "PAYLOAD_STYPE", "PUBLIC_RECORD", "RAW_RECORD",
-           "RELAY_RECORD", "UPDATE_RECORD", "ProtocolError", "array_bytes", "flat_array", "message_type_for",
+__all__ = ["CONFIG_RECORD", "CONTROL_RECORD", "DOWNLINK_BASE_KEY", "DOWNLINK_RECORD", "DOWNLINK_STEPS_KEY",
+           "FEDGE_REPLY_RECORDS", "MEASURE_RECORD", "METRICS_RECORD", "MODEL_RECORD", "PAYLOAD_KEY", "PAYLOAD_STYPE",
+           "PUBLIC_RECORD", "RAW_RECORD", "RELAY_RECORD", "UPDATE_RECORD", "ProtocolError", "array_bytes", "flat_array", "message_type_for",
            "payload_array", "payload_bytes", "payload_record", "read_flat", "read_flats", "read_payload",
            "read_payloads", "read_state_dict"]
 

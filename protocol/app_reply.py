@@ -23,7 +23,7 @@ from fedge.protocol.door import door
 from fedge.protocol.failures import Failure
 from fedge.protocol.layer import LayerStack
 from fedge.protocol.layout import Layout, LayoutError
-from fedge.protocol.records import RAW_RECORD, UPDATE_RECORD, ProtocolError, read_payload
+from fedge.protocol.records import FEDGE_REPLY_RECORDS, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.protocol.step import Reply, Step, Update
 from fedge.protocol.tally import Tally
@@ -59,7 +59,7 @@ def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.nd
             raise LayoutError(f"no {UPDATE_RECORD!r} record: is compression_mod on the ClientApp?")
         vector = wire.decode(payload, layout.numel)
     else:
-        name = next((n for n in records if n not in (UPDATE_RECORD, RAW_RECORD)), None)
+        name = next((n for n in records if n not in FEDGE_REPLY_RECORDS), None)
         if name is None:
             raise ProtocolError("a train reply without its model's arrays")
         vector = torch.from_numpy(layout.flatten(records[name]) - sent)

@@ -36,11 +36,11 @@ from flwr.app import Array, ArrayRecord, MessageType, RecordDict
 
 __all__ = [
     "CONFIG_RECORD",
-    "CONTROL_KEY",
     "CONTROL_RECORD",
     "DOWNLINK_BASE_KEY",
     "DOWNLINK_RECORD",
     "DOWNLINK_STEPS_KEY",
+    "FEDGE_REPLY_RECORDS",
     "MEASURE_RECORD",
     "METRICS_RECORD",
     "MODEL_RECORD",
@@ -76,10 +76,11 @@ MEASURE_RECORD = "measure"
 RELAY_RECORD = "relay"
 PUBLIC_RECORD = "public"
 PAYLOAD_KEY = "payload"
-#: SCAFFOLD: the server's control variate going down (its own record, encoded with the run's codec)
-#: and a device's control change going up (a second payload in the update record, under this key)
+#: SCAFFOLD: the server's control variate going down and a device's control change going up, each one
+#: payload (``PAYLOAD_KEY``) encoded with the codec the message's config names
 CONTROL_RECORD = "fedge.control"
-CONTROL_KEY = "control"
+#: a Flower app's reply records that are Fedge's, not the model's arrays (what a strategy never sees)
+FEDGE_REPLY_RECORDS = (UPDATE_RECORD, RAW_RECORD, CONTROL_RECORD)
 #: the lattice downlink's record (``downlink``) carries, besides its payload, the per-tensor steps
 #: (snapshots) and the base model (only for a device that cannot rebuild it)
 DOWNLINK_STEPS_KEY = "steps"

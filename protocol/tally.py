@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
-from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol import CONTROL_RECORD, MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.resources import ResourceReport, report_of
 
 from fedge.protocol.failures import Failure
@@ -67,7 +67,8 @@ class Tally:
         if reply.has_error():
             return
         records = reply.content.array_records
-        uploaded = (UPDATE_RECORD,) if UPDATE_RECORD in records else tuple(n for n in records if n != MEASURE_RECORD)
+        uploaded = ((UPDATE_RECORD, CONTROL_RECORD) if UPDATE_RECORD in records  # SCAFFOLD's dc_i beside an update
+                    else tuple(n for n in records if n != MEASURE_RECORD))
         self.uplink += array_bytes(reply.content, uploaded)
         self.uploads += bool(uploaded)
         self.measurement += array_bytes(reply.content, (MEASURE_RECORD,))

@@ -14,7 +14,7 @@ import math
 
 from flwr.app import RecordDict
 
-from fedge.protocol import MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, array_bytes
+from fedge.protocol import CONTROL_RECORD, MEASURE_RECORD, METRICS_RECORD, UPDATE_RECORD, array_bytes
 from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.server.engine.algorithm import Rejected
 
@@ -22,7 +22,7 @@ __all__ = ["ALLOWED_RECORDS", "max_reply_bytes", "screen_reply"]
 
 #: Every record name a train reply may carry (edge_client/local.py ``train_reply``; the device's
 #: resource report, ``fedge.protocol.resources``, added by its ``resource_mod``).
-ALLOWED_RECORDS = frozenset({UPDATE_RECORD, METRICS_RECORD, MEASURE_RECORD, RESOURCES_RECORD})
+ALLOWED_RECORDS = frozenset({UPDATE_RECORD, METRICS_RECORD, MEASURE_RECORD, RESOURCES_RECORD, CONTROL_RECORD})
 
 
 def max_reply_bytes(fp32_model_bytes: int) -> int:

@@ -15,9 +15,12 @@ from fedge.aggregation.scaffold import ScaffoldError, control_step, device_contr
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.trainer import train_local
-from fedge.protocol import CONTROL_KEY, CONTROL_RECORD, PAYLOAD_KEY, UPDATE_RECORD, payload_array
+from fedge.protocol import CONTROL_RECORD, PAYLOAD_KEY, UPDATE_RECORD, payload_array
+from fedge.protocol.config_keys import SCAFFOLD_CONTROL_CODEC
+from fedge.protocol.tally import Tally
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
+from fedge.server.engine.layers.scaffold import ScaffoldLayer
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -91,93 +94,119 @@ def test_bad_inputs_are_refused() -> None:
         server_control(z, z, 0)
 
 
-def _algorithm(tmp_path, codec="none", **extra):  # type: ignore[no-untyped-def]
+def _algorithm(tmp_path, codec="none", spec="scaffold", **extra):  # type: ignore[no-untyped-def]
     run = RunSettings(algorithm="scaffold", codec=codec, run_dir=str(tmp_path), **extra)
-    return make_algorithm("scaffold", make_context(run, make_task("digits")))
+    return make_algorithm(spec, make_context(run, make_task("digits")))
 
 
-def _reply(algorithm, step, node, dy, dc, control=True):  # type: ignore[no-untyped-def]
-    codec = algorithm.wire(step.number)
-    record = ArrayRecord({PAYLOAD_KEY: payload_array(codec.encode(dy))})
+def _reply(layer, node, dy, dc, control=True):  # type: ignore[no-untyped-def]
+    content = RecordDict({UPDATE_RECORD: ArrayRecord({PAYLOAD_KEY: payload_array(b"")})})
     if control:
-        record[CONTROL_KEY] = payload_array(codec.encode(dc) if isinstance(dc, torch.Tensor) else dc)
+        payload = layer.codec.encode(dc) if isinstance(dc, torch.Tensor) else dc
+        content[CONTROL_RECORD] = ArrayRecord({PAYLOAD_KEY: payload_array(payload)})
     metrics = {"train-loss": 0.5, "local-steps": 10}
-    return Update(node, dy, 50.0 * node, metrics, b"", RecordDict({UPDATE_RECORD: record}))
+    return Update(node, dy, 50.0 * node, metrics, b"", content)
+
+
+def _sent(outgoing, layer):  # type: ignore[no-untyped-def]
+    """The control variate a message carries, decoded with the codec its config names."""
+    spec = outgoing.content.config_records["config"][SCAFFOLD_CONTROL_CODEC]
+    assert spec == layer.spec
+    payload = outgoing.content.array_records[CONTROL_RECORD][PAYLOAD_KEY].data
+    return make_codec(spec).decode(payload, layer.control.numel()), len(payload)
 
 
 def test_one_round_is_lines_16_and_17(tmp_path) -> None:
     """x + mean_S(dy) (unweighted, as the paper and NIID-Bench) and c + (1/N) sum_S dc_i with N the
     devices connected when the round opened (5 here, 3 sampled)."""
     algorithm = _algorithm(tmp_path)
+    layer = ScaffoldLayer.build(algorithm)
+    assert layer.spec == "none"  # an fp32 run sends its control variates in fp32
     numel, g = algorithm.ctx.numel, torch.Generator().manual_seed(0)
     x = torch.randn(numel, generator=g)
     algorithm.start(x)
+    layer.start(x)
     step = algorithm.open_step(1, [1, 2, 3])
     step.connected = 5
     out = algorithm.configure(step, [1, 2, 3])
-    sent = make_codec("none").decode(out[0].content.array_records[CONTROL_RECORD][PAYLOAD_KEY].data, numel)
-    assert torch.equal(sent, torch.zeros(numel))  # c starts at 0
+    layer.outgoing(step, out)
+    assert torch.equal(_sent(out[0], layer)[0], torch.zeros(numel))  # c starts at 0
     dys = [torch.randn(numel, generator=g) * 0.01 for _ in range(3)]
     dcs = [torch.randn(numel, generator=g) for _ in range(3)]
     for node, (dy, dc) in enumerate(zip(dys, dcs), start=1):
-        algorithm.absorb(step, _reply(algorithm, step, node, dy, dc))
-    model = algorithm.close(step).model
-    torch.testing.assert_close(model, x + sum(dys) / 3, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(algorithm.control, sum(dcs) / 5, rtol=1e-5, atol=1e-6)
-    # the next round's messages carry the new c
-    step2 = algorithm.open_step(2, [1])
-    sent = make_codec("none").decode(
-        algorithm.configure(step2, [1])[0].content.array_records[CONTROL_RECORD][PAYLOAD_KEY].data, numel)
-    torch.testing.assert_close(sent, algorithm.control)
-    # and a checkpoint brings both back
-    again = _algorithm(tmp_path / "again")
-    again.load_state_dict(algorithm.state_dict())
-    assert torch.equal(again.control, algorithm.control) and torch.equal(again.params, algorithm.params)
+        update = layer.update(step, _reply(layer, node, dy, dc))
+        assert update.weight == 1.0
+        algorithm.absorb(step, update)
+    outcome = algorithm.close(step)
+    layer.close(step, outcome, Tally(0.0))
+    torch.testing.assert_close(outcome.model, x + sum(dys) / 3, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.control, sum(dcs) / 5, rtol=1e-5, atol=1e-6)
+    assert outcome.extra["control_norm"] == pytest.approx(float(layer.control.norm()))
+    step2 = algorithm.open_step(2, [1])  # the next round's messages carry the new c
+    out2 = algorithm.configure(step2, [1])
+    layer.outgoing(step2, out2)
+    torch.testing.assert_close(_sent(out2[0], layer)[0], layer.control)
+    again = ScaffoldLayer(bits=0)  # and a checkpoint brings it back
+    again.load_state_dict(layer.state_dict())
+    assert torch.equal(again.control, layer.control)
+    with pytest.raises(ValueError, match="finite"):
+        again.load_state_dict({"control": torch.full((3,), float("nan")), "residual": torch.zeros(3)})
 
 
 def test_a_reply_without_a_valid_control_change_is_refused_before_any_sum_takes_it(tmp_path) -> None:
     algorithm = _algorithm(tmp_path, codec="qsgd:bits=4")
+    layer = ScaffoldLayer.build(algorithm)
     numel = algorithm.ctx.numel
-    algorithm.start(torch.zeros(numel))
+    layer.start(torch.zeros(numel))
     step = algorithm.open_step(1, [1])
     dy = torch.ones(numel) * 0.01
-    with pytest.raises(Rejected, match="no 'control' payload"):
-        algorithm.absorb(step, _reply(algorithm, step, 1, dy, None, control=False))
+    with pytest.raises(Rejected, match="no 'fedge.control' record"):
+        layer.update(step, _reply(layer, 1, dy, None, control=False))
     with pytest.raises(Rejected, match="control change"):
-        algorithm.absorb(step, _reply(algorithm, step, 1, dy, b"\x00" * 17))
-    short = make_codec("qsgd:bits=4").encode(torch.ones(numel - 1))
+        layer.update(step, _reply(layer, 1, dy, b"\x00" * 17))
     with pytest.raises(Rejected, match="control change"):
-        algorithm.absorb(step, _reply(algorithm, step, 1, dy, short))
-    assert step.taken == 0 and step.aggregate.partial().is_empty
+        layer.update(step, _reply(layer, 1, dy, layer.codec.encode(torch.ones(numel - 1))))
+    with pytest.raises(Rejected, match="control change"):
+        layer.update(step, _reply(layer, 1, dy, make_codec("none").encode(torch.ones(numel))))  # another codec
+    assert "scaffold" not in step.layers or step.layers["scaffold"]["count"] == 0
 
 
 def test_the_control_goes_down_quantized_through_server_error_feedback(tmp_path) -> None:
     """A 4-bit run sends c as an 8-bit QSGD snapshot; what the devices received, summed over rounds,
     tracks the true c's sum (the residual stays bounded)."""
     algorithm = _algorithm(tmp_path, codec="qsgd:bits=4")
+    layer = ScaffoldLayer.build(algorithm)
     numel = algorithm.ctx.numel
-    assert algorithm.control_spec.startswith("qsgd:bits=8")
-    g = torch.Generator().manual_seed(1)
-    algorithm.control = torch.randn(numel, generator=g)
+    assert layer.spec.startswith("qsgd:bits=8")
+    layer.start(torch.zeros(numel))
+    layer.control = torch.randn(numel, generator=torch.Generator().manual_seed(1))
     received = torch.zeros(numel)
     for number in range(1, 6):
         step = algorithm.open_step(number, [1])
-        payload = algorithm.configure(step, [1])[0].content.array_records[CONTROL_RECORD][PAYLOAD_KEY].data
-        assert len(payload) < 0.3 * 4 * numel  # about a byte a coordinate against fp32's four
-        received += make_codec(algorithm.control_spec).decode(payload, numel)
-    residual = 5 * algorithm.control - received
-    assert float(residual.norm()) < 0.05 * float(algorithm.control.norm())
+        out = algorithm.configure(step, [1])
+        layer.outgoing(step, out)
+        value, size = _sent(out[0], layer)
+        assert size < 0.3 * 4 * numel  # about a byte a coordinate against fp32's four
+        received += value
+    residual = 5 * layer.control - received
+    assert float(residual.norm()) < 0.05 * float(layer.control.norm())
 
 
 def test_settings_that_cannot_work_with_it_are_refused(tmp_path) -> None:
     for setting, match in (({"secure_aggregation": "secagg"}, "scaffold"),
-                           ({"differential_privacy": "gaussian:noise=1.0"}, "scaffold"),
-                           ({"aggregator": "median"}, "aggregator"), ({"prox_mu": 0.1}, "prox-mu")):
+                           ({"differential_privacy": "gaussian:noise=1.0"}, "scaffold")):
+        with pytest.raises(SettingsError, match=match):
+            ScaffoldLayer.build(_algorithm(tmp_path / "x", **setting))
+    for setting, match in (({"aggregator": "median"}, "aggregator"), ({"prox_mu": 0.1}, "prox-mu")):
         with pytest.raises(SettingsError, match=match):
             _algorithm(tmp_path / "x", **setting)
     with pytest.raises(SettingsError, match="control-bits"):
-        make_algorithm("scaffold:control-bits=0", make_context(RunSettings(algorithm="scaffold", run_dir=str(tmp_path)),
-                                                                make_task("digits")))
+        _algorithm(tmp_path, spec="scaffold:control-bits=0")
+    assert ScaffoldLayer.build(_algorithm(tmp_path, codec="qsgd:bits=4", spec="scaffold:control-bits=4")).bits == 4
+    assert ScaffoldLayer.build(make_algorithm("fedavg", make_context(RunSettings(run_dir=str(tmp_path)),
+                                                                     make_task("digits")))) is None
+    with pytest.raises(ValueError, match="bits"):
+        ScaffoldLayer(bits=17)
 
 
 def test_devices_keep_their_control_variates_across_rounds_and_the_model_trains(tmp_path) -> None:
@@ -196,4 +225,4 @@ def test_devices_keep_their_control_variates_across_rounds_and_the_model_trains(
         state = NodeStore(context.state, "scaffold")
         control = state.get_tensor("control")
         assert control is not None and control.numel() == len(start) and float(control.norm()) > 0, node
-        assert NodeStore(context.state, "scaffold-control").get_meta("memory.meta")["round"] == 3
+        assert state.child("memory").get_meta("memory.meta")["round"] == 3  # dc_i's error feedback

@@ -4,7 +4,8 @@
 ``update_guard`` (norm bound, weight cap), ``downlink`` (full or lattice model to devices),
 ``secure_aggregation`` (only the sum is revealed), ``differential_privacy`` (client-level DP:
 Poisson sampling, clipping, noise, ledger), ``model_average`` (what the run delivers) and ``fednova``
-(FedNova's normalisation, for ``algorithm = "fednova"``). The
+(FedNova's normalisation, for ``algorithm = "fednova"``) and ``scaffold`` (SCAFFOLD's control
+variates, for ``algorithm = "scaffold"``). The
 interface is :class:`~fedge.protocol.layer.Layer` (shared with ``fedge.flower.layered``). The engine calls the run's layers in
 the order :func:`order_layers` derives from what each declares it provides and needs, whatever the
 order they were registered in. Adding a layer is one file here (or a class anywhere) and one
@@ -20,6 +21,7 @@ from fedge.server.engine.layers.differential_privacy import DifferentialPrivacyL
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.layers.fednova import FedNovaLayer
 from fedge.server.engine.layers.model_average import ModelAverageLayer
+from fedge.server.engine.layers.scaffold import ScaffoldLayer
 from fedge.server.engine.layers.secure_aggregation import SecureAggregationLayer
 from fedge.server.engine.layers.selection import SelectionLayer
 from fedge.server.engine.layers.update_guard import UpdateGuardLayer
@@ -34,7 +36,7 @@ __all__ = ["BOUNDED", "LAYERS", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "
 
 #: every layer class; their order here means nothing (``order_layers`` decides)
 LAYERS: list[type[Layer]] = [SelectionLayer, UpdateGuardLayer, DownlinkLayer, SecureAggregationLayer,
-                             DifferentialPrivacyLayer, ModelAverageLayer, FedNovaLayer]
+                             DifferentialPrivacyLayer, ModelAverageLayer, FedNovaLayer, ScaffoldLayer]
 
 
 def register_layer(cls: type[Layer]) -> type[Layer]:
