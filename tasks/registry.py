@@ -29,6 +29,7 @@ from fedge.compression.spec import build_from_spec, parse_spec
 from fedge.tasks.base import Task
 from fedge.tasks.digits import DigitsTask
 from fedge.tasks.fashion_mnist import FashionMNISTTask
+from fedge.tasks.shakespeare import ShakespeareTask
 from fedge.tasks.synthetic import SyntheticTask
 from fedge.tasks.task_spec import TaskNotFoundError, import_path_of, task_module
 
@@ -39,7 +40,7 @@ __all__ = ["ENTRY_POINT_GROUP", "TaskNotFoundError", "available_tasks", "import_
 ENTRY_POINT_GROUP = "fedge.tasks"
 
 _BUILTIN: dict[str, Callable[..., Task]] = {
-    "digits": DigitsTask, "synthetic": SyntheticTask, "fashion": FashionMNISTTask,
+    "digits": DigitsTask, "synthetic": SyntheticTask, "fashion": FashionMNISTTask, "shakespeare": ShakespeareTask,
 }
 #: registered by ``register_task`` in this process (a notebook, a test, a plugin module that every
 #: process of a run loads)
