@@ -132,6 +132,9 @@ def run_cell(job: tuple[str, str, str, int, dict[str, Any], str, str, int]) -> d
         "downlink_bytes": sum(r["downlink_bytes"] for r in rows),
         "rejected": sum(len(r.get("rejected") or []) for r in rows),
         "wall_seconds_this_sitting": time.monotonic() - started,
+        # a cell killed and resumed continues from its checkpoint; SCAFFOLD's devices then restart
+        # from c_i = 0 (their state lived in the killed processes), as new devices would
+        "resumed_from_round": (result.summary or {}).get("resumed_from_round"),
         "round_seconds": sum(r["seconds"] for r in rows) / len(rows),
         "measured": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
