@@ -58,7 +58,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from fedge.flower import ElasticAveraging, FedBuff, compressed, layered, secure
+from fedge.flower import ControlVariates, ElasticAveraging, FedBuff, compressed, layered, secure
 
 from digitsapp.server_app import global_evaluate
 from digitsapp.task import Net
@@ -94,6 +94,9 @@ def main(grid: Grid, context: Context) -> None:
             strategy = secure(fedavg, secure_aggregation=uplink, differential_privacy=str(config["dp"]))
         elif config["strategy"] == "easgd":  # the strategy's model is the center
             strategy = layered(compressed(fedavg, uplink=uplink, downlink=downlink), ElasticAveraging())
+        elif config["strategy"] == "scaffold":  # control variates both ways, at 8 bits (fp32 for an fp32 run)
+            strategy = layered(compressed(fedavg, uplink=uplink, downlink=downlink),
+                               ControlVariates(bits=0 if uplink == "none" else 8))
         else:
             strategy = compressed(fedavg, uplink=uplink, downlink=downlink)
         result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=rounds, train_config=train_config,
@@ -103,17 +106,49 @@ def main(grid: Grid, context: Context) -> None:
                    "train": {v: dict(m) for v, m in result.train_metrics_clientapp.items()}}, handle)
 '''
 
-CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the straggler partitions."""
+CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the straggler partitions;
+for SCAFFOLD the same handler with the one line its loop needs (the corrector after each step)."""
 
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from fedge.edge_client.slowdown import slowdown_mod
-from fedge.flower import compression_mod, elastic_mod, secure_mod
+from fedge.flower import compression_mod, elastic_mod, scaffold_correction, scaffold_mod, secure_mod
 
 from digitsapp.client_app import train
+from digitsapp.task import Net, load_data
 
 # the slow clients are slow at encoding too; each mod passes through what the other's server sends
-app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod, elastic_mod])
-app.train()(train)
+app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod, elastic_mod, scaffold_mod])
+
+
+def scaffold_train(msg: Message, context: Context) -> Message:
+    torch.set_num_threads(1)
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    loader = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]),
+                       int(context.run_config["batch-size"]), float(context.run_config["dirichlet-alpha"]),
+                       int(context.run_config["seed"]), int(msg.content["config"]["server-round"]))
+    lr = float(msg.content["config"]["lr"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    correct = scaffold_correction(model, lr)
+    total, steps = 0.0, 0
+    for _ in range(int(context.run_config["local-epochs"])):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            correct()
+            total, steps = total + loss.item(), steps + 1
+    metrics = MetricRecord({"train_loss": total / max(steps, 1), "num-examples": len(loader.dataset)})
+    return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
+
+
+@app.train()
+def handler(msg: Message, context: Context) -> Message:
+    return (scaffold_train if str(context.run_config["strategy"]) == "scaffold" else train)(msg, context)
 '''
 
 

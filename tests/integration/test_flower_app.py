@@ -203,3 +203,23 @@ def test_easgd_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path) 
     for version in ("1", "2", "3"):
         metrics = run["train_metrics"][version]
         assert metrics["center_distance"] > 0 and metrics["fedge-uplink-bytes"] > 0, metrics
+
+
+@pytest.mark.slow
+def test_scaffold_from_the_apps_serverapp_on_the_simulation_engine(tmp_path: Path) -> None:
+    """``layered(compressed(FedAvg(...)), ControlVariates())`` from a user's ServerApp, ``scaffold_mod``
+    on its ClientApp and the corrector in its loop, on Flower's simulation engine (real SuperLink, Ray
+    actors): every reply carries its 8-bit control change beside its 4-bit update, none is refused,
+    the server's control variate moves, and the model learns."""
+    import argparse
+
+    from bench.flower_stragglers import bench_app, run_app
+
+    args = argparse.Namespace(rounds=3, local_epochs=2, lr=0.05, alpha=0.5, codec="qsgd:bits=4", clients=3,
+                              stragglers="none", target=0.5, timeout=400)
+    run = run_app(bench_app(tmp_path), args, "scaffold", tmp_path)
+    assert run["versions"] == 3 and run["best_accuracy"] > 0.3, run["accuracy"]  # random is 0.1
+    for version in ("1", "2", "3"):
+        metrics = run["train_metrics"][version]
+        assert metrics["control_norm"] > 0 and metrics["fedge-refused"] == 0, metrics
+        assert metrics["fedge-uplink-bytes"] > 0, metrics
