@@ -98,11 +98,11 @@ def test_scaffold_keeps_control_variates_on_the_devices_of_the_simulation_engine
     """SCAFFOLD on Ray's actors: each device's c_i kept in its node state from round to round, its
     update 4-bit and its control change 8-bit (control-bits), each with error feedback, the server's c
     an 8-bit snapshot down."""
-    settings = RunSettings(algorithm="scaffold", rounds=3, clients_per_round=4, local_epochs=3, momentum=0.5,
+    settings = RunSettings(algorithm="scaffold", rounds=2, clients_per_round=4, local_epochs=3, momentum=0.5,
                            run_dir=str(tmp_path / "run"))
     result = launch(settings, engine="simulation", num_supernodes=4, timeout=300)
     assert_no_leftovers(result.run_dir / "flwr-home")
-    assert [row["round"] for row in result.rows] == [1, 2, 3]
+    assert [row["round"] for row in result.rows] == [1, 2]
     assert all(row["algorithm"] == "scaffold" and row["clients_used"] == 4 and not row["rejected"]
                for row in result.rows)
     assert all(row["control_norm"] > 0 for row in result.rows)
