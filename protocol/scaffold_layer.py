@@ -11,7 +11,9 @@ step of its training loop.
   (so a device that missed rounds needs no catch-up): fp32 with ``bits=0``, else QSGD at ``bits``
   (buckets of 512, max norm); the codec is named in the message's config.
 - ``update``: each reply's ``dc_i`` (its ``CONTROL_RECORD``) is decoded and checked (length, codec,
-  finiteness) before anything is summed: a reply without a valid one is refused (``invalid``);
+  finiteness; given the devices' ``lr``, a norm no local steps could make from the reply's update:
+  ``|dc_i| <= |c| + |dy| / lr`` by option II, twice that allowed) before anything is summed: a reply
+  without a valid one is refused (``invalid``);
   every update then weighs the same (the paper's and NIID-Bench's mean over the sampled devices).
 - ``close``: ``c <- c + (1/N) sum dc_i`` with ``N`` the devices connected when the step opened.
 """
@@ -54,10 +56,12 @@ class ControlVariates(Layer):
     key = "scaffold"
     needs = frozenset({BOUNDED})  # it reweighs what the guard has bounded
 
-    def __init__(self, bits: int = 8) -> None:
+    def __init__(self, bits: int = 8, lr: float | None = None) -> None:
         if isinstance(bits, bool) or not isinstance(bits, int) or not (bits == 0 or 1 <= bits <= 16):
             raise ValueError(f"scaffold control bits must be 0 (fp32) or in 1..16, got {bits!r}")
-        self.bits = bits
+        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"scaffold lr must be > 0, got {lr!r}")
+        self.bits, self.lr = bits, lr
         self.spec = control_codec_spec(bits)
         self.codec = make_codec(self.spec)
         self.control: torch.Tensor | None = None
@@ -98,6 +102,13 @@ class ControlVariates(Layer):
 
     def update(self, step: Step, update: Update) -> Update:
         change = self.change(update)  # refused before either sum takes anything from the reply
+        if self.lr is not None and self.control is not None:
+            # option II: dc_i = -c - dy / (K lr) with K >= 1 steps, so |dc_i| <= |c| + |dy| / lr; twice
+            # that leaves room for the encodings' error, and a forged change cannot blow c up
+            bound = 2.0 * (float(self.control.norm()) + float(update.vector.norm()) / self.lr) + 1e-6
+            if float(change.norm()) > bound:
+                raise Rejected(f"scaffold: a control change of norm {float(change.norm()):.3g} is more than any "
+                               f"local steps at lr {self.lr:g} make from this update (at most {bound:.3g})")
         state = self.scratch(step, lambda: {"sent": b"", "sum": None, "count": 0})
         if state["sum"] is None:
             state["sum"] = ExactSum(change.numel())

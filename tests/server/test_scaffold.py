@@ -132,7 +132,7 @@ def test_one_round_is_lines_16_and_17(tmp_path) -> None:
     layer.outgoing(step, out)
     assert torch.equal(_sent(out[0], layer)[0], torch.zeros(numel))  # c starts at 0
     dys = [torch.randn(numel, generator=g) * 0.01 for _ in range(3)]
-    dcs = [torch.randn(numel, generator=g) for _ in range(3)]
+    dcs = [-dy / (10 * 0.1) for dy in dys]  # option II with c = 0, 10 steps at the run's lr 0.1
     for node, (dy, dc) in enumerate(zip(dys, dcs), start=1):
         update = layer.update(step, _reply(layer, node, dy, dc))
         assert update.weight == 1.0
@@ -168,6 +168,9 @@ def test_a_reply_without_a_valid_control_change_is_refused_before_any_sum_takes_
         layer.update(step, _reply(layer, 1, dy, layer.codec.encode(torch.ones(numel - 1))))
     with pytest.raises(Rejected, match="control change"):
         layer.update(step, _reply(layer, 1, dy, make_codec("none").encode(torch.ones(numel))))  # another codec
+    forged = layer.codec.encode(torch.full((numel,), 1e6))  # no local steps at lr 0.1 make this from dy
+    with pytest.raises(Rejected, match="more than any local steps"):
+        layer.update(step, _reply(layer, 1, dy, forged))
     assert "scaffold" not in step.layers or step.layers["scaffold"]["count"] == 0
 
 

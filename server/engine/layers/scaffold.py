@@ -22,4 +22,4 @@ class ScaffoldLayer(ControlVariates):
         if refused:
             raise SettingsError(f"scaffold needs each device's update and control change on their own: "
                                 f"{', '.join(refused)} is not possible with it")
-        return cls(bits=0 if s.codec == "none" else int(getattr(algorithm, "control_bits", 8)))
+        return cls(bits=0 if s.codec == "none" else int(getattr(algorithm, "control_bits", 8)), lr=s.lr)
