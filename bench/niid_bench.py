@@ -110,9 +110,10 @@ def cell_settings(algorithm: str, partition: str, codec: str, seed: int, setup: 
     )
 
 
-def run_cell(job: tuple[str, str, str, int, dict[str, Any], str, str, int]) -> dict[str, Any]:
-    """One cell on the simulation engine; its JSON is written before this returns (atomically)."""
-    algorithm, partition, codec, seed, setup, runs, out, slots = job
+def run_cell(job: tuple[str, str, str, int, dict[str, Any], str, str, int, str]) -> dict[str, Any]:
+    """One cell on the simulation engine; its JSON (with ``command``, the invocation that ran it) is
+    written before this returns (atomically)."""
+    algorithm, partition, codec, seed, setup, runs, out, slots, command = job
     name = cell_name(algorithm, partition, codec, seed)
     settings = cell_settings(algorithm, partition, codec, seed, setup, Path(runs) / name)
     started = time.monotonic()
@@ -138,6 +139,7 @@ def run_cell(job: tuple[str, str, str, int, dict[str, Any], str, str, int]) -> d
         "round_seconds": sum(r["seconds"] for r in rows) / len(rows),
         "measured": time.strftime("%Y-%m-%d %H:%M"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "command": command,
     }
     path = Path(out) / "cells" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,14 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         todo = [cell for cell in wanted if not (out / "cells" / f"{cell_name(*cell)}.json").exists()]
         print(f"{len(todo)} cells to run, {args.workers} at once", flush=True)
         workers = max(1, min(args.workers, len(todo)))
-        jobs = [(a, p, c, s, setup, runs, str(out), client_slots(workers)) for a, p, c, s in todo]
-        map_runs(run_cell, jobs, workers=workers)
         command = shlex.join([".venv/bin/python", "bench/niid_bench.py", *(argv if argv is not None else sys.argv[1:])])
-        for a, p, c, s in todo:  # the command that made each cell, kept with it
-            path = out / "cells" / f"{cell_name(a, p, c, s)}.json"
-            cell = json.loads(path.read_text())
-            cell["command"] = command
-            atomic_write_text(path, json.dumps(cell, indent=2) + "\n")
+        jobs = [(a, p, c, s, setup, runs, str(out), client_slots(workers), command) for a, p, c, s in todo]
+        map_runs(run_cell, jobs, workers=workers)
     print(write_table(out))
     return 0
 

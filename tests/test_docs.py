@@ -246,7 +246,7 @@ _OTHER_WORDS = {
     "fedge-edge", "flower-superlink", "flower-supernode", "flwr-clientapp", "flwr-serverapp", "flwr-simulation",
     "local-cluster", "client-resources-num-gpus",
     "flwr-datasets", "dataset-fashion-mnist", "dp-accounting",
-    "clip-lr", "control-bits", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
+    "clip-lr", "control-bits", "simple-cnn", "max-staleness", "reset-momentum", "sparse-mean", "trimmed-mean", "dynamic-int8", "ef21-pp",
     "bidirectional-full", "num-examples", "train-loss", "local-steps", "pull-messages",
     "weight-cap", "dp-clip", "dp-fitted", "prox-mu", "downlink-codec",
     "train-seconds",  # a reply's metric
