@@ -110,6 +110,16 @@ def cell_settings(algorithm: str, partition: str, codec: str, seed: int, setup: 
     )
 
 
+def run_cell_or_report(job: tuple[str, str, str, int, dict[str, Any], str, str, int, str]) -> dict[str, Any]:
+    """:func:`run_cell`, a failure reported (the other cells go on; a later ``run`` retries it)."""
+    try:
+        return run_cell(job)
+    except Exception as err:  # noqa: BLE001 - one cell's failure is printed, the table goes on
+        name = cell_name(*job[:4])
+        print(f"== {name}: FAILED ({type(err).__name__}: {err}); run again to retry it", flush=True)
+        return {"cell": name, "error": f"{type(err).__name__}: {err}"}
+
+
 def run_cell(job: tuple[str, str, str, int, dict[str, Any], str, str, int, str]) -> dict[str, Any]:
     """One cell on the simulation engine; its JSON (with ``command``, the invocation that ran it) is
     written before this returns (atomically)."""
@@ -262,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         workers = max(1, min(args.workers, len(todo)))
         command = shlex.join([".venv/bin/python", "bench/niid_bench.py", *(argv if argv is not None else sys.argv[1:])])
         jobs = [(a, p, c, s, setup, runs, str(out), client_slots(workers), command) for a, p, c, s in todo]
-        map_runs(run_cell, jobs, workers=workers)
+        failed = [r["cell"] for r in map_runs(run_cell_or_report, jobs, workers=workers) if "error" in r]
+        if failed:
+            print(f"{len(failed)} cells failed: {', '.join(failed)}", flush=True)
     print(write_table(out))
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -127,9 +128,27 @@ def client_slots(workers: int) -> int:
 
 def _one_thread() -> None:
     """A worker process's start: torch (imported later, by the job) keeps to one thread, and so do
-    the processes the job starts (the launch passes its environment on)."""
+    the processes the job starts (the launch passes its environment on). SIGTERM unwinds the job like
+    Ctrl-C, so a launch stops every process it started (:func:`map_runs` sends it when it stops)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+_STOPPING = False  # set in a worker by SIGTERM: the runs it had queued do not start
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    global _STOPPING
+    _STOPPING = True
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _guarded(job: Callable[[Any], T], item: Any) -> T:
+    """``job(item)`` in a worker, unless the worker has been told to stop."""
+    if _STOPPING:
+        raise KeyboardInterrupt("stopped before this run began")
+    return job(item)
 
 
 def map_runs(job: Callable[[Any], T], items: Sequence[Any], workers: int = 1) -> list[T]:
@@ -143,13 +162,22 @@ def map_runs(job: Callable[[Any], T], items: Sequence[Any], workers: int = 1) ->
     if workers <= 1 or len(items) <= 1:
         return [job(item) for item in items]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context,
-                             initializer=_one_thread) as pool:
-        futures = [(item, pool.submit(job, item)) for item in items]
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(items)), mp_context=context, initializer=_one_thread)
+    try:
+        futures = [(item, pool.submit(_guarded, job, item)) for item in items]
         results = []
         for item, future in futures:
             try:
                 results.append(future.result())
             except Exception as err:
                 raise RuntimeError(f"run {item!r} failed: {err}") from err
-        return results
+    except BaseException:
+        # stopped (a failed run, Ctrl-C, SIGTERM): no queued run starts, and the running ones are
+        # told to stop (their launches stop what they started) instead of running to their end
+        for process in list(getattr(pool, "_processes", {}).values()):
+            if process.is_alive():
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
