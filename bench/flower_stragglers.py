@@ -107,48 +107,44 @@ def main(grid: Grid, context: Context) -> None:
 '''
 
 CLIENT_APP = '''"""The bench's ClientApp: the app's train handler, slowed on the straggler partitions;
-for SCAFFOLD the same handler with the one line its loop needs (the corrector after each step)."""
+for SCAFFOLD the same handler training with the example's loop plus the one line SCAFFOLD adds."""
 
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.flower import compression_mod, elastic_mod, scaffold_correction, scaffold_mod, secure_mod
 
+import digitsapp.client_app as example
 from digitsapp.client_app import train
-from digitsapp.task import Net, load_data
 
 # the slow clients are slow at encoding too; each mod passes through what the other's server sends
 app = ClientApp(mods=[slowdown_mod, compression_mod, secure_mod, elastic_mod, scaffold_mod])
 
 
-def scaffold_train(msg: Message, context: Context) -> Message:
-    torch.set_num_threads(1)
-    model = Net()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    loader = load_data(int(context.node_config["partition-id"]), int(context.node_config["num-partitions"]),
-                       int(context.run_config["batch-size"]), float(context.run_config["dirichlet-alpha"]),
-                       int(context.run_config["seed"]), int(msg.content["config"]["server-round"]))
-    lr = float(msg.content["config"]["lr"])
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    correct = scaffold_correction(model, lr)
+def corrected_loop(net, loader, epochs: int, lr: float) -> float:
+    """``digitsapp.task.train`` with SCAFFOLD's corrector after each optimizer step."""
+    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    correct = scaffold_correction(net, lr)
+    net.train()
     total, steps = 0.0, 0
-    for _ in range(int(context.run_config["local-epochs"])):
+    for _ in range(epochs):
         for x, y in loader:
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(net(x), y)
             loss.backward()
             optimizer.step()
             correct()
             total, steps = total + loss.item(), steps + 1
-    metrics = MetricRecord({"train_loss": total / max(steps, 1), "num-examples": len(loader.dataset)})
-    return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
+    return total / max(steps, 1)
 
 
 @app.train()
 def handler(msg: Message, context: Context) -> Message:
-    return (scaffold_train if str(context.run_config["strategy"]) == "scaffold" else train)(msg, context)
+    if str(context.run_config["strategy"]) == "scaffold":
+        example.train_fn = corrected_loop  # the example's own handler, training with the corrected loop
+    return train(msg, context)
 '''
 
 

@@ -20,6 +20,7 @@ from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.update_encoder import encode_update
 from fedge.protocol.config_keys import SCAFFOLD_CONTROL_CODEC
 from fedge.protocol.records import CONFIG_RECORD, CONTROL_RECORD, PAYLOAD_KEY, ProtocolError, payload_array, read_payload
+from fedge.tasks import unflatten_state
 
 __all__ = ["ControlVariate", "carries_control"]
 
@@ -51,6 +52,13 @@ class ControlVariate:
     def correction(self) -> torch.Tensor:
         """``c - c_i``, flat: what each local step is moved by (times the learning rate)."""
         return self.server - self.own
+
+    def by_parameter(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``c - c_i`` split over ``model``'s parameters by name (the flat vector is its state dict's
+        floating-point tensors in order, as every flat model here is)."""
+        parameters = dict(model.named_parameters())
+        return {name: value for name, value in unflatten_state(self.correction, model.state_dict()).items()
+                if name in parameters}
 
     def reply(self, delta: torch.Tensor, steps: int, lr: float, *, server_round: int, seed: int,
               generator: torch.Generator | None = None) -> ArrayRecord:

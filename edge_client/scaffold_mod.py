@@ -24,7 +24,6 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
@@ -32,6 +31,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.aggregation.scaffold import corrected_step
 from fedge.edge_client.control_variate import ControlVariate, carries_control
 from fedge.edge_client.node_store import NodeStore
+from fedge.edge_client.trainer import correction_pairs
 from fedge.edge_client.user_update import train_user_update
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import CONTROL_RECORD, MODEL_RECORD
@@ -48,8 +48,7 @@ class ScaffoldUsageError(RuntimeError):
 
 @dataclass
 class _Round:
-    layout: Layout
-    correction: torch.Tensor  # c - c_i, flat in the message's record order
+    control: ControlVariate  # this message's c and this node's c_i
     steps: int = 0
     lr: float | None = None
 
@@ -67,9 +66,7 @@ def scaffold_correction(model: torch.nn.Module, lr: float) -> Callable[[], None]
     if active.lr is not None and active.lr != lr:
         raise ScaffoldUsageError(f"one corrector per round: asked for lr={lr} after lr={active.lr}")
     active.lr = float(lr)
-    pieces = _by_name(active)
-    pairs = [(param, pieces[name].to(device=param.device, dtype=param.dtype))
-             for name, param in model.named_parameters() if name in pieces]
+    pairs = correction_pairs(model, active.control.by_parameter(model))
     if not pairs:
         raise ScaffoldUsageError("none of the model's parameters is in the message's arrays: the corrector "
                                  "needs the model whose state_dict the app sends")
@@ -83,16 +80,6 @@ def scaffold_correction(model: torch.nn.Module, lr: float) -> Callable[[], None]
     return correct
 
 
-def _by_name(active: _Round) -> dict[str, torch.Tensor]:
-    """``c - c_i`` split into the message's floating-point arrays, by name."""
-    out, offset = {}, 0
-    for name, shape, _ in active.layout.floats:
-        count = int(np.prod(shape))
-        out[name] = active.correction[offset:offset + count].reshape(tuple(shape))
-        offset += count
-    return out
-
-
 def scaffold_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     if not carries_control(msg):
         return call_next(msg, context)
@@ -102,7 +89,7 @@ def scaffold_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     layout = Layout(received)
     start = torch.from_numpy(layout.flatten(received)).to(torch.float32)
     control = ControlVariate(msg, NodeStore(context.state, _NAMESPACE), start.numel())
-    active = _Round(layout, control.correction)
+    active = _Round(control)
     token = _ACTIVE.set(active)
     try:
         update = train_user_update(msg, context, call_next, "take SCAFFOLD's control step from")

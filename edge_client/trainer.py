@@ -23,7 +23,7 @@ from fedge.tasks import Task, TensorData, batches
 from fedge.tasks.device import model_device, to_device
 
 
-__all__ = ["LocalTrainResult", "train_local"]
+__all__ = ["LocalTrainResult", "correction_pairs", "train_local"]
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def _cuda_index(device: torch.device) -> list[int]:
     return [device.index if device.index is not None else torch.cuda.current_device()]
 
 
-def _corrections(model: nn.Module, correction: dict[str, torch.Tensor] | None
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def correction_pairs(model: nn.Module, correction: dict[str, torch.Tensor] | None
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(parameter, its correction on the parameter's device) pairs; a name or shape that does not
     match the model is a caller's error."""
     if not correction:
@@ -120,7 +120,7 @@ def _train(model: nn.Module, data: Dataset, task: Task, *, epochs: int, lr: floa
     anchor = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
     params = [p for p in model.parameters() if p.requires_grad]
     momentum_buffers: list[torch.Tensor | None] = [None] * len(params)
-    corrected = _corrections(model, correction)
+    corrected = correction_pairs(model, correction)
     model.train()
     device = model_device(model)  # the batches go where the model is (fedge.tasks.device)
     if isinstance(data, TensorData):  # on a GPU the partition goes there once

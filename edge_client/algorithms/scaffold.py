@@ -19,7 +19,6 @@ from fedge.edge_client.control_variate import ControlVariate
 from fedge.edge_client.layers import start_model, upload, uses_device_layers
 from fedge.protocol import CONTROL_RECORD, ProtocolError
 from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.tasks import unflatten_state
 
 __all__ = ["evaluate", "train"]
 
@@ -37,9 +36,7 @@ def train(msg: Message, context: Context) -> Message:
     start = start_model(msg, config, context, task, model)
     local.load_flat(task, start, model)
     control = ControlVariate(msg, local.store(context, "scaffold"), start.numel())
-    parameters = dict(model.named_parameters())
-    correction = {name: value for name, value in unflatten_state(control.correction, model.state_dict()).items()
-                  if name in parameters}
+    correction = control.by_parameter(model)
     generator = local.node_generator(config, context, "train")
     result = local.train(model, data, config, generator, correction=correction, device=local.node_device(context))
     delta = local.flat_of(model) - start

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fedge.protocol.fednova_layer import NormalizedAveraging
 from fedge.server.engine.algorithm import Algorithm
-from fedge.server.settings import SettingsError
+from fedge.server.engine.layers.per_device import refuse_private_aggregation
 
 __all__ = ["FedNovaLayer"]
 
@@ -17,10 +17,6 @@ class FedNovaLayer(NormalizedAveraging):
             return None
         s = algorithm.ctx.settings
         # (a robust aggregator and prox-mu are refused for fednova with every algorithm-specific setting)
-        refused = [f"{key}={value!r}" for key, value, default in (
-            ("secure-aggregation", s.secure_aggregation, "none"),
-            ("differential-privacy", s.differential_privacy, "none")) if value != default]
-        if refused:
-            raise SettingsError(f"fednova normalises each update by its own local steps, so it needs every update "
-                                f"on its own and their weighted mean: {', '.join(refused)} is not possible with it")
+        refuse_private_aggregation(s, "fednova normalises each update by its own local steps, so it needs every "
+                                      "update on its own and their weighted mean")
         return cls(momentum=s.momentum)

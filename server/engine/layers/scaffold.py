@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fedge.protocol.scaffold_layer import ControlVariates
 from fedge.server.engine.algorithm import Algorithm
-from fedge.server.settings import SettingsError
+from fedge.server.engine.layers.per_device import refuse_private_aggregation
 
 __all__ = ["ScaffoldLayer"]
 
@@ -16,10 +16,5 @@ class ScaffoldLayer(ControlVariates):
         if algorithm.name != "scaffold":
             return None
         s = algorithm.ctx.settings
-        refused = [f"{key}={value!r}" for key, value, default in (
-            ("secure-aggregation", s.secure_aggregation, "none"),
-            ("differential-privacy", s.differential_privacy, "none")) if value != default]
-        if refused:
-            raise SettingsError(f"scaffold needs each device's update and control change on their own: "
-                                f"{', '.join(refused)} is not possible with it")
+        refuse_private_aggregation(s, "scaffold needs each device's update and control change on their own")
         return cls(bits=0 if s.codec == "none" else int(getattr(algorithm, "control_bits", 8)), lr=s.lr)
