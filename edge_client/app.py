@@ -6,8 +6,8 @@ never trusts a local copy of the run settings; the node's own config says which 
 
 Handlers live in ``fedge.edge_client.algorithms``, one module per algorithm, and are registered
 here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send FedAvg's messages),
-``fedavg.evaluate`` for ``evaluate``, ``easgd.train`` for ``train.easgd``, ``gossip.train`` for
-``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
+``fedavg.evaluate`` for ``evaluate`` (FedAvg's handler takes EASGD's elastic step too),
+``scaffold.train`` for ``train.scaffold``, ``gossip.train`` for ``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
 the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
 Mods around every handler: ``leaf_devices_mod`` (outermost: a simulated leaf's node becomes the

@@ -1,7 +1,8 @@
-"""``elastic_mod``: elastic averaging (EASGD) on a Flower app's node, around the user's own body.
+"""Elastic averaging (EASGD) on a node: :class:`ElasticNode`, the node's own model x_i and its
+elastic step, which Fedge's FedAvg handler takes when a message names the coupling α, and
+``elastic_mod``, the same around a Flower app's own body.
 
-The node keeps its own model x_i between rounds (in its ``Context`` state, as Fedge's EASGD
-handler keeps it in its node store). On a train message that names the elastic coupling α
+The node keeps its own model x_i between rounds (in its ``Context`` state). On a train message that names the elastic coupling α
 (``fedge.protocol.elastic_layer`` writes it), the mod hands the user's ``@app.train()`` body x_i in
 place of the center x̃ the message brought (the center itself the first time), then takes what it
 trained through the elastic step both coordinators share (``fedge.aggregation.elastic``): it keeps
@@ -28,9 +29,27 @@ from fedge.protocol.config_keys import EASGD_ALPHA
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import MODEL_RECORD
 
-__all__ = ["elastic_mod"]
+__all__ = ["ElasticNode", "elastic_mod"]
 
-_NAMESPACE = "flower-easgd"  # the node store's namespace of the node's own model
+_NAMESPACE = "flower-easgd"  # the node store's namespace of a Flower app node's own model
+
+
+class ElasticNode:
+    """A node's own model x_i, kept in ``store`` between the rounds it takes part in."""
+
+    def __init__(self, store: NodeStore, alpha: float) -> None:
+        self.store, self.alpha = store, alpha
+
+    def own(self, center: torch.Tensor) -> torch.Tensor:
+        """x_i to train this round: the model the node kept, or the center the first time."""
+        own = self.store.get_tensor("local")
+        return center.clone() if own is None or own.numel() != center.numel() else own
+
+    def step(self, trained: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(δ_i = α(x_i − x̃) to send, ‖x_i − x̃‖) for x_i trained to ``trained``; keeps x_i − δ_i."""
+        delta, kept, distance = elastic_difference(trained, center, self.alpha)
+        self.store.put_tensor("local", kept)
+        return delta, distance
 
 
 def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -45,20 +64,15 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
         raise LayoutError(f"an elastic train message needs the center in its {MODEL_RECORD!r} ArrayRecord")
     layout = Layout(received)
     center = torch.from_numpy(layout.flatten(received))
-    store = NodeStore(context.state, _NAMESPACE)
-    own = store.get_tensor("local")
-    if own is None or own.numel() != center.numel():
-        own = center  # the first round this node takes part in
+    node = ElasticNode(NodeStore(context.state, _NAMESPACE), float(alpha))
     content = RecordDict(dict(msg.content.items()))  # the body trains the node's own model, not the center
-    content[MODEL_RECORD] = layout.rebuild(own.numpy(), received)
+    content[MODEL_RECORD] = layout.rebuild(node.own(center).numpy(), received)
     msg.content = content
     update = train_user_update(msg, context, call_next, "take the elastic step from")
     content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
     if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
         return update
-    trained = torch.from_numpy(layout.flatten(update.trained))
-    delta, kept, distance = elastic_difference(trained, center, alpha)
-    store.put_tensor("local", kept)
+    delta, distance = node.step(torch.from_numpy(layout.flatten(update.trained)), center)
     reply = update.reply
     out = RecordDict(dict(reply.content.items()))
     out[MODEL_RECORD] = layout.rebuild((center + delta).numpy(), update.trained)

@@ -7,7 +7,7 @@ audit 2, N1). With ``require-secure-aggregation`` in its node config
 anything is trained, evaluated or read from its data, the device answers only
 
 * a ``train`` message of an action whose upload goes through the masking layer (plain ``train``:
-  the FedAvg family, FedBuff and FedAsync; ``train.easgd``; :data:`SECURE_TRAIN_ACTIONS`) that
+  the FedAvg family, FedBuff, FedAsync and EASGD; :data:`SECURE_TRAIN_ACTIONS`) that
   carries a secure-aggregation plan (the ``secagg`` record) which parses and meets the policy's
   floors below, and the secure stages of such a round;
 * the roll call (``query.roster``), whose answer is the partition id its owner configured and
@@ -77,9 +77,9 @@ log = logging.getLogger("fedge.edge.policy")
 
 #: the train actions whose device handler uploads through the masking layer
 #: (``fedge.edge_client.layers.upload``): "" is plain ``train`` (FedAvg and every rule over its
-#: updates, FedBuff, FedAsync, a Flower app's strategy), "easgd" is ``train.easgd``. A test checks
-#: each handler of ``fedge.edge_client.algorithms`` against this set.
-SECURE_TRAIN_ACTIONS = frozenset({"", "easgd"})
+#: updates, FedBuff, FedAsync, EASGD, a Flower app's strategy). A test checks each handler of
+#: ``fedge.edge_client.algorithms`` against this set.
+SECURE_TRAIN_ACTIONS = frozenset({""})
 
 _NEEDS = "this device requires secure aggregation (node config require-secure-aggregation)"
 

@@ -174,7 +174,7 @@ class DownlinkLayer(Layer):
             o.content[MODEL_RECORD] = tally.full[1]
             return
         layout = self._layout(o, arrays)
-        train = o.message_type.split(".")[0] == MessageType.TRAIN  # train, or a named action (train.easgd)
+        train = o.message_type.split(".")[0] == MessageType.TRAIN  # train, or a named action (train.scaffold)
         b = self._publish((step.number, o.message_type), o.model, fresh=train)
         if o.node in self.sent:  # its last message was never answered: its copy is unknown
             self._forget(o.node)

@@ -1,24 +1,28 @@
-"""Elastic averaging (EASGD) as a layer, for a Flower app: ``layered(FedAvg(...), ElasticAveraging())``
+"""Elastic averaging (EASGD) as a layer: the one both coordinators run. Fedge's engine's
+``algorithm = "easgd"`` is FedAvg with it; a Flower app writes ``layered(FedAvg(...), ElasticAveraging())``
 with ``elastic_mod`` on the ClientApp.
 
-Fedge's engine runs EASGD as an algorithm (``algorithm = "easgd"``: the center is its model). In a
-user's ServerApp the strategy keeps the model, so the center is the strategy's model and this
-layer turns its rounds into elastic ones: every train message names the coupling α (the node's
-``fedge.edge_client.elastic_mod`` trains its own model x_i and replies x̃ + δ_i with
-δ_i = α(x_i − x̃)), every update weighs the same (the center moves by the differences' sum, not an
-example-weighted mean), and the round releases the center's step (β / (α m)) Σ δ_i
-(``fedge.aggregation.elastic``, the formulas Fedge's EASGD uses), from which a strategy that steps
-from a mean (FedAvg) moves the center. The round's train metrics gain ``center_distance``, the
-mean ‖x_i − x̃‖.
+The center is the strategy's (or FedAvg's) model and this layer turns its rounds into elastic ones:
+every train message names the coupling α (the node, Fedge's FedAvg handler or a Flower app's
+``fedge.edge_client.elastic_mod``, trains its own model x_i and sends δ_i = α(x_i − x̃)), every update
+weighs the same (the center moves by the differences' sum, not an example-weighted mean), and the
+round releases the center's step (β / (α m)) Σ δ_i (``fedge.aggregation.elastic``), from which a
+strategy that steps from a mean (FedAvg) moves the center. A reply without a valid
+``center-distance`` (‖x_i − x̃‖: the node took no elastic step) is refused. The round's metrics gain
+``center_distance``, the mean distance, and, where nodes measured their own models (``local-score``),
+their mean under the name ``score``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from fedge.aggregation.elastic import center_step
+from fedge.aggregation.exact_sum import ExactScalar
 from fedge.aggregation.partial import Partial
 from fedge.protocol.config_keys import EASGD_ALPHA
+from fedge.protocol.failures import Rejected
 from fedge.protocol.layer import BOUNDED, SUM, Layer
 from fedge.protocol.records import CONFIG_RECORD
 from fedge.protocol.step import Outgoing, Step, StepOutcome, Update
@@ -34,10 +38,10 @@ class ElasticAveraging(Layer):
     key = "easgd"
     needs = frozenset({BOUNDED, SUM})  # after the guard bounded an update, and on the round's whole sum
 
-    def __init__(self, alpha: float = 0.3, beta: float = 0.9) -> None:
+    def __init__(self, alpha: float = 0.3, beta: float = 0.9, score: str = "client_model_score") -> None:
         if not 0 < alpha <= 1 or not 0 < beta <= 1:
             raise ValueError(f"easgd alpha and beta must be in (0, 1], got {alpha}, {beta}")
-        self.alpha, self.beta = float(alpha), float(beta)
+        self.alpha, self.beta, self.score = float(alpha), float(beta), score
 
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         for o in outgoing:  # the coupling, for the node's elastic_mod
@@ -45,10 +49,15 @@ class ElasticAveraging(Layer):
                 o.content.config_records[CONFIG_RECORD][EASGD_ALPHA] = self.alpha
 
     def update(self, step: Step, update: Update) -> Update:
-        distances = self.scratch(step, list)
-        distance = update.metrics.get("center-distance")
-        if isinstance(distance, (int, float)) and not isinstance(distance, bool):
-            distances.append(float(distance))
+        distance, score = update.metrics.get("center-distance"), update.metrics.get("local-score")
+        if not _finite(distance) or distance < 0:
+            raise Rejected(f"center-distance must be a finite number >= 0, got {distance!r}")
+        if score is not None and not _finite(score):
+            raise Rejected(f"local-score must be a finite number, got {score!r}")
+        distances, scores = self.scratch(step, lambda: (ExactScalar(), ExactScalar()))  # any arrival order
+        distances.add(float(distance))
+        if score is not None:
+            scores.add(float(score))
         return dataclasses.replace(update, weight=1.0)  # every difference counts once
 
     def release(self, step: Step, partial: Partial) -> Partial:
@@ -59,7 +68,13 @@ class ElasticAveraging(Layer):
         return Partial.of_mean(moved, partial.weight, partial.count, members=partial.members, planned=partial.planned)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
-        distances = self.scratch(step, list)
+        distances, scores = self.scratch(step, lambda: (ExactScalar(), ExactScalar()))
         outcome.extra.update({"alpha": self.alpha, "beta": self.beta})
-        if distances:
-            outcome.extra["center_distance"] = sum(distances) / len(distances)
+        if distances.count:
+            outcome.extra["center_distance"] = distances.value / distances.count
+        if scores.count:  # the nodes' own models, measured on the nodes
+            outcome.extra[self.score] = scores.value / scores.count
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

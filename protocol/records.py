@@ -101,8 +101,8 @@ class ProtocolError(ValueError):
 
 def message_type_for(algorithm: str) -> str:
     """Flower message type of an algorithm's train message: FedAvg keeps the plain ``train`` (so a
-    generic Flower client understands it); the others use Flower's named actions, ``train.easgd``
-    reaching the handler registered with ``@app.train("easgd")``."""
+    generic Flower client understands it); the others use Flower's named actions, ``train.gossip``
+    reaching the handler registered with ``@app.train("gossip")``."""
     return MessageType.TRAIN if algorithm == "fedavg" else f"{MessageType.TRAIN}.{algorithm}"
 
 

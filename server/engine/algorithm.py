@@ -40,7 +40,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from flwr.app import ConfigRecord, RecordDict
@@ -54,6 +54,9 @@ from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.server.settings import RunSettings
 from fedge.tasks import Task, tensor_sizes
+
+if TYPE_CHECKING:
+    from fedge.protocol.layer import Layer
 
 __all__ = [
     "Algorithm",
@@ -246,6 +249,12 @@ class Algorithm(ABC):
     @abstractmethod
     def final_model(self) -> torch.Tensor:
         """The run's model for ``model.pt`` and the edge bundle."""
+
+    def layers(self) -> list[Layer]:
+        """The layers this algorithm is made of beside the run's (FedNova's normalisation, SCAFFOLD's
+        control variates, EASGD's center step: the layer a Flower app wraps its strategy in); what it
+        cannot meet raises :class:`SettingsError` here, when the run's layers are built."""
+        return []
 
     def describe(self) -> dict[str, Any]:
         """Facts worth keeping in the run directory (``algorithm.json``)."""

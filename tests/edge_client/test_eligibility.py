@@ -113,7 +113,7 @@ def test_a_train_message_outside_the_conditions_gets_a_typed_refusal(tmp_path: P
         msg.metadata.__dict__["_message_id"] = msg.object_id
         return refusal_mod(msg, context, lambda m, c: eligibility.eligibility_mod(m, c, handler))
 
-    reply = call("train.easgd")
+    reply = call("train.gossip")
     assert read_refusal(reply.content)[0] == NotEligibleRefusal.kind and not trained
     call("train", stage="unmask")  # a stage of a round it already joined is answered
     assert len(trained) == 1

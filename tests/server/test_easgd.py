@@ -1,4 +1,6 @@
-"""EASGD: the center rule against its definition, and the client's elastic step through the engine."""
+"""EASGD (``algorithm = "easgd"``: FedAvg with ``fedge.protocol.elastic_layer``): the center rule
+against its definition through the engine's door and layers, and the device's elastic step (FedAvg's
+handler) on the engine's in-process grid."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from flwr.app import MetricRecord, RecordDict
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from fedge.protocol.tally import Tally
+from fedge.server.algorithms.fedavg_layered import EASGD
 from fedge.server.engine.algorithm import Rejected, Reply
-from fedge.server.algorithms.easgd import EASGD
 from fedge.server.engine.loop import Engine, make_context
 from fedge.server.run.run_directory import RunDirectory
 from fedge.server.settings import RunSettings
@@ -21,10 +24,10 @@ from tests.server.test_engine import _engine, _start
 N = 38_282
 
 
-def _reply(delta: torch.Tensor, node: int, distance: float = 1.0) -> Reply:
+def _reply(delta: torch.Tensor, node: int, distance: float | None = 1.0) -> Reply:
+    metrics = {"num-examples": 5, "train-loss": 0.1, **({} if distance is None else {"center-distance": distance})}
     content = RecordDict({UPDATE_RECORD: payload_record(make_codec("none").encode(delta)),
-                          METRICS_RECORD: MetricRecord({"num-examples": 5, "train-loss": 0.1,
-                                                        "center-distance": distance})})
+                          METRICS_RECORD: MetricRecord(metrics)})
     return Reply(node, content)
 
 
@@ -34,8 +37,14 @@ def _easgd(clients: int, **params) -> EASGD:
 
 
 def _door(algorithm: EASGD, tmp_path) -> Engine:
-    """Replies reach an algorithm through the engine's one door (screen, decode, bound)."""
+    """Replies reach an algorithm through the engine's one door (screen, decode, bound, the layers)."""
     return Engine(algorithm, RunDirectory(tmp_path))
+
+
+def _close(door: Engine, step):  # type: ignore[no-untyped-def]
+    """The step closed as the engine closes it: the layers release the aggregate, the algorithm
+    applies it, the layers close."""
+    return door.close(step, Tally(began=0.0))
 
 
 def test_center_moves_by_the_sum_of_elastic_differences(tmp_path) -> None:
@@ -49,7 +58,7 @@ def test_center_moves_by_the_sum_of_elastic_differences(tmp_path) -> None:
     deltas = [torch.randn(N) * 0.01 for _ in range(4)]
     for node, delta in enumerate(deltas, 1):
         door.absorb_reply(step, _reply(delta, node))
-    outcome = algorithm.close(step)
+    outcome = _close(door, step)
     assert torch.allclose(outcome.model, center + sum(deltas), atol=1e-6)  # x~ <- x~ + sum_i delta_i
 
 
@@ -63,7 +72,7 @@ def test_partial_replies_move_the_center_beta_of_the_way_to_their_mean(tmp_path)
     models = [torch.full((N,), 1.0), torch.full((N,), 3.0)]  # x_i after local training
     for node, x in enumerate(models, 1):
         door.absorb_reply(step, _reply(0.1 * (x - center), node))  # delta_i = alpha (x_i - center)
-    outcome = algorithm.close(step)
+    outcome = _close(door, step)
     assert torch.allclose(outcome.model, torch.full((N,), 0.9 * 2.0), atol=1e-6)
     assert outcome.extra["center_distance"] == 1.0
 
@@ -74,8 +83,9 @@ def test_bad_distance_is_rejected(tmp_path) -> None:
     door = _door(algorithm, tmp_path)
     step = algorithm.open_step(1, [1, 2])
     algorithm.configure(step, [1, 2])
-    with pytest.raises(Rejected, match="center-distance"):
-        door.absorb_reply(step, _reply(torch.zeros(N), 1, distance=float("nan")))
+    for bad in (float("nan"), -1.0, None):  # None: no elastic step was taken (a plain FedAvg device)
+        with pytest.raises(Rejected, match="center-distance"):
+            door.absorb_reply(step, _reply(torch.zeros(N), 1, distance=bad))
     with pytest.raises(ValueError, match="beta"):
         _easgd(2, beta=1.5)
 
@@ -87,7 +97,7 @@ def test_clients_keep_their_own_models_and_unsampled_ones_are_left_alone(tmp_pat
     initial_accuracy = engine.evaluate(start)["accuracy"]
     result = engine.run(grid, start)
     sampled = [m.metadata.dst_node_id for m in grid.pushed]
-    assert all(m.metadata.message_type == "train.easgd" for m in grid.pushed)
+    assert all(m.metadata.message_type == "train" for m in grid.pushed)  # FedAvg's handler, told alpha
     for node, context in grid.contexts.items():
         local = NodeStore(context.state, "easgd").get_tensor("local")
         assert (local is not None) == (node in sampled)  # never sampled: no state at all

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from fedge.aggregation.fednova import FedNovaError, step_norm
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
-from fedge.server.engine.layers.fednova import FedNovaLayer
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -52,7 +51,7 @@ def _algorithm(tmp_path, **settings):  # type: ignore[no-untyped-def]
 def _close(algorithm, params, updates, layer=None):  # type: ignore[no-untyped-def]
     """One step of ``algorithm`` over ``updates`` (node, vector, weight, steps), through ``layer`` as
     the engine passes them (each update, then the step's aggregate); FedNova's is built from the run."""
-    layer = layer if layer is not None else FedNovaLayer.build(algorithm)
+    layer = layer if layer is not None else next(iter(algorithm.layers()), None)
     algorithm.start(params)
     step = algorithm.open_step(1, [u[0] for u in updates])
     for node, vector, weight, steps in updates:
@@ -87,21 +86,21 @@ def test_with_equal_steps_it_is_fedavg(tmp_path) -> None:
     nova = _close(_algorithm(tmp_path / "nova"), params, updates)
     fedavg = make_algorithm("fedavg", make_context(RunSettings(codec="none", run_dir=str(tmp_path / "avg")),
                                                     make_task("digits")))
-    assert FedNovaLayer.build(fedavg) is None  # the layer is FedNova's alone
+    assert fedavg.layers() == []  # the layer is FedNova's alone
     avg = _close(fedavg, params, updates)
     torch.testing.assert_close(nova, avg, rtol=1e-5, atol=1e-7)
 
 
 def test_a_reply_without_its_steps_is_rejected_and_sum_only_layers_are_refused(tmp_path) -> None:
     algorithm = _algorithm(tmp_path)
-    layer = FedNovaLayer.build(algorithm)
+    layer = algorithm.layers()[0]
     step = algorithm.open_step(1, [1])
     with pytest.raises(Rejected, match="local-steps"):
         layer.update(step, Update(1, torch.zeros(algorithm.ctx.numel), 1.0, {"train-loss": 0.1}, b"", RecordDict()))
     for setting in ({"aggregator": "median"}, {"secure_aggregation": "secagg"},
                     {"differential_privacy": "gaussian:noise=1.0"}):
         with pytest.raises(SettingsError, match="fednova"):
-            FedNovaLayer.build(_algorithm(tmp_path / "x", **setting))
+            _algorithm(tmp_path / "x", **setting).layers()[0]
     with pytest.raises(SettingsError, match="prox-mu"):
         _algorithm(tmp_path / "y", prox_mu=0.1)
 

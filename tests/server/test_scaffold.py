@@ -20,7 +20,7 @@ from fedge.protocol.config_keys import SCAFFOLD_CONTROL_CODEC
 from fedge.protocol.tally import Tally
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
-from fedge.server.engine.layers.scaffold import ScaffoldLayer
+from fedge.protocol.scaffold_layer import ControlVariates
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -120,7 +120,7 @@ def test_one_round_is_lines_16_and_17(tmp_path) -> None:
     """x + mean_S(dy) (unweighted, as the paper and NIID-Bench) and c + (1/N) sum_S dc_i with N the
     devices connected when the round opened (5 here, 3 sampled)."""
     algorithm = _algorithm(tmp_path)
-    layer = ScaffoldLayer.build(algorithm)
+    layer = algorithm.layers()[0]
     assert layer.spec == "none"  # an fp32 run sends its control variates in fp32
     numel, g = algorithm.ctx.numel, torch.Generator().manual_seed(0)
     x = torch.randn(numel, generator=g)
@@ -146,7 +146,7 @@ def test_one_round_is_lines_16_and_17(tmp_path) -> None:
     out2 = algorithm.configure(step2, [1])
     layer.outgoing(step2, out2)
     torch.testing.assert_close(_sent(out2[0], layer)[0], layer.control)
-    again = ScaffoldLayer(bits=0)  # and a checkpoint brings it back
+    again = ControlVariates(bits=0)  # and a checkpoint brings it back
     again.load_state_dict(layer.state_dict())
     assert torch.equal(again.control, layer.control)
     with pytest.raises(ValueError, match="finite"):
@@ -155,7 +155,7 @@ def test_one_round_is_lines_16_and_17(tmp_path) -> None:
 
 def test_a_reply_without_a_valid_control_change_is_refused_before_any_sum_takes_it(tmp_path) -> None:
     algorithm = _algorithm(tmp_path, codec="qsgd:bits=4")
-    layer = ScaffoldLayer.build(algorithm)
+    layer = algorithm.layers()[0]
     numel = algorithm.ctx.numel
     layer.start(torch.zeros(numel))
     step = algorithm.open_step(1, [1])
@@ -178,7 +178,7 @@ def test_the_control_goes_down_quantized_through_server_error_feedback(tmp_path)
     """A 4-bit run sends c as an 8-bit QSGD snapshot; what the devices received, summed over rounds,
     tracks the true c's sum (the residual stays bounded)."""
     algorithm = _algorithm(tmp_path, codec="qsgd:bits=4")
-    layer = ScaffoldLayer.build(algorithm)
+    layer = algorithm.layers()[0]
     numel = algorithm.ctx.numel
     assert layer.spec.startswith("qsgd:bits=8")
     layer.start(torch.zeros(numel))
@@ -199,17 +199,16 @@ def test_settings_that_cannot_work_with_it_are_refused(tmp_path) -> None:
     for setting, match in (({"secure_aggregation": "secagg"}, "scaffold"),
                            ({"differential_privacy": "gaussian:noise=1.0"}, "scaffold")):
         with pytest.raises(SettingsError, match=match):
-            ScaffoldLayer.build(_algorithm(tmp_path / "x", **setting))
+            _algorithm(tmp_path / "x", **setting).layers()[0]
     for setting, match in (({"aggregator": "median"}, "aggregator"), ({"prox_mu": 0.1}, "prox-mu")):
         with pytest.raises(SettingsError, match=match):
             _algorithm(tmp_path / "x", **setting)
     with pytest.raises(SettingsError, match="control-bits"):
         _algorithm(tmp_path, spec="scaffold:control-bits=0")
-    assert ScaffoldLayer.build(_algorithm(tmp_path, codec="qsgd:bits=4", spec="scaffold:control-bits=4")).bits == 4
-    assert ScaffoldLayer.build(make_algorithm("fedavg", make_context(RunSettings(run_dir=str(tmp_path)),
-                                                                     make_task("digits")))) is None
+    assert _algorithm(tmp_path, codec="qsgd:bits=4", spec="scaffold:control-bits=4").layers()[0].bits == 4
+    assert make_algorithm("fedavg", make_context(RunSettings(run_dir=str(tmp_path)), make_task("digits"))).layers() == []
     with pytest.raises(ValueError, match="bits"):
-        ScaffoldLayer(bits=17)
+        ControlVariates(bits=17)
 
 
 def test_devices_keep_their_control_variates_across_rounds_and_the_model_trains(tmp_path) -> None:

@@ -3,9 +3,8 @@
 ``selection`` (which devices a step asks: uniform or Oort's system-aware rule),
 ``update_guard`` (norm bound, weight cap), ``downlink`` (full or lattice model to devices),
 ``secure_aggregation`` (only the sum is revealed), ``differential_privacy`` (client-level DP:
-Poisson sampling, clipping, noise, ledger), ``model_average`` (what the run delivers) and ``fednova``
-(FedNova's normalisation, for ``algorithm = "fednova"``) and ``scaffold`` (SCAFFOLD's control
-variates, for ``algorithm = "scaffold"``). The
+Poisson sampling, clipping, noise, ledger) and ``model_average`` (what the run delivers); an
+algorithm adds its own (``Algorithm.layers``: FedNova's, SCAFFOLD's, EASGD's). The
 interface is :class:`~fedge.protocol.layer.Layer` (shared with ``fedge.flower.layered``). The engine calls the run's layers in
 the order :func:`order_layers` derives from what each declares it provides and needs, whatever the
 order they were registered in. Adding a layer is one file here (or a class anywhere) and one
@@ -19,9 +18,7 @@ from typing import TYPE_CHECKING
 from fedge.protocol.layer import BOUNDED, MODEL, NOISE, SAMPLE, SUM, Exchange, Failure, Layer, LayerOrderError, order_layers
 from fedge.server.engine.layers.differential_privacy import DifferentialPrivacyLayer
 from fedge.server.engine.layers.downlink import DownlinkLayer
-from fedge.server.engine.layers.fednova import FedNovaLayer
 from fedge.server.engine.layers.model_average import ModelAverageLayer
-from fedge.server.engine.layers.scaffold import ScaffoldLayer
 from fedge.server.engine.layers.secure_aggregation import SecureAggregationLayer
 from fedge.server.engine.layers.selection import SelectionLayer
 from fedge.server.engine.layers.update_guard import UpdateGuardLayer
@@ -36,7 +33,7 @@ __all__ = ["BOUNDED", "LAYERS", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "
 
 #: every layer class; their order here means nothing (``order_layers`` decides)
 LAYERS: list[type[Layer]] = [SelectionLayer, UpdateGuardLayer, DownlinkLayer, SecureAggregationLayer,
-                             DifferentialPrivacyLayer, ModelAverageLayer, FedNovaLayer, ScaffoldLayer]
+                             DifferentialPrivacyLayer, ModelAverageLayer]
 
 
 def register_layer(cls: type[Layer]) -> type[Layer]:
@@ -53,7 +50,7 @@ def build_layers(algorithm: Algorithm, run_dir: RunDirectory | None = None) -> l
     """The run's layers, ordered (:func:`order_layers`): those whose settings are on. A setting a
     layer cannot honour with this algorithm, or a combination of layers that cannot work, raises
     ``SettingsError`` with the reason (the CLI's preflight calls this before any process starts)."""
-    built = (cls.build(algorithm, run_dir) for cls in LAYERS)
+    built = [*(cls.build(algorithm, run_dir) for cls in LAYERS), *algorithm.layers()]
     try:
         return order_layers([layer for layer in built if layer is not None])
     except LayerOrderError as err:

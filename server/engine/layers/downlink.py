@@ -26,7 +26,9 @@ class DownlinkLayer(SharedDownlink):
         """Every run has one (``none`` ships full models); a malformed spec is refused here."""
         ctx, s = algorithm.ctx, algorithm.ctx.settings
         shares_support = ctx.codec.shares_support
-        if shares_support and (algorithm.device_handler or algorithm.name) != "fedavg":
+        # EASGD's devices run FedAvg's handler but send the difference of their own model
+        own_models = any(layer.key == "easgd" for layer in algorithm.layers())
+        if shares_support and ((algorithm.device_handler or algorithm.name) != "fedavg" or own_models):
             raise SettingsError(f"codec {s.codec!r} sends on the support of the model change each device received; "
                                 f"{algorithm.name}'s devices do not send an update from that model (FedAvg, FedProx "
                                 "and FedBuff do)")
