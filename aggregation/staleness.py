@@ -12,17 +12,19 @@ Aggregation", which uses s(τ) = 1/√(1+τ)):
 and an update staler than ``max_staleness`` versions is dropped (bounded staleness, as in
 stale-synchronous parallel: Ho et al., NeurIPS 2013).
 
-What a reply does to an asynchronous version is here too, once for both coordinators (Fedge's
-engine and ``fedge.flower.FedBuff``): a version's :class:`VersionTally` admits it or drops it as
-too stale (and counts it), FedBuff adds s(τ)·Δ with the reply's weight to the version's aggregate
-(:meth:`VersionTally.add`), FedAsync mixes the client's model into the current one
-(:func:`fedasync_mix`), and the tally reports the version's staleness the same way in both.
+What a reply does to an asynchronous version is here too, once for FedBuff and FedAsync in both
+coordinators (Fedge's engine and ``fedge.flower``): the run's :class:`VersionBuffer` knows which
+version each device trains from and keeps the model that version was, admits a reply or drops it as
+too stale (counted in the version's :class:`VersionTally`), adds s(τ)·Δ with the reply's weight to
+the version's aggregate (FedBuff) or keeps the one update that makes the version (FedAsync, mixed
+into the current model by :func:`fedasync_mix`), and publishes the version.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +32,7 @@ import torch
 
 from fedge.aggregation.partial import Accumulator
 
-__all__ = ["STALENESS_FUNCTIONS", "Staleness", "VersionTally", "fedasync_mix"]
+__all__ = ["STALENESS_FUNCTIONS", "Staleness", "VersionBuffer", "VersionTally", "fedasync_mix"]
 
 STALENESS_FUNCTIONS = ("constant", "poly", "hinge")
 
@@ -115,6 +117,81 @@ class VersionTally:
                 "staleness_max": max(seen) if seen else None,
                 "staleness_histogram": {str(t): seen.count(t) for t in sorted(set(seen))},
                 "dropped_stale": self.dropped}
+
+
+class VersionBuffer:
+    """An asynchronous run's versions: the version published last (``version``), which version each
+    device with a message in flight trains from (``in_flight``), the model each of those versions
+    was (``models``, where the caller keeps them: FedAsync rebuilds a device's model from it, a
+    Flower app's replies are read against it; none staler than the bound is kept), and what the
+    version being built took in: its :class:`VersionTally` and, for FedAsync (``alpha``), its one update."""
+
+    def __init__(self, rule: Staleness, alpha: float | None = None) -> None:
+        if alpha is not None and not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
+            raise ValueError(f"fedasync alpha must be in (0, 1], got {alpha}")
+        self.rule, self.alpha = rule, alpha
+        self.reset(0)
+
+    def reset(self, version: int) -> None:
+        """Start at ``version`` with nothing in flight (a new run, or one resumed: messages sent
+        before a restart can never be answered)."""
+        self.version = version
+        self.models: dict[int, torch.Tensor] = {}
+        self.in_flight: dict[int, int] = {}
+        self.tally = VersionTally(self.rule)
+        self.last: tuple[torch.Tensor, torch.Tensor, int] | None = None  # FedAsync: (x_v, Δ, τ)
+
+    def sent(self, nodes: Iterable[int], model: torch.Tensor | None = None) -> None:
+        """Messages to ``nodes`` left from the current version (``model``: what it was)."""
+        if model is not None:
+            self.models.setdefault(self.version, model)
+        self.in_flight.update({n: self.version for n in nodes})
+
+    def admit(self, node: int, started: int) -> int | None:
+        """τ of ``node``'s reply to a message of version ``started`` (the node is free again), or
+        None when it is staler than the bound (counted as dropped)."""
+        self.in_flight.pop(node, None)
+        tau = self.version - started
+        if self.tally.admits(tau):
+            return tau
+        self.forget()
+        return None
+
+    def missed(self, node: int) -> None:
+        """``node``'s message went unanswered (or its reply was refused): it is free again."""
+        self.in_flight.pop(node, None)
+        self.forget()
+
+    def add(self, aggregate: Accumulator | None, delta: torch.Tensor, weight: float, started: int) -> None:
+        """An admitted update: ``aggregate`` (FedBuff's buffer; a caller that counts FedAsync's one
+        update there too) takes s(τ)·Δ with its weight; FedAsync's version is this update alone."""
+        tau = self.version - started
+        if aggregate is not None:
+            self.tally.add(aggregate, delta, weight, tau)
+        else:
+            self.tally.applied(tau)
+        if self.alpha is not None:  # the model it started from is held here, whatever is forgotten meanwhile
+            self.last = (self.models[started], delta, tau)
+
+    def mixed(self, current: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """FedAsync: ``current`` with the update's model mixed in (:func:`fedasync_mix`), and α_t."""
+        assert self.alpha is not None and self.last is not None
+        started_from, delta, tau = self.last
+        alpha_t = self.alpha * self.rule.weight(tau)
+        return fedasync_mix(current, started_from, delta, alpha_t), alpha_t
+
+    def publish(self, version: int) -> dict[str, Any]:
+        """The version being built is out as ``version``: its tally's report; the next one opens."""
+        report = self.tally.report()
+        self.version, self.tally, self.last = version, VersionTally(self.rule), None
+        self.forget()
+        return report
+
+    def forget(self) -> None:
+        """Drop the models no device trains from any more, or that only a too stale reply would need."""
+        keep, oldest = set(self.in_flight.values()), self.version - self.rule.max_staleness
+        for v in [v for v in self.models if v not in keep or v < oldest]:
+            del self.models[v]
 
 
 def fedasync_mix(current: torch.Tensor, started_from: torch.Tensor, delta: torch.Tensor, alpha_t: float) -> torch.Tensor:

@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedge.aggregation.robust import Aggregator, make_aggregator
-from fedge.aggregation.staleness import Staleness, VersionTally, fedasync_mix
+from fedge.aggregation.staleness import Staleness, VersionBuffer
 from fedge.compression import Codec, make_codec
 from fedge.protocol.app_reply import reply_through_layers, through_door, with_extra, with_raw
 from fedge.protocol.async_loop import AsyncLoop
@@ -46,27 +46,26 @@ _NODE_WAIT = 1.0  # seconds between looks for a connected node when none is busy
 
 @dataclass
 class _Buffer:
-    """One version's buffer: the rule's accumulator, the staleness tally, the records of its metrics."""
+    """One version's buffer: the rule's accumulator, the records of its metrics (its staleness is
+    the run's :class:`VersionBuffer`'s)."""
 
     mean: Aggregator
-    tally: VersionTally
     step: Step  # the version being built, as the layers see it
     accounting: Tally
     contents: list[RecordDict] = field(default_factory=list)
-    last: tuple[int, torch.Tensor] | None = None  # (version it started from, update): FedAsync's one update
     raw: ArrayRecord | None = None  # the integer buffers the latest reply sent
 
 
 @dataclass
 class _Run:
     """What one run's replies are read against: the model's layout, the uplink codec, the nodes'
-    copies (the downlink) and every layer, and the model each version in flight started from."""
+    copies (the downlink) and every layer, and the versions (the model each one in flight started from)."""
 
     layout: Layout
     codec: Codec | None
     downlink: DownlinkLayer
     layers: LayerStack
-    sent_models: dict[int, np.ndarray] = field(default_factory=dict)
+    versions: VersionBuffer
 
 
 class FedBuff:
@@ -123,7 +122,8 @@ class FedBuff:
         model, like = layout.flatten(initial_arrays).astype(np.float32), initial_arrays
         downlink = DownlinkLayer.for_app(self.downlink_spec, start=self.start_spec,  # the nodes' copies
                                          track_supports=codec is not None and codec.shares_support)
-        run = _Run(layout, codec, downlink, LayerStack([downlink, *self.layers]))
+        run = _Run(layout, codec, downlink, LayerStack([downlink, *self.layers]), VersionBuffer(self.staleness,
+                                                                                             self._alpha()))
         run.layers.start(torch.from_numpy(model.copy()))
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
@@ -151,7 +151,8 @@ class FedBuff:
                                  model=params) for n in nodes]
             run.layers.outgoing(buffer.step, outgoing, buffer.accounting)  # a layer may keep some back
             b = downlink.broadcast  # with a lattice, nodes train from the public copy
-            run.sent_models.setdefault(version, model if b is None else b.public.numpy().copy())
+            run.versions.sent([o.node for o in outgoing], torch.from_numpy(model) if b is None
+                              else b.public.clone())
             self.downlink_bytes, downlink.bytes = self.downlink_bytes + downlink.bytes, 0
             return outgoing
 
@@ -159,9 +160,10 @@ class FedBuff:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
-            failure = through_door(version, item, lambda reply: self._absorb(item, reply, version, buffer, run),
+            failure = through_door(version, item, lambda reply: self._absorb(item, reply, buffer, run),
                                    buffer.accounting, started=started)
             if failure is not None:
+                run.versions.missed(node)
                 if failure.kind is FailureKind.STALE:
                     self.dropped_stale += 1
                 else:  # a node that did not answer is counted at the version it was waited for
@@ -170,24 +172,22 @@ class FedBuff:
                 run.layers.failed(buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False
-            model = self._advance(model, buffer, run.sent_models)
+            model = self._advance(model, buffer, run.versions)
             version += 1
             like = like if buffer.raw is None else with_raw(like, buffer.raw)  # integer buffers: the latest sent
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
             run.layers.close(buffer.step, outcome, buffer.accounting)
             self.uplink_bytes += buffer.accounting.uplink  # the version's replies and its layers' exchanges
-            result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer),
+            result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer, run.versions),
                                                                  {**outcome.extra, **buffer.accounting.app_metrics()})
             if self.on_version is not None:  # fedge.flower.tracked: the version's figures as they are known
                 self.on_version(version, result.train_metrics_clientapp[version])
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
-                     buffer.tally.report()["staleness_mean"])
+                     run.versions.publish(version)["staleness_mean"])
             if evaluate_fn is not None:
                 self._evaluate(evaluate_fn, version, result.arrays, result)
             buffer = self._new_buffer(layout, version + 1, clock)
-            for old in [v for v in run.sent_models if v not in set(loop.busy.values()) | {version}]:
-                del run.sent_models[old]
             return version >= num_versions
 
         def done() -> bool:
@@ -200,34 +200,40 @@ class FedBuff:
 
     def _new_buffer(self, layout: Layout, number: int, clock: Callable[[], float]) -> _Buffer:
         """The buffer of version ``number`` (the step the layers see builds it from the one before)."""
-        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer),
-                       VersionTally(self.staleness), Step(number), Tally(clock()))
+        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer), Step(number),
+                       Tally(clock()))
 
-    def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
+    def _alpha(self) -> float | None:
+        return None  # FedBuff: a buffer of updates per version
+
+    def _advance(self, model: np.ndarray, buffer: _Buffer, versions: VersionBuffer) -> np.ndarray:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
-    def _absorb(self, message: Message, reply: Reply, version: int, buffer: _Buffer, run: _Run) -> None:
+    def _absorb(self, message: Message, reply: Reply, buffer: _Buffer, run: _Run) -> None:
         """One reply into the buffer (``fedge.protocol.app_reply``), as the engine takes it: refused
         when staler than the bound before it is decoded, decoded with its round's codec (``tcs``: on
         its node's support), added with weight w·s(τ). Raises what refuses it."""
         assert reply.started is not None
-        started, tau = reply.started, version - reply.started
+        started = reply.started
 
         def admit() -> None:
-            if not buffer.tally.admits(tau):
-                raise Rejected(f"stale by {tau} versions", kind=FailureKind.STALE)
+            if run.versions.admit(reply.node, started) is None:
+                raise Rejected(f"stale by {run.versions.version - started} versions", kind=FailureKind.STALE)
 
+        base = run.versions.models.get(started)
+        if base is None:  # a version is forgotten once a reply to it would be too stale
+            admit()
+            raise Rejected(f"reply to version {started}, which this coordinator never sent")
         wire = None if run.codec is None else run.downlink.bind(run.codec.for_round(started + 1, self.seed),
                                                                 reply.node)
         update, _ = reply_through_layers(run.layers, buffer.step, message, reply, run.layout, wire,
-                                         run.sent_models[started], self.weighted_by_key, admit)
+                                         base.numpy(), self.weighted_by_key, admit)
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
         buffer.accounting.members.append(reply.node)
-        buffer.tally.add(buffer.mean, update.vector, update.weight, tau)
+        run.versions.add(buffer.mean, update.vector, update.weight, started)
         buffer.contents.append(RecordDict({"metrics": next(iter(message.content.metric_records.values()))}))
         buffer.raw = message.content.array_records.get(RAW_RECORD, buffer.raw)
-        buffer.last = (started, update.vector)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _content(self, arrays: ArrayRecord, layout: Layout, version: int,
@@ -240,11 +246,11 @@ class FedBuff:
             UplinkRequest(self.uplink, layout.digest, version + 1, self.seed).write(config)
         return RecordDict({MODEL_RECORD: arrays, "config": config})
 
-    def _train_metrics(self, buffer: _Buffer) -> MetricRecord:
+    def _train_metrics(self, buffer: _Buffer, versions: VersionBuffer) -> MetricRecord:
         """The replies' metrics averaged as Flower's FedAvg averages them (weighted by
         ``weighted_by_key``), the staleness, and Fedge's counters."""
         out = aggregate_metricrecords(buffer.contents, self.weighted_by_key)
-        out["staleness-mean"] = float(buffer.tally.report()["staleness_mean"])
+        out["staleness-mean"] = float(versions.tally.report()["staleness_mean"])
         out["fedge-uplink-bytes"] = float(self.uplink_bytes)
         out["fedge-downlink-bytes"] = float(self.downlink_bytes)
         out["fedge-dropped-stale"] = float(self.dropped_stale)
@@ -266,12 +272,11 @@ class FedAsync(FedBuff):
     def __init__(self, concurrency: int = 8, alpha: float = 0.6, **kwargs: object) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
-        super().__init__(concurrency=concurrency, buffer=1, **kwargs)  # type: ignore[arg-type]
         self.alpha = float(alpha)
+        super().__init__(concurrency=concurrency, buffer=1, **kwargs)  # type: ignore[arg-type]
 
-    def _advance(self, model: np.ndarray, buffer: _Buffer, sent_models: dict[int, np.ndarray]) -> np.ndarray:
-        assert buffer.last is not None and len(buffer.tally.staleness) == 1
-        started, delta = buffer.last
-        alpha_t = self.alpha * self.staleness.weight(buffer.tally.staleness[0])
-        mixed = fedasync_mix(torch.from_numpy(model), torch.from_numpy(sent_models[started]), delta, alpha_t)
-        return mixed.numpy().astype(np.float32)
+    def _alpha(self) -> float | None:
+        return self.alpha
+
+    def _advance(self, model: np.ndarray, buffer: _Buffer, versions: VersionBuffer) -> np.ndarray:
+        return versions.mixed(torch.from_numpy(model))[0].numpy().astype(np.float32)

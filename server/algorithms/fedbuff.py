@@ -24,17 +24,17 @@ version with fresh messages.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fedge.aggregation.robust import make_aggregator
-from fedge.aggregation.staleness import Staleness, VersionTally
+from fedge.aggregation.staleness import Staleness, VersionBuffer
 from fedge.compression import Codec
 from fedge.protocol.failures import FailureKind
 from fedge.server.algorithms.fedavg import FedAvg, FedAvgStep
 from fedge.server.engine.algorithm import (
+    Outgoing,
     Rejected,
     Reply,
     RunContext,
@@ -47,13 +47,6 @@ from fedge.server.engine.algorithm import (
 __all__ = ["FedBuff"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FedBuffStep(FedAvgStep):
-    """One model version: the buffer of updates (``aggregate``) and their staleness (``tally``)."""
-
-    tally: VersionTally = field(default_factory=lambda: VersionTally(Staleness()))
 
 
 class FedBuff(FedAvg):
@@ -73,7 +66,15 @@ class FedBuff(FedAvg):
             raise ValueError(f"fedbuff concurrency {self.concurrency} exceeds clients-per-round "
                              f"{ctx.settings.clients_per_round} (the nodes the run waits for)")
         self.staleness = Staleness(staleness, a=a, b=b, max_staleness=max_staleness)
-        self.version = 0
+        self.versions = VersionBuffer(self.staleness, alpha=self._alpha())
+
+    def _alpha(self) -> float | None:
+        """FedAsync's mixing rate (its versions are one update each); FedBuff's: None."""
+        return None
+
+    @property
+    def version(self) -> int:
+        return self.versions.version
 
     @property
     def spec(self) -> str:
@@ -85,26 +86,31 @@ class FedBuff(FedAvg):
 
     def start(self, params: torch.Tensor) -> None:
         super().start(params)
-        self.version = 0
+        self.versions.reset(0)
 
     # -- the engine's asynchronous loop calls these ---------------------------------------------
-    def open_step(self, number: int, nodes: list[int]) -> FedBuffStep:
+    def open_step(self, number: int, nodes: list[int]) -> FedAvgStep:
         aggregator = make_aggregator(self.ctx.settings.aggregator, self.ctx.numel, capacity=self.buffer)
-        return FedBuffStep(number, list(nodes), aggregate=aggregator, tally=VersionTally(self.staleness))
+        return FedAvgStep(number, list(nodes), aggregate=aggregator)
 
-    # configure: FedAvg's; ``step.number`` = version + 1, so every message starts training from the
-    # current version (with a lattice downlink, what brings each copy from the version it holds)
+    def configure(self, step: Step, nodes: list[int]) -> list[Outgoing]:
+        """FedAvg's messages; ``step.number`` = version + 1, so every message starts training from the
+        current version (with a lattice downlink, what brings each copy from the version it holds)."""
+        self.versions.sent(nodes, self._sent_model())
+        return super().configure(step, nodes)
+
+    def _sent_model(self) -> torch.Tensor | None:
+        """What the versions keep of the model a message carries: FedBuff needs none of it."""
+        return None
 
     def admit(self, step: Step, reply: Reply) -> None:
         """τ = versions published since the reply's message left: an update staler than the bound is
         refused before it is decoded, and counted."""
-        assert isinstance(step, FedBuffStep)
         if reply.started is None:
             raise Rejected("reply without the version its message started from")
-        tau = self.version - reply.started
-        if not step.tally.admits(tau):
-            raise Rejected(f"stale by {tau} versions > max-staleness {self.staleness.max_staleness}; dropped",
-                           kind=FailureKind.STALE)
+        if self.versions.admit(reply.node, reply.started) is None:
+            raise Rejected(f"stale by {self.version - reply.started} versions > max-staleness "
+                           f"{self.staleness.max_staleness}; dropped", kind=FailureKind.STALE)
 
     def reply_codec(self, step: Step, reply: Reply) -> Codec:
         # The codec of the round the client encoded with (its schedule and shared seeds), not today's.
@@ -112,32 +118,36 @@ class FedBuff(FedAvg):
         return self.wire(reply.started + 1)
 
     def absorb(self, step: Step, update: Update) -> None:
-        assert isinstance(step, FedBuffStep) and update.started is not None
-        step.tally.add(step.aggregate, update.vector, update.weight, self.version - update.started)
+        assert isinstance(step, FedAvgStep) and update.started is not None
+        self.versions.add(step.aggregate, update.vector, update.weight, update.started)
         step.loss_sum.add(update.train_loss * update.weight)
         step.loss_weight.add(update.weight)
         step.used.append(update.node)
 
+    def missed(self, step: Step, node: int, reason: str) -> None:
+        self.versions.missed(node)
+
     def ready(self, step: Step) -> bool:
-        assert isinstance(step, FedBuffStep)
-        return step.aggregate.count >= self.buffer
+        return step.aggregate is not None and step.aggregate.count >= self.buffer
 
     def close(self, step: Step) -> StepOutcome:
-        assert isinstance(step, FedBuffStep)
+        assert isinstance(step, FedAvgStep)
+        model, extra, notes = self._advance(step)
+        train_loss = step.loss_sum.value / step.loss_weight.value if step.loss_weight.count else None
+        extra.update({**self.versions.publish(step.number), "nodes": list(step.used)})  # whose updates made it
+        return StepOutcome(model=model, train_loss=train_loss, extra=extra, notes=notes)
+
+    def _advance(self, step: FedAvgStep) -> tuple[torch.Tensor, dict[str, Any], list[dict[str, Any]]]:
+        """The next version: the buffer's mean through the server optimizer (its model, row extras, notes)."""
         aggregator = step.aggregate
-        extra: dict[str, Any] = {
-            "version": step.number, "aggregator": aggregator.spec, "updates_applied": aggregator.count,
-            **step.tally.report(),
-            "nodes": list(step.used),  # whose updates made this version
-        }
+        extra: dict[str, Any] = {"version": step.number, "aggregator": aggregator.spec,
+                                 "updates_applied": aggregator.count}
         notes: list[dict[str, Any]] = []
         released = step.aggregated()
         if released.count:
             proposed = self.server_opt.step(self.params, released.mean())
             self.params, notes = finite_or_previous(proposed, self.params, step.number)
-        train_loss = step.loss_sum.value / step.loss_weight.value if step.loss_weight.count else None
-        self.version = step.number
-        return StepOutcome(model=self.params, train_loss=train_loss, extra=extra, notes=notes)
+        return self.params, extra, notes
 
     # -- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -148,4 +158,4 @@ class FedBuff(FedAvg):
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"fedbuff version must be an integer >= 0, got {version!r}")
         super().load_state_dict(state)
-        self.version = version
+        self.versions.reset(version)  # messages sent before a restart can never be answered

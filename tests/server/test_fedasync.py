@@ -48,7 +48,7 @@ def test_mixing_rule_with_stale_updates_matches_the_definition(tmp_path) -> None
     torch.testing.assert_close(out.model, (1 - alpha_t) * x1 + alpha_t * (x0 + d2))
     assert out.extra["alpha_t"] == pytest.approx(alpha_t) and out.extra["staleness_max"] == 1
     # version 0 is no longer anyone's start: only version 1 (node 1's) is held
-    assert out.extra["versions_held"] == 1 and set(alg._versions) == {1}
+    assert out.extra["versions_held"] == 1 and set(alg.versions.models) == {1}
 
 
 def test_replies_to_unknown_versions_and_too_stale_ones_are_rejected(tmp_path) -> None:
