@@ -1,6 +1,6 @@
 """Elastic averaging's two formulas (EASGD, Zhang, Choromanska and LeCun 2015), once for every side
 that uses them: Fedge's EASGD device handler and ``fedge.edge_client.elastic_mod`` (a node's step),
-Fedge's EASGD algorithm and ``fedge.protocol.elastic_layer`` (the center's step).
+Fedge's EASGD algorithm and ``fedge.coordinator.elastic_layer`` (the center's step).
 
 A node that trained its own model x_i from where it stood sends the elastic difference
 δ_i = α(x_i − x̃) against the center x̃ it received and keeps x_i − δ_i; the center moves by the

@@ -3,7 +3,7 @@ elastic step, which Fedge's FedAvg handler takes when a message names the coupli
 ``elastic_mod``, the same around a Flower app's own body.
 
 The node keeps its own model x_i between rounds (in its ``Context`` state). On a train message that names the elastic coupling α
-(``fedge.protocol.elastic_layer`` writes it), the mod hands the user's ``@app.train()`` body x_i in
+(``fedge.coordinator.elastic_layer`` writes it), the mod hands the user's ``@app.train()`` body x_i in
 place of the center x̃ the message brought (the center itself the first time), then takes what it
 trained through the elastic step both coordinators share (``fedge.aggregation.elastic``): it keeps
 x_i − δ_i and replies x̃ + δ_i, so that the update any outer mod or the strategy computes (reply

@@ -1,5 +1,5 @@
 """``scaffold_mod`` and ``scaffold_correction``: SCAFFOLD on a Flower app's node, around the user's
-own training loop (the server side: ``fedge.protocol.scaffold_layer.ControlVariates``).
+own training loop (the server side: ``fedge.coordinator.scaffold_layer.ControlVariates``).
 
 SCAFFOLD changes every local step, so a mod alone cannot run it: the user's loop calls the
 corrector after each optimizer step,

@@ -24,9 +24,9 @@ from fedge.flower.fedbuff import FedAsync, FedBuff  # noqa: E402
 from fedge.flower.layered import CompressedStrategy, LayeredStrategy, compressed, layered  # noqa: E402
 from fedge.flower.secure import SecureStrategy, distributed_dp, secure  # noqa: E402
 from fedge.flower.tracked import TrackedStrategy, tracked  # noqa: E402
-from fedge.protocol.elastic_layer import ElasticAveraging  # noqa: E402
-from fedge.protocol.fednova_layer import NormalizedAveraging  # noqa: E402
-from fedge.protocol.scaffold_layer import ControlVariates  # noqa: E402
+from fedge.coordinator.elastic_layer import ElasticAveraging  # noqa: E402
+from fedge.coordinator.fednova_layer import NormalizedAveraging  # noqa: E402
+from fedge.coordinator.scaffold_layer import ControlVariates  # noqa: E402
 
 __all__ = ["CompressedStrategy", "ControlVariates", "ElasticAveraging", "FedAsync", "FedBuff", "LayeredStrategy",
            "NormalizedAveraging", "SecureStrategy", "TrackedStrategy", "compressed", "compression_mod", "distributed_dp",

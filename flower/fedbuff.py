@@ -1,6 +1,6 @@
 """``FedBuff`` and ``FedAsync`` for a user's own ServerApp (docs/flower.md, "Asynchronous").
 
-Only the driving is written here: the schedule is the engine's (``fedge.protocol.async_loop``), so
+Only the driving is written here: the schedule is the engine's (``fedge.coordinator.async_loop``), so
 are the staleness rule and FedAsync's mix (``fedge.aggregation.staleness``), the buffer's rule
 (``fedge.aggregation.robust``), the layers, the reply's reading and the door (``fedge.protocol``).
 A message sent at version v names round v + 1, as the engine's do, so a device encodes the same
@@ -25,16 +25,16 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionBuffer
 from fedge.compression import Codec, make_codec
-from fedge.protocol.app_reply import reply_through_layers, through_door, with_extra, with_raw
-from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Missing
-from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
+from fedge.coordinator.app_reply import reply_through_layers, through_door, with_extra, with_raw
+from fedge.coordinator.async_loop import AsyncLoop
+from fedge.coordinator.dispatcher import Missing
+from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.failures import FailureKind, Rejected
-from fedge.protocol.layer import Layer, LayerStack, releases_aggregate
+from fedge.coordinator.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
+from fedge.coordinator.tally import Tally
 from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["FedAsync", "FedBuff"]
@@ -211,7 +211,7 @@ class FedBuff:
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
     def _absorb(self, message: Message, reply: Reply, buffer: _Buffer, run: _Run) -> None:
-        """One reply into the buffer (``fedge.protocol.app_reply``), as the engine takes it: refused
+        """One reply into the buffer (``fedge.coordinator.app_reply``), as the engine takes it: refused
         when staler than the bound before it is decoded, decoded with its round's codec (``tcs``: on
         its node's support), added with weight w·s(τ). Raises what refuses it."""
         assert reply.started is not None

@@ -1,7 +1,7 @@
 """``layered(strategy, *layers)`` and ``compressed(strategy, uplink=..., downlink=...)``: Fedge's
 layers, uplink codecs and downlink around any Message-API strategy (docs/flower.md).
 
-A driver, not a second coordinator: it runs the engine's :class:`~fedge.protocol.layer.LayerStack`
+A driver, not a second coordinator: it runs the engine's :class:`~fedge.coordinator.layer.LayerStack`
 and door around the strategy's train round, and hands the strategy the models the updates make (or,
 when a layer releases its own sum, one model stepped by that sum's mean). ``delivered`` and
 ``state_dict`` are never called: a Flower app keeps its own model and has no Fedge checkpoint.
@@ -25,15 +25,15 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.protocol.app_reply import own_config, reply_through_layers, through_door, with_extra, with_raw
-from fedge.protocol.downlink_layer import DownlinkLayer, uplink_codec
-from fedge.protocol.dispatcher import grid_exchange
+from fedge.coordinator.app_reply import own_config, reply_through_layers, through_door, with_extra, with_raw
+from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_codec
+from fedge.coordinator.dispatcher import grid_exchange
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import Layer, LayerStack, RunComplete
+from fedge.coordinator.layer import Layer, LayerStack, RunComplete
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import FEDGE_REPLY_RECORDS, MODEL_RECORD, RAW_RECORD, array_bytes
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally, resource_summary
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.coordinator.tally import Tally, resource_summary
 from fedge.protocol.uplink_request import UplinkRequest
 
 __all__ = ["CompressedStrategy", "LayeredStrategy", "compressed", "is_plain_mean", "layered", "mean_refusal"]
@@ -168,7 +168,7 @@ class LayeredStrategy(Strategy):
                 clear.add(update.vector, update.weight)
             taken.append(update)
 
-        for message in replies:  # the one door (``fedge.protocol.door``), as in Fedge's engine
+        for message in replies:  # the one door (``fedge.coordinator.door``), as in Fedge's engine
             taken: list[Update | None] = []
             failure = through_door(server_round, message, lambda reply, m=message, t=taken: consume(reply, m, t),  # type: ignore[misc]
                                    state.tally)
@@ -278,7 +278,7 @@ class LayeredStrategy(Strategy):
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The wrapped strategy's, over the replies the one door lets through (``fedge.protocol.door``:
+        """The wrapped strategy's, over the replies the one door lets through (``fedge.coordinator.door``:
         a device's typed refusal is logged and left out, as in a train round; Flower's error replies
         pass on, for the strategy to count); with a downlink, each reply confirms the copy its
         message brought (under a ``tcs`` uplink none brought one), a failure forgets it, and the metrics
@@ -349,7 +349,7 @@ def mean_refusal(strategy: Strategy) -> str | None:
 
 
 def layered(strategy: Strategy, *layers: Layer) -> LayeredStrategy:
-    """Wrap ``strategy`` so ``layers`` (instances of :class:`fedge.protocol.layer.Layer`, the same
+    """Wrap ``strategy`` so ``layers`` (instances of :class:`fedge.coordinator.layer.Layer`, the same
     classes Fedge's engine runs) act on its train rounds; see the module docstring."""
     return LayeredStrategy(strategy, layers)
 

@@ -19,10 +19,10 @@ from fedge.compression.spec import required_spec
 from fedge.flower.layered import LayeredStrategy, mean_refusal
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.protocol.distributed_dp_layer import DistributedDP
-from fedge.protocol.layer import Layer
-from fedge.protocol.secure_layer import SecureAggregation
-from fedge.protocol.secure_session import SecureSession
+from fedge.coordinator.distributed_dp_layer import DistributedDP
+from fedge.coordinator.layer import Layer
+from fedge.coordinator.secure_layer import SecureAggregation
+from fedge.coordinator.secure_session import SecureSession
 
 __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
 

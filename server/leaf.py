@@ -27,7 +27,7 @@ import torch
 from fedge.deploy.atomic import atomic_write_bytes
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
-from fedge.protocol.layer import Layer, LayerStack
+from fedge.coordinator.layer import Layer, LayerStack
 from fedge.protocol.leaf import (
     HEARTBEAT,
     HEARTBEAT_EVERY,
@@ -38,7 +38,7 @@ from fedge.protocol.leaf import (
     encode_result,
     result_name,
 )
-from fedge.protocol.step import Outgoing, Step
+from fedge.coordinator.step import Outgoing, Step
 from fedge.server.engine.loop import Engine
 from fedge.deploy.owned_directory import owned_directory
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("server", "edge_client", "aggregation", "compression", "deploy", "tasks", "protocol", "launcher", "privacy",
+LAYERS = ("server", "edge_client", "aggregation", "compression", "deploy", "tasks", "protocol", "coordinator", "launcher", "privacy",
           "flower", "tracking")
 #: third-party imports a pure or edge-side module must never make
 FORBIDDEN = {

@@ -19,13 +19,13 @@ def _worktrees() -> list[str]:
 
 def test_the_command_imports_fedge_from_the_commits_tree_and_its_exit_status_passes_through() -> None:
     before = _worktrees()
-    probe = ("import os, sys, fedge.protocol.layer as m; print(os.path.realpath(m.__file__)); "
+    probe = ("import os, sys, fedge.coordinator.layer as m; print(os.path.realpath(m.__file__)); "
              "print(any(getattr(f, '__module__', '').startswith('__editable__') for f in sys.meta_path)); "
              "sys.exit(3)")
     done = subprocess.run([sys.executable, "bench/at_commit.py", "HEAD", "--", sys.executable, "-c", probe],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 3, done.stderr[-2000:]
     where, editable = done.stdout.split()
-    assert "fedge-at-commit-" in where and where.endswith("/tree/protocol/layer.py"), where
+    assert "fedge-at-commit-" in where and where.endswith("/tree/coordinator/layer.py"), where
     assert not where.startswith(str(ROOT)) and editable == "False"
     assert _worktrees() == before  # its worktree is removed

@@ -4,18 +4,18 @@ Each is FedAvg's algorithm and device handler with the layer a Flower app wraps 
 (``layered(FedAvg(), <layer>)``), so the two coordinators run the same rule:
 
 * ``fednova`` (Wang et al., NeurIPS 2020): devices may take different numbers of local steps without
-  pulling the model toward their own objective; ``fedge.protocol.fednova_layer`` divides each update
+  pulling the model toward their own objective; ``fedge.coordinator.fednova_layer`` divides each update
   by its local step norm at the run's momentum and scales the mean back. Devices report
   ``local-steps``.
 * ``scaffold[:control-bits=8]`` (Karimireddy et al., ICML 2020; the rules in
   ``fedge.aggregation.scaffold``): each local step corrected by ``c - c_i``;
-  ``fedge.protocol.scaffold_layer`` sends the server's ``c`` down with every train message and sums
+  ``fedge.coordinator.scaffold_layer`` sends the server's ``c`` down with every train message and sums
   each reply's ``dc_i`` beside its update, both at ``control-bits`` (QSGD; fp32 when the run's codec
   is ``none``) with error feedback. Devices run the SCAFFOLD handler, which keeps ``c_i``.
 * ``easgd[:alpha=0.3,beta=0.9]`` (Zhang, Choromanska, LeCun, NeurIPS 2015): each device keeps its own
   model x_i between rounds, trains it, sends the elastic difference δ_i = α(x_i − x̃) against the
   center x̃ (the global model) and keeps x_i − δ_i (FedAvg's handler, when the message names α);
-  ``fedge.protocol.elastic_layer`` counts every difference once and moves the center by
+  ``fedge.coordinator.elastic_layer`` counts every difference once and moves the center by
   (β / (α m)) Σ δ_i over the m replies used: with the paper's coupling β = nα and all n answering,
   its x̃ + Σ δ_i. ``alpha=0`` gives that coupling, α = β / clients-per-round. Defaults β = 0.9 (the
   paper's), α = 0.3 (measured: on digits with 16 Dirichlet(0.5) clients and 5-epoch periods the
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedge.protocol.elastic_layer import ElasticAveraging
-from fedge.protocol.fednova_layer import NormalizedAveraging
-from fedge.protocol.layer import Layer
-from fedge.protocol.scaffold_layer import ControlVariates
+from fedge.coordinator.elastic_layer import ElasticAveraging
+from fedge.coordinator.fednova_layer import NormalizedAveraging
+from fedge.coordinator.layer import Layer
+from fedge.coordinator.scaffold_layer import ControlVariates
 from fedge.server.algorithms.fedavg import FedAvg
 from fedge.server.engine.algorithm import RunContext
 from fedge.server.settings import RunSettings, SettingsError

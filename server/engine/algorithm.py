@@ -51,12 +51,12 @@ from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
 from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGIN_HANDLER, PLUGINS
 from fedge.protocol.failures import Rejected
 from fedge.protocol.round_config import RoundConfig
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.server.settings import RunSettings
 from fedge.tasks import Task, tensor_sizes
 
 if TYPE_CHECKING:
-    from fedge.protocol.layer import Layer
+    from fedge.coordinator.layer import Layer
 
 __all__ = [
     "Algorithm",

@@ -45,7 +45,7 @@ from flwr.app import ArrayRecord, Message
 from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
 from fedge.protocol import UPDATE_RECORD, array_bytes, read_payload
-from fedge.protocol.door import door
+from fedge.coordinator.door import door
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -56,16 +56,16 @@ from fedge.server.engine.algorithm import (
     Update,
     reply_metrics,
 )
-from fedge.protocol.async_loop import AsyncLoop
-from fedge.protocol.dispatcher import Missing, grid_exchange
+from fedge.coordinator.async_loop import AsyncLoop
+from fedge.coordinator.dispatcher import Missing, grid_exchange
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
-from fedge.protocol.layer import LayerStack, RunComplete
+from fedge.coordinator.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.roster import Roster
 from fedge.server.run.device_ledger import DeviceLedger
-from fedge.protocol.tally import Tally, resource_summary, train_seconds
+from fedge.coordinator.tally import Tally, resource_summary, train_seconds
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory
@@ -395,7 +395,7 @@ class Engine:
 
     # -- the asynchronous loop ------------------------------------------------------------------
     def _run_async(self, grid: object, start: int, result: EngineResult) -> None:
-        """Asynchronous steps on the shared schedule (:class:`~fedge.protocol.async_loop.AsyncLoop`):
+        """Asynchronous steps on the shared schedule (:class:`~fedge.coordinator.async_loop.AsyncLoop`):
         keep ``concurrency`` clients busy; whenever a reply lands, hand it to the algorithm and send
         that node's slot to a free node; conclude a step (a new model version) whenever the algorithm
         is ready. Messages still out when the last version is published are abandoned: their

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 
 from flwr.app import Message, RecordDict
 
-from fedge.protocol.dispatcher import Missing
+from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.roster import ROSTER_MESSAGE_TYPE, read_roster_answer
-from fedge.protocol.step import Outgoing
+from fedge.coordinator.step import Outgoing
 
 __all__ = ["Roster"]
 

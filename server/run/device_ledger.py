@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.deploy.atomic import atomic_write_text
-from fedge.protocol.tally import Tally
+from fedge.coordinator.tally import Tally
 
 __all__ = ["DeviceLedger"]
 

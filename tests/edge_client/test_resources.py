@@ -13,7 +13,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import resources
 from fedge.protocol.resources import RESOURCES_RECORD, ResourceReport, read_report
-from fedge.protocol.tally import resource_summary
+from fedge.coordinator.tally import resource_summary
 
 
 def _burn(seconds: float) -> None:

@@ -414,7 +414,7 @@ def test_a_tcs_reply_on_another_support_is_refused_and_tcs_needs_the_lattice_dow
 
 def test_with_refusal_mod_a_node_that_lost_its_copy_says_so_by_kind_and_gets_the_model_again() -> None:
     """``refusal_mod`` first on a Flower app's ClientApp sends the device's typed refusals as refusal
-    replies, and the wrapper's door (the engine's, ``fedge.protocol.door``) hears their kind: a node
+    replies, and the wrapper's door (the engine's, ``fedge.coordinator.door``) hears their kind: a node
     that lost its lattice copy answers ``out-of-sync`` (without the mod: a bare client error), is
     counted so, and the next round sends it a snapshot it trains from."""
     from fedge.protocol.records import DOWNLINK_RECORD

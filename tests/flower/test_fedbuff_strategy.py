@@ -212,7 +212,7 @@ def test_with_the_lattice_downlink_nodes_train_from_the_public_copy_and_a_slow_o
     server holds for it; the slow node, versions behind when it returns, gets a catch-up (not the
     model); the downlink costs a fraction of fp32 and the run refuses nothing."""
     import fedge.flower.fedbuff as fedbuff_module
-    from fedge.protocol.downlink_layer import DownlinkLayer
+    from fedge.coordinator.downlink_layer import DownlinkLayer
     from fedge.protocol.records import DOWNLINK_RECORD
 
     sent: dict[int, list[np.ndarray]] = {}
@@ -269,7 +269,7 @@ def test_a_tcs_uplink_decodes_each_reply_on_the_support_its_nodes_change_moved(m
     downlink there is no support, and ``tcs`` is refused when the strategy is built."""
     import fedge.flower.fedbuff as fedbuff_module
     from fedge.compression import make_codec
-    from fedge.protocol.downlink_layer import DownlinkLayer
+    from fedge.coordinator.downlink_layer import DownlinkLayer
 
     spec = "tcs:extra=0.01,sample=0+qsgd:bits=4"
     with pytest.raises(ValueError, match="needs a lattice downlink"):
@@ -320,7 +320,7 @@ def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
     before it is buffered, and reports on each version in its train metrics. A layer that works on
     a whole round's sum is refused when the strategy is built."""
     from fedge.aggregation.partial import Partial
-    from fedge.protocol.layer import Layer
+    from fedge.coordinator.layer import Layer
     from fedge.server.engine.layers.update_guard import UpdateGuardLayer
     from fedge.server.engine.update_guard import UpdateGuard
     from tests.server.test_layers import CountingLayer

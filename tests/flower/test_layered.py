@@ -15,8 +15,8 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedge.aggregation.partial import Partial
 from fedge.flower import compressed, layered
-from fedge.protocol.layer import Layer
-from fedge.protocol.step import Step, Update
+from fedge.coordinator.layer import Layer
+from fedge.coordinator.step import Step, Update
 from tests.flower.test_compressed_strategy import (  # noqa: F401
     NODES,
     Grid,
@@ -132,7 +132,7 @@ def test_a_reply_a_layer_refuses_or_that_holds_nan_is_left_out_with_its_reason_a
 
 
 def test_a_devices_typed_refusal_reaches_the_layers_by_its_kind_through_the_one_door() -> None:
-    """A Flower app's replies pass the engine's door (``fedge.protocol.door``): a device's typed
+    """A Flower app's replies pass the engine's door (``fedge.coordinator.door``): a device's typed
     refusal (``refusal_mod``) reaches every layer's ``missed`` with its own kind, not as an
     undecodable reply; a policy decline is counted apart from the failures, as the engine counts it."""
     from fedge.protocol.failures import FailureKind

@@ -5,7 +5,7 @@ Uplink: the engine's device (``fedge.edge_client.local.encode``, what the FedAvg
 ``compression_mod`` encode the same update, with the same randomness, into the same payload, round
 after round (the error-feedback memory evolves the same way), for qsgd, DGC and ``tcs``. Downlink:
 the engine's downlink layer and ``compressed(..., downlink="lattice:...")`` are one layer
-(``fedge.protocol.downlink_layer``) whose adapters choose the base: from the engine's seeded start
+(``fedge.coordinator.downlink_layer``) whose adapters choose the base: from the engine's seeded start
 model and a Flower app's named one, it sends each node the same lattice record for the same sequence
 of models, catch-ups included. Asynchronous: FedBuff and
 FedAsync, the engine's algorithms and ``fedge.flower``'s, get the same payloads from a device and
@@ -34,8 +34,8 @@ from fedge.protocol.records import DOWNLINK_RECORD, UPDATE_RECORD, read_payload
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Reply, RunContext, Update
-from fedge.protocol.step import Outgoing, Step
-from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.coordinator.step import Outgoing, Step
+from fedge.coordinator.downlink_layer import DownlinkLayer
 from fedge.server.settings import RunSettings
 from fedge.tasks import flatten_state, make_task, seeded_initial_params, tensor_sizes, unflatten_state
 from tests.flower.test_compressed_strategy import NODES, Grid, _contexts, _exchange, _flat, _model, _user_app

@@ -454,7 +454,7 @@ def test_secure_over_layered_is_one_round_with_every_layer_and_a_layer_that_chan
 
 def test_with_an_issuer_a_flower_app_checks_identities_and_runs_the_consistency_round(tmp_path) -> None:
     """``secagg:...,issuer=ca.crt`` in a user's ServerApp, as in Fedge's engine (one session and
-    round, ``fedge.protocol.secure_session``): every node presents a credential from the operator's
+    round, ``fedge.coordinator.secure_session``): every node presents a credential from the operator's
     CA (its node config names its key, endorsement and the CA, as ``fedge-edge join`` writes them)
     and the survivors sign the survivor set before they reveal; the sum is the plain mean up to the
     grid's rounding. A node whose key another CA endorsed is refused with the reason; with four

@@ -65,7 +65,7 @@ def test_a_device_that_requires_secure_aggregation_refuses_a_round_without_it(
 _LYING_COORDINATOR = '''"""A coordinator that lies (privacy audit 2, N2): it lets one endorsement in twice, as a colluding
 device's two SuperNodes would ask. Loaded as a plugin by every process; only the coordinator's
 check is replaced, each device keeps its own."""
-import fedge.protocol.secure_round as secure_round
+import fedge.coordinator.secure_round as secure_round
 
 secure_round.check_distinct = lambda credentials: None
 '''

@@ -103,7 +103,7 @@ def test_an_older_revocation_list_or_none_is_refused_once_a_newer_one_was_seen(t
 
     from fedge.edge_client.secure_aggregation import _issuer
     from fedge.privacy.spec import parse_secure_aggregation
-    from fedge.protocol.secure_session import SecureSession
+    from fedge.coordinator.secure_session import SecureSession
 
     certs = tmp_path / "certs"
     init_ca(certs)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 
-from fedge.protocol.downlink_layer import DownlinkLayer
+from fedge.coordinator.downlink_layer import DownlinkLayer
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.records import DOWNLINK_RECORD
-from fedge.protocol.step import Outgoing, Reply, Step
+from fedge.coordinator.step import Outgoing, Reply, Step
 
 SIZES = [40, 24]
 

@@ -11,9 +11,9 @@ from flwr.app import RecordDict
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure, FailureKind
-from fedge.protocol.layer import SAMPLE, SUM, Layer, LayerStack, RunComplete
-from fedge.protocol.step import Reply, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally
+from fedge.coordinator.layer import SAMPLE, SUM, Layer, LayerStack, RunComplete
+from fedge.coordinator.step import Reply, Step, StepOutcome, Update
+from fedge.coordinator.tally import Tally
 
 
 class _Recording(Layer):

@@ -1,4 +1,4 @@
-"""The one reply count every driver keeps (``fedge.protocol.tally.Tally.replied``): what arrived is
+"""The one reply count every driver keeps (``fedge.coordinator.tally.Tally.replied``): what arrived is
 counted once, used or refused, before any door decides on it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fedge.protocol.records import MEASURE_RECORD, UPDATE_RECORD, array_bytes, payload_record
 from fedge.protocol.resources import RESOURCES_RECORD, ResourceReport
-from fedge.protocol.tally import Tally, resource_summary
+from fedge.coordinator.tally import Tally, resource_summary
 
 
 @pytest.fixture(autouse=True)

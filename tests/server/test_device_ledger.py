@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.resources import ResourceReport
-from fedge.protocol.tally import Tally
+from fedge.coordinator.tally import Tally
 from fedge.server.run.device_ledger import DeviceLedger
 
 

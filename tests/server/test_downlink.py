@@ -17,7 +17,7 @@ from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
 from fedge.server.engine.layers import Failure
-from fedge.protocol.step import Reply
+from fedge.coordinator.step import Reply
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.tasks import flatten_state, tensor_sizes
 from tests.server.in_process_grid import InProcessGrid

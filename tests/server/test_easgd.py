@@ -1,4 +1,4 @@
-"""EASGD (``algorithm = "easgd"``: FedAvg with ``fedge.protocol.elastic_layer``): the center rule
+"""EASGD (``algorithm = "easgd"``: FedAvg with ``fedge.coordinator.elastic_layer``): the center rule
 against its definition through the engine's door and layers, and the device's elastic step (FedAvg's
 handler) on the engine's in-process grid."""
 
@@ -11,7 +11,7 @@ from flwr.app import MetricRecord, RecordDict
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
-from fedge.protocol.tally import Tally
+from fedge.coordinator.tally import Tally
 from fedge.server.algorithms.fedavg_layered import EASGD
 from fedge.server.engine.algorithm import Rejected, Reply
 from fedge.server.engine.loop import Engine, make_context

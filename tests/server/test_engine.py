@@ -209,8 +209,8 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     """The client validates the model it receives as strictly as the server validates an update."""
     from flwr.app import Array
 
-    from fedge.protocol.dispatcher import step_messages
-    from fedge.protocol.tally import Tally
+    from fedge.coordinator.dispatcher import step_messages
+    from fedge.coordinator.tally import Tally
 
     engine = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(3)

@@ -1,4 +1,4 @@
-"""FedNova (``algorithm = "fednova"``: FedAvg with ``fedge.protocol.fednova_layer``): the step norm
+"""FedNova (``algorithm = "fednova"``: FedAvg with ``fedge.coordinator.fednova_layer``): the step norm
 against torch's own momentum SGD, the coordinator's update against the paper's rule, FedAvg when
 every device takes the same steps, and refusals; then a few rounds on the engine's in-process grid
 with the real device handler. The same layer in a Flower app: ``tests/flower/test_fednova_layer.py``."""

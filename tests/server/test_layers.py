@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from fedge.protocol.step import Outgoing
+from fedge.coordinator.step import Outgoing
 from fedge.server.engine.algorithm import Reply, Step, StepOutcome
 from fedge.server.engine.layers import LAYERS, Layer, register_layer
-from fedge.protocol.tally import Tally
+from fedge.coordinator.tally import Tally
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import _engine, _start
 

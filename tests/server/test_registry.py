@@ -43,7 +43,7 @@ def test_a_plugin_algorithms_messages_name_its_device_handler(tmp_path, monkeypa
     from fedge.protocol.plugins import PLUGIN_ACTION, _HANDLERS
     from fedge.server.algorithms import registry
     from fedge.server.algorithms.fedavg import FedAvg
-    from fedge.protocol.step import Step
+    from fedge.coordinator.step import Step
     from tests.server.engines import build_engine
 
     class Renamed(FedAvg):

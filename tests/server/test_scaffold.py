@@ -17,10 +17,10 @@ from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.trainer import train_local
 from fedge.protocol import CONTROL_RECORD, PAYLOAD_KEY, UPDATE_RECORD, payload_array
 from fedge.protocol.config_keys import SCAFFOLD_CONTROL_CODEC
-from fedge.protocol.tally import Tally
+from fedge.coordinator.tally import Tally
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
-from fedge.protocol.scaffold_layer import ControlVariates
+from fedge.coordinator.scaffold_layer import ControlVariates
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError

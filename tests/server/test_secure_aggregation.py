@@ -493,7 +493,7 @@ def test_an_unmasked_sum_outside_the_grid_is_discarded_not_applied() -> None:
 
     from fedge.privacy.errors import UnmaskError
     from fedge.privacy.messages import decode_masked, encode_masked
-    from fedge.protocol.secure_round import check_range
+    from fedge.coordinator.secure_round import check_range
     from tests.privacy.secagg_round import deal_shares, make_plan
 
     plan = make_plan(5, 16, bits=4, weight_cap=8)
@@ -536,7 +536,7 @@ def test_under_distributed_dp_a_noisy_sum_beyond_its_bounds_is_discarded() -> No
     from fedge.privacy.keys import RoundContext
     from fedge.privacy.plan import SecAggPlan
     from fedge.privacy.shared_grid import SharedGrid
-    from fedge.protocol.secure_round import check_noisy_range
+    from fedge.coordinator.secure_round import check_noisy_range
 
     noise = SkellamParams(clip=1.0, scale=32.0, local_variance=100.0, dimension=64)
     plan = SecAggPlan(RoundContext(b"r", 1), (1, 2, 3, 4), SharedGrid(8, 0.2, 1), 64, graph_seed=1, noise=noise)

@@ -8,7 +8,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from fedge.protocol.resources import RESOURCES_RECORD, ResourceReport
 from fedge.server.engine.algorithm import Outgoing, Reply
-from fedge.protocol.layer import Failure
+from fedge.coordinator.layer import Failure
 from fedge.server.engine.layers.selection import Oort, SelectionLayer, jain_index
 from fedge.server.settings import SettingsError
 from tests.server.engines import build_engine

@@ -5,7 +5,7 @@
 ``secure_aggregation`` (only the sum is revealed), ``differential_privacy`` (client-level DP:
 Poisson sampling, clipping, noise, ledger) and ``model_average`` (what the run delivers); an
 algorithm adds its own (``Algorithm.layers``: FedNova's, SCAFFOLD's, EASGD's). The
-interface is :class:`~fedge.protocol.layer.Layer` (shared with ``fedge.flower.layered``). The engine calls the run's layers in
+interface is :class:`~fedge.coordinator.layer.Layer` (shared with ``fedge.flower.layered``). The engine calls the run's layers in
 the order :func:`order_layers` derives from what each declares it provides and needs, whatever the
 order they were registered in. Adding a layer is one file here (or a class anywhere) and one
 :func:`register_layer` call.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedge.protocol.layer import BOUNDED, MODEL, NOISE, SAMPLE, SUM, Exchange, Failure, Layer, LayerOrderError, order_layers
+from fedge.coordinator.layer import BOUNDED, MODEL, NOISE, SAMPLE, SUM, Exchange, Failure, Layer, LayerOrderError, order_layers
 from fedge.server.engine.layers.differential_privacy import DifferentialPrivacyLayer
 from fedge.server.engine.layers.downlink import DownlinkLayer
 from fedge.server.engine.layers.model_average import ModelAverageLayer

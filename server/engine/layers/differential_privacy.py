@@ -12,7 +12,7 @@ The coordinator sees each clipped update before it adds noise: this protects the
 (and everything derived from them) against whoever receives them, not the devices against the
 coordinator. With secure aggregation the devices add the noise inside the ring and the coordinator
 never sees a noiseless sum: distributed DP, whose coordinator side is the layer both coordinators
-run (``fedge.protocol.distributed_dp_layer``); this module builds it and refuses what it cannot do.
+run (``fedge.coordinator.distributed_dp_layer``); this module builds it and refuses what it cannot do.
 
 As a layer of the engine (``fedge.server.engine.layers``): it replaces the step's sample (Poisson),
 ends the run before a step would overspend the budget, stamps each message with the round's
@@ -57,9 +57,9 @@ from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
-from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
-from fedge.protocol.distributed_dp_layer import DistributedDP
-from fedge.protocol.tally import Tally
+from fedge.coordinator.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
+from fedge.coordinator.distributed_dp_layer import DistributedDP
+from fedge.coordinator.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["CentralDP", "DifferentialPrivacyLayer"]
@@ -120,7 +120,7 @@ class DifferentialPrivacyLayer(Layer):
     def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | DistributedDP | None:
         """The run's DP mechanism, or None; a combination it cannot account for is refused here.
         With secure aggregation, distributed DP: the layer both coordinators run
-        (``fedge.protocol.distributed_dp_layer``), sampling at clients-per-round over the connected
+        (``fedge.coordinator.distributed_dp_layer``), sampling at clients-per-round over the connected
         devices."""
         settings = algorithm.ctx.settings
         try:

@@ -1,5 +1,5 @@
 """The downlink in Fedge's engine (``downlink-codec``): the layer both coordinators run
-(``fedge.protocol.downlink_layer``), built from the run's settings, and what those settings refuse.
+(``fedge.coordinator.downlink_layer``), built from the run's settings, and what those settings refuse.
 
 The lattice's base is the task's seeded initial model, which every device builds, or, for a run from
 a model file (``init``), that file's weights, shipped once with each device's first snapshot.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord
 
-from fedge.protocol.downlink_layer import DownlinkLayer as SharedDownlink, uplink_refusal
+from fedge.coordinator.downlink_layer import DownlinkLayer as SharedDownlink, uplink_refusal
 from fedge.server.engine.algorithm import Algorithm
 from fedge.server.settings import SettingsError
 from fedge.tasks import flatten_state, seeded_initial_params, tensor_sizes, unflatten_state

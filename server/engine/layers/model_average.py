@@ -12,8 +12,8 @@ import torch
 
 from fedge.aggregation.model_average import ModelAverage, parse_model_average
 from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome
-from fedge.protocol.layer import Layer
-from fedge.protocol.tally import Tally
+from fedge.coordinator.layer import Layer
+from fedge.coordinator.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["ModelAverageLayer"]

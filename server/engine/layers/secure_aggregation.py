@@ -1,5 +1,5 @@
 """Secure aggregation in Fedge's engine (``secure-aggregation = "secagg:..."``): the layer both
-coordinators run (``fedge.protocol.secure_layer``), built from the run's settings, and what those
+coordinators run (``fedge.coordinator.secure_layer``), built from the run's settings, and what those
 settings refuse. The algorithm declares only that its step works from a mean or a sum
 (``Algorithm.aggregate``).
 """
@@ -11,8 +11,8 @@ from typing import Any
 from fedge.privacy.credentials import CredentialError
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.protocol.secure_layer import SecureAggregation
-from fedge.protocol.secure_session import SecureSession
+from fedge.coordinator.secure_layer import SecureAggregation
+from fedge.coordinator.secure_session import SecureSession
 from fedge.server.engine.algorithm import Algorithm
 from fedge.server.settings import SettingsError
 

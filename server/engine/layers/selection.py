@@ -67,8 +67,8 @@ from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
 from fedge.protocol.resources import read_report
 from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.layer import MEMBERS, SAMPLE, Failure, Layer
-from fedge.protocol.tally import Tally
+from fedge.coordinator.layer import MEMBERS, SAMPLE, Failure, Layer
+from fedge.coordinator.tally import Tally
 from fedge.server.settings import SettingsError
 
 __all__ = ["Oort", "SelectionLayer", "jain_index"]

@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome, Update
-from fedge.protocol.layer import BOUNDED, Layer
-from fedge.protocol.tally import Tally
+from fedge.coordinator.layer import BOUNDED, Layer
+from fedge.coordinator.tally import Tally
 from fedge.server.engine.update_guard import UpdateGuard
 from fedge.server.settings import SettingsError
 

@@ -18,15 +18,15 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedge.compression import Codec, PayloadError
-from fedge.protocol.dispatcher import Missing
-from fedge.protocol.door import door
+from fedge.coordinator.dispatcher import Missing
+from fedge.coordinator.door import door
 from fedge.protocol.failures import Failure
-from fedge.protocol.layer import LayerStack
+from fedge.coordinator.layer import LayerStack
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import FEDGE_REPLY_RECORDS, UPDATE_RECORD, ProtocolError, read_payload
 from fedge.protocol.resources import RESOURCES_RECORD
-from fedge.protocol.step import Reply, Step, Update
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Reply, Step, Update
+from fedge.coordinator.tally import Tally
 
 __all__ = ["REFUSED", "own_config", "reply_through_layers", "reply_update", "reply_weight", "through_door",
            "with_extra", "with_raw"]
@@ -109,9 +109,9 @@ def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
 
 def through_door(number: int, item: Message | Missing, consume: Callable[[Reply], None], tally: Tally,
                  **door_args: object) -> Failure | None:
-    """A Flower-app driver's door (``fedge.protocol.door``, with the errors that refuse an app's
+    """A Flower-app driver's door (``fedge.coordinator.door``, with the errors that refuse an app's
     reply): a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
-    resource report, ``fedge.protocol.tally``) and the report taken out of it, since Flower's
+    resource report, ``fedge.coordinator.tally``) and the report taken out of it, since Flower's
     strategies aggregate replies that hold exactly one MetricRecord and ``resource_mod`` adds one."""
     if isinstance(item, Message):
         tally.replied(item)

@@ -19,7 +19,7 @@ from typing import Any
 from fedge.privacy.credentials import load_issuer
 from fedge.privacy.distributed_dp import SkellamParams
 from fedge.privacy.spec import SecAggSpec
-from fedge.protocol.secure_round import SecureRound
+from fedge.coordinator.secure_round import SecureRound
 
 __all__ = ["SecureSession"]
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fedge.compression import PayloadError
-from fedge.protocol.dispatcher import Missing
+from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind, Rejected
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
-from fedge.protocol.step import Reply
+from fedge.coordinator.step import Reply
 
 __all__ = ["REFUSES", "door"]
 

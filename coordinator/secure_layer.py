@@ -1,5 +1,5 @@
 """Secure aggregation as a layer, once for both coordinators: the coordinator learns only the sum of
-a round's updates (``fedge.protocol.secure_round`` runs the protocol's stages).
+a round's updates (``fedge.coordinator.secure_round`` runs the protocol's stages).
 
 Around a step: before its messages go out (``outgoing``), the layer runs the key agreement
 (advertise, share), narrows the step to the devices that dealt their shares and keeps the others'
@@ -13,7 +13,7 @@ device the protocol drops at any stage goes to ``step.drop``.
 Fedge's engine runs it as ``server/engine/layers/secure_aggregation.py`` (which adds what its
 settings refuse); a user's ServerApp runs the same class through ``fedge.flower.secure``, which is
 ``fedge.flower.layered`` with this layer. What differs between them is only how a stage reaches the
-devices (the :data:`~fedge.protocol.step.Exchange` each coordinator gives the step).
+devices (the :data:`~fedge.coordinator.step.Exchange` each coordinator gives the step).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
 from fedge.protocol.config_keys import WEIGHT_KEY
-from fedge.protocol.layer import MEMBERS, SUM, Layer
+from fedge.coordinator.layer import MEMBERS, SUM, Layer
 from fedge.protocol.records import CONFIG_RECORD
 from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.protocol.secure_round import SecureRound
-from fedge.protocol.secure_session import SecureSession
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.tally import Tally
+from fedge.coordinator.secure_round import SecureRound
+from fedge.coordinator.secure_session import SecureSession
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
+from fedge.coordinator.tally import Tally
 
 __all__ = ["SecureAggregation"]
 
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Round:
-    """One round: its protocol state (``fedge.protocol.secure_round``), its revealed sum, what went wrong."""
+    """One round: its protocol state (``fedge.coordinator.secure_round``), its revealed sum, what went wrong."""
 
     secure: SecureRound | None = None
     #: the survivors' unmasked sum, once stage 4 succeeded
@@ -53,7 +53,7 @@ class _Round:
 
 
 class SecureAggregation(Layer):
-    """The layer both coordinators run over one flow (``fedge.protocol.secure_session``)."""
+    """The layer both coordinators run over one flow (``fedge.coordinator.secure_session``)."""
 
     key = "secure-aggregation"
     #: the step's sum, and which of its messages go out (what counts or encodes them runs after it)

@@ -23,10 +23,10 @@ from fedge.aggregation.exact_sum import ExactScalar
 from fedge.aggregation.partial import Partial
 from fedge.protocol.config_keys import EASGD_ALPHA
 from fedge.protocol.failures import Rejected
-from fedge.protocol.layer import BOUNDED, SUM, Layer
+from fedge.coordinator.layer import BOUNDED, SUM, Layer
 from fedge.protocol.records import CONFIG_RECORD
-from fedge.protocol.step import Outgoing, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Outgoing, Step, StepOutcome, Update
+from fedge.coordinator.tally import Tally
 
 __all__ = ["ElasticAveraging"]
 

@@ -24,7 +24,7 @@ from fedge.protocol.resources import ResourceReport, report_of
 from fedge.protocol.failures import Failure
 
 if TYPE_CHECKING:
-    from fedge.protocol.step import Outgoing
+    from fedge.coordinator.step import Outgoing
 
 __all__ = ["Tally", "resource_summary", "train_seconds"]
 

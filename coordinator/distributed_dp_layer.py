@@ -41,10 +41,10 @@ from fedge.privacy.distributed_release import DistributedRelease
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.sampling import poisson_sample
 from fedge.protocol.config_keys import DP_CLIP
-from fedge.protocol.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
+from fedge.coordinator.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
 from fedge.protocol.records import CONFIG_RECORD
-from fedge.protocol.step import Outgoing, Step, StepOutcome
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Outgoing, Step, StepOutcome
+from fedge.coordinator.tally import Tally
 
 __all__ = ["DistributedDP"]
 

@@ -61,8 +61,8 @@ import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure
-from fedge.protocol.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Exchange, Outgoing, Reply, Step, StepOutcome, Update
+from fedge.coordinator.tally import Tally
 
 __all__ = ["BOUNDED", "MEMBERS", "MODEL", "NOISE", "SAMPLE", "SUM", "Exchange", "Failure", "Layer",
            "LayerOrderError", "LayerStack", "RunComplete", "order_layers", "releases_aggregate"]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from flwr.app import Message
 
-from fedge.protocol.dispatcher import Dispatcher, Missing, step_messages
-from fedge.protocol.step import Outgoing
+from fedge.coordinator.dispatcher import Dispatcher, Missing, step_messages
+from fedge.coordinator.step import Outgoing
 
 __all__ = ["AsyncLoop"]
 

@@ -22,8 +22,8 @@ from fedge.aggregation.exact_sum import ExactScalar
 from fedge.aggregation.fednova import FedNovaError, step_norm
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Rejected
-from fedge.protocol.layer import BOUNDED, Layer
-from fedge.protocol.step import Step, Update
+from fedge.coordinator.layer import BOUNDED, Layer
+from fedge.coordinator.step import Step, Update
 
 __all__ = ["STEPS_METRIC", "NormalizedAveraging"]
 

@@ -2,7 +2,7 @@
 it takes, the updates it decodes, and the step's own state and outcome.
 
 Fedge's engine (``fedge.server.engine``) drives an algorithm's steps with these types, and its
-layers (``fedge.protocol.layer``) act on them; ``fedge.flower.layered`` builds the same values
+layers (``fedge.coordinator.layer``) act on them; ``fedge.flower.layered`` builds the same values
 around a user's Flower strategy, so that one layer class works in both coordinators. They live
 here, not in the engine, for that reason.
 """
@@ -17,7 +17,7 @@ import torch
 from flwr.app import Message, RecordDict
 
 from fedge.aggregation.partial import Accumulator, Partial
-from fedge.protocol.dispatcher import Missing
+from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.failures import Failure
 
 __all__ = ["Exchange", "Outgoing", "Reply", "Step", "StepOutcome", "Update"]

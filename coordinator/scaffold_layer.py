@@ -32,7 +32,7 @@ from fedge.compression import PayloadError, make_codec
 from fedge.compression.error_feedback import ErrorFeedback
 from fedge.protocol.config_keys import SCAFFOLD_CONTROL_CODEC
 from fedge.protocol.failures import Rejected
-from fedge.protocol.layer import BOUNDED, Layer
+from fedge.coordinator.layer import BOUNDED, Layer
 from fedge.protocol.records import (
     CONFIG_RECORD,
     CONTROL_RECORD,
@@ -41,8 +41,8 @@ from fedge.protocol.records import (
     payload_array,
     read_payload,
 )
-from fedge.protocol.step import Outgoing, Step, StepOutcome, Update
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Outgoing, Step, StepOutcome, Update
+from fedge.coordinator.tally import Tally
 
 __all__ = ["ControlVariates", "control_codec_spec"]
 

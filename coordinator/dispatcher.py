@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from flwr.app import Message
 
 if TYPE_CHECKING:
-    from fedge.protocol.step import Exchange, Outgoing
+    from fedge.coordinator.step import Exchange, Outgoing
 
 __all__ = ["Dispatcher", "Missing", "grid_exchange", "step_messages"]
 

@@ -55,13 +55,13 @@ from fedge.protocol.config_keys import (
 )
 from fedge.protocol.downlink import DownlinkHeader, downlink_record
 from fedge.protocol.failures import FailureKind
-from fedge.protocol.layer import MEMBERS, MODEL, Failure, Layer
+from fedge.coordinator.layer import MEMBERS, MODEL, Failure, Layer
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, RAW_RECORD, array_bytes
 from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.start_model import parse_start
-from fedge.protocol.step import Outgoing, Reply, Step, StepOutcome
-from fedge.protocol.tally import Tally
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
+from fedge.coordinator.tally import Tally
 
 __all__ = ["DownlinkLayer", "uplink_codec", "uplink_refusal"]
 

@@ -1,7 +1,7 @@
 """One round with secure aggregation on a coordinator: the four exchanges around the train message.
 
 The coordinator (Fedge's engine, or ``fedge.flower.secure`` in a user's ServerApp) runs each stage
-through the :data:`~fedge.protocol.step.Exchange` it gives every step, each with its own timeout,
+through the :data:`~fedge.coordinator.step.Exchange` it gives every step, each with its own timeout,
 and carries on with whoever answered: a device that misses the advertisement or the share stage is
 simply not in the sum; one that dealt shares and then vanished (the hard case) has its
 pairwise masks removed from the survivors' uploads with the key shares its neighbours reveal. What
@@ -36,11 +36,11 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
-from fedge.protocol.dispatcher import Missing
+from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
-from fedge.protocol.step import Exchange, Outgoing
+from fedge.coordinator.step import Exchange, Outgoing
 from fedge.protocol.secagg import (
     MASKED_STAGE,
     SECAGG_RECORD,

@@ -1,0 +1,11 @@
+"""The coordinator's core and its layers, shared by Fedge's engine and ``fedge.flower``.
+
+The core: a step (``step``), its reply tally (``tally``), the door every reply goes through
+(``door``), the message dispatcher and the asynchronous schedule (``dispatcher``, ``async_loop``),
+the layer interface and how layers compose (``layer``), and a Flower app's reply reading
+(``app_reply``). The layers a round can carry, each usable by both coordinators: the downlink
+(``downlink_layer``), secure aggregation (``secure_layer`` with ``secure_round`` and
+``secure_session``), distributed DP (``distributed_dp_layer``), EASGD's center step
+(``elastic_layer``), FedNova's normalisation (``fednova_layer``) and SCAFFOLD's control variates
+(``scaffold_layer``). The wire these speak (records, config keys, refusals) is ``fedge.protocol``.
+"""
