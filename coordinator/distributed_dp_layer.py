@@ -18,7 +18,7 @@ noiseless sum. This layer is the coordinator's part, through the one mechanism
   amplifies nothing against it (``dp_epsilon_coordinator``); a step that would take epsilon past
   the budget is not run.
 
-Fedge's engine builds it from its settings (``server/engine/layers/differential_privacy.py``, which
+Fedge's engine builds it from its settings (``coordinator/central_dp_layer.py``, which
 also holds central DP); ``fedge.flower.secure(..., differential_privacy=...)`` hands it to the same
 wrapper as the secure-aggregation layer. Its row fields are the same in both (in a Flower app,
 the round's train metrics). Adaptive clipping is refused (it needs each device's fitted bit in clear).

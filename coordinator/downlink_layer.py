@@ -15,7 +15,7 @@ device did apply its message. A message never answered forgets the copy too.
 
 The two coordinators differ only in what the lattice's base is, which their adapters choose:
 
-- Fedge's engine (``fedge.server.engine.layers.downlink``, :meth:`DownlinkLayer.begin`): the task's
+- Fedge's engine (built by ``fedge.server.engine.layers``, :meth:`DownlinkLayer.begin`): the task's
   seeded initial model, which every device builds, or a model file's weights, shipped once;
 - a Flower app (:meth:`DownlinkLayer.for_app`): a zero base every node builds (version 0 is the
   start model on the lattice around it) or, with ``start=``, the start model each node builds from

@@ -10,7 +10,7 @@ unmasks the survivors' sum and releases it as the step's
 :class:`~fedge.aggregation.partial.Partial`, in place of the clear one, which holds nothing. A
 device the protocol drops at any stage goes to ``step.drop``.
 
-Fedge's engine runs it as ``server/engine/layers/secure_aggregation.py`` (which adds what its
+Fedge's engine builds it in ``server/engine/layers/__init__.py`` (which adds what its
 settings refuse); a user's ServerApp runs the same class through ``fedge.flower.secure``, which is
 ``fedge.flower.layered`` with this layer. What differs between them is only how a stage reaches the
 devices (the :data:`~fedge.coordinator.step.Exchange` each coordinator gives the step).

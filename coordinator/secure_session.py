@@ -1,6 +1,6 @@
 """A run's secure aggregation on a coordinator, written once for both of Fedge's adapters.
 
-Fedge's engine (``server/engine/layers/secure_aggregation.py``) and a user's ServerApp
+Fedge's engine (``server/engine/layers/__init__.py``) and a user's ServerApp
 (``fedge.flower.secure``) run the same flow around each round's train messages: open the round
 among the sampled nodes (stages 1 and 2; only the nodes that dealt their shares train), staple each
 train message with its plan and shares, take each masked upload after checking it against the

@@ -100,7 +100,7 @@ def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrat
     if not isinstance(strategy, SecureStrategy):
         raise ValueError(f"distributed DP adds its noise inside secure aggregation's ring: wrap secure(...) first, "
                          f"distributed_dp(secure({type(strategy).__name__}(...)), ...); for central DP, layered(strategy, "
-                         "DifferentialPrivacyLayer.central(...)) (fedge.server.engine.layers.differential_privacy)")
+                         "DifferentialPrivacyLayer.central(...)) (fedge.coordinator.central_dp_layer)")
     if strategy.dp is not None:
         raise ValueError("this secure(...) already carries distributed DP")
     return SecureStrategy(strategy.wrapped, strategy.spec.spec, strategy.seed, differential_privacy)

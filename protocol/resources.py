@@ -66,7 +66,7 @@ def read_report(content: RecordDict) -> ResourceReport | None:
     """The reply's report, or None when it carries none or one that is malformed (missing field,
     non-finite, negative or absurd value). A report is shown in the rows. ``selection=oort`` also
     reads its wall time, but only within bounds set by the coordinator's own clock
-    (``fedge.server.engine.layers.selection``)."""
+    (``fedge.coordinator.selection_layer``)."""
     record = content.metric_records.get(RESOURCES_RECORD)
     if record is None:
         return None

@@ -25,9 +25,8 @@ from pathlib import Path
 import torch
 
 from fedge.deploy.atomic import atomic_write_bytes
-from fedge.protocol import CONFIG_RECORD
-from fedge.protocol.config_keys import ROOT_LEAF, ROOT_ROUND
-from fedge.coordinator.layer import Layer, LayerStack
+from fedge.coordinator.layer import LayerStack
+from fedge.coordinator.root_round_layer import RootRoundStamp
 from fedge.protocol.leaf import (
     HEARTBEAT,
     HEARTBEAT_EVERY,
@@ -38,7 +37,6 @@ from fedge.protocol.leaf import (
     encode_result,
     result_name,
 )
-from fedge.coordinator.step import Outgoing, Step
 from fedge.server.engine.loop import Engine
 from fedge.deploy.owned_directory import owned_directory
 
@@ -91,24 +89,6 @@ def heartbeat(path: Path, every: float) -> Iterator[None]:
 
 class LeafError(ValueError):
     """A leaf that cannot serve a root: an algorithm whose model the root cannot set."""
-
-
-class RootRoundStamp(Layer):
-    """The leaf's layer that names, on every train message of a step, the root round the step
-    serves and this leaf (``fedge.edge_client.counted_once``: a device that moved between leaves
-    during a root round takes part in it once)."""
-
-    key = "root-round"
-
-    def __init__(self) -> None:
-        self.current: tuple[str, int] | None = None  # ("<root run>/<round>", leaf) of the step running
-
-    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
-        if self.current is None:
-            return
-        for o in outgoing:
-            config = o.content.config_records[CONFIG_RECORD]
-            config[ROOT_ROUND], config[ROOT_LEAF] = self.current
 
 
 class LeafCoordinator:

@@ -23,7 +23,7 @@ Each is FedAvg's algorithm and device handler with the layer a Flower app wraps 
   Rows report ``center_distance`` (mean ‖x_i − x̃‖) and the devices' own models' primary metric on
   their held-out part (``client_model_accuracy``).
 
-What each refuses is checked when its layer is built (the CLI's preflight builds them).
+What each cannot meet is refused with the run's other layers (``fedge.server.engine.layers.COMBINATIONS``).
 """
 
 from __future__ import annotations
@@ -36,20 +36,9 @@ from fedge.coordinator.layer import Layer
 from fedge.coordinator.scaffold_layer import ControlVariates
 from fedge.server.algorithms.fedavg import FedAvg
 from fedge.server.engine.algorithm import RunContext
-from fedge.server.settings import RunSettings, SettingsError
+from fedge.server.settings import SettingsError
 
 __all__ = ["EASGD", "FedNova", "Scaffold"]
-
-
-def refuse_private_aggregation(settings: RunSettings, why: str) -> None:
-    """The layers that need each device's update on its own (FedNova's normalisation, SCAFFOLD's
-    control variates) cannot meet secure aggregation or DP, which hand the coordinator only a sum
-    or a noised one: :class:`SettingsError` (``why``, then the settings) when the run sets either."""
-    refused = [f"{key}={value!r}" for key, value, default in (
-        ("secure-aggregation", settings.secure_aggregation, "none"),
-        ("differential-privacy", settings.differential_privacy, "none")) if value != default]
-    if refused:
-        raise SettingsError(f"{why}: {', '.join(refused)} is not possible with it")
 
 
 class FedNova(FedAvg):
@@ -64,10 +53,7 @@ class FedNova(FedAvg):
         return "fednova"
 
     def layers(self) -> list[Layer]:
-        s = self.ctx.settings
-        refuse_private_aggregation(s, "fednova normalises each update by its own local steps, so it needs every "
-                                      "update on its own and their weighted mean")
-        return [NormalizedAveraging(momentum=s.momentum)]
+        return [NormalizedAveraging(momentum=self.ctx.settings.momentum)]
 
 
 class Scaffold(FedAvg):
@@ -89,7 +75,6 @@ class Scaffold(FedAvg):
 
     def layers(self) -> list[Layer]:
         s = self.ctx.settings
-        refuse_private_aggregation(s, "scaffold needs each device's update and control change on their own")
         return [ControlVariates(bits=0 if s.codec == "none" else self.control_bits, lr=s.lr)]
 
 

@@ -61,7 +61,7 @@ from fedge.coordinator.dispatcher import Missing, grid_exchange
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.coordinator.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers
-from fedge.server.engine.layers.downlink import DownlinkLayer
+from fedge.coordinator.downlink_layer import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.roster import Roster
 from fedge.server.run.device_ledger import DeviceLedger

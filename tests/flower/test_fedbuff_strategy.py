@@ -321,8 +321,8 @@ def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
     a whole round's sum is refused when the strategy is built."""
     from fedge.aggregation.partial import Partial
     from fedge.coordinator.layer import Layer
-    from fedge.server.engine.layers.update_guard import UpdateGuardLayer
-    from fedge.server.engine.update_guard import UpdateGuard
+    from fedge.coordinator.update_guard_layer import UpdateGuardLayer
+    from fedge.coordinator.update_guard import UpdateGuard
     from tests.server.test_layers import CountingLayer
 
     class _Sum(Layer):

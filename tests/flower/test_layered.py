@@ -172,7 +172,7 @@ def test_the_engines_model_average_runs_in_a_flower_app_and_leaves_training_alon
     average as the engine folds each published model (the same bytes as the engine's average of the
     same models), while the strategy keeps training from its own latest model, not the average."""
     from fedge.aggregation.model_average import ModelAverage
-    from fedge.server.engine.layers.model_average import ModelAverageLayer
+    from fedge.coordinator.model_average_layer import ModelAverageLayer
 
     layer = ModelAverageLayer(ModelAverage(0.5))
     rounds = _rounds(layered(FedAvg(), layer), _model(), rounds=3)
@@ -200,8 +200,8 @@ def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuse
     norm bound and caps each claimed example count before the strategy aggregates (FedAvg of the
     guarded updates, computed here from the same replies), says so in the round's metrics, and in
     reject mode leaves an update over the bound out, with its reason."""
-    from fedge.server.engine.layers.update_guard import UpdateGuardLayer
-    from fedge.server.engine.update_guard import UpdateGuard
+    from fedge.coordinator.update_guard_layer import UpdateGuardLayer
+    from fedge.coordinator.update_guard import UpdateGuard
 
     model, limit, cap = _model(), 3.0, 25
     start = _flat(model)
@@ -239,7 +239,7 @@ def test_oort_runs_in_a_flower_app_timing_each_reply_by_the_messages_own_timesta
 
     from flwr.app import Context, RecordDict
 
-    from fedge.server.engine.layers.selection import Oort, SelectionLayer
+    from fedge.coordinator.selection_layer import Oort, SelectionLayer
 
     nodes, slow = list(range(21, 29)), {25, 26, 27, 28}
 
@@ -289,7 +289,7 @@ def test_the_engines_central_dp_runs_in_a_flower_app_and_releases_the_clipped_su
     a round would spend more than the budget; a strategy that ranks its updates is refused."""
     from flwr.serverapp.strategy import FedMedian
 
-    from fedge.server.engine.layers import differential_privacy as dp_layer
+    from fedge.coordinator import central_dp_layer as dp_layer
 
     seed = bytes(range(16))
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: seed[:n])

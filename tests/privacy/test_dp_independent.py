@@ -88,7 +88,7 @@ def test_the_closed_form_reproduces_the_papers_limits() -> None:
 
 
 def _central(spec: str = "gaussian:noise=1.3,clip=0.7,delta=1e-5"):  # type: ignore[no-untyped-def]
-    from fedge.server.engine.layers.differential_privacy import CentralDP
+    from fedge.coordinator.central_dp_layer import CentralDP
 
     return CentralDP(parse_differential_privacy(spec))
 

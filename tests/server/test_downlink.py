@@ -18,7 +18,7 @@ from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
 from fedge.server.engine.layers import Failure
 from fedge.coordinator.step import Reply
-from fedge.server.engine.layers.downlink import DownlinkLayer
+from fedge.coordinator.downlink_layer import DownlinkLayer
 from fedge.tasks import flatten_state, tensor_sizes
 from tests.server.in_process_grid import InProcessGrid
 from tests.server.test_engine import TASK, _engine, _start

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from fedge.aggregation.fednova import FedNovaError, step_norm
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
+from fedge.server.engine.layers import build_layers
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -100,7 +101,7 @@ def test_a_reply_without_its_steps_is_rejected_and_sum_only_layers_are_refused(t
     for setting in ({"aggregator": "median"}, {"secure_aggregation": "secagg"},
                     {"differential_privacy": "gaussian:noise=1.0"}):
         with pytest.raises(SettingsError, match="fednova"):
-            _algorithm(tmp_path / "x", **setting).layers()[0]
+            build_layers(_algorithm(tmp_path / "x", **setting))
     with pytest.raises(SettingsError, match="prox-mu"):
         _algorithm(tmp_path / "y", prox_mu=0.1)
 

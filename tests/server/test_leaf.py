@@ -477,7 +477,7 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
     their devices and keeps the ledger. With every device sampled (q = 1) and the noise drawn from
     the same seed, the tree releases the flat DP run's models and epsilons, round by round; the
     leaves add no noise and keep no ledger."""
-    import fedge.server.engine.layers.differential_privacy as dp_layer
+    import fedge.coordinator.central_dp_layer as dp_layer
 
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
     flat_rows, flat, rows, root, leaves = _dp_runs(tmp_path, DP)
@@ -513,7 +513,7 @@ def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, 
     sum, not a failure, so the root still counts its devices in q times the federation. With leaf
     b's draw empty in round 2, the tree releases the model of the flat DP run whose round-2 draw
     left out the same three devices (same noise seed). Before, the bridge failed that round."""
-    import fedge.server.engine.layers.differential_privacy as dp_layer
+    import fedge.coordinator.central_dp_layer as dp_layer
 
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
     start = initial_params(make_task("digits"), 0)

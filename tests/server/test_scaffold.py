@@ -21,6 +21,7 @@ from fedge.coordinator.tally import Tally
 from fedge.server.algorithms.registry import make_algorithm
 from fedge.server.engine.algorithm import Rejected, Update
 from fedge.coordinator.scaffold_layer import ControlVariates
+from fedge.server.engine.layers import build_layers
 from fedge.server.engine.loop import make_context
 from fedge.server.run.initial_model import initial_params
 from fedge.server.settings import RunSettings, SettingsError
@@ -199,7 +200,7 @@ def test_settings_that_cannot_work_with_it_are_refused(tmp_path) -> None:
     for setting, match in (({"secure_aggregation": "secagg"}, "scaffold"),
                            ({"differential_privacy": "gaussian:noise=1.0"}, "scaffold")):
         with pytest.raises(SettingsError, match=match):
-            _algorithm(tmp_path / "x", **setting).layers()[0]
+            build_layers(_algorithm(tmp_path / "x", **setting))
     for setting, match in (({"aggregator": "median"}, "aggregator"), ({"prox_mu": 0.1}, "prox-mu")):
         with pytest.raises(SettingsError, match=match):
             _algorithm(tmp_path / "x", **setting)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from fedge.aggregation.update_bounds import UpdateRejected, make_norm_bound, make_weight_cap
-from fedge.server.engine.algorithm import Rejected
+from fedge.protocol.failures import Rejected
 
 __all__ = ["UpdateGuard"]
 

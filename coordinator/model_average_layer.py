@@ -1,7 +1,7 @@
 """``model-average`` as a layer: the model a run measures and delivers is a moving average of the
 models its steps publish (``fedge.aggregation.model_average``), while the algorithm keeps training
 from its latest. Which algorithms may set it (those with a global model) the registry checks
-through ``settings_used``; a malformed spec is refused here.
+through ``settings_used``.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from typing import Any
 
 import torch
 
-from fedge.aggregation.model_average import ModelAverage, parse_model_average
-from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome
+from fedge.aggregation.model_average import ModelAverage
 from fedge.coordinator.layer import Layer
+from fedge.coordinator.step import Step, StepOutcome
 from fedge.coordinator.tally import Tally
-from fedge.server.settings import SettingsError
 
 __all__ = ["ModelAverageLayer"]
 
@@ -24,14 +23,6 @@ class ModelAverageLayer(Layer):
 
     def __init__(self, average: ModelAverage) -> None:
         self.average = average
-
-    @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: object = None) -> ModelAverageLayer | None:
-        try:
-            average = parse_model_average(algorithm.ctx.settings.model_average)
-        except ValueError as err:
-            raise SettingsError(str(err)) from None
-        return None if average is None else cls(average)
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         """What is measured is the average of the published models (the algorithm's own model is

@@ -1,5 +1,5 @@
 """The update guard as a layer: every decoded update within the run's norm bound, every claimed
-example count under the run's cap (``update-norm``, ``weight-cap``; ``fedge.server.engine.update_guard``).
+example count under the run's cap (``update-norm``, ``weight-cap``; ``fedge.coordinator.update_guard``).
 
 The "bound" stage of the door: it sees each decoded update first, before any other layer or the
 algorithm. It reports its interventions in the step's row and keeps the previous step's norms and
@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedge.server.engine.algorithm import Algorithm, Step, StepOutcome, Update
 from fedge.coordinator.layer import BOUNDED, Layer
+from fedge.coordinator.step import Step, StepOutcome, Update
 from fedge.coordinator.tally import Tally
-from fedge.server.engine.update_guard import UpdateGuard
-from fedge.server.settings import SettingsError
+from fedge.coordinator.update_guard import UpdateGuard
 
 __all__ = ["UpdateGuardLayer"]
 
@@ -27,18 +26,6 @@ class UpdateGuardLayer(Layer):
     def __init__(self, guard: UpdateGuard, weighted: bool) -> None:
         self.guard = guard
         self.weighted = weighted
-
-    @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: object = None) -> UpdateGuardLayer:
-        """Every run has one; a bound that would change what an algorithm relays as sent is refused."""
-        settings = algorithm.ctx.settings
-        guard = UpdateGuard(settings.update_norm, settings.weight_cap,
-                            private=settings.differential_privacy.strip().lower() != "none")
-        if algorithm.relays_updates and guard.norm.mode == "clip":
-            raise SettingsError(f"update-norm clip cannot apply to {algorithm.name}: the coordinator relays each "
-                                "encoded message as sent, so a clipped copy would desynchronise the public copies; "
-                                "use reject:max=M")
-        return cls(guard, algorithm.weighted)
 
     def update(self, step: Step, update: Update) -> Update:
         vector = self.guard.bound(step.number, update.node, update.vector)

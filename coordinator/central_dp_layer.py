@@ -56,11 +56,10 @@ from fedge.privacy.sampling import RunRate, poisson_sample
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
 from fedge.protocol.leaf import LEAF_CONNECTED
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Rejected, Step, StepOutcome, Update
+from fedge.coordinator.step import Outgoing, Step, StepOutcome, Update
+from fedge.protocol.failures import Rejected
 from fedge.coordinator.layer import BOUNDED, NOISE, SAMPLE, SUM, Layer, RunComplete
-from fedge.coordinator.distributed_dp_layer import DistributedDP
 from fedge.coordinator.tally import Tally
-from fedge.server.settings import SettingsError
 
 __all__ = ["CentralDP", "DifferentialPrivacyLayer"]
 
@@ -70,38 +69,6 @@ log = logging.getLogger(__name__)
 #: test can stand a deterministic source in for them; nothing in the product replaces them)
 _os_entropy = os.urandom
 _system_random = secrets.SystemRandom
-
-
-def refuse_reason(algorithm: Algorithm) -> str | None:
-    """Why client-level DP cannot account for this run (None: it can)."""
-    settings = algorithm.ctx.settings
-    if algorithm.aggregate != "mean" or algorithm.asynchronous:
-        return (f"it is implemented for synchronous algorithms that apply the mean of their devices' updates "
-                f"(a sum of clipped updates per round, as fedavg), not {algorithm.name}")
-    if not algorithm.device_layers:
-        return (f"the devices of {algorithm.name} run the plugin's own handler, which does not send its update "
-                "through Fedge's upload layers, so nothing clips it on the device")
-    if settings.secure_aggregation != "none" and parse_differential_privacy(settings.differential_privacy).adaptive:
-        return ("adaptive clipping needs each device's fitted bit in clear, which secure aggregation hides; "
-                "use a fixed clip with secure-aggregation (distributed DP)")
-    if settings.aggregator != "mean":
-        return f"aggregator {settings.aggregator!r} has no bounded sensitivity; use 'mean'"
-    return None
-
-
-def _tier_refusal(settings: Any, spec: DPSpec) -> str | None:
-    """Why the spec's tier does not fit this coordinator (None: it does)."""
-    tier = spec.tier
-    if settings.leaf_spool and tier != "leaf":
-        return "a leaf coordinator passes its clipped sum to its root, which adds the noise: set tier=leaf,rate=Q"
-    if tier == "leaf" and not settings.leaf_spool:
-        return "tier=leaf is a leaf coordinator's part (leaf-spool); a single-tier run sets no tier"
-    if tier and settings.secure_aggregation != "none":
-        return "distributed DP (secure aggregation with DP) over leaves is not built; use central DP at the root"
-    if tier == "root" and settings.codec != "none":
-        return (f"the root adds its noise to the exact sum of the leaves' clipped updates, so the bridges send "
-                f"them uncompressed: codec 'none' at the root, not {settings.codec!r}")
-    return None
 
 
 class DifferentialPrivacyLayer(Layer):
@@ -117,42 +84,13 @@ class DifferentialPrivacyLayer(Layer):
         self.run_rate = RunRate(clients_per_round, dp.spec.population)
 
     @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: object = None) -> DifferentialPrivacyLayer | DistributedDP | None:
-        """The run's DP mechanism, or None; a combination it cannot account for is refused here.
-        With secure aggregation, distributed DP: the layer both coordinators run
-        (``fedge.coordinator.distributed_dp_layer``), sampling at clients-per-round over the connected
-        devices."""
-        settings = algorithm.ctx.settings
-        try:
-            spec = parse_differential_privacy(settings.differential_privacy)
-        except ValueError as err:
-            raise SettingsError(f"differential-privacy: {err}") from None
-        if spec is None:
-            return None
-        reason = refuse_reason(algorithm)
-        if reason is not None:
-            raise SettingsError(f"differential-privacy cannot run with algorithm {algorithm.spec!r}: {reason}")
-        reason = _tier_refusal(settings, spec)
-        if reason is not None:
-            raise SettingsError(f"differential-privacy {spec.spec!r}: {reason}")
-        if settings.dp_seeded_noise and settings.secure_aggregation != "none":
-            raise SettingsError("dp-seeded-noise seeds central DP only: under secure aggregation each device draws "
-                                "its share of the noise itself, from its OS, and no coordinator setting may change that")
-        if settings.secure_aggregation != "none":
-            rng = np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
-            cpr = settings.clients_per_round
-            return DistributedDP(spec, RunRate(cpr, spec.population), algorithm.ctx.numel,
-                                 rng=rng, sampler=_system_random())
-        return cls.central(spec, settings.clients_per_round, seeded=settings.seed if settings.dp_seeded_noise else None)
-
-    @classmethod
     def central(cls, spec: DPSpec | str, clients_per_round: int,
                 seeded: int | None = None) -> DifferentialPrivacyLayer:
         """Central DP from its spec (``"gaussian:noise=z,clip=C,delta=...,budget=..."``, adaptive
         clipping too), sampling each connected device with probability clients-per-round over their
         number. The engine builds it from its settings; a Flower app hands it to
         ``fedge.flower.layered(strategy, DifferentialPrivacyLayer.central(...))``. A noise that
-        adaptive clipping's count cannot share raises ``SettingsError`` (a ``ValueError``). ``seeded``
+        adaptive clipping's count cannot share raises ``ValueError``. ``seeded``
         (benchmarks only, ``dp-seeded-noise``): draw the noise and the sample from this seed, which
         makes the run reproducible and not private; its rows say so."""
         if isinstance(spec, str):
@@ -296,7 +234,7 @@ class CentralDP:
             self.count_devices = float(expected)
         sigma_b = self._count_noise_std()
         if z >= 2 * sigma_b:
-            raise SettingsError(f"adaptive clipping: noise {z:g} must stay below 2 sigma_b = {2 * sigma_b:g} "
+            raise ValueError(f"adaptive clipping: noise {z:g} must stay below 2 sigma_b = {2 * sigma_b:g} "
                                 f"(m/10 for {self.count_devices:g} expected devices); sample more devices or use "
                                 "less noise")
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5

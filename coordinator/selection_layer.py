@@ -66,10 +66,9 @@ from fedge.compression.spec import build_from_spec
 from fedge.protocol import METRICS_RECORD
 from fedge.protocol.refusals import DECLINED
 from fedge.protocol.resources import read_report
-from fedge.server.engine.algorithm import Algorithm, Outgoing, Reply, Step, StepOutcome
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
 from fedge.coordinator.layer import MEMBERS, SAMPLE, Failure, Layer
 from fedge.coordinator.tally import Tally
-from fedge.server.settings import SettingsError
 
 __all__ = ["Oort", "SelectionLayer", "jain_index"]
 
@@ -107,13 +106,13 @@ class Oort:
         try:  # the project's one spec reader: parameters typed by the dataclass's defaults
             rule = build_from_spec(spec, {"uniform": lambda: None, "oort": cls}, family="selection")
         except SpecError as err:
-            raise SettingsError(f"selection must be 'uniform' or 'oort[:alpha=A,explore=E,min-share=M,max-share=X]': "
+            raise ValueError(f"selection must be 'uniform' or 'oort[:alpha=A,explore=E,min-share=M,max-share=X]': "
                                 f"{err}") from None
         if rule is None:
             return None
         if not (rule.alpha >= 0 and 0 <= rule.explore <= 1 and 0 <= rule.min_share <= 1 <= rule.max_share
                 and 0 < rule.smoothing <= 1):
-            raise SettingsError("selection: oort needs alpha >= 0, 0 <= explore <= 1, 0 <= min-share <= 1 <= "
+            raise ValueError("selection: oort needs alpha >= 0, 0 <= explore <= 1, 0 <= min-share <= 1 <= "
                                 "max-share, 0 < smoothing <= 1")
         return rule
 
@@ -131,23 +130,6 @@ class SelectionLayer(Layer):
         self.fair = 0.0  # the sum over selections of k / connected: each device's fair count so far
         self.sent: dict[int, float] = {}  # node -> when its message left
         self.outside: deque[float] = deque(maxlen=_OUTSIDE_WINDOW)  # round trip - reported wall, recent replies
-
-    @classmethod
-    def build(cls, algorithm: Algorithm, run_dir: object = None) -> SelectionLayer | None:
-        settings = algorithm.ctx.settings
-        rule = Oort.parse(settings.selection)
-        private = settings.differential_privacy.strip().lower() not in ("", "none")
-        if rule is None:  # uniform: the engine's sample; the layer only counts it for the fairness figure
-            if private or algorithm.fixed_membership:
-                return None
-            return cls(None, settings.seed, settings.clients_per_round)
-        if private:
-            raise SettingsError("selection=oort with differential privacy: the accountant assumes Poisson "
-                                "sampling at a fixed rate, which choosing by speed and loss breaks; use "
-                                "selection=uniform")
-        if algorithm.fixed_membership:
-            raise SettingsError(f"selection=oort with {algorithm.name}: it runs over a fixed set of nodes")
-        return cls(rule, settings.seed, settings.clients_per_round)
 
     # -- choosing -----------------------------------------------------------------------------
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
