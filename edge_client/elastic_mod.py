@@ -45,11 +45,11 @@ class ElasticNode:
         own = self.store.get_tensor("local")
         return center.clone() if own is None or own.numel() != center.numel() else own
 
-    def step(self, trained: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """(δ_i = α(x_i − x̃) to send, ‖x_i − x̃‖) for x_i trained to ``trained``; keeps x_i − δ_i."""
+    def step(self, trained: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(δ_i = α(x_i − x̃) to send, the model kept x_i − δ_i, ‖x_i − x̃‖) for x_i trained to ``trained``."""
         delta, kept, distance = elastic_difference(trained, center, self.alpha)
         self.store.put_tensor("local", kept)
-        return delta, distance
+        return delta, kept, distance
 
 
 def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -72,7 +72,7 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
     content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
     if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
         return update
-    delta, distance = node.step(torch.from_numpy(layout.flatten(update.trained)), center)
+    delta, _, distance = node.step(torch.from_numpy(layout.flatten(update.trained)), center)
     reply = update.reply
     out = RecordDict(dict(reply.content.items()))
     out[MODEL_RECORD] = layout.rebuild((center + delta).numpy(), update.trained)

@@ -58,14 +58,14 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
             return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
                           memory=local.store(context, namespace), generator=generator, started=started,
                           metrics=metrics, model=model)
-        delta, metrics["center-distance"] = elastic.step(local.flat_of(model), center)
+        delta, kept, metrics["center-distance"] = elastic.step(local.flat_of(model), center)
         if SECAGG_RECORD not in msg.content.config_records:  # masked rounds report nothing in clear
             # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
             # part when the run keeps one, else on the task's central split when the device has it.
             held_out = held_out if held_out is not None else task.test_data()
             if held_out is not None:
-                kept = local.load_flat(task, elastic.store.get_tensor("local"), model)
-                metrics["local-score"] = float(evaluate_model(kept, held_out, task)[task.primary_metric])
+                own = local.load_flat(task, kept, model)
+                metrics["local-score"] = float(evaluate_model(own, held_out, task)[task.primary_metric])
         return upload(msg, context, config, task, delta, examples=result.examples, memory=elastic.store,
                       generator=generator, started=started, weighted=False, metrics=metrics, model=model)
 

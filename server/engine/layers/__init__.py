@@ -13,7 +13,8 @@ of one's own is one class with a ``build(algorithm, run_dir)`` classmethod and o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +32,6 @@ from fedge.coordinator.secure_session import SecureSession
 from fedge.coordinator.selection_layer import Oort, SelectionLayer
 from fedge.coordinator.update_guard import UpdateGuard
 from fedge.coordinator.update_guard_layer import UpdateGuardLayer
-from fedge.privacy.credentials import CredentialError
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.sampling import RunRate
 from fedge.privacy.spec import parse_secure_aggregation
@@ -158,6 +158,17 @@ def refuse(feature: str, algorithm: Algorithm) -> None:
             raise SettingsError(why(algorithm))
 
 
+@contextmanager
+def _refused(prefix: str = "") -> Iterator[None]:
+    """A ValueError from parsing or building a layer becomes the run's SettingsError (``prefix``: the setting)."""
+    try:
+        yield
+    except SettingsError:
+        raise
+    except ValueError as err:
+        raise SettingsError(f"{prefix}{err}") from None
+
+
 def _builds(key: str) -> Callable[[Builder], Builder]:
     def mark(build: Builder) -> Builder:
         build.key = key  # type: ignore[attr-defined]
@@ -168,10 +179,8 @@ def _builds(key: str) -> Callable[[Builder], Builder]:
 @_builds("selection")
 def _selection(algorithm: Algorithm, run_dir: Any = None) -> Layer | None:
     s = algorithm.ctx.settings
-    try:
+    with _refused():
         rule = Oort.parse(s.selection)
-    except ValueError as err:
-        raise SettingsError(str(err)) from None
     if rule is None and (_private(s) or algorithm.fixed_membership):
         return None  # uniform: DP samples itself; a fixed membership samples nothing
     refuse("selection", algorithm)
@@ -194,11 +203,9 @@ def _downlink(algorithm: Algorithm, run_dir: Any = None) -> Layer:
     ctx, s = algorithm.ctx, algorithm.ctx.settings
     refuse("downlink", algorithm)
     template = ctx.template
-    try:
+    with _refused("downlink-codec: "):
         layer = DownlinkLayer(s.downlink_codec, track_supports=ctx.codec.shares_support,
                               full_record=lambda params: ArrayRecord(unflatten_state(params, template)))
-    except ValueError as err:
-        raise SettingsError(f"downlink-codec: {err}") from None
     reason = uplink_refusal(ctx.codec, layer)
     if reason is not None:
         raise SettingsError(f"codec {s.codec!r} {reason} (downlink-codec = \"lattice:...\")")
@@ -213,18 +220,14 @@ def _downlink(algorithm: Algorithm, run_dir: Any = None) -> Layer:
 @_builds("secure")
 def _secure_aggregation(algorithm: Algorithm, run_dir: Any = None) -> Layer | None:
     s = algorithm.ctx.settings
-    try:
+    with _refused("secure-aggregation: "):
         spec = parse_secure_aggregation(s.secure_aggregation)
-    except ValueError as err:
-        raise SettingsError(f"secure-aggregation: {err}") from None
     if spec is None:
         return None
     refuse("secure-aggregation", algorithm)
-    try:
+    with _refused("secure-aggregation: "):  # the layer refuses what it cannot carry (a credential, say)
         return SecureAggregation(SecureSession(spec, s.seed), algorithm.ctx.numel, weighted=algorithm.weighted,
                                  dp_spec=parse_differential_privacy(s.differential_privacy))
-    except (CredentialError, ValueError) as err:  # the layer refuses what it cannot carry
-        raise SettingsError(f"secure-aggregation: {err}") from None
 
 
 @_builds("dp")
@@ -232,10 +235,8 @@ def _differential_privacy(algorithm: Algorithm, run_dir: Any = None) -> Layer | 
     """Central DP, or with secure aggregation distributed DP (sampling at clients-per-round over the
     connected devices)."""
     s = algorithm.ctx.settings
-    try:
+    with _refused("differential-privacy: "):
         spec = parse_differential_privacy(s.differential_privacy)
-    except ValueError as err:
-        raise SettingsError(f"differential-privacy: {err}") from None
     if spec is None:
         return None
     refuse("differential-privacy", algorithm)
@@ -243,19 +244,15 @@ def _differential_privacy(algorithm: Algorithm, run_dir: Any = None) -> Layer | 
         rng = np.random.default_rng(int.from_bytes(central._os_entropy(16), "little"))
         return DistributedDP(spec, RunRate(s.clients_per_round, spec.population), algorithm.ctx.numel, rng=rng,
                              sampler=central._system_random())
-    try:
+    with _refused():
         return DifferentialPrivacyLayer.central(spec, s.clients_per_round,
                                                 seeded=s.seed if s.dp_seeded_noise else None)
-    except ValueError as err:
-        raise SettingsError(str(err)) from None
 
 
 @_builds("model-average")
 def _model_average(algorithm: Algorithm, run_dir: Any = None) -> Layer | None:
-    try:
+    with _refused():
         average = parse_model_average(algorithm.ctx.settings.model_average)
-    except ValueError as err:
-        raise SettingsError(str(err)) from None
     return None if average is None else ModelAverageLayer(average)
 
 
