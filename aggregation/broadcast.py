@@ -171,6 +171,11 @@ class VersionedBroadcast:
         self.needs_base: set[int] = set()
         self.has_base: set[int] = set()  # unseeded base: the nodes that replied since it was shipped to them
         self._snapshot: tuple[int, bytes] | None = None
+        #: after each version: the share of the model's distance from the base that the public copy
+        #: still lacks (|x - x_hat| / |x - base|; 0 at a copy that keeps up, near 1 at one that
+        #: cannot follow), and how many coordinates the ``bits`` limit clamped
+        self.lag = 0.0
+        self.clamped = 0
 
     @property
     def numel(self) -> int:
@@ -184,12 +189,16 @@ class VersionedBroadcast:
         k = max(1, math.ceil(self.spec.ratio_at(version) * self.numel))
         top = torch.topk(residual.abs(), min(k, self.numel), sorted=False).indices
         limit = 2 ** (self.spec.bits - 1) - 1
-        dn = torch.round(residual[top] / self.steps[top]).clamp_(-limit, limit).to(torch.int64)
+        dn = torch.round(residual[top] / self.steps[top])
+        self.clamped = int((dn.abs() > limit).sum())
+        dn = dn.clamp_(-limit, limit).to(torch.int64)
         keep = dn != 0
         order = torch.argsort(top[keep])
         idx, dn = top[keep][order], dn[keep][order]
         self.n[idx] += dn
         self.public[idx] = lattice_model(self.base[idx], self.steps[idx], self.n[idx])
+        moved = float((params.detach().to(torch.float32) - self.base).norm())
+        self.lag = float((params.detach().to(torch.float32) - self.public).norm()) / moved if moved > 0 else 0.0
         self.version = version
         self.digest = model_digest(self.public)
         self.changes[version] = (idx.numpy().astype(np.int64), dn.numpy().astype(np.int64))

@@ -154,3 +154,21 @@ def test_a_dense_warm_up_lets_the_first_versions_change_more_coordinates() -> No
     for bad in ("lattice:warmup=3", "lattice:dense=0.2", "lattice:warmup=-1,dense=0.2", "lattice:warmup=2,dense=1.5"):
         with pytest.raises(ValueError, match="warmup=N and dense=D"):
             parse_downlink(bad)
+
+
+def test_lag_measures_how_much_of_the_models_move_the_copy_lacks() -> None:
+    """A copy that can follow the model reports a small lag; a 1%, 4-bit copy of a model that moves
+    by several initial RMS (as a CNN does over 50 rounds of 10 epochs) stays near the start: its lag
+    stays near 1 and the bits limit clamps the coordinates it picks."""
+    moves = [torch.full((sum(SIZES),), 0.0)]
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(20):
+        moves.append(moves[-1] + 0.05 * torch.randn(sum(SIZES), generator=gen))
+    follows = VersionedBroadcast(DownlinkSpec(ratio=0.5, bits=16), _model(), SIZES)
+    stuck = VersionedBroadcast(DownlinkSpec(ratio=0.01, bits=4), _model(), SIZES)
+    for version, move in enumerate(moves[1:], start=1):
+        for server in (follows, stuck):
+            server.publish(server.base + move, version)
+    assert follows.lag < 0.3 and follows.clamped == 0
+    assert stuck.lag > 0.95 and stuck.clamped > 0
+    assert VersionedBroadcast(DownlinkSpec(), _model(), SIZES).lag == 0.0  # nothing published yet

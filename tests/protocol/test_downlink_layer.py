@@ -94,3 +94,28 @@ def test_a_flower_apps_downlink_builds_its_zero_base_from_the_first_model_and_sh
     config = o.content.config_records["config"]
     assert config[LAYOUT_KEY] == layout.digest and config[LAYOUT_SPEC_KEY] == layout.spec
     assert layer.bytes > 0
+
+
+def test_a_copy_that_cannot_follow_the_model_is_reported_once_with_the_knobs(caplog) -> None:
+    """A 4-bit lattice moves a coordinate at most 7 steps a version: a model that runs away from its
+    start leaves the devices' copy behind; the step's metrics show the lag and the run is warned once."""
+    import logging
+
+    from fedge.coordinator.downlink_layer import LAG_VERSIONS, _StepTally
+
+    layer = DownlinkLayer("lattice:ratio=0.05,bits=4")
+    base = torch.linspace(-1, 1, sum(SIZES))
+    layer.begin(base, SIZES, seeded=True)
+    caplog.set_level(logging.WARNING, logger="fedge.coordinator.downlink_layer")
+    for number in range(1, 3 * LAG_VERSIONS):
+        _send(layer, Step(number, [1]), base + 5.0 * number, [1])
+    metrics = layer.metrics(_StepTally())
+    assert metrics["downlink_lag"] > 0.9 and metrics["downlink_clamped"] > 0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "raise ratio or bits" in warnings[0]
+
+    healthy = _layer()
+    caplog.clear()
+    for number in range(1, 3 * LAG_VERSIONS):
+        _send(healthy, Step(number, [1]), base + 0.01 * number, [1])
+    assert healthy.metrics(_StepTally())["downlink_lag"] < 0.9 and not caplog.records
