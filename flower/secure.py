@@ -19,7 +19,7 @@ from fedge.compression.spec import required_spec
 from fedge.flower.layered import LayeredStrategy, mean_refusal
 from fedge.privacy.dp_spec import parse_differential_privacy
 from fedge.privacy.spec import parse_secure_aggregation
-from fedge.coordinator.distributed_dp_layer import DistributedDP
+from fedge.coordinator.dp_layer import DifferentialPrivacyLayer
 from fedge.coordinator.layer import Layer
 from fedge.coordinator.secure_layer import SecureAggregation
 from fedge.coordinator.secure_session import SecureSession
@@ -70,14 +70,14 @@ class SecureStrategy(LayeredStrategy):
         spec = required_spec(parse_secure_aggregation, secure_aggregation, "secure_aggregation")
         self.spec, self.seed = spec, int(seed)
         #: distributed DP: the devices add Skellam noise inside the ring
-        self.dp: DistributedDP | None = None
+        self.dp: DifferentialPrivacyLayer | None = None
         if differential_privacy and differential_privacy.strip().lower() != "none":
             dp_spec = required_spec(parse_differential_privacy, differential_privacy, "differential_privacy")
             rate = float(getattr(strategy, "fraction_train", 0.0))
             if not 0 < rate <= 1:
                 raise ValueError(f"Poisson sampling needs the strategy's fraction_train in (0, 1], got {rate}")
             try:
-                self.dp = DistributedDP(dp_spec, lambda connected: rate)
+                self.dp = DifferentialPrivacyLayer.distributed(dp_spec, lambda connected: rate)
             except ValueError as err:
                 raise ValueError(f"differential_privacy {differential_privacy!r}: {err}") from None
         #: the run id, the identity pins (trust on first use) and each round's flow, shared with Fedge's engine
@@ -100,7 +100,7 @@ def distributed_dp(strategy: Strategy, differential_privacy: str) -> SecureStrat
     if not isinstance(strategy, SecureStrategy):
         raise ValueError(f"distributed DP adds its noise inside secure aggregation's ring: wrap secure(...) first, "
                          f"distributed_dp(secure({type(strategy).__name__}(...)), ...); for central DP, layered(strategy, "
-                         "DifferentialPrivacyLayer.central(...)) (fedge.coordinator.central_dp_layer)")
+                         "DifferentialPrivacyLayer.central(...)) (fedge.coordinator.dp_layer)")
     if strategy.dp is not None:
         raise ValueError("this secure(...) already carries distributed DP")
     return SecureStrategy(strategy.wrapped, strategy.spec.spec, strategy.seed, differential_privacy)

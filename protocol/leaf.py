@@ -40,7 +40,7 @@ class LeafResult:
     #: the devices' mean training loss, when they reported one
     train_loss: float | None = None
     #: devices connected to the leaf when its (last) step opened: under DP the root divides by the
-    #: sampling rate times these (``fedge.coordinator.central_dp_layer``)
+    #: sampling rate times these (``fedge.coordinator.dp_mechanisms``)
     connected: int = 0
     #: central DP (tier=leaf): the leaf's Poisson draw picked no device this round. Its sum is empty
     #: but valid: the bridge sends it, so that the root still counts the leaf's connected devices

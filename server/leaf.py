@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fedge.deploy.atomic import atomic_write_bytes
+from fedge.coordinator.dp_mechanisms import LeafClip
 from fedge.coordinator.layer import LayerStack
 from fedge.coordinator.root_round_layer import RootRoundStamp
 from fedge.protocol.leaf import (
@@ -118,7 +119,7 @@ class LeafCoordinator:
         self.engine.algorithm.start(model)
         weight, count, losses, connected, empty = 0.0, 0, [], 0, False
         # central DP samples a leaf's devices by Poisson draws: an empty draw is an answer (an empty sum)
-        poisson = getattr(self.engine.layer("dp"), "tier", "") == "leaf"
+        poisson = isinstance(getattr(self.engine.layer("dp"), "mechanism", None), LeafClip)
         for _ in range(self.rounds):
             self.steps += 1
             closed = self.engine.run_step(self.grid, self.steps)

@@ -289,12 +289,13 @@ def test_the_engines_central_dp_runs_in_a_flower_app_and_releases_the_clipped_su
     a round would spend more than the budget; a strategy that ranks its updates is refused."""
     from flwr.serverapp.strategy import FedMedian
 
-    from fedge.coordinator import central_dp_layer as dp_layer
+    from fedge.coordinator import dp_mechanisms as dp_layer
+    from fedge.coordinator.dp_layer import DifferentialPrivacyLayer
 
     seed = bytes(range(16))
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: seed[:n])
     noise, clip, budget = 0.5, 1.0, 22.0  # three rounds: epsilon 10.0, 15.5, 20.1, then 24.4
-    layer = dp_layer.DifferentialPrivacyLayer.central(f"gaussian:noise={noise},clip={clip},delta=1e-5,budget={budget}",
+    layer = DifferentialPrivacyLayer.central(f"gaussian:noise={noise},clip={clip},delta=1e-5,budget={budget}",
                                                       clients_per_round=len(NODES))
     model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
     start = _flat(model)
@@ -316,10 +317,10 @@ def test_the_engines_central_dp_runs_in_a_flower_app_and_releases_the_clipped_su
         rounds += 1
         got, _ = wrapped.aggregate_train(rounds, _exchange(messages, apps, contexts))
         assert rounds < 4
-    assert len(layer.dp.ledger.rounds) == rounds and layer.dp.ledger.epsilon_pld() <= budget
-    assert layer.dp.ledger.would_exceed(budget, 1.0, noise)
+    assert len(layer.mechanism.ledger.rounds) == rounds and layer.mechanism.ledger.epsilon_pld() <= budget
+    assert layer.mechanism.ledger.would_exceed(budget, 1.0, noise)
     with pytest.raises(ValueError, match="FedMedian aggregates each update itself"):
-        layered(FedMedian(), dp_layer.DifferentialPrivacyLayer.central("gaussian:noise=1,clip=1", clients_per_round=2))
+        layered(FedMedian(), DifferentialPrivacyLayer.central("gaussian:noise=1,clip=1", clients_per_round=2))
 
 
 class _KeepsBack(Layer):

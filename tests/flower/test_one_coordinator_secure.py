@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import fedge.edge_client.secure_aggregation as device_side
 import fedge.privacy.secagg_device as secagg_device
-import fedge.coordinator.central_dp_layer as dp_layer
+import fedge.coordinator.dp_mechanisms as dp_layer
 from fedge.flower import secure, secure_mod
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import UPDATE_RECORD, read_payload

@@ -248,15 +248,15 @@ def test_under_distributed_dp_the_release_is_the_clipped_sum_over_qn_plus_the_de
     _, replies, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
     assert metrics["fedge-secagg-survivors"] == 4 and metrics["dp_epsilon"] > 0
     assert all(set(r.content.keys()) == {UPDATE_RECORD, "metrics"} for r in replies)
-    params = wrapped.dp.noise(len(NODES))
+    params = wrapped.dp.mechanism.noise(len(NODES))
     residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, 1, NODES, 1.0) / len(NODES)
     expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
     assert abs(residual.mean()) < 5 * expected_std / np.sqrt(residual.size)
     assert 0.9 < residual.std() / expected_std < 1.1
-    assert len(wrapped.dp.ledger.rounds) == 1
+    assert len(wrapped.dp.mechanism.ledger.rounds) == 1
     # against the coordinator, which sampled them, each of the four spent one unamplified round
-    assert sorted(wrapped.dp.coordinator.devices) == sorted(str(n) for n in NODES)
-    assert metrics["dp_epsilon_coordinator"] == wrapped.dp.coordinator.worst()[0] > 0
+    assert sorted(wrapped.dp.mechanism.coordinator.devices) == sorted(str(n) for n in NODES)
+    assert metrics["dp_epsilon_coordinator"] == wrapped.dp.mechanism.coordinator.worst()[0] > 0
 
 
 def test_under_distributed_dp_the_coordinator_tops_up_the_noise_of_a_node_that_dropped() -> None:
@@ -273,14 +273,14 @@ def test_under_distributed_dp_the_coordinator_tops_up_the_noise_of_a_node_that_d
     _, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
     survivors = [11, 12, 14]
     assert metrics["fedge-secagg-survivors"] == 3
-    share = wrapped.dp.noise(len(NODES))
+    share = wrapped.dp.mechanism.noise(len(NODES))
     residual = _flat(got).astype(np.float64) - _flat(arrays) - _clipped_sum(arrays, 1, survivors, 1.0) / len(NODES)
     full = np.sqrt(len(NODES) * share.local_variance) / share.scale / len(NODES)
     assert 0.9 < residual.std() / full < 1.1, residual.std() / full
-    (recorded,) = wrapped.dp.ledger.rounds
+    (recorded,) = wrapped.dp.mechanism.ledger.rounds
     assert recorded[1] == pytest.approx(len(NODES) * share.local_variance)
-    assert sorted(wrapped.dp.coordinator.devices) == [str(n) for n in survivors]
-    assert list(wrapped.dp.coordinator.devices["11"]) == [(3 * share.local_variance, share.l1_bound, share.l2_bound)]
+    assert sorted(wrapped.dp.mechanism.coordinator.devices) == [str(n) for n in survivors]
+    assert list(wrapped.dp.mechanism.coordinator.devices["11"]) == [(3 * share.local_variance, share.l1_bound, share.l2_bound)]
 
 
 def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_is_charged() -> None:
@@ -290,17 +290,17 @@ def test_under_distributed_dp_a_round_without_a_sum_still_releases_noise_and_is_
     sample: privacy audit 2, N4); against the coordinator no device spent anything."""
     grid, arrays = Grid(), _model()
     wrapped = secure(FedAvg(fraction_train=1.0), SPEC, differential_privacy=DP)
-    wrapped.dp.sample = lambda nodes: nodes[:1]  # one node sampled
+    wrapped.dp.mechanism.sample = lambda nodes: nodes[:1]  # one node sampled
     messages, _, (got, metrics) = _run_round(wrapped, grid, arrays, 1)
     assert messages == [] and metrics["fedge-secagg-survivors"] == 0
     moved = _flat(got).astype(np.float64) - _flat(arrays)
-    params = wrapped.dp.noise(len(NODES))  # the same scale as a released sum's, Sk(V) = 4 shares of V / 4
+    params = wrapped.dp.mechanism.noise(len(NODES))  # the same scale as a released sum's, Sk(V) = 4 shares of V / 4
     expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
     assert 0.9 < moved.std() / expected_std < 1.1
     steps = moved * len(NODES) * params.scale  # the released noise in the ring's integer units
     assert np.allclose(steps, np.round(steps), atol=1e-2)  # on the lattice, not a float Gaussian
-    assert len(wrapped.dp.ledger.rounds) == 1 and metrics["dp_epsilon"] > 0
-    assert wrapped.dp.coordinator.devices == {} and metrics["dp_epsilon_coordinator"] == 0
+    assert len(wrapped.dp.mechanism.ledger.rounds) == 1 and metrics["dp_epsilon"] > 0
+    assert wrapped.dp.mechanism.coordinator.devices == {} and metrics["dp_epsilon_coordinator"] == 0
 
 
 def test_poisson_sampling_at_the_strategys_fraction() -> None:
@@ -375,7 +375,7 @@ def test_distributed_dp_with_the_lattice_downlink_releases_the_clipped_sum_plus_
         for m in messages:
             m.metadata.__dict__["_group_id"] = str(server_round)
         got, metrics = wrapped.aggregate_train(server_round, grid.send_and_receive(messages))
-        params = wrapped.dp.noise(len(NODES))
+        params = wrapped.dp.mechanism.noise(len(NODES))
         expected_std = np.sqrt(len(NODES) * params.local_variance) / params.scale / len(NODES)
         assert metrics["fedge-secagg-survivors"] == 4 and metrics["dp_epsilon"] > 0
         if server_round > 1:
@@ -425,7 +425,7 @@ def test_distributed_dp_is_a_wrapper_of_its_own_around_secure_aggregation_only()
     wrapped = distributed_dp(secure(FedAvg(fraction_train=0.5)), spec)
     direct = secure(FedAvg(fraction_train=0.5), differential_privacy=spec)
     assert wrapped.dp is not None and direct.dp is not None
-    assert (wrapped.dp.spec, wrapped.dp.rate, wrapped.spec) == (direct.dp.spec, direct.dp.rate, direct.spec)
+    assert (wrapped.dp.spec, wrapped.dp.mechanism.rate, wrapped.spec) == (direct.dp.spec, direct.dp.mechanism.rate, direct.spec)
     with pytest.raises(ValueError, match=r"wrap secure\(\.\.\.\) first"):
         distributed_dp(FedAvg(fraction_train=0.5), spec)
     with pytest.raises(ValueError, match="already carries distributed DP"):

@@ -88,7 +88,7 @@ def test_the_closed_form_reproduces_the_papers_limits() -> None:
 
 
 def _central(spec: str = "gaussian:noise=1.3,clip=0.7,delta=1e-5"):  # type: ignore[no-untyped-def]
-    from fedge.coordinator.central_dp_layer import CentralDP
+    from fedge.coordinator.dp_mechanisms import CentralDP
 
     return CentralDP(parse_differential_privacy(spec))
 
@@ -169,7 +169,7 @@ def test_every_device_weighs_the_same_whatever_example_count_it_claims(tmp_path,
             values["differential_privacy"] = "gaussian:noise=1.0,clip=10.0,delta=1e-5"
         engine = build_engine(values)
         if dp:
-            engine.layer("dp").dp._rng = Zeros()
+            engine.layer("dp").mechanism._rng = Zeros()
         return engine.run(InProcessGrid(4, app=app), initial_params(make_task("digits"), 42)).model
 
     honest = model(tmp_path / "a", fedge_app, True)

@@ -141,7 +141,7 @@ def fingerprint(name: str, run_dir: Path) -> dict[str, Any]:
     if "differential_privacy" in values:  # the noise's seed and the Poisson sample, from a fixed "OS"
         import random
 
-        dp = "fedge.coordinator.central_dp_layer"
+        dp = "fedge.coordinator.dp_mechanisms"
         fixed.enter_context(mock.patch(f"{dp}._os_entropy", _FixedEntropy()))
         fixed.enter_context(mock.patch(f"{dp}._system_random", lambda: random.Random(20261125)))
     with fixed:

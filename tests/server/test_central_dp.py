@@ -54,7 +54,7 @@ def test_the_run_stops_cleanly_at_its_budget_and_a_resume_does_not_double_count(
     # a restart reads the ledger from the checkpoint: it has nothing left to spend
     again = _engine(tmp_path, rounds=5, differential_privacy=f"{DP},budget={budget}")
     resumed = again.run(InProcessGrid(6), initial_params(TASK, 42))
-    assert resumed.resumed_from == 2 and len(again.layer("dp").dp.ledger.rounds) == 2 and resumed.budget_spent
+    assert resumed.resumed_from == 2 and len(again.layer("dp").mechanism.ledger.rounds) == 2 and resumed.budget_spent
     # a run resumed for more rounds continues from what was spent, not from zero
     short = _engine(tmp_path / "other", rounds=2)
     short.run(InProcessGrid(6), initial_params(TASK, 42))
@@ -75,7 +75,7 @@ def test_adaptive_clipping_moves_the_bound_toward_the_quantile(tmp_path) -> None
     assert bounds[0] == 0.01 and bounds[0] < bounds[1] < bounds[2]
     assert all(r.extra["dp_fraction_under_clip"] < 0.5 for r in result.rows)
     last = result.rows[-1].extra["dp_fraction_under_clip"]
-    assert engine.layer("dp").dp.state_dict()["clip"] == pytest.approx(bounds[2] * math.exp(-0.5 * (last - 0.5)))
+    assert engine.layer("dp").mechanism.state_dict()["clip"] == pytest.approx(bounds[2] * math.exp(-0.5 * (last - 0.5)))
     with pytest.raises(SettingsError, match="below 2 sigma_b"):
         _engine(tmp_path / "x", clients_per_round=3, differential_privacy="gaussian:noise=1,adaptive=true")
 
@@ -103,7 +103,7 @@ def test_adaptive_clipping_accounts_for_the_count_it_releases(bit) -> None:
     multiplier was 0.66, and epsilon over 100 rounds at q = 0.2 about 36.9 instead of the 24.2
     reported."""
     from fedge.privacy.dp_spec import parse_differential_privacy
-    from fedge.coordinator.central_dp_layer import CentralDP
+    from fedge.coordinator.dp_mechanisms import CentralDP
 
     spec = parse_differential_privacy("gaussian:noise=0.8,clip=1.0,delta=1e-5,adaptive=true")
     m = 20.0
@@ -129,7 +129,7 @@ def test_a_step_below_min_replies_still_releases_a_noised_model(tmp_path) -> Non
     start = initial_params(TASK, 42)
     rows = engine.run(InProcessGrid(6, silent={2, 3, 4, 5}), start).rows
     assert all(r.clients_used < 3 for r in rows)
-    assert len(rows) == 3 and len(engine.layer("dp").dp.ledger.rounds) == 3
+    assert len(rows) == 3 and len(engine.layer("dp").mechanism.ledger.rounds) == 3
     for before, after in zip([start, *models], models):
         assert not torch.equal(before, after)  # noise every round, whoever took part
 
@@ -141,7 +141,7 @@ def test_rows_under_dp_carry_no_training_loss_and_the_sample_is_the_os_csprngs(t
     import random
 
     engine = _engine(tmp_path, rounds=2)
-    dp = engine.layer("dp").dp
+    dp = engine.layer("dp").mechanism
 
     class NoDraws:  # the numpy generator: it may draw noise, never the sample
         def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]

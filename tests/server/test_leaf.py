@@ -477,7 +477,7 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
     their devices and keeps the ledger. With every device sampled (q = 1) and the noise drawn from
     the same seed, the tree releases the flat DP run's models and epsilons, round by round; the
     leaves add no noise and keep no ledger."""
-    import fedge.coordinator.central_dp_layer as dp_layer
+    import fedge.coordinator.dp_mechanisms as dp_layer
 
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
     flat_rows, flat, rows, root, leaves = _dp_runs(tmp_path, DP)
@@ -492,7 +492,7 @@ def test_central_dp_over_two_leaves_is_the_flat_runs_dp(tmp_path, monkeypatch) -
     for coordinator in leaves.values():
         leaf_rows = coordinator.engine.run_dir.metrics.read()
         assert all(r["clients_used"] == 3 and r["dp_tier"] == "leaf" and "dp_epsilon" not in r for r in leaf_rows)
-        assert len(coordinator.engine.layer("dp").dp.ledger.rounds) == 0  # the root's ledger is the run's
+        assert len(coordinator.engine.layer("dp").mechanism.ledger.rounds) == 0  # the root's ledger is the run's
 
 
 def _drop_in_round(dp, name: str, round_: int, keep) -> None:  # type: ignore[no-untyped-def]
@@ -513,7 +513,7 @@ def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, 
     sum, not a failure, so the root still counts its devices in q times the federation. With leaf
     b's draw empty in round 2, the tree releases the model of the flat DP run whose round-2 draw
     left out the same three devices (same noise seed). Before, the bridge failed that round."""
-    import fedge.coordinator.central_dp_layer as dp_layer
+    import fedge.coordinator.dp_mechanisms as dp_layer
 
     monkeypatch.setattr(dp_layer, "_os_entropy", lambda n: bytes(range(n)))  # one noise seed for both runs
     start = initial_params(make_task("digits"), 0)
@@ -521,7 +521,7 @@ def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, 
                          "run_dir": str(tmp_path / "f")})
     grid = InProcessGrid(6)
     leaf_b_nodes = set(grid.get_node_ids()[3:])
-    _drop_in_round(flat.layer("dp").dp, "sample_at", 2, lambda node: node not in leaf_b_nodes)
+    _drop_in_round(flat.layer("dp").mechanism, "sample_at", 2, lambda node: node not in leaf_b_nodes)
     flat_rows = flat.run(grid, start).rows
 
     def leaf(name: str, partitions: range) -> LeafCoordinator:
@@ -529,7 +529,7 @@ def test_a_leaf_whose_poisson_draw_is_empty_answers_with_an_empty_sum(tmp_path, 
                      differential_privacy=f"{DP},tier=leaf,rate=1")
 
     leaves = {0: leaf("leaf-a", range(0, 3)), 1: leaf("leaf-b", range(3, 6))}
-    _drop_in_round(leaves[1].engine.layer("dp").dp, "sample_at", 2, lambda node: False)
+    _drop_in_round(leaves[1].engine.layer("dp").mechanism, "sample_at", 2, lambda node: False)
     root = build_engine({**COMMON, "rounds": 2, "clients_per_round": 2, "run_dir": str(tmp_path / "root"),
                          "differential_privacy": f"{DP},tier=root,rate=1"})
     rows = root.run(InProcessGrid(2, app=_bridges(leaves)), start).rows

@@ -426,7 +426,7 @@ def test_secure_aggregation_with_differential_privacy_adds_the_noise_inside_the_
     assert all(math.isfinite(e) for e in epsilons) and 0 < epsilons[0] < epsilons[1]
     # against the coordinator (which knows who took part) nothing is amplified: the worst device's
     # epsilon is its own rounds' plain Skellam mechanism at the devices' noise in the sum
-    ledger = engine.layer("dp").coordinator
+    ledger = engine.layer("dp").mechanism.coordinator
     assert [r.extra["dp_coordinator_rounds"] for r in rows] == [1, 2]
     assert sum(ledger.rounds(n) for n in ledger.devices) == sum(r.clients_used for r in rows)
     assert rows[-1].extra["dp_epsilon_coordinator"] == max(ledger.epsilon_of(n) for n in ledger.devices) > 0
@@ -467,10 +467,10 @@ def test_a_resumed_distributed_dp_run_keeps_each_devices_spending_against_the_co
     grid = InProcessGrid(5)  # the same devices (their identity keys) on both sides of the restart
     first = _engine(tmp_path, rounds=1, local_epochs=1, differential_privacy=dp)
     first.run(grid, initial_params(TASK, 42))
-    before = {n: first.layer("dp").coordinator.rounds(n) for n in first.layer("dp").coordinator.devices}
+    before = {n: first.layer("dp").mechanism.coordinator.rounds(n) for n in first.layer("dp").mechanism.coordinator.devices}
     resumed = _engine(tmp_path, rounds=2, local_epochs=1, differential_privacy=dp)
     rows = resumed.run(grid, initial_params(TASK, 42)).rows
-    ledger = resumed.layer("dp").coordinator
+    ledger = resumed.layer("dp").mechanism.coordinator
     assert sum(before.values()) == 5 and rows[-1].extra["dp_coordinator_rounds"] == 2
     assert sum(ledger.rounds(n) for n in ledger.devices) == 5 + rows[-1].clients_used
 

@@ -17,13 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from flwr.app import ArrayRecord
 
 from fedge.aggregation.model_average import parse_model_average
-from fedge.coordinator import central_dp_layer as central
-from fedge.coordinator.central_dp_layer import DifferentialPrivacyLayer
-from fedge.coordinator.distributed_dp_layer import DistributedDP
+from fedge.coordinator.dp_layer import DifferentialPrivacyLayer
 from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_refusal
 from fedge.coordinator.layer import BOUNDED, MODEL, NOISE, SAMPLE, SUM, Exchange, Failure, Layer, LayerOrderError, order_layers
 from fedge.coordinator.model_average_layer import ModelAverageLayer
@@ -241,9 +238,8 @@ def _differential_privacy(algorithm: Algorithm, run_dir: Any = None) -> Layer | 
         return None
     refuse("differential-privacy", algorithm)
     if _secure(s):
-        rng = np.random.default_rng(int.from_bytes(central._os_entropy(16), "little"))
-        return DistributedDP(spec, RunRate(s.clients_per_round, spec.population), algorithm.ctx.numel, rng=rng,
-                             sampler=central._system_random())
+        return DifferentialPrivacyLayer.distributed(spec, RunRate(s.clients_per_round, spec.population),
+                                                    algorithm.ctx.numel)
     with _refused():
         return DifferentialPrivacyLayer.central(spec, s.clients_per_round,
                                                 seeded=s.seed if s.dp_seeded_noise else None)
