@@ -106,7 +106,7 @@ class DownlinkLayer(Layer):
         self.broadcast: VersionedBroadcast | None = None
         self.sent: dict[int, int] = {}  # node -> the version its message in flight brings
         self.bytes = 0  # every downlink record sent, and the names a Flower app's snapshot carries
-        self._ship_start = False  # the engine from a model file: start() makes that model the base
+        self._ship_start = False  # the engine from a model file: the first message's model is the base
         self._app: tuple[str | None, Layout | None] | None = None  # a Flower app: (start model, layout)
         self._published: tuple[object, int] | None = None  # (step key, digest of the exact model)
         self._lagging = 0  # versions in a row whose copy lags by LAG_WARNING or more
@@ -133,7 +133,8 @@ class DownlinkLayer(Layer):
                                                 track_supports=self.track_supports)
 
     def ship_start(self) -> None:
-        """A run from a model file: its weights, given to :meth:`start`, are the base (shipped)."""
+        """A run from a model file: its weights, the model of the run's first message, are the base
+        (shipped); a resumed run's base is its checkpoint's."""
         self._ship_start = True
 
     @property
@@ -155,12 +156,12 @@ class DownlinkLayer(Layer):
         any other codec as it is)."""
         return codec.with_support(self.supports.get(node)) if codec.shares_support else codec
 
-    def start(self, params: torch.Tensor) -> None:
-        if self._ship_start and self.broadcast is not None:
-            self.begin(params, self.broadcast.sizes, seeded=False)
-
     # -- a step ---------------------------------------------------------------------------------
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
+        start = next((o.model for o in outgoing if o.model is not None), None)
+        if self._ship_start and start is not None and self.broadcast is not None:
+            self.begin(start, self.broadcast.sizes, seeded=False)
+            self._ship_start = False
         tally = self.scratch(step, _StepTally)
         for o in outgoing:
             if o.model is not None:
@@ -254,22 +255,24 @@ class DownlinkLayer(Layer):
                         "2^(bits-1)-1 steps of a tensor's initial RMS / resolution: raise ratio or bits, or "
                         "lower resolution", b.spec.spec, 100 * b.lag, LAG_VERSIONS, b.clamped, b.version)
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
-        """The node holds the copy its message brought."""
-        version = self.sent.pop(reply.node, None)
-        if version is not None and self.broadcast is not None:
-            self.broadcast.confirm(reply.node, version)
-        return False
-
-    def missed(self, step: Step, failure: Failure) -> None:
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
+        """A reply: the node holds the copy its message brought. A failure: its copy is unknown (a
+        snapshot next time), unless its reply arrived and only its update was refused."""
+        if isinstance(event, Reply):
+            version = self.sent.pop(event.node, None)
+            if version is not None and self.broadcast is not None:
+                self.broadcast.confirm(event.node, version)
+            return False
+        failure = event
         if failure.node is None:
-            return
+            return False
         if failure.kind in (FailureKind.STALE, FailureKind.INVALID) and failure.node not in self.sent:
-            return  # its reply arrived (it confirmed the copy): a stale or undecodable update did apply its message
+            return False  # its reply arrived (it confirmed the copy): a stale or undecodable update did apply its message
         # a node that cannot build the base says so (the engine's refusal; a Flower app's node errs)
         named = self._app is not None and self._app[0] is not None
         self._forget(failure.node, base=failure.kind == NEEDS_BASE or (named and failure.kind ==
                                                                         FailureKind.CLIENT_ERROR))
+        return False
 
     def _forget(self, node: int, base: bool = False) -> None:
         self.sent.pop(node, None)
@@ -308,6 +311,7 @@ class DownlinkLayer(Layer):
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.broadcast is not None and state:
             self.broadcast.load_state_dict(state)
+            self._ship_start = False
 
 
 def uplink_refusal(codec: Codec, downlink: DownlinkLayer | None) -> str | None:

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.coordinator.dp_mechanisms import Mechanism, Skellam, central_mechanism
@@ -75,9 +74,6 @@ class DifferentialPrivacyLayer(Layer):
     @property
     def spec(self) -> DPSpec:
         return self.mechanism.spec
-
-    def start(self, params: torch.Tensor) -> None:
-        self.mechanism.start(params)
 
     def select(self, nodes: list[int], count: int, key: int) -> list[int]:
         """The mechanism's Poisson sample, whatever ``count`` and ``key`` (DP runs are synchronous);

@@ -64,7 +64,8 @@ _system_random = secrets.SystemRandom
 
 
 class Mechanism:
-    """What the DP layer asks of a mechanism, hook by hook: ``select(nodes)`` (the step's sample;
+    """What the DP layer asks of a mechanism, hook by hook (one that needs the model's size takes it
+    as ``numel``, from its builder): ``select(nodes)`` (the step's sample;
     :class:`RunComplete` past the budget), ``stamp`` (the clip the messages carry; None: none),
     ``bound(update, scratch)``, ``release(partial, connected, scratch)``, ``fields(scratch)`` (the
     row's DP fields) and its state. ``scratch`` is the step's own dict (``received``: the partial
@@ -73,9 +74,6 @@ class Mechanism:
     spec: DPSpec
     rate: float
     stamp: float | None = None
-
-    def start(self, params: torch.Tensor) -> None:
-        """A fresh run from the initial model ``params``."""
 
     def bound(self, update: Update, scratch: dict[str, Any]) -> Update:
         return update
@@ -303,9 +301,6 @@ class Skellam(DistributedRelease, Mechanism):
         self.rng = rng if rng is not None else np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
         self._sampler = sampler if sampler is not None else _system_random()
         self.stamp = spec.clip  # the ring clips to it too
-
-    def start(self, params: torch.Tensor) -> None:
-        self.numel = self.numel or int(params.numel())
 
     def select(self, nodes: list[int]) -> list[int]:
         self.rate = self._rate(len(nodes))

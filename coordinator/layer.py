@@ -15,9 +15,10 @@ cycle. The step's aggregate travels between them as one typed value, a
 :class:`~fedge.aggregation.partial.Partial`, through :meth:`Layer.release`. Every driver holds the
 run's layers as one :class:`LayerStack`, which writes down once how each hook composes.
 
-The hooks fall in five groups: the state (``start``, ``delivered``,
-``state_dict``), the selection (``select``), what goes out (``outgoing``), each reply
-(``arrived``, ``update``, ``missed``) and the step's close (``release``, ``close``).
+Six hooks, in a step's order: the selection (``select``), what goes out (``outgoing``), each
+reply or failure (``arrived``, ``update``) and the step's close (``release``, ``close``); around
+them the run's state (``state_dict``, ``load_state_dict``). A layer that needs the model's size
+takes it at construction or from the first message's model.
 
 ============  ============================================================================
 hook          when (and what it may do)
@@ -25,7 +26,6 @@ hook          when (and what it may do)
 ``build``     before the run starts: the layer for this algorithm and settings, ``None``
               when its setting is off; raises ``SettingsError`` with the reason when it
               cannot work with this algorithm (the one place its refusals live)
-``start``     a fresh run, from the initial model (a resumed one loads ``state_dict``)
 ``select``    choosing ``count`` of the nodes for a step, or of the free nodes for an
               asynchronous dispatch (``key``: the step or dispatch): may replace the engine's
               seeded sample (Poisson under DP, Oort's rule); raises :class:`RunComplete`
@@ -35,17 +35,16 @@ hook          when (and what it may do)
               its own over ``step.exchange`` if it needs them (secure aggregation's key
               agreement); a node it drops for a reason goes to ``step.drop`` as a
               :class:`Failure`
-``arrived``   every reply that passed the screen, with its checked metrics and its payload,
-              before anything is decoded; every layer sees it, and one that consumes it whole
-              (a masked upload) returns True, which ends the door there
+``arrived``   every reply that passed the screen (``reply.payload``, ``reply.metrics``: what
+              the door read), before anything is decoded; every layer sees it, and one that
+              consumes it whole (a masked upload) returns True, which ends the door there. Or
+              a :class:`Failure`: the node gave no usable reply (it says why, by kind)
 ``update``    every decoded update, before the algorithm absorbs it: bound, clip, reweight
-``missed``    a node gave no usable reply (its :class:`Failure` says why, by kind)
 ``release``   after the replies, the step's aggregate, a :class:`Partial`, on its way to the
               algorithm: a chain, each layer returns the partial the next receives (secure
               aggregation unmasks the survivors' sum over ``step.exchange`` and puts it in
               place of the clear one, DP noises it)
 ``close``     after the algorithm closed the step: rewrite the outcome, add the row's fields
-``delivered`` the model the run delivers (evaluated, saved, exported)
 ============  ============================================================================
 
 What a layer keeps for one step lives in ``step.layers[layer.key]`` (dropped with the step);
@@ -54,10 +53,10 @@ what persists lives on the layer and in its ``state_dict``, checkpointed under `
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
-import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure
@@ -119,9 +118,6 @@ class Layer:
             step.layers[self.key] = factory()
         return step.layers[self.key]
 
-    def start(self, params: torch.Tensor) -> None:
-        """A fresh run (no checkpoint) from the initial model ``params``."""
-
     # -- a step, in order ---------------------------------------------------------------------
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         return None
@@ -129,23 +125,17 @@ class Layer:
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         pass
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
         return False
 
     def update(self, step: Step, update: Update) -> Update:
         return update
-
-    def missed(self, step: Step, failure: Failure) -> None:
-        pass
 
     def release(self, step: Step, partial: Partial) -> Partial:
         return partial
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         pass
-
-    def delivered(self, model: torch.Tensor) -> torch.Tensor:
-        return model
 
     # -- the run ------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -190,10 +180,6 @@ class LayerStack:
         """The keys of the layers that put their own aggregate in place of the clear sum."""
         return [layer.key for layer in self.layers if releases_aggregate(layer)]
 
-    def start(self, params: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.start(params)
-
     def select(self, nodes: list[int], count: int, key: int) -> list[int] | None:
         """The first layer's choice (Poisson under DP, Oort's rule), or None: the driver samples.
         Raises :class:`RunComplete` when a layer forbids the step."""
@@ -219,7 +205,8 @@ class LayerStack:
         the reply as it arrived, before anything is decoded (one may take it whole, a masked upload:
         then None); ``decode`` makes its update (raising what refuses the reply: the algorithm's
         admission, the codec's checks); every layer's ``update`` then bounds, clips or reweighs it."""
-        if any([layer.arrived(step, reply, payload, metrics) for layer in self.layers]):  # every layer sees it
+        reply = dataclasses.replace(reply, payload=payload, metrics=metrics)
+        if any([layer.arrived(step, reply) for layer in self.layers]):  # every layer sees it
             return None
         update = decode()
         for layer in self.layers:
@@ -231,7 +218,7 @@ class LayerStack:
         heard by every layer."""
         tally.failed(failure)
         for layer in self.layers:
-            layer.missed(step, failure)
+            layer.arrived(step, failure)
 
     def release(self, step: Step, partial: Partial) -> Partial:
         for layer in self.layers:
@@ -241,11 +228,6 @@ class LayerStack:
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:
         for layer in self.layers:
             layer.close(step, outcome, tally)
-
-    def delivered(self, model: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            model = layer.delivered(model)
-        return model
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {}

@@ -32,6 +32,7 @@ class ModelAverageLayer(Layer):
             outcome.extra["model_average"] = self.average.spec
 
     def delivered(self, model: torch.Tensor) -> torch.Tensor:
+        """What the run delivers (evaluated, saved, exported): the average, once there is one."""
         averaged = self.average.value()
         return averaged if averaged is not None else model
 

@@ -67,9 +67,6 @@ class ControlVariates(Layer):
         self.control: torch.Tensor | None = None
         self.memory: ErrorFeedback | None = None
 
-    def start(self, params: torch.Tensor) -> None:
-        self._begin(params.numel())
-
     def _begin(self, numel: int) -> None:
         self.control = torch.zeros(numel)
         self.memory = ErrorFeedback(self.codec, numel)
@@ -78,7 +75,7 @@ class ControlVariates(Layer):
         train = [o for o in outgoing if o.message_type.startswith("train")]
         if not train:
             return
-        if self.control is None:  # a driver that never called start: the model the messages carry
+        if self.control is None:  # a fresh run's first step: sized by the model the messages carry
             model = next((o.model for o in train if o.model is not None), None)
             if model is None:
                 raise ProtocolError("scaffold: the train messages carry no model to size the control variate by")

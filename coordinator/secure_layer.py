@@ -22,14 +22,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from fedge.aggregation.partial import Partial
 from fedge.privacy.distributed_dp import round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.errors import SecAggError
 from fedge.protocol.config_keys import WEIGHT_KEY
-from fedge.coordinator.layer import MEMBERS, SUM, Layer
+from fedge.coordinator.layer import Failure, MEMBERS, SUM, Layer
 from fedge.protocol.records import CONFIG_RECORD
 from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.coordinator.secure_round import SecureRound
@@ -74,13 +73,12 @@ class SecureAggregation(Layer):
         #: into each message; None (Fedge's engine): its devices weigh by their example count
         self.weight_key = weight_key
 
-    def start(self, params: torch.Tensor) -> None:
-        self.numel = self.numel or int(params.numel())
-
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         """Stages 1 and 2 among the step's nodes: advertise, share. Only the devices that dealt their
         shares get their message, with the plan and their shares; the others' are kept back."""
         state: _Round = self.scratch(step, _Round)
+        models = [o.model for o in outgoing if o.model is not None]
+        self.numel = self.numel or (int(models[0].numel()) if models else 0)  # a Flower app's: its first model's
         try:
             noise = None if self.dp_spec is None else round_noise(self.dp_spec, self.numel, len(step.nodes))
             state.secure = self.session.round(step.number, step.nodes, self.numel, weighted=self.weighted,
@@ -98,13 +96,16 @@ class SecureAggregation(Layer):
             if self.weight_key is not None:
                 o.content.config_records[CONFIG_RECORD][WEIGHT_KEY] = self.weight_key
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
         """A masked upload, already screened with its metrics checked, held once its size is what
         the plan expects (a bad header or ring element drops its device when the round unmasks)."""
+        if isinstance(event, Failure):
+            return False
         state: _Round = self.scratch(step, _Round)
         if state.secure is None:
             raise SecAggError("a reply to a round whose secure aggregation could not start")
-        state.secure.take(reply.node, metrics, payload)
+        assert event.payload is not None and event.metrics is not None  # the door read them
+        state.secure.take(event.node, event.metrics, event.payload)
         return True
 
     def release(self, step: Step, partial: Partial) -> Partial:

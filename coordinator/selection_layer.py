@@ -219,8 +219,11 @@ class SelectionLayer(Layer):
             self.outside.append(trip - report.wall_seconds)
         return max(report.wall_seconds, trip - self._outside())
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview | None = None,
-                metrics: dict[str, float] | None = None) -> bool:
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
+        if isinstance(event, Failure):
+            self._missed(event)
+            return False
+        reply = event
         sent = self.sent.pop(reply.node, None)
         record = reply.content.metric_records.get(METRICS_RECORD)
         utility = None
@@ -236,7 +239,7 @@ class SelectionLayer(Layer):
         self._observe(reply.node, self._device_seconds(max(0.0, trip), reply), utility)
         return False
 
-    def missed(self, step: Step, failure: Failure) -> None:
+    def _missed(self, failure: Failure) -> None:
         if failure.node is None:
             return
         sent = self.sent.pop(failure.node, None)

@@ -47,6 +47,9 @@ class Reply:
     #: by ``fedge.flower.layered``, which sees replies only after the round's barrier, as Flower's TTL
     #: check reads them); None: the coordinator times the reply as it lands
     seconds: float | None = None
+    #: what the door read from it, for the layers' ``arrived``: its payload and checked metrics
+    payload: memoryview | None = None
+    metrics: dict[str, float] | None = None
 
 
 #: a coordinator's message exchange with its devices: (messages, timeout seconds, group name) ->

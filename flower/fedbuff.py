@@ -124,7 +124,6 @@ class FedBuff:
                                          track_supports=codec is not None and codec.shares_support)
         run = _Run(layout, codec, downlink, LayerStack([downlink, *self.layers]), VersionBuffer(self.staleness,
                                                                                              self._alpha()))
-        run.layers.start(torch.from_numpy(model.copy()))
         result = Result(arrays=initial_arrays)
         if evaluate_fn is not None:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)

@@ -98,7 +98,6 @@ class LayeredStrategy(Strategy):
         if reason is not None:  # the strategy would aggregate one reply: the released mean
             raise ValueError(f"layer {', '.join(releasing)} releases its own aggregate in place of the updates; "
                              f"{reason}")
-        self._started = False
         self._round: _Round | None = None
         self.refused: list[tuple[int, int, str]] = []  # (round, node, reason) left out of a round
 
@@ -113,9 +112,6 @@ class LayeredStrategy(Strategy):
         layout = Layout(arrays)
         sent = layout.flatten(arrays)
         params = torch.from_numpy(sent)
-        if not self._started:
-            self.layers.start(params)
-            self._started = True
         self._round = None
         connected = sorted(grid.get_node_ids())
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
@@ -289,13 +285,13 @@ class LayeredStrategy(Strategy):
         def take(reply: Reply, message: Message) -> None:
             passed.append(message)
             if copies is not None:
-                copies.arrived(step, reply, memoryview(b""), {})
+                copies.arrived(step, reply)
 
         for message in replies:
             failure = through_door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
                                    tally, what="evaluation")
             if failure is not None and copies is not None:
-                copies.missed(step, failure)
+                copies.arrived(step, failure)
             if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:
                 passed.append(message)
         metrics = self.strategy.aggregate_evaluate(server_round, passed)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedge.compression import make_codec
@@ -23,6 +25,7 @@ from fedge.coordinator.dp_layer import DifferentialPrivacyLayer
 from fedge.coordinator.layer import Layer
 from fedge.coordinator.secure_layer import SecureAggregation
 from fedge.coordinator.secure_session import SecureSession
+from fedge.protocol.layout import Layout
 
 __all__ = ["distributed_dp", "SecureStrategy", "refuse_reason", "secure"]
 
@@ -87,6 +90,12 @@ class SecureStrategy(LayeredStrategy):
         layer = SecureAggregation(self.session, weighted=bool(self.weight_key),
                                   dp_spec=None if self.dp is None else self.dp.spec, weight_key=self.weight_key)
         self._wrap(strategy, [*layers, layer] + ([self.dp] if self.dp is not None else []))
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.dp is not None and not self.dp.mechanism.numel:  # the noise is sized by the model, before the sample
+            self.dp.mechanism.numel = Layout(arrays).numel
+        return super().configure_train(server_round, arrays, config, grid)
 
     def describe(self) -> str:
         return f"secure aggregation: {self.spec.spec}"

@@ -495,8 +495,10 @@ class Engine:
 
     # -- the run's state ------------------------------------------------------------------------
     def _final_model(self) -> torch.Tensor:
-        """What the run delivers: the algorithm's final model, through the layers (the model average)."""
-        return self.layers.delivered(self.algorithm.final_model())
+        """What the run delivers: the algorithm's final model, or the model average when the run keeps one."""
+        average = self.layers.get("model-average")
+        model = self.algorithm.final_model()
+        return model if average is None else average.delivered(model)  # type: ignore[attr-defined]
 
     def _write(self, row: RoundRow, result: EngineResult | None) -> None:
         """One row to the metrics log, then an atomic checkpoint (in that order: after a crash in
@@ -539,7 +541,6 @@ class Engine:
         if checkpoint is None:
             self.run_dir.metrics.truncate_after(0)
             self.algorithm.start(initial_params.clone())
-            self.layers.start(initial_params)
             return 0
         where = self.run_dir.path
         if checkpoint.task != self.ctx.task.spec or checkpoint.numel != self.ctx.numel:

@@ -17,6 +17,7 @@ from fedge.aggregation.partial import Partial
 from fedge.flower import compressed, layered
 from fedge.coordinator.layer import Layer
 from fedge.coordinator.step import Step, Update
+from fedge.protocol.failures import Failure
 from tests.flower.test_compressed_strategy import (  # noqa: F401
     NODES,
     Grid,
@@ -144,8 +145,10 @@ def test_a_devices_typed_refusal_reaches_the_layers_by_its_kind_through_the_one_
         def __init__(self) -> None:
             self.kinds: dict[int, FailureKind] = {}
 
-        def missed(self, step: Step, failure) -> None:  # type: ignore[no-untyped-def]
-            self.kinds[failure.node] = failure.kind
+        def arrived(self, step: Step, event) -> bool:  # type: ignore[no-untyped-def]
+            if isinstance(event, Failure):
+                self.kinds[event.node] = event.kind
+            return False
 
     model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
     heard, plain = _Heard(), FedAvg()

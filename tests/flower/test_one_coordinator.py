@@ -120,7 +120,7 @@ def test_the_engines_downlink_and_the_wrappers_send_the_same_lattice_records() -
                 assert (got[name].stype, got[name].shape, got[name].data) == \
                     (record[name].stype, record[name].shape, record[name].data), (version, mine.node, name)
             for layer, content in ((engine, mine.content), (wrapper, sent.content)):
-                layer.arrived(step, Reply(mine.node, content), memoryview(b""), {})
+                layer.arrived(step, Reply(mine.node, content))
         tally = step.layers["downlink"]
         kinds = {kind: count for kind, count in tally.messages.items() if count}
         assert kinds == ({"snapshot": 3} if version == 1 else {"current": 2} if version == 2

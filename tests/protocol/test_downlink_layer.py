@@ -38,7 +38,7 @@ def _kind(o: Outgoing) -> str:
 
 
 def _reply(layer: DownlinkLayer, step: Step, node: int) -> None:
-    layer.arrived(step, Reply(node, RecordDict()), memoryview(b""), {})
+    layer.arrived(step, Reply(node, RecordDict()))
 
 
 def test_a_reply_that_arrived_keeps_its_copy_a_lost_or_failed_one_gets_a_snapshot() -> None:
@@ -49,8 +49,8 @@ def test_a_reply_that_arrived_keeps_its_copy_a_lost_or_failed_one_gets_a_snapsho
     assert set(_send(layer, step, model, [1, 2, 3, 4]).values()) == {"snapshot"}
     for node in (1, 2):
         _reply(layer, step, node)
-    layer.missed(step, Failure(2, FailureKind.INVALID, "payload checksum mismatch"))
-    layer.missed(step, Failure(3, FailureKind.CLIENT_ERROR, "the client raised"))
+    layer.arrived(step, Failure(2, FailureKind.INVALID, "payload checksum mismatch"))
+    layer.arrived(step, Failure(3, FailureKind.CLIENT_ERROR, "the client raised"))
     step = Step(2, [1, 2, 3, 4])
     assert _send(layer, step, model + 0.2, [1, 2, 3, 4]) == {1: "change", 2: "change", 3: "snapshot",
                                                               4: "snapshot"}

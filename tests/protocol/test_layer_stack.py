@@ -31,7 +31,10 @@ class _Recording(Layer):
         self.log.append(f"{self.key}.select")
         return self.chooses
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
+        if isinstance(event, Failure):
+            self.log.append(f"{self.key}.missed:{event.kind.value}")
+            return False
         self.log.append(f"{self.key}.arrived")
         return self.consumes
 
@@ -39,9 +42,6 @@ class _Recording(Layer):
         self.log.append(f"{self.key}.update")
         return Update(update.node, update.vector * self.scale, update.weight, update.metrics, update.payload,
                       update.content)
-
-    def missed(self, step: Step, failure: Failure) -> None:
-        self.log.append(f"{self.key}.missed:{failure.kind.value}")
 
     def release(self, step: Step, partial: Partial) -> Partial:
         self.log.append(f"{self.key}.release")

@@ -65,7 +65,7 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     node, other = grid.get_node_ids()
     contents = _send_current(engine, grid, 1)
     _receive(grid, node, contents[node])  # a snapshot: accepted
-    downlink.arrived(Step(1, [node]), Reply(node, contents[node]), memoryview(b""), {})
+    downlink.arrived(Step(1, [node]), Reply(node, contents[node]))
     engine.algorithm.params = engine.algorithm.params + 0.01
     contents = _send_current(engine, grid, 2)
     config = contents[node].config_records[CONFIG_RECORD]
@@ -81,7 +81,7 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
         _receive(grid, other, contents[other])
     # the device's refusal is typed: the coordinator ships the base because of its kind, not its words
     assert refused.value.kind == NEEDS_BASE
-    downlink.missed(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
+    downlink.arrived(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
     shipped = _send(downlink, engine.algorithm, 2, [other])[other]
     assert "base" in shipped.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, other, shipped), downlink.broadcast.public)
@@ -99,12 +99,11 @@ def test_a_run_from_a_model_file_ships_its_base_once(tmp_path) -> None:
     downlink.ship_start()
     engine = _engine(tmp_path / "b")
     start = _start(engine) + 0.05  # as if a model file had been loaded
-    downlink.start(start)
-    assert torch.equal(downlink.broadcast.base, start) and not downlink.broadcast.seeded
     grid = InProcessGrid(1)
     (node,) = grid.get_node_ids()
     engine.algorithm.start(start)
-    content = _send(downlink, engine.algorithm, 1, [node])[node]
+    content = _send(downlink, engine.algorithm, 1, [node])[node]  # its first message's model is the base
+    assert torch.equal(downlink.broadcast.base, start) and not downlink.broadcast.seeded
     assert "base" in content.array_records[DOWNLINK_RECORD]
     assert torch.equal(_receive(grid, node, content), downlink.broadcast.public)
 

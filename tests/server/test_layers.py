@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fedge.coordinator.step import Outgoing
+from fedge.protocol.failures import Failure
 from fedge.server.engine.algorithm import Reply, Step, StepOutcome
 from fedge.server.engine.layers import LAYERS, Layer, register_layer
 from fedge.coordinator.tally import Tally
@@ -33,8 +34,9 @@ class CountingLayer(Layer):
     def build(cls, algorithm: Any, run_dir: Any = None) -> CountingLayer:
         return cls()
 
-    def arrived(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float]) -> bool:
-        self.scratch(step, list).append(reply.node)
+    def arrived(self, step: Step, event: Reply | Failure) -> bool:
+        if isinstance(event, Reply):
+            self.scratch(step, list).append(event.node)
         return False
 
     def close(self, step: Step, outcome: StepOutcome, tally: Tally) -> None:

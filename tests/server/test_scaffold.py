@@ -126,7 +126,6 @@ def test_one_round_is_lines_16_and_17(tmp_path) -> None:
     numel, g = algorithm.ctx.numel, torch.Generator().manual_seed(0)
     x = torch.randn(numel, generator=g)
     algorithm.start(x)
-    layer.start(x)
     step = algorithm.open_step(1, [1, 2, 3])
     step.connected = 5
     out = algorithm.configure(step, [1, 2, 3])
@@ -158,8 +157,9 @@ def test_a_reply_without_a_valid_control_change_is_refused_before_any_sum_takes_
     algorithm = _algorithm(tmp_path, codec="qsgd:bits=4")
     layer = algorithm.layers()[0]
     numel = algorithm.ctx.numel
-    layer.start(torch.zeros(numel))
     step = algorithm.open_step(1, [1])
+    algorithm.start(torch.zeros(numel))
+    layer.outgoing(step, algorithm.configure(step, [1]))  # the step's message: c = 0, sized by its model
     dy = torch.ones(numel) * 0.01
     with pytest.raises(Rejected, match="no 'fedge.control' record"):
         layer.update(step, _reply(layer, 1, dy, None, control=False))
@@ -182,8 +182,8 @@ def test_the_control_goes_down_quantized_through_server_error_feedback(tmp_path)
     layer = algorithm.layers()[0]
     numel = algorithm.ctx.numel
     assert layer.spec.startswith("qsgd:bits=8")
-    layer.start(torch.zeros(numel))
-    layer.control = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    layer.load_state_dict({"control": torch.randn(numel, generator=torch.Generator().manual_seed(1)),
+                           "residual": torch.zeros(numel)})
     received = torch.zeros(numel)
     for number in range(1, 6):
         step = algorithm.open_step(number, [1])

@@ -127,11 +127,11 @@ def test_a_device_that_declined_rests_one_step_and_a_timeout_counts_the_whole_wa
     layer = SelectionLayer(Oort(explore=0.0, min_share=0.0), seed=1, per_step=2, clock=clock)
     nodes = [1, 2, 3]
     _simulate(layer, clock, 3, set(), nodes, 2)
-    layer.missed(None, Failure(1, "over-budget", "3 rounds today"))  # type: ignore[arg-type]
+    layer.arrived(None, Failure(1, "over-budget", "3 rounds today"))  # type: ignore[arg-type]
     assert 1 not in layer.select(nodes, layer.per_step, 4)
     layer.outgoing(None, [Outgoing(2, RecordDict(), "train")])  # type: ignore[arg-type]
     clock.now += 300.0
-    layer.missed(None, Failure(2, "timeout", "no reply"))  # type: ignore[arg-type]
+    layer.arrived(None, Failure(2, "timeout", "no reply"))  # type: ignore[arg-type]
     assert layer.devices[2].duration > 100
 
 
