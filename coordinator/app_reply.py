@@ -1,5 +1,5 @@
-"""How a coordinator reads a Flower app's reply, in one place: the door it passes (with the
-errors that refuse an app's reply), its weight (``num-examples`` or the strategy's
+"""How a coordinator reads a Flower app's reply, in one place: the door it passes (the engine's,
+with the same errors that refuse a reply), its weight (``num-examples`` or the strategy's
 ``weighted_by_key``), its update (the uplink codec's payload, or, from an app that sends models, its
 model minus the one sent) and the layers' part of the door around the decoding
 (``LayerStack.through``, as Fedge's engine runs it); and the records a driver copies or merges on a
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedge.compression import Codec, PayloadError
+from fedge.compression import Codec
 from fedge.coordinator.dispatcher import Missing
 from fedge.coordinator.door import door
 from fedge.protocol.failures import Failure
@@ -28,11 +28,8 @@ from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.coordinator.step import Reply, Step, Update
 from fedge.coordinator.tally import Tally
 
-__all__ = ["REFUSED", "own_config", "reply_through_layers", "reply_update", "reply_weight", "through_door",
+__all__ = ["own_config", "reply_through_layers", "reply_update", "reply_weight", "through_door",
            "with_extra", "with_raw"]
-
-#: errors that refuse one reply (logged with the reason, left out of the aggregate)
-REFUSED = (PayloadError, ProtocolError, LayoutError, KeyError, ValueError)
 
 
 def reply_weight(reply: Message, key: str) -> tuple[float, MetricRecord]:
@@ -49,7 +46,7 @@ def reply_update(reply: Message, layout: Layout, wire: Codec | None, sent: np.nd
     """A reply's update and weight, as every door of ``fedge.flower`` takes them: its ``payload`` (the
     update record's bytes, read once by the caller) decoded with ``wire`` (bound to its node's
     support), or its model minus ``sent`` (None: a payload is required). Raises what refuses the
-    reply (:data:`REFUSED`), never a mis-decoded update."""
+    reply (``fedge.coordinator.door.REFUSES``), never a mis-decoded update."""
     weight, _ = reply_weight(reply, key)
     records = reply.content.array_records
     if UPDATE_RECORD in records or sent is None:
@@ -75,7 +72,7 @@ def reply_through_layers(layers: LayerStack, step: Step, message: Message, reply
     engine runs it (``LayerStack.through``): every layer sees the reply, then ``admit``
     (raises to refuse it before it is decoded: a stale update), :func:`reply_update` and every
     layer's ``update``. Returns (the update the layers made, the one decoded); (None, None) when a
-    layer took the reply whole. Raises what refuses it (:data:`REFUSED`)."""
+    layer took the reply whole. Raises what refuses it (``fedge.coordinator.door.REFUSES``)."""
     metrics = dict(next(iter(message.content.metric_records.values()), MetricRecord()))
     payload = memoryview(read_payload(message.content, UPDATE_RECORD)
                          if UPDATE_RECORD in message.content.array_records else b"")
@@ -109,15 +106,15 @@ def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
 
 def through_door(number: int, item: Message | Missing, consume: Callable[[Reply], None], tally: Tally,
                  **door_args: object) -> Failure | None:
-    """A Flower-app driver's door (``fedge.coordinator.door``, with the errors that refuse an app's
-    reply): a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
+    """A Flower-app driver's door (``fedge.coordinator.door``, the engine's, with its one error set):
+    a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
     resource report, ``fedge.coordinator.tally``) and the report taken out of it, since Flower's
     strategies aggregate replies that hold exactly one MetricRecord and ``resource_mod`` adds one."""
     if isinstance(item, Message):
         tally.replied(item)
         if not item.has_error():
             item.content.pop(RESOURCES_RECORD, None)
-    return door(number, item, consume, refuses=REFUSED, **door_args)  # type: ignore[arg-type]
+    return door(number, item, consume, **door_args)  # type: ignore[arg-type]
 
 
 def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:

@@ -27,12 +27,13 @@ __all__ = ["REFUSES", "door"]
 
 log = logging.getLogger(__name__)
 
-#: what ``consume`` raises to refuse a reply (the reason is kept, the reply left out)
+#: what ``consume`` raises to refuse a reply (the reason is kept, the reply left out), in both
+#: coordinators; anything else is a bug and propagates (a layout mismatch is a ProtocolError)
 REFUSES: tuple[type[Exception], ...] = (Rejected, PayloadError, ProtocolError)
 
 
 def door(number: int, item: Message | Missing, consume: Callable[[Reply], None], started: int | None = None,
-         what: str = "update", refuses: tuple[type[Exception], ...] = REFUSES) -> Failure | None:
+         what: str = "update") -> Failure | None:
     """Pass ``item`` (a reply of step or version ``number``, or a :class:`Missing` for a node that did
     not answer) through the door: None when ``consume`` used it, else the :class:`Failure` that says
     why not. ``started``: the version its message was built from (asynchronous drivers)."""
@@ -48,7 +49,7 @@ def door(number: int, item: Message | Missing, consume: Callable[[Reply], None],
                     number, node, refusal[1], refusal[0])
             return Failure(node, refusal[0], refusal[1])
         consume(Reply(node, item.content, started=started))
-    except refuses as err:
+    except REFUSES as err:
         log.warning("round %d: rejected %s from node %d: %s", number, what, node, err)
         return Rejected.failure(node, err)
     return None

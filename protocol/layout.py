@@ -15,10 +15,12 @@ import json
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from fedge.protocol.records import ProtocolError
+
 __all__ = ["Layout", "LayoutError"]
 
 
-class LayoutError(ValueError):
+class LayoutError(ProtocolError):
     """The arrays do not have the layout the other side described."""
 
 

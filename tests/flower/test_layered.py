@@ -17,7 +17,7 @@ from fedge.aggregation.partial import Partial
 from fedge.flower import compressed, layered
 from fedge.coordinator.layer import Layer
 from fedge.coordinator.step import Step, Update
-from fedge.protocol.failures import Failure
+from fedge.protocol.failures import Failure, Rejected
 from tests.flower.test_compressed_strategy import (  # noqa: F401
     NODES,
     Grid,
@@ -112,7 +112,7 @@ class _RefusesNode12(Layer):
 
     def update(self, step: Step, update: Update) -> Update:
         if update.node == 12:
-            raise ValueError("node 12's update is out of bounds")
+            raise Rejected("node 12's update is out of bounds")
         return update
 
 
@@ -380,3 +380,21 @@ def test_the_devices_resource_reports_reach_the_round_metrics_and_not_the_strate
     assert resources["devices"] == len(NODES)
     assert resources["cpu_seconds.p95"] >= resources["cpu_seconds.median"] > 0
     assert resources["bytes_up.median"] > 0 and resources["peak_rss_mib.median"] > 0
+
+
+def test_a_layer_bug_is_not_taken_for_a_refused_reply() -> None:
+    """A layer that raises anything but the door's refusals (``Rejected``, ``PayloadError``,
+    ``ProtocolError``) has a bug: it propagates, in a Flower app as in the engine, instead of
+    leaving the reply out as if the device had sent a bad one."""
+
+    class _Buggy(Layer):
+        key = "test-buggy"
+
+        def update(self, step: Step, update: Update) -> Update:
+            return {}["missing"]  # type: ignore[return-value]
+
+    model, apps, contexts = _model(), {n: _user_app(with_mod=False) for n in NODES}, _contexts()
+    wrapped = layered(FedAvg(), _Buggy())
+    replies = _exchange(list(wrapped.configure_train(1, model, ConfigRecord({}), Grid())), apps, contexts)
+    with pytest.raises(KeyError):
+        wrapped.aggregate_train(1, replies)
