@@ -36,11 +36,10 @@ from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_server import SecAggServer
 from fedge.privacy.shared_grid import SharedGrid
 from fedge.privacy.spec import SecAggSpec
-from fedge.coordinator.dispatcher import Missing
-from fedge.protocol.failures import Failure, FailureKind
+from fedge.coordinator.door import door
+from fedge.protocol.failures import REFUSALS, Failure, FailureKind
 from fedge.protocol.records import ProtocolError
-from fedge.protocol.refusals import read_refusal
-from fedge.coordinator.step import Exchange, Outgoing
+from fedge.coordinator.step import Exchange, Outgoing, Reply
 from fedge.protocol.secagg import (
     MASKED_STAGE,
     SECAGG_RECORD,
@@ -303,23 +302,25 @@ class SecureRound:
             self.downlink += config_bytes(record)
             # train messages with the secagg record: Flower's SecAgg+ convention (no handler of its own)
             outgoing.append(Outgoing(node, RecordDict({SECAGG_RECORD: record}), MessageType.TRAIN))
-        for item in exchange(outgoing, self.spec.timeout, f"secagg-{stage}"):
-            if isinstance(item, Missing):
-                self._drop(item.node, f"{stage}: {item.reason}")
-                continue
-            node = item.metadata.src_node_id
-            if item.has_error():
-                self._drop(node, f"{stage}: client error {item.error.code}: {item.error.reason}")
-                continue
-            refusal = read_refusal(item.content)
-            if refusal is not None:  # the device's own policy (a round too small for it, ...)
-                self._drop(node, f"{stage}: the device refused ({refusal[0]}): {refusal[1]}")
-                self.kinds[node] = FailureKind.of(refusal[0])
-                continue
-            record = item.content.config_records.get(SECAGG_RECORD)
+        taken: list[tuple[int, Any]] = []
+
+        def take(reply: Reply) -> None:
+            record = reply.content.config_records.get(SECAGG_RECORD)
             if record is None:
-                self._drop(node, f"{stage}: reply without a secagg record")
+                raise ProtocolError("reply without a secagg record")
+            taken.append((reply.node, record))
+
+        for item in exchange(outgoing, self.spec.timeout, f"secagg-{stage}"):
+            # the one door every reply passes: a node that did not answer, an error reply, the
+            # device's own refusal (a round too small for its policy, ...) or a malformed reply
+            failure = door(self.plan.context.round, item, take, what=f"secagg-{stage} reply")
+            if failure is not None:
+                assert failure.node is not None
+                self._drop(failure.node, f"{stage}: {failure.reason}")
+                if failure.kind in REFUSALS:
+                    self.kinds[failure.node] = failure.kind
                 continue
+            node, record = taken.pop()
             self.uplink += config_bytes(record)
             yield node, record
 
