@@ -58,7 +58,6 @@ from fedge.protocol.failures import FailureKind
 from fedge.coordinator.layer import MEMBERS, MODEL, Failure, Layer
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, RAW_RECORD, array_bytes
-from fedge.protocol.refusals import NEEDS_BASE
 from fedge.protocol.start_model import parse_start
 from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
 from fedge.coordinator.tally import Tally
@@ -270,7 +269,7 @@ class DownlinkLayer(Layer):
             return False  # its reply arrived (it confirmed the copy): a stale or undecodable update did apply its message
         # a node that cannot build the base says so (the engine's refusal; a Flower app's node errs)
         named = self._app is not None and self._app[0] is not None
-        self._forget(failure.node, base=failure.kind == NEEDS_BASE or (named and failure.kind ==
+        self._forget(failure.node, base=failure.kind == FailureKind.NEEDS_BASE or (named and failure.kind ==
                                                                         FailureKind.CLIENT_ERROR))
         return False
 

@@ -36,7 +36,8 @@ from flwr.app import Context, Message
 from fedge.protocol import CONFIG_RECORD
 from fedge.protocol.config_keys import PLUGINS, START_KEY
 from fedge.protocol.plugins import plugin_modules
-from fedge.protocol.refusals import POLICY, PolicyRefusal, refusal_content
+from fedge.protocol.failures import FailureKind
+from fedge.protocol.refusals import PolicyRefusal, refusal_content
 
 __all__ = ["ALLOWED_MODULES", "CLIENT_APP", "DEFAULT_CLIENT_APP", "DEVICE_CODE", "PINNED", "DeviceCode",
            "allowed_modules", "check_modules", "load_client_app", "pinned_app"]
@@ -128,7 +129,7 @@ class DeviceCode:
 
 def _refused(message: Message, reason: str) -> Message:
     log.warning("refusing message %s: %s", message.metadata.message_id, reason)
-    return Message(refusal_content(POLICY, reason), reply_to=message)
+    return Message(refusal_content(FailureKind.POLICY, reason), reply_to=message)
 
 
 def _installed(reference: str) -> Any:

@@ -18,15 +18,7 @@ from fedge.protocol.records import ProtocolError
 from fedge.protocol.resources import RESOURCES_RECORD
 
 __all__ = [
-    "BAD_CONFIG",
-    "COUNTED_ELSEWHERE",
     "DECLINED",
-    "KINDS",
-    "NEEDS_BASE",
-    "NOT_ELIGIBLE",
-    "OUT_OF_SYNC",
-    "OVER_BUDGET",
-    "POLICY",
     "REFUSAL_RECORD",
     "BadConfigRefusal",
     "CountedElsewhereRefusal",
@@ -43,72 +35,62 @@ __all__ = [
 #: the record a refusal reply carries, alone
 REFUSAL_RECORD = "refusal"
 
-#: the kinds, from the one vocabulary of failures (``fedge.protocol.failures``)
-OUT_OF_SYNC = FailureKind.OUT_OF_SYNC
-NEEDS_BASE = FailureKind.NEEDS_BASE
-BAD_CONFIG = FailureKind.BAD_CONFIG
-NOT_ELIGIBLE = FailureKind.NOT_ELIGIBLE
-OVER_BUDGET = FailureKind.OVER_BUDGET
-COUNTED_ELSEWHERE = FailureKind.COUNTED_ELSEWHERE
-POLICY = FailureKind.POLICY
-#: every kind a coordinator accepts in a refusal; a reply naming another is rejected as malformed
-KINDS = REFUSALS
-
 _MAX_REASON = 500
 
 
 class DeviceRefusal(RuntimeError):
-    """Base of the refusals a device reports as a typed record; ``kind`` is one of :data:`KINDS`."""
+    """Base of the refusals a device reports as a typed record; ``kind`` is one of the refusal kinds
+    of ``fedge.protocol.failures`` (``REFUSALS``)."""
 
-    kind: ClassVar[FailureKind] = BAD_CONFIG
+    kind: ClassVar[FailureKind] = FailureKind.BAD_CONFIG
 
 
 class OutOfSyncError(DeviceRefusal):
     """The coordinator sent a change for a version of a copy that this node does not hold."""
 
-    kind = OUT_OF_SYNC
+    kind = FailureKind.OUT_OF_SYNC
 
 
 class MissingBaseError(OutOfSyncError):
     """This device's seeded initial model differs from the coordinator's lattice base."""
 
-    kind = NEEDS_BASE
+    kind = FailureKind.NEEDS_BASE
 
 
 class NotEligibleRefusal(DeviceRefusal):
     """The device's owner does not let it train under the present conditions."""
 
-    kind = NOT_ELIGIBLE
+    kind = FailureKind.NOT_ELIGIBLE
 
 
 class OverBudgetRefusal(DeviceRefusal):
     """The device has spent today's budget of rounds or megabytes."""
 
-    kind = OVER_BUDGET
+    kind = FailureKind.OVER_BUDGET
 
 
 class CountedElsewhereRefusal(DeviceRefusal):
     """The device took part in this root round through another leaf (it moved during the round)."""
 
-    kind = COUNTED_ELSEWHERE
+    kind = FailureKind.COUNTED_ELSEWHERE
 
 
 class PolicyRefusal(DeviceRefusal):
     """The message breaks the device's own privacy policy (``fedge.edge_client.privacy_policy``)."""
 
-    kind = POLICY
+    kind = FailureKind.POLICY
 
 
 class BadConfigRefusal(DeviceRefusal):
     """The message asks for something this device cannot do."""
 
-    kind = BAD_CONFIG
+    kind = FailureKind.BAD_CONFIG
 
 
 def refusal_content(kind: FailureKind | str, reason: str) -> RecordDict:
     """The content of a refusal reply."""
-    if kind not in KINDS:
-        raise ProtocolError(f"unknown refusal kind {kind!r}; known: {sorted(k.value for k in KINDS)}")
+    if kind not in REFUSALS:
+        raise ProtocolError(f"unknown refusal kind {kind!r}; known: {sorted(k.value for k in REFUSALS)}")
     return RecordDict({REFUSAL_RECORD: ConfigRecord({"kind": FailureKind(kind).value,
                                                       "reason": reason[:_MAX_REASON]})})
 
@@ -123,7 +105,7 @@ def read_refusal(content: RecordDict) -> tuple[FailureKind, str] | None:
                             f"(and the device's {RESOURCES_RECORD!r} report)")
     record = content.config_records[REFUSAL_RECORD]
     kind, reason = record.get("kind"), record.get("reason")
-    if kind not in KINDS or set(record) != {"kind", "reason"}:
+    if kind not in REFUSALS or set(record) != {"kind", "reason"}:
         raise ProtocolError(f"malformed refusal: kind {kind!r}, keys {sorted(record)[:5]}")
     if not isinstance(reason, str):
         raise ProtocolError("malformed refusal: its reason is not text")

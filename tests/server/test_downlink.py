@@ -13,7 +13,7 @@ from fedge.edge_client.downlink import received_model
 from fedge.edge_client.public_copy import OutOfSyncError
 from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, ProtocolError
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_DIGEST
-from fedge.protocol.refusals import NEEDS_BASE
+from fedge.protocol.failures import FailureKind
 from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
 from fedge.server.engine.layers import Failure
@@ -80,7 +80,7 @@ def test_a_copy_that_does_not_match_is_refused_and_the_base_is_shipped_when_need
     with pytest.raises(OutOfSyncError, match="downlink base") as refused:
         _receive(grid, other, contents[other])
     # the device's refusal is typed: the coordinator ships the base because of its kind, not its words
-    assert refused.value.kind == NEEDS_BASE
+    assert refused.value.kind == FailureKind.NEEDS_BASE
     downlink.arrived(Step(2, [other]), Failure(other, refused.value.kind, "any words"))
     shipped = _send(downlink, engine.algorithm, 2, [other])[other]
     assert "base" in shipped.array_records[DOWNLINK_RECORD]
