@@ -185,7 +185,8 @@ class VersionedBroadcast:
         """Move the public copy towards ``params`` by one change and call the result ``version``."""
         if version <= self.version:
             raise ValueError(f"version {version} is not after the current {self.version}")
-        residual = params.detach().to(torch.float32) - self.public
+        target = params.detach().to(torch.float32)
+        residual = target - self.public
         k = max(1, math.ceil(self.spec.ratio_at(version) * self.numel))
         top = torch.topk(residual.abs(), min(k, self.numel), sorted=False).indices
         limit = 2 ** (self.spec.bits - 1) - 1
@@ -197,8 +198,8 @@ class VersionedBroadcast:
         idx, dn = top[keep][order], dn[keep][order]
         self.n[idx] += dn
         self.public[idx] = lattice_model(self.base[idx], self.steps[idx], self.n[idx])
-        moved = float((params.detach().to(torch.float32) - self.base).norm())
-        self.lag = float((params.detach().to(torch.float32) - self.public).norm()) / moved if moved > 0 else 0.0
+        moved = float((target - self.base).norm())
+        self.lag = float((target - self.public).norm()) / moved if moved > 0 else 0.0
         self.version = version
         self.digest = model_digest(self.public)
         self.changes[version] = (idx.numpy().astype(np.int64), dn.numpy().astype(np.int64))

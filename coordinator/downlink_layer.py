@@ -157,10 +157,11 @@ class DownlinkLayer(Layer):
 
     # -- a step ---------------------------------------------------------------------------------
     def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
-        start = next((o.model for o in outgoing if o.model is not None), None)
-        if self._ship_start and start is not None and self.broadcast is not None:
-            self.begin(start, self.broadcast.sizes, seeded=False)
-            self._ship_start = False
+        if self._ship_start and self.broadcast is not None:  # a model file's run: its first model is the base
+            start = next((o.model for o in outgoing if o.model is not None), None)
+            if start is not None:
+                self.begin(start, self.broadcast.sizes, seeded=False)
+                self._ship_start = False
         tally = self.scratch(step, _StepTally)
         for o in outgoing:
             if o.model is not None:

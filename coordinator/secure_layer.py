@@ -77,8 +77,8 @@ class SecureAggregation(Layer):
         """Stages 1 and 2 among the step's nodes: advertise, share. Only the devices that dealt their
         shares get their message, with the plan and their shares; the others' are kept back."""
         state: _Round = self.scratch(step, _Round)
-        models = [o.model for o in outgoing if o.model is not None]
-        self.numel = self.numel or (int(models[0].numel()) if models else 0)  # a Flower app's: its first model's
+        if not self.numel:  # a Flower app's layer: sized by its first model
+            self.numel = next((int(o.model.numel()) for o in outgoing if o.model is not None), 0)
         try:
             noise = None if self.dp_spec is None else round_noise(self.dp_spec, self.numel, len(step.nodes))
             state.secure = self.session.round(step.number, step.nodes, self.numel, weighted=self.weighted,
