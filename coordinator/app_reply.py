@@ -1,11 +1,11 @@
-"""How a coordinator reads a Flower app's reply, in one place: the door it passes (the engine's,
-with the same errors that refuse a reply), its weight (``num-examples`` or the strategy's
+"""How a coordinator reads a Flower app's reply, in one place: its weight (``num-examples`` or the strategy's
 ``weighted_by_key``), its update (the uplink codec's payload, or, from an app that sends models, its
 model minus the one sent) and the layers' part of the door around the decoding
 (``LayerStack.through``, as Fedge's engine runs it); and the records a driver copies or merges on a
 message's way to and from the user's strategy. Every Flower-app driver (``fedge.flower``'s
-``layered`` and ``FedBuff``) takes a reply through :func:`through_door` and
-:func:`reply_through_layers`, so what refuses a reply cannot differ between them.
+``layered`` and ``FedBuff``) takes a reply through the engine's door and accounting
+(``fedge.coordinator.driver``) and :func:`reply_through_layers`, so what refuses a reply cannot
+differ between them.
 """
 
 from __future__ import annotations
@@ -18,18 +18,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedge.compression import Codec
-from fedge.coordinator.dispatcher import Missing
-from fedge.coordinator.door import door
-from fedge.protocol.failures import Failure
 from fedge.coordinator.layer import LayerStack
 from fedge.protocol.layout import Layout, LayoutError
 from fedge.protocol.records import FEDGE_REPLY_RECORDS, UPDATE_RECORD, ProtocolError, read_payload
-from fedge.protocol.resources import RESOURCES_RECORD
 from fedge.coordinator.step import Reply, Step, Update
-from fedge.coordinator.tally import Tally
 
-__all__ = ["own_config", "reply_through_layers", "reply_update", "reply_weight", "through_door",
-           "with_extra", "with_raw"]
+__all__ = ["own_config", "reply_through_layers", "reply_update", "reply_weight", "with_extra", "with_raw"]
 
 
 def reply_weight(reply: Message, key: str) -> tuple[float, MetricRecord]:
@@ -102,19 +96,6 @@ def own_config(message: Message) -> ConfigRecord:
 def with_raw(like: ArrayRecord, raw: ArrayRecord) -> ArrayRecord:
     """``like`` with the arrays ``raw`` has (the integer buffers a node sends as they are)."""
     return ArrayRecord({name: raw[name] if name in raw else like[name] for name in like})
-
-
-def through_door(number: int, item: Message | Missing, consume: Callable[[Reply], None], tally: Tally,
-                 **door_args: object) -> Failure | None:
-    """A Flower-app driver's door (``fedge.coordinator.door``, the engine's, with its one error set):
-    a reply that arrived is first counted in its step's ``tally`` (its bytes, its device's
-    resource report, ``fedge.coordinator.tally``) and the report taken out of it, since Flower's
-    strategies aggregate replies that hold exactly one MetricRecord and ``resource_mod`` adds one."""
-    if isinstance(item, Message):
-        tally.replied(item)
-        if not item.has_error():
-            item.content.pop(RESOURCES_RECORD, None)
-    return door(number, item, consume, **door_args)  # type: ignore[arg-type]
 
 
 def with_extra(metrics: MetricRecord | None, extra: dict[str, object]) -> MetricRecord | None:

@@ -213,10 +213,9 @@ class LayerStack:
             update = layer.update(step, update)
         return update
 
-    def failed(self, step: Step, tally: Tally, failure: Failure) -> None:
-        """A node gave no usable reply (``failure`` says why, by kind): counted in the step's tally and
-        heard by every layer."""
-        tally.failed(failure)
+    def failed(self, step: Step, failure: Failure) -> None:
+        """A node gave no usable reply (``failure`` says why, by kind): every layer hears it (the
+        step's driver counts it, ``fedge.coordinator.driver``)."""
         for layer in self.layers:
             layer.arrived(step, failure)
 

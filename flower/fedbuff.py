@@ -25,7 +25,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from fedge.aggregation.robust import Aggregator, make_aggregator
 from fedge.aggregation.staleness import Staleness, VersionBuffer
 from fedge.compression import Codec, make_codec
-from fedge.coordinator.app_reply import reply_through_layers, through_door, with_extra, with_raw
+from fedge.coordinator.app_reply import reply_through_layers, with_extra, with_raw
+from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.async_loop import AsyncLoop
 from fedge.coordinator.dispatcher import Missing
 from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_codec
@@ -33,7 +34,7 @@ from fedge.protocol.failures import FailureKind, Rejected
 from fedge.coordinator.layer import Layer, LayerStack, releases_aggregate
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import MODEL_RECORD, RAW_RECORD
-from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome
+from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome, Update
 from fedge.coordinator.tally import Tally
 from fedge.protocol.uplink_request import UplinkRequest
 
@@ -50,8 +51,7 @@ class _Buffer:
     the run's :class:`VersionBuffer`'s)."""
 
     mean: Aggregator
-    step: Step  # the version being built, as the layers see it
-    accounting: Tally
+    driver: StepDriver  # the version being built, as the layers see it, and its accounting
     contents: list[RecordDict] = field(default_factory=list)
     raw: ArrayRecord | None = None  # the integer buffers the latest reply sent
 
@@ -129,7 +129,7 @@ class FedBuff:
             self._evaluate(evaluate_fn, 0, initial_arrays, result)
         rng = random.Random(self.seed)
         loop = AsyncLoop(grid, self.concurrency, self.reply_timeout, clock=clock, sleep=sleep)
-        version, buffer, deadline = 0, self._new_buffer(layout, 1, clock), clock() + timeout
+        version, buffer, deadline = 0, self._new_buffer(run, 1, clock), clock() + timeout
         log.info("[FedBuff] %d versions, %d nodes in flight, buffer %d", num_versions, self.concurrency, self.buffer)
 
         def in_time() -> None:
@@ -148,7 +148,7 @@ class FedBuff:
             params = torch.from_numpy(layout.flatten(arrays).copy())
             outgoing = [Outgoing(n, self._content(arrays, layout, version, train_config), MessageType.TRAIN,
                                  model=params) for n in nodes]
-            run.layers.outgoing(buffer.step, outgoing, buffer.accounting)  # a layer may keep some back
+            buffer.driver.send(outgoing)  # a layer may keep some back
             b = downlink.broadcast  # with a lattice, nodes train from the public copy
             run.versions.sent([o.node for o in outgoing], torch.from_numpy(model) if b is None
                               else b.public.clone())
@@ -159,16 +159,14 @@ class FedBuff:
             nonlocal version, model, like, buffer
             in_time()
             started = version if started is None else started
-            failure = through_door(version, item, lambda reply: self._absorb(item, reply, buffer, run),
-                                   buffer.accounting, started=started)
-            if failure is not None:
+            failure = buffer.driver.take(item, lambda reply: self._absorb(item, reply, buffer, run), started=started)
+            if failure is not None:  # every layer heard it; the versions forget the node's slot
                 run.versions.missed(node)
                 if failure.kind is FailureKind.STALE:
                     self.dropped_stale += 1
                 else:  # a node that did not answer is counted at the version it was waited for
                     at = version if failure.kind is FailureKind.TIMEOUT else started
                     self.refused.append((at, node, failure.reason))
-                run.layers.failed(buffer.step, buffer.accounting, failure)
             if buffer.mean.count < self.buffer:
                 return False
             model = self._advance(model, buffer, run.versions)
@@ -176,17 +174,17 @@ class FedBuff:
             like = like if buffer.raw is None else with_raw(like, buffer.raw)  # integer buffers: the latest sent
             result.arrays = layout.rebuild(model, like)
             outcome = StepOutcome(model=torch.from_numpy(model.copy()))
-            run.layers.close(buffer.step, outcome, buffer.accounting)
-            self.uplink_bytes += buffer.accounting.uplink  # the version's replies and its layers' exchanges
+            buffer.driver.close(outcome)
+            self.uplink_bytes += buffer.driver.tally.uplink  # the version's replies and its layers' exchanges
             result.train_metrics_clientapp[version] = with_extra(self._train_metrics(buffer, run.versions),
-                                                                 {**outcome.extra, **buffer.accounting.app_metrics()})
+                                                                 {**outcome.extra, **buffer.driver.tally.app_metrics()})
             if self.on_version is not None:  # fedge.flower.tracked: the version's figures as they are known
                 self.on_version(version, result.train_metrics_clientapp[version])
             log.info("[FedBuff] version %d: %d updates, staleness mean %.2f", version, buffer.mean.count,
                      run.versions.publish(version)["staleness_mean"])
             if evaluate_fn is not None:
                 self._evaluate(evaluate_fn, version, result.arrays, result)
-            buffer = self._new_buffer(layout, version + 1, clock)
+            buffer = self._new_buffer(run, version + 1, clock)
             return version >= num_versions
 
         def done() -> bool:
@@ -197,10 +195,10 @@ class FedBuff:
                  wait=lambda: sleep(_NODE_WAIT))  # no node connected yet: wait for one, as the engine does
         return result
 
-    def _new_buffer(self, layout: Layout, number: int, clock: Callable[[], float]) -> _Buffer:
+    def _new_buffer(self, run: _Run, number: int, clock: Callable[[], float]) -> _Buffer:
         """The buffer of version ``number`` (the step the layers see builds it from the one before)."""
-        return _Buffer(make_aggregator(self.aggregator, layout.numel, capacity=self.buffer), Step(number),
-                       Tally(clock()))
+        return _Buffer(make_aggregator(self.aggregator, run.layout.numel, capacity=self.buffer),
+                       StepDriver(run.layers, Step(number), Tally(clock()), app=True))
 
     def _alpha(self) -> float | None:
         return None  # FedBuff: a buffer of updates per version
@@ -209,7 +207,7 @@ class FedBuff:
         """The next version: the buffer's mean moves the model by ``server_lr`` (FedBuff)."""
         return (model + self.server_lr * buffer.mean.result().numpy()).astype(np.float32)
 
-    def _absorb(self, message: Message, reply: Reply, buffer: _Buffer, run: _Run) -> None:
+    def _absorb(self, message: Message, reply: Reply, buffer: _Buffer, run: _Run) -> Update:
         """One reply into the buffer (``fedge.coordinator.app_reply``), as the engine takes it: refused
         when staler than the bound before it is decoded, decoded with its round's codec (``tcs``: on
         its node's support), added with weight w·s(τ). Raises what refuses it."""
@@ -226,13 +224,13 @@ class FedBuff:
             raise Rejected(f"reply to version {started}, which this coordinator never sent")
         wire = None if run.codec is None else run.downlink.bind(run.codec.for_round(started + 1, self.seed),
                                                                 reply.node)
-        update, _ = reply_through_layers(run.layers, buffer.step, message, reply, run.layout, wire,
+        update, _ = reply_through_layers(run.layers, buffer.driver.step, message, reply, run.layout, wire,
                                          base.numpy(), self.weighted_by_key, admit)
         assert update is not None  # no layer takes a reply whole here (SUM layers are refused)
-        buffer.accounting.members.append(reply.node)
         run.versions.add(buffer.mean, update.vector, update.weight, started)
         buffer.contents.append(RecordDict({"metrics": next(iter(message.content.metric_records.values()))}))
         buffer.raw = message.content.array_records.get(RAW_RECORD, buffer.raw)
+        return update
 
     # -- pieces ---------------------------------------------------------------------------------
     def _content(self, arrays: ArrayRecord, layout: Layout, version: int,

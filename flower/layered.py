@@ -25,7 +25,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from fedge.aggregation.partial import Partial
 from fedge.aggregation.streaming_mean import StreamingMean
 from fedge.compression import Codec, make_codec
-from fedge.coordinator.app_reply import own_config, reply_through_layers, through_door, with_extra, with_raw
+from fedge.coordinator.app_reply import own_config, reply_through_layers, with_extra, with_raw
+from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.coordinator.dispatcher import grid_exchange
 from fedge.protocol.failures import Failure, FailureKind
@@ -43,13 +44,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Round:
-    step: Step
-    tally: Tally
+    driver: StepDriver
     layout: Layout
     arrays: ArrayRecord
     sent: np.ndarray
     wire: Codec | None  # the uplink codec of this round
     sent_at: dict[int, float] = field(default_factory=dict)  # node -> its message's created_at
+
+    @property
+    def step(self) -> Step:
+        return self.driver.step
+
+    @property
+    def tally(self) -> Tally:
+        return self.driver.tally
 
 
 class LayeredStrategy(Strategy):
@@ -124,14 +132,15 @@ class LayeredStrategy(Strategy):
                     exchange=grid_exchange(grid, server_round))
         wire = None if self.uplink is None else make_codec(self.uplink).for_model(layout.sizes()).for_round(
             server_round, self.seed)
-        state = _Round(step, Tally(time.monotonic()), layout, arrays, sent, wire)
-        step.on_failure = lambda failure: self._missed(state, failure)
+        driver = StepDriver(self.layers, step, Tally(time.monotonic()), app=True,
+                            heard=lambda failure: self._heard(server_round, failure))
+        state = _Round(driver, layout, arrays, sent, wire)
         for message in messages:  # what is written for one node must not reach another
             train_config = own_config(message)
             if self.uplink is not None:
                 UplinkRequest(self.uplink, layout.digest, server_round, self.seed).write(train_config)
         outgoing = [Outgoing(m.metadata.dst_node_id, m.content, MessageType.TRAIN, model=params) for m in messages]
-        self.layers.outgoing(step, outgoing, state.tally)  # a layer may keep some back
+        driver.send(outgoing)  # a layer may keep some back
         going = {o.node: o for o in outgoing}
         kept = [m for m in messages if m.metadata.dst_node_id in going]
         for message in kept:
@@ -158,32 +167,21 @@ class LayeredStrategy(Strategy):
         kept: list[Message] = []
         clear = StreamingMean(layout.numel)  # the engine's running sum (its FedAvg's ``mean``)
         refused_before = len(self.refused)
-        def consume(reply: Reply, message: Message, taken: list[Update | None]) -> None:
+
+        def consume(reply: Reply, message: Message) -> Update | None:
             update = self._update(state, message, reply, key)
             if update is not None:  # inside the door: a value beyond the exact sum's range refuses the reply
                 clear.add(update.vector, update.weight)
-            taken.append(update)
+                kept.append(message)
+            return update
 
-        for message in replies:  # the one door (``fedge.coordinator.door``), as in Fedge's engine
-            taken: list[Update | None] = []
-            failure = through_door(server_round, message, lambda reply, m=message, t=taken: consume(reply, m, t),  # type: ignore[misc]
-                                   state.tally)
-            if failure is not None:  # the door logged a refusal already; a silence or an error it does not
-                self._missed(state, failure, logged=failure.kind not in (FailureKind.TIMEOUT,
-                                                                         FailureKind.CLIENT_ERROR))
-                continue
-            update = taken[0]
-            if update is None:  # a layer took the reply whole
-                continue
-            state.tally.members.append(update.node)
-            kept.append(message)
+        for message in replies:  # the one door (``fedge.coordinator.driver``), as in Fedge's engine
+            state.driver.take(message, lambda reply, m=message: consume(reply, m))  # type: ignore[misc]
         answered = {m.metadata.src_node_id for m in replies}
         for node in [n for n in step.nodes if n not in answered]:  # the layers hear of it, as in the engine
-            log.info("round %d: no reply from node %d", server_round, node)
-            self.layers.failed(step, state.tally, Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
-        summed = clear.partial().replace(members=tuple(state.tally.members))
-        step.released = released = self.layers.release(step, summed)
-        state.tally.used = released.count
+            state.driver.fail(Failure(node, FailureKind.TIMEOUT, "no reply within the round"))
+        released = state.driver.release(clear.partial())
+        summed = state.driver.clear
         if released.is_empty:
             arrays, metrics = None, None
         elif released is summed and not self.streaming:
@@ -196,7 +194,7 @@ class LayeredStrategy(Strategy):
                           reply_to=Message(RecordDict(), dst_node_id=0, message_type=MessageType.TRAIN))
             arrays, metrics = self.strategy.aggregate_train(server_round, [one])
         outcome = StepOutcome(model=None if arrays is None else torch.from_numpy(Layout(arrays).flatten(arrays)))
-        self.layers.close(step, outcome, state.tally)
+        state.driver.close(outcome)
         fedge = state.tally.app_metrics()
         if self.uplink is not None or self.masks_updates:  # masked uploads: their bytes and the key exchange
             fedge.update({"fedge-uplink-bytes": state.tally.uplink, "fedge-refused": len(self.refused) - refused_before})
@@ -248,12 +246,15 @@ class LayeredStrategy(Strategy):
             message.content = content
         return update
 
-    def _missed(self, state: _Round, failure: Failure, logged: bool = False) -> None:
-        if not logged:
-            log.warning("round %d: refused the reply of node %d: %s", state.step.number, failure.node,
-                        failure.reason)
-        self.refused.append((state.step.number, failure.node, failure.reason))
-        self.layers.failed(state.step, state.tally, failure)
+    def _heard(self, server_round: int, failure: Failure) -> None:
+        """A reply left out of the round (the door or the layer that dropped it logged why; a silence
+        is counted by kind, not refused)."""
+        if failure.kind is FailureKind.TIMEOUT:
+            log.info("round %d: no reply from node %s", server_round, failure.node)
+            return
+        if failure.kind is FailureKind.CLIENT_ERROR:
+            log.warning("round %d: refused the reply of node %s: %s", server_round, failure.node, failure.reason)
+        self.refused.append((server_round, failure.node, failure.reason))
 
     # -- evaluate: the downlink ships the model there too ---------------------------------------
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -279,23 +280,21 @@ class LayeredStrategy(Strategy):
         pass on, for the strategy to count); with a downlink, each reply confirms the copy its
         message brought (under a ``tcs`` uplink none brought one), a failure forgets it, and the metrics
         gain ``fedge-downlink-bytes``."""
-        downlink, step, passed, tally = self.downlink, Step(server_round), [], Tally(0.0)
+        downlink, passed = self.downlink, []
         copies = None if downlink is None or downlink.track_supports else downlink  # what configure_evaluate shipped
+        driver = StepDriver(LayerStack([] if copies is None else [copies]), Step(server_round), Tally(0.0), app=True)
 
         def take(reply: Reply, message: Message) -> None:
             passed.append(message)
             if copies is not None:
-                copies.arrived(step, reply)
+                copies.arrived(driver.step, reply)
 
         for message in replies:
-            failure = through_door(server_round, message, lambda reply, m=message: take(reply, m),  # type: ignore[misc]
-                                   tally, what="evaluation")
-            if failure is not None and copies is not None:
-                copies.arrived(step, failure)
+            failure = driver.take(message, lambda reply, m=message: take(reply, m), what="evaluation")  # type: ignore[misc]
             if failure is not None and failure.kind is FailureKind.CLIENT_ERROR:
                 passed.append(message)
         metrics = self.strategy.aggregate_evaluate(server_round, passed)
-        extra: dict[str, object] = {"fedge-device-resources": resource_summary(tally.resources)}
+        extra: dict[str, object] = {"fedge-device-resources": resource_summary(driver.tally.resources)}
         if downlink is not None and downlink.bytes:
             extra["fedge-downlink-bytes"], downlink.bytes = downlink.bytes, 0
         return with_extra(metrics, extra)

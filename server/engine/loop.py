@@ -42,10 +42,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
 from fedge.protocol import UPDATE_RECORD, array_bytes, read_payload
-from fedge.coordinator.door import door
+from fedge.coordinator.driver import StepDriver
 from fedge.server.engine.algorithm import (
     Algorithm,
     Outgoing,
@@ -65,7 +64,7 @@ from fedge.coordinator.downlink_layer import DownlinkLayer
 from fedge.server.engine.reply_screen import screen_reply
 from fedge.server.engine.roster import Roster
 from fedge.server.run.device_ledger import DeviceLedger
-from fedge.coordinator.tally import Tally, resource_summary, train_seconds
+from fedge.coordinator.tally import Tally, resource_summary
 from fedge.server.run.checkpoint import Checkpoint, CheckpointError, IncompatibleCheckpointError
 from fedge.server.run.metrics_row import RoundRow
 from fedge.server.run.run_directory import RunDirectory
@@ -236,15 +235,15 @@ class Engine:
             self.wait_for_nodes(grid)  # a member left: wait for it (NotEnoughNodesError after wait-for-nodes)
             nodes = self.connected(grid, number)
         selected = self.algorithm.select(number, nodes, self.sample)
-        state = self._open(number, selected, len(nodes), exchange, tally)
-        outgoing = self._configure(state, state.nodes, tally)
+        driver = self._open(number, selected, len(nodes), exchange, tally)
+        outgoing = self._send(driver, driver.step.nodes)
         tally.sampled = len(selected)  # those a layer dropped before training were sampled too
         for item in exchange(outgoing, self.settings.round_timeout, "train"):
-            self._receive(state, item, tally)
+            self._take(driver, item)
         # the order of arrival is the one thing a run of the same seed may not reproduce (and need not)
         log.info("round %d: used replies arrived from partitions %s", number,
                  [self.roster.name(n) for n in tally.members])
-        return ClosedStep(state, self.close(state, tally), tally, selected)
+        return ClosedStep(driver.step, self.close(driver), tally, selected)
 
     def connected(self, grid: object, number: int) -> list[int]:
         """The connected nodes in the run's canonical order, after asking the new ones their name
@@ -263,15 +262,15 @@ class Engine:
         chosen = self.layers.select(nodes, count, key)
         return chosen if chosen is not None else sample_nodes(nodes, count, self.settings.seed, step=key)
 
-    def close(self, step: Step, tally: Tally) -> StepOutcome:
+    def close(self, driver: StepDriver) -> StepOutcome:
         """Close a step without publishing it: the step's aggregate passes every layer's ``release``
         (``step.released``: what a leaf coordinator would forward), the algorithm closes from it,
         layers close. Nothing is measured, written or checkpointed here."""
+        step = driver.step
         if step.aggregate is not None:
-            step.released = self.release(step, tally)
-            tally.used = step.released.count  # the updates in what the step releases (one count, here)
+            driver.release(step.aggregate.partial())
         outcome = self.algorithm.close(step)
-        self.layers.close(step, outcome, tally)
+        driver.close(outcome)
         return outcome
 
     def publish(self, grid: object, closed: ClosedStep, result: EngineResult | None) -> RoundRow:
@@ -328,21 +327,13 @@ class Engine:
                 extra[name] = self.roster.order(value)
         return extra
 
-    def release(self, step: Step, tally: Tally) -> Partial:
-        """The step's aggregate on its way to the algorithm: the accumulator's partial (the clear
-        updates, their nodes), then every layer's ``release`` in turn."""
-        assert step.aggregate is not None
-        partial = step.aggregate.partial()
-        if partial.count == len(tally.members):  # each used reply added once: these are its nodes
-            partial = partial.replace(members=tuple(tally.members))
-        return self.layers.release(step, partial)
-
-    def absorb_reply(self, step: Step, reply: Reply) -> None:
+    def absorb_reply(self, step: Step, reply: Reply) -> Update | None:
         """The one door of every update, secure or clear: screen the whole reply, check the metrics
         every reply carries, show it to every layer (one may take it whole: a masked upload), let
         the algorithm admit it, decode it with the codec of its round (validated in full before anything moves), pass
         it through the layers (bound, weight, clip) and hand it to the algorithm. Raises
-        :class:`Rejected`, ``PayloadError`` or ``ProtocolError``."""
+        :class:`Rejected`, ``PayloadError`` or ``ProtocolError``. Returns the update the algorithm
+        absorbed, or None when a layer took the reply whole."""
         alg = self.algorithm
         screen_reply(reply.content, self.ctx.fp32_bytes)
         metrics = reply_metrics(reply.content)
@@ -361,6 +352,7 @@ class Engine:
         update = self.layers.through(step, reply, payload, metrics, decode)
         if update is not None:  # None: a layer consumed it whole (a masked upload)
             alg.absorb(step, update)
+        return update
 
     def evaluate(self, params: torch.Tensor) -> dict[str, float]:
         """Loss and the task's metrics of a flat model on the coordinator's held-out data (empty
@@ -385,10 +377,10 @@ class Engine:
             screen_reply(reply.content, self.ctx.fp32_bytes)
             federated.absorb(reply.node, reply.content)
 
+        # the same door as an update's; its own tally (evaluation replies are not the step's uplink)
+        evaluation = StepDriver(LayerStack(), Step(number), Tally(0.0), heard=federated.ignore)
         for item in self._exchange(grid, number)(outgoing, self.settings.round_timeout, "eval"):
-            failure = door(number, item, absorb, what="evaluation")  # the same door as an update's
-            if failure is not None:
-                federated.ignore(failure)
+            evaluation.take(item, absorb, what="evaluation")
         if mode == "federated":
             return federated.result(), federated.facts()
         return central, {**{f"federated_{k}": v for k, v in federated.result().items()}, **federated.facts()}
@@ -405,9 +397,9 @@ class Engine:
                          sleep=self.sleep)
         free_since: dict[int, float] = {}  # node -> when its last reply landed
         version = start
-        tally = Tally(self.clock())
         self.connected(grid, version + 1)  # the roll call: free nodes are picked in the roster's order
-        state = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1), tally)  # type: ignore[attr-defined]
+        driver = self._open(version + 1, [], len(grid.get_node_ids()), self._exchange(grid, version + 1),  # type: ignore[attr-defined]
+                            Tally(self.clock()))
 
         def pick(free: list[int], want: int, dispatch: int) -> list[int]:
             # Seeded by the dispatch counter: which free nodes get the slots is reproducible for a
@@ -415,23 +407,22 @@ class Engine:
             return self._choose(self.roster.order(free), want, 10**6 * (version + 1) + dispatch)
 
         def send(nodes: list[int]) -> list[Outgoing]:
-            outgoing = self._configure(state, nodes, tally)
+            outgoing = self._send(driver, nodes)
             for o in outgoing:
-                tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
+                driver.tally.idle += max(0.0, self.clock() - free_since.pop(o.node, self.clock()))
             return outgoing
 
         def receive(node: int, began: int | None, item: Message | Missing) -> bool:
-            nonlocal version, tally, state
+            nonlocal version, driver
             free_since[node] = self.clock()
-            self._receive(state, item, tally, started=began)
-            if not alg.ready(state):
+            self._take(driver, item, started=began)
+            if not alg.ready(driver.step):
                 return False
             version += 1
-            outcome = self.close(state, tally)
-            self.publish(grid, ClosedStep(state, outcome, tally, self._evaluators(grid, version)), result)
-            tally = Tally(self.clock())
-            state = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
-                               self._exchange(grid, version + 1), tally)
+            outcome = self.close(driver)
+            self.publish(grid, ClosedStep(driver.step, outcome, driver.tally, self._evaluators(grid, version)), result)
+            driver = self._open(version + 1, [], len(grid.get_node_ids()),  # type: ignore[attr-defined]
+                                self._exchange(grid, version + 1), Tally(self.clock()))
             return version >= self.settings.rounds or self._reached_target(result) or self._stop_requested(result)
 
         loop.run(done=lambda: version >= self.settings.rounds, fill=lambda: loop.fill(version, pick, send),
@@ -446,19 +437,24 @@ class Engine:
                             self.settings.seed, step=10**9 + version)
 
     # -- the step's parts -----------------------------------------------------------------------
-    def _open(self, number: int, nodes: list[int], connected: int, exchange: Exchange, tally: Tally) -> Step:
-        """The algorithm opens the step; a layer may run exchanges of its own over ``exchange`` when
-        its messages go out, and drop nodes, each recorded as a failure."""
-        state = self.algorithm.open_step(number, nodes)
-        state.connected, state.exchange = connected, exchange
-        state.on_failure = lambda failure: self._failed(state, failure, tally)
-        return state
+    def _open(self, number: int, nodes: list[int], connected: int, exchange: Exchange, tally: Tally) -> StepDriver:
+        """The algorithm opens the step, and its driver around it: a layer may run exchanges of its
+        own over ``exchange`` when its messages go out, and drop nodes, each recorded as a failure
+        that the algorithm hears (it frees the node's slot) before the layers."""
+        step = self.algorithm.open_step(number, nodes)
+        step.connected, step.exchange = connected, exchange
 
-    def _configure(self, step: Step, nodes: list[int], tally: Tally) -> list[Outgoing]:
+        def heard(failure: Failure) -> None:
+            if failure.node is not None:
+                self.algorithm.missed(step, failure.node, failure.reason)
+
+        return StepDriver(self.layers, step, tally, heard=heard)
+
+    def _send(self, driver: StepDriver, nodes: list[int]) -> list[Outgoing]:
         """The algorithm's messages for ``nodes``, through every layer (which may keep some back:
         secure aggregation's, to the devices that dealt no shares); those that go out are counted."""
-        outgoing = self.algorithm.configure(step, nodes) if nodes else []
-        self.layers.outgoing(step, outgoing, tally)
+        outgoing = self.algorithm.configure(driver.step, nodes) if nodes else []
+        driver.send(outgoing)
         return outgoing
 
     def _exchange(self, grid: object, number: int) -> Exchange:
@@ -470,28 +466,10 @@ class Engine:
         """A message's lifetime at the SuperLink: the round's timeout and a minute."""
         return self.settings.round_timeout + 60.0
 
-    def _receive(self, step: Step, item: Message | Missing, tally: Tally, started: int | None = None) -> None:
-        """One reply (or a missing one) through the door, counted; a reply that cannot be used is
-        logged and recorded as a typed failure, which the algorithm and every layer hear."""
-        failure = self._absorb(step, item, started)
-        if isinstance(item, Message):
-            tally.replied(item)
-        if failure is None:
-            assert isinstance(item, Message)
-            tally.used += 1
-            tally.members.append(item.metadata.src_node_id)
-            tally.train_seconds.append(train_seconds(item))
-        else:
-            self._failed(step, failure, tally)
-
-    def _failed(self, step: Step, failure: Failure, tally: Tally) -> None:
-        if failure.node is not None:
-            self.algorithm.missed(step, failure.node, failure.reason)
-        self.layers.failed(step, tally, failure)
-
-    def _absorb(self, step: Step, item: Message | Missing, started: int | None = None) -> Failure | None:
-        """Hand one reply to the door; None if it was used, else why not."""
-        return door(step.number, item, lambda reply: self.absorb_reply(step, reply), started)
+    def _take(self, driver: StepDriver, item: Message | Missing, started: int | None = None) -> Failure | None:
+        """One reply (or a missing one) through the door (:meth:`absorb_reply`), counted; None if it
+        was used, else the typed failure the algorithm and every layer heard."""
+        return driver.take(item, lambda reply: self.absorb_reply(driver.step, reply), started)
 
     # -- the run's state ------------------------------------------------------------------------
     def _final_model(self) -> torch.Tensor:

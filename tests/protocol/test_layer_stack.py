@@ -11,6 +11,7 @@ from flwr.app import RecordDict
 
 from fedge.aggregation.partial import Partial
 from fedge.protocol.failures import Failure, FailureKind
+from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.layer import SAMPLE, SUM, Layer, LayerStack, RunComplete
 from fedge.coordinator.step import Reply, Step, StepOutcome, Update
 from fedge.coordinator.tally import Tally
@@ -103,7 +104,7 @@ def test_every_layer_sees_a_reply_even_one_another_consumes_and_updates_chain() 
 def test_a_failure_is_counted_once_and_heard_by_every_layer() -> None:
     log: list[str] = []
     stack, tally = LayerStack([_Recording("a", log), _Recording("b", log)]), Tally(0.0)
-    stack.failed(Step(1), tally, Failure(4, FailureKind.TIMEOUT, "no reply"))
+    StepDriver(stack, Step(1), tally).fail(Failure(4, FailureKind.TIMEOUT, "no reply"))
     assert tally.failures == {"timeout": 1} and log == ["a.missed:timeout", "b.missed:timeout"]
 
 

@@ -11,6 +11,7 @@ from flwr.app import MetricRecord, RecordDict
 from fedge.compression import make_codec
 from fedge.edge_client.node_store import NodeStore
 from fedge.protocol import METRICS_RECORD, UPDATE_RECORD, payload_record
+from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.tally import Tally
 from fedge.server.algorithms.fedavg_layered import EASGD
 from fedge.server.engine.algorithm import Rejected, Reply
@@ -44,7 +45,7 @@ def _door(algorithm: EASGD, tmp_path) -> Engine:
 def _close(door: Engine, step):  # type: ignore[no-untyped-def]
     """The step closed as the engine closes it: the layers release the aggregate, the algorithm
     applies it, the layers close."""
-    return door.close(step, Tally(began=0.0))
+    return door.close(StepDriver(door.layers, step, Tally(began=0.0)))
 
 
 def test_center_moves_by_the_sum_of_elastic_differences(tmp_path) -> None:

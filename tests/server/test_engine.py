@@ -215,7 +215,8 @@ def test_client_rejects_a_malformed_downlink(tmp_path) -> None:
     engine = _engine(tmp_path, rounds=1)
     grid = InProcessGrid(3)
     engine.algorithm.start(_start(engine))
-    outgoing = engine._configure(engine.algorithm.open_step(1, grid.get_node_ids()), grid.get_node_ids(), Tally(0.0))
+    driver = engine._open(1, grid.get_node_ids(), 3, engine._exchange(grid, 1), Tally(0.0))
+    outgoing = engine._send(driver, grid.get_node_ids())
     content = outgoing[0].content
     record = content.array_records["arrays"]
     first = next(iter(record.keys()))

@@ -10,6 +10,9 @@ import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
 from fedge.compression import make_codec
+from fedge.coordinator.driver import StepDriver
+from fedge.coordinator.tally import Tally
+from fedge.protocol.failures import Failure
 from fedge.protocol import METRICS_RECORD, PAYLOAD_KEY, PAYLOAD_STYPE, UPDATE_RECORD
 from fedge.server.engine.algorithm import Reply
 from fedge.server.engine.loop import Engine, make_context
@@ -48,6 +51,11 @@ def _content(payload: bytes | None, metrics: dict | None) -> RecordDict:
     return content
 
 
+def _take(engine: Engine, step: FedAvgStep, reply: _Reply) -> Failure | None:
+    """One reply through the engine's door, as its loops take it (``fedge.coordinator.driver``)."""
+    return engine._take(StepDriver(engine.layers, step, Tally(0.0)), reply)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def engine(tmp_path) -> Engine:
     settings = RunSettings(run_dir=str(tmp_path))
@@ -65,7 +73,7 @@ def step(engine: Engine) -> FedAvgStep:
 
 def test_valid_reply_is_accumulated(engine: Engine, step: FedAvgStep) -> None:
     payload = engine.algorithm.codec.encode(torch.randn(N))
-    assert engine._absorb(step, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7)) is None
+    assert _take(engine, step, _Reply(_content(payload, {"num-examples": 10, "train-loss": 0.5}), 7)) is None
     assert step.aggregate.count == 1
 
 
@@ -87,7 +95,7 @@ def test_bad_replies_are_rejected_with_a_reason(engine: Engine, step: FedAvgStep
     payload = {"good": good, "good-truncated": good[:100], "fp16": make_codec("fp16").encode(torch.randn(N))}.get(
         payload, payload
     )
-    failure = engine._absorb(step, _Reply(_content(payload, metrics), 42))
+    failure = _take(engine, step, _Reply(_content(payload, metrics), 42))
     assert failure is not None and failure.node == 42 and failure.kind == "invalid", failure
     assert re.search(reason, failure.reason), failure.reason
     assert step.aggregate.count == 0  # nothing reached the accumulator
@@ -118,16 +126,16 @@ def test_malicious_input_at_the_door(engine: Engine, step: FedAvgStep, caplog) -
         "metric 'train-loss' is not a finite number": _content(good, {"num-examples": 3, "train-loss": float("nan")}),
     }
     for expected, content in cases.items():
-        failure = engine._absorb(step, _Reply(content, 42))
+        failure = _take(engine, step, _Reply(content, 42))
         assert failure is not None and failure.node == 42 and expected in failure.reason, (expected, failure)
     assert step.aggregate.count == 0
-    assert engine._absorb(step, _Reply(_content(good, ok), 7)) is None  # the round goes on
+    assert _take(engine, step, _Reply(_content(good, ok), 7)) is None  # the round goes on
     assert step.aggregate.count == 1
     assert caplog.text.count("rejected update from node 42") == len(cases)
 
 
 def test_client_error_reply_is_recorded(engine: Engine, step: FedAvgStep) -> None:
-    failure = engine._absorb(step, _Reply(RecordDict(), 7, _Error(3, "boom")))
+    failure = _take(engine, step, _Reply(RecordDict(), 7, _Error(3, "boom")))
     assert failure is not None and (failure.node, failure.kind, failure.reason) == (7, "client-error", "client error 3: boom")
 
 
