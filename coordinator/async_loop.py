@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from flwr.app import Message
 
-from fedge.coordinator.dispatcher import Dispatcher, Missing, step_messages
+from fedge.coordinator.dispatcher import Dispatcher, step_messages
+from fedge.coordinator.step import Missing
 from fedge.coordinator.step import Outgoing
 
 __all__ = ["AsyncLoop"]

@@ -13,27 +13,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flwr.app import Message
 
+from fedge.coordinator.step import Missing
+
 if TYPE_CHECKING:
     from fedge.coordinator.step import Exchange, Outgoing
 
-__all__ = ["Dispatcher", "Missing", "grid_exchange", "step_messages"]
+__all__ = ["Dispatcher", "grid_exchange", "step_messages"]
 
 log = logging.getLogger(__name__)
 
 _POLL_START, _POLL_MAX = 0.05, 1.0  # seconds between pulls: quick in simulation, gentle when deployed
-
-
-@dataclass(frozen=True)
-class Missing:
-    """A message that got no reply: its node and why."""
-
-    node: int
-    reason: str
 
 
 class Dispatcher:

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fedge.compression import PayloadError
-from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.failures import Failure, FailureKind, Rejected
 from fedge.protocol.records import ProtocolError
 from fedge.protocol.refusals import read_refusal
-from fedge.coordinator.step import Reply
+from fedge.coordinator.step import Missing, Reply
 
 __all__ = ["REFUSES", "door"]
 

@@ -15,10 +15,9 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fedge.aggregation.partial import Partial
-from fedge.coordinator.dispatcher import Missing
 from fedge.coordinator.door import door
 from fedge.coordinator.layer import LayerStack
-from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome, Update
+from fedge.coordinator.step import Missing, Outgoing, Reply, Step, StepOutcome, Update
 from fedge.coordinator.tally import Tally, train_seconds
 from fedge.protocol.failures import Failure
 from fedge.protocol.resources import RESOURCES_RECORD
@@ -43,7 +42,8 @@ class StepDriver:
 
     def send(self, outgoing: list[Outgoing]) -> None:
         """The step's messages through every layer (which may keep some back); those that go are counted."""
-        self.layers.outgoing(self.step, outgoing, self.tally)
+        self.layers.outgoing(self.step, outgoing)
+        self.tally.sent(outgoing)
 
     def take(self, item: Message | Missing, consume: Callable[[Reply], Update | None], started: int | None = None,
              what: str = "update") -> Failure | None:

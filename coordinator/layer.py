@@ -189,15 +189,14 @@ class LayerStack:
                 return chosen
         return None
 
-    def outgoing(self, step: Step, outgoing: list[Outgoing], tally: Tally) -> None:
+    def outgoing(self, step: Step, outgoing: list[Outgoing]) -> None:
         """Every layer in turn; the step's nodes then lose those whose message a layer kept back (a
-        driver waits for no reply from them), and the step's ``tally`` counts the messages that go."""
+        driver waits for no reply from them)."""
         addressed = {o.node for o in outgoing}
         for layer in self.layers:
             layer.outgoing(step, outgoing)
         going = {o.node for o in outgoing}
         step.nodes = [n for n in step.nodes if n in going or n not in addressed]
-        tally.sent(outgoing)
 
     def through(self, step: Step, reply: Reply, payload: memoryview, metrics: dict[str, float],
                 decode: Callable[[], Update]) -> Update | None:

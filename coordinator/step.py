@@ -17,10 +17,18 @@ import torch
 from flwr.app import Message, RecordDict
 
 from fedge.aggregation.partial import Accumulator, Partial
-from fedge.coordinator.dispatcher import Missing
 from fedge.protocol.failures import Failure
 
-__all__ = ["Exchange", "Outgoing", "Reply", "Step", "StepOutcome", "Update"]
+__all__ = ["Exchange", "Missing", "Outgoing", "Reply", "Step", "StepOutcome", "Update"]
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A message that got no reply within its time: its node and why (what an exchange yields in
+    place of the reply)."""
+
+    node: int
+    reason: str
 
 
 @dataclass

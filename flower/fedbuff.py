@@ -28,7 +28,7 @@ from fedge.compression import Codec, make_codec
 from fedge.coordinator.app_reply import reply_through_layers, with_extra, with_raw
 from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.async_loop import AsyncLoop
-from fedge.coordinator.dispatcher import Missing
+from fedge.coordinator.step import Missing
 from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_codec
 from fedge.protocol.failures import FailureKind, Rejected
 from fedge.coordinator.layer import Layer, LayerStack, releases_aggregate

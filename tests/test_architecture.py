@@ -97,3 +97,42 @@ def test_pure_layers_stay_pure(layer: str) -> None:
     for path, name, parts in _imports():
         if parts[0] == layer:
             assert name.split(".")[0] not in FORBIDDEN[layer], f"{path.relative_to(ROOT)} imports {name}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each package module's imports of other package modules, at module level (type-only imports
+    included: a cycle of them is still two modules that cannot be read apart)."""
+    paths = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            paths[".".join(["fedge", *parts[: -1 if parts[-1] == "__init__" else None]])] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        tree, found = ast.parse(path.read_text(encoding="utf-8")), set()
+        blocks = [tree.body, *(node.body for node in tree.body if isinstance(node, (ast.If, ast.Try)))]
+        for node in (node for block in blocks for node in block):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                found |= {node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)}
+        graph[module] = {name for name in found if name in paths and name != module}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    graph, done, path = _module_graph(), set(), []
+
+    def visit(module: str) -> None:
+        if module in path:
+            raise AssertionError("an import cycle: " + " -> ".join([*path[path.index(module):], module]))
+        if module in done:
+            return
+        path.append(module)
+        for target in sorted(graph[module]):
+            visit(target)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)

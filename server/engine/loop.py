@@ -56,7 +56,8 @@ from fedge.server.engine.algorithm import (
     reply_metrics,
 )
 from fedge.coordinator.async_loop import AsyncLoop
-from fedge.coordinator.dispatcher import Missing, grid_exchange
+from fedge.coordinator.dispatcher import grid_exchange
+from fedge.coordinator.step import Missing
 from fedge.server.engine.evaluation import FederatedEvaluation, evaluation_mode
 from fedge.coordinator.layer import LayerStack, RunComplete
 from fedge.server.engine.layers import Exchange, Failure, Layer, build_layers

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from flwr.app import Message, RecordDict
 
-from fedge.coordinator.dispatcher import Missing
+from fedge.coordinator.step import Missing
 from fedge.protocol.roster import ROSTER_MESSAGE_TYPE, read_roster_answer
 from fedge.coordinator.step import Outgoing
 

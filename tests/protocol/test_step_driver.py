@@ -10,10 +10,9 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedge.aggregation.partial import Partial
-from fedge.coordinator.dispatcher import Missing
 from fedge.coordinator.driver import StepDriver
 from fedge.coordinator.layer import Layer, LayerStack
-from fedge.coordinator.step import Reply, Step, Update
+from fedge.coordinator.step import Missing, Reply, Step, Update
 from fedge.coordinator.tally import Tally
 from fedge.protocol.failures import Failure, FailureKind, Rejected
 from fedge.protocol.refusals import refusal_content
