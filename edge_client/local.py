@@ -29,7 +29,7 @@ from fedge.protocol import (
     flat_array,
     payload_record,
 )
-from fedge.protocol.config_keys import MEMORY_STORAGE
+from fedge.protocol.config_keys import MEMORY_STORAGE, WEIGHT_DECAY
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
 from fedge.tasks.device import DeviceUnavailable, resolve_device
@@ -48,6 +48,7 @@ __all__ = [
     "task_of",
     "train",
     "train_reply",
+    "weight_decay_of",
 ]
 
 
@@ -116,6 +117,16 @@ def node_device(context: Context) -> torch.device:
         raise ProtocolError(f"node config: {err}") from None
 
 
+def weight_decay_of(config: RoundConfig) -> float:
+    """The round's SGD weight decay (``weight-decay``; absent: none), checked to be in [0, 1)."""
+    if WEIGHT_DECAY not in config.extra:
+        return 0.0
+    value = config.number(WEIGHT_DECAY, low=0.0, high=1.0)
+    if value >= 1.0:
+        raise ProtocolError(f"config {WEIGHT_DECAY}={value} must be below 1")
+    return value
+
+
 def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator: torch.Generator,
           prox_mu: float = 0.0, device: torch.device | None = None,
           correction: dict[str, torch.Tensor] | None = None) -> LocalTrainResult:
@@ -128,7 +139,7 @@ def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator:
     try:
         return train_local(model, data, task_of(config), epochs=config.local_epochs, lr=config.lr,
                            batch_size=config.batch_size, momentum=config.momentum, prox_mu=prox_mu, generator=generator,
-                           correction=correction)
+                           correction=correction, weight_decay=weight_decay_of(config))
     finally:
         if elsewhere:
             model.to("cpu")

@@ -78,6 +78,8 @@ GOSSIP_MIX_WEIGHTS = "mix-weights"
 PLUGINS = "plugins"
 #: how the device stores its compression memory (``fp32`` when absent)
 MEMORY_STORAGE = "memory-storage"
+#: the devices' SGD weight decay (none when absent)
+WEIGHT_DECAY = "weight-decay"
 #: a plugin algorithm's messages: the name of the device handler its plugin registered
 PLUGIN_HANDLER = "handler"
 

@@ -164,6 +164,7 @@ class RunSettings:
     batch_size: int = _opt(32, "local mini-batch size")
     lr: float = _opt(0.1, "client learning rate (SGD)")
     momentum: float = _opt(0.0, "client SGD momentum")
+    weight_decay: float = _opt(0.0, "client SGD weight decay (L2, added to each gradient as torch.optim.SGD adds it)")
     prox_mu: float = _opt(0.0, "FedProx proximal coefficient mu (0 = plain FedAvg)")
     evaluate: str = _opt(
         "auto",
@@ -252,6 +253,8 @@ class RunSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be > 0")
         if not 0 <= self.momentum < 1:
             raise SettingsError("momentum must be in [0, 1)")
+        if not 0 <= self.weight_decay < 1:
+            raise SettingsError("weight-decay must be in [0, 1)")
         if not 0 <= self.stop_accuracy <= 1:
             raise SettingsError("stop-accuracy must be in [0, 1] (0 = off)")
         if self.leaf_devices:

@@ -48,7 +48,7 @@ from torch.utils.data import Dataset
 
 from fedge.compression import Codec, make_codec, relative_error
 from fedge.protocol import CONFIG_RECORD, METRICS_RECORD, message_type_for
-from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGIN_HANDLER, PLUGINS
+from fedge.protocol.config_keys import MEMORY_STORAGE, PLUGIN_HANDLER, PLUGINS, WEIGHT_DECAY
 from fedge.protocol.failures import Rejected
 from fedge.protocol.round_config import RoundConfig
 from fedge.coordinator.step import Outgoing, Reply, Step, StepOutcome, Update
@@ -124,7 +124,8 @@ class RunContext:
             error_feedback=s.error_feedback, local_epochs=s.local_epochs, batch_size=s.batch_size,
             lr=s.lr, momentum=s.momentum, seed=s.seed, holdout=self.holdout,
             extra={**({PLUGINS: s.plugins} if s.plugins else {}),
-                   **({MEMORY_STORAGE: s.memory_storage} if s.memory_storage != "fp32" else {}), **extra},
+                   **({MEMORY_STORAGE: s.memory_storage} if s.memory_storage != "fp32" else {}),
+                   **({WEIGHT_DECAY: s.weight_decay} if s.weight_decay else {}), **extra},
         )
 
 

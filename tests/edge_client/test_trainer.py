@@ -91,3 +91,37 @@ def test_a_node_trains_where_its_node_config_says_or_is_refused() -> None:
     assert node_device(context({"device": "cpu"})) == torch.device("cpu")
     with pytest.raises(ProtocolError, match=f"node config: device 'cuda:{gpus}'"):
         node_device(context({"device": f"cuda:{gpus}"}))
+
+
+def test_the_runs_weight_decay_reaches_every_devices_sgd_and_nonsense_is_refused_on_both_sides(tmp_path) -> None:
+    """``weight-decay`` (NIID-Bench's baseline trains with 1e-5) travels in the round's config only when
+    set (a run without it sends the same messages as before) and is the device's SGD weight decay."""
+    from fedge.edge_client.local import train as device_train
+    from fedge.protocol import ProtocolError
+    from fedge.protocol.config_keys import WEIGHT_DECAY
+    from fedge.protocol.round_config import RoundConfig
+    from fedge.server.engine.loop import make_context
+    from fedge.server.settings import RunSettings, SettingsError
+
+    task = make_task("digits")
+    plain = make_context(RunSettings(run_dir=str(tmp_path)), task).round_config(1)
+    assert WEIGHT_DECAY not in plain.extra
+    config = make_context(RunSettings(run_dir=str(tmp_path), weight_decay=1e-3, momentum=0.9), task).round_config(1)
+    config = RoundConfig.from_record(config.to_record())  # as the device reads it
+    assert config.extra[WEIGHT_DECAY] == 1e-3
+    data = task.partition(0, 10, "iid")
+    torch.manual_seed(0)
+    ours = task.build_model()
+    theirs = copy.deepcopy(ours)
+    device_train(ours, data, config, torch.Generator().manual_seed(1))
+    train_local(theirs, data, task, epochs=config.local_epochs, lr=config.lr, batch_size=config.batch_size,
+                momentum=0.9, weight_decay=1e-3, generator=torch.Generator().manual_seed(1))
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
+        assert torch.equal(a, b), name
+    for bad in (-1e-3, 1.0, float("nan")):
+        with pytest.raises(SettingsError, match="weight-decay"):
+            RunSettings(run_dir=str(tmp_path), weight_decay=bad)
+        forged = RoundConfig.from_record(plain.to_record())
+        forged.extra[WEIGHT_DECAY] = bad
+        with pytest.raises(ProtocolError, match=WEIGHT_DECAY):
+            device_train(task.build_model(), data, forged, torch.Generator().manual_seed(1))
