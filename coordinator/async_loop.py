@@ -17,8 +17,7 @@ from collections.abc import Callable
 from flwr.app import Message
 
 from fedge.coordinator.dispatcher import Dispatcher, step_messages
-from fedge.coordinator.step import Missing
-from fedge.coordinator.step import Outgoing
+from fedge.coordinator.step import Missing, Outgoing
 
 __all__ = ["AsyncLoop"]
 

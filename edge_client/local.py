@@ -121,7 +121,7 @@ def weight_decay_of(config: RoundConfig) -> float:
     """The round's SGD weight decay (``weight-decay``; absent: none), checked to be in [0, 1)."""
     if WEIGHT_DECAY not in config.extra:
         return 0.0
-    value = config.number(WEIGHT_DECAY, low=0.0, high=1.0)
+    value = config.number(WEIGHT_DECAY, low=0.0)
     if value >= 1.0:
         raise ProtocolError(f"config {WEIGHT_DECAY}={value} must be below 1")
     return value
