@@ -6,7 +6,7 @@ never trusts a local copy of the run settings; the node's own config says which 
 
 Handlers live in ``fedge.edge_client.algorithms``, one module per algorithm, and are registered
 here by discovery: ``fedavg.train`` for ``train`` (FedBuff and FedAsync send FedAvg's messages),
-``fedavg.evaluate`` for ``evaluate`` (FedAvg's handler takes EASGD's elastic step too),
+``fedavg.evaluate`` for ``evaluate`` (EASGD sends FedAvg's messages too, with ``elastic_mod``),
 ``scaffold.train`` for ``train.scaffold``, ``gossip.train`` for ``train.gossip``. What a node keeps between messages lives in ``context.state`` (compression memory,
 the downlink public copy, EASGD's local model, gossip's copies of itself and its peers).
 
@@ -21,10 +21,14 @@ per core oversubscribes a host that runs a ClientApp process per message), ``cou
 one SuperLink: a device takes part in a root round through one leaf only, ``edge_client.counted_once``),
 ``slowdown_mod``
 (``slowdown=F``, stragglers on purpose), ``fault_injection_mod`` (``fault='bitflip'``, chaos) and,
-``bridge_mod`` (a node whose node config names a ``leaf-spool`` is a leaf's bridge: its train
-messages are answered by a leaf step, ``edge_client.bridge``) and, innermost, ``secure_stage_mod``
-(secure aggregation's own exchanges, ``train`` messages with the ``secagg`` record, answered before
-any handler; ``edge_client.secure_aggregation``).
+the update mods a Flower app lists (``UPDATE_MODS``: ``compression_mod``, which encodes the
+update a handler hands over with the round's codec, and ``secure_mod``, which answers secure
+aggregation's own exchanges and masks the update of a secure round; both clip it first under
+differential privacy, ``edge_client.device_update``), ``elastic_mod`` (EASGD: the handler trains
+the node's own model, the mod takes the elastic step, as in a Flower app) and, innermost,
+``bridge_mod`` (a node whose
+node config names a ``leaf-spool`` is a leaf's bridge: its train messages are answered by a leaf
+step, ``edge_client.bridge``, whose update leaves through the same mods).
 Data comes from the node config too (``edge_client/node_data.py``: ``data=own.npz`` or a cached
 partition).
 """
@@ -41,9 +45,10 @@ from flwr.clientapp import ClientApp
 
 import fedge.edge_client.algorithms as _handlers
 from fedge.edge_client.counted_once import counted_once_mod
+from fedge.edge_client.elastic_mod import elastic_mod
 from fedge.edge_client.eligibility import eligibility_mod
 from fedge.edge_client.faults import fault_injection_mod
-from fedge.edge_client.layers import refusal_mod
+from fedge.edge_client.layers import UPDATE_MODS, refusal_mod
 from fedge.edge_client.leaf_devices import leaf_devices_mod
 from fedge.edge_client.persistent_state import state_persistence_mod
 from fedge.edge_client.plugins import plugins_mod
@@ -52,7 +57,6 @@ from fedge.edge_client.plugins import train as plugin_train
 from fedge.edge_client.bridge import bridge_mod
 from fedge.edge_client.resources import resource_mod
 from fedge.edge_client.roster import answer_roster
-from fedge.edge_client.secure_aggregation import secure_stage_mod
 from fedge.edge_client.slowdown import slowdown_mod
 from fedge.edge_client.threads import threads_mod
 from fedge.protocol import message_type_for
@@ -64,8 +68,8 @@ __all__ = ["app", "handled_algorithms"]
 
 check_flower()  # another Flower release: a clear error here, not a failure mid-run
 app = ClientApp(mods=[leaf_devices_mod, resource_mod, refusal_mod, privacy_policy_mod, eligibility_mod, plugins_mod, threads_mod,
-                      state_persistence_mod, counted_once_mod, slowdown_mod, fault_injection_mod, bridge_mod,
-                      secure_stage_mod])
+                      state_persistence_mod, counted_once_mod, slowdown_mod, fault_injection_mod, *UPDATE_MODS,
+                      elastic_mod, bridge_mod])
 
 
 def _defined(module: ModuleType, name: str) -> Callable[..., Any] | None:

@@ -27,7 +27,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from fedge.deploy.atomic import atomic_write_bytes
 from fedge.deploy.owned_directory import owned_directory
 from fedge.edge_client import local
-from fedge.edge_client.layers import refusal_mod, start_model, upload, uses_device_layers
+from fedge.edge_client.layers import UPDATE_MODS, refusal_mod, start_model, upload, uses_device_layers
 from fedge.protocol import ProtocolError
 from fedge.protocol.leaf import (
     DOWN_AFTER,
@@ -43,7 +43,6 @@ from fedge.protocol.leaf import (
     request_name,
     result_name,
 )
-from fedge.protocol.secagg import secure_stage
 
 __all__ = ["LeafTimeout", "SpoolChannel", "bridge_app", "bridge_mod", "make_bridge"]
 
@@ -121,7 +120,7 @@ def make_bridge(channel: LeafChannel) -> Callable[[Message, Context], Message]:
 
 def bridge_app(channel: LeafChannel) -> ClientApp:
     """The bridge's ClientApp: the train handler and the typed refusals of a device's."""
-    app = ClientApp(mods=[refusal_mod])
+    app = ClientApp(mods=[refusal_mod, *UPDATE_MODS])
     app.train()(make_bridge(channel))
     return app
 
@@ -130,7 +129,7 @@ def bridge_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     """In Fedge's ClientApp: a node whose node config names a ``leaf-spool`` is a leaf's bridge, and
     its root's train messages are answered by its leaf (every other node passes through)."""
     spool = context.node_config.get(LEAF_SPOOL)
-    if not spool or msg.metadata.message_type != MessageType.TRAIN or secure_stage(msg) is not None:
+    if not spool or msg.metadata.message_type != MessageType.TRAIN:
         return call_next(msg, context)
     timeout = float(context.node_config.get(LEAF_TIMEOUT, 3600.0))
     return make_bridge(SpoolChannel(str(spool), timeout=timeout))(msg, context)

@@ -11,8 +11,10 @@ refusal (``edge_client.layers.refusal_mod``), the coordinator forgets the device
 snapshot (and the base) next time, and no training ever starts from a copy that differs from the
 coordinator's.
 
-The same receiving end serves a Flower app's node (:func:`receive_downlink`, which
-``fedge.flower.compression_mod`` calls before the user's code): there the node knows no task, so
+One receiving end, :func:`receive_downlink`, which ``compression_mod`` calls before the handler (a
+Fedge ClientApp's) or the user's code (a Flower app's) runs: either gets the model in its
+``arrays`` record as if it had come in full. A Fedge message names its task, whose seeded initial
+model is the base. A Flower app's node knows no task, so
 its base is zeros in the layout a snapshot describes, or the start model the server names
 (``fedge.protocol.start_model``), built from the app's own code, or the base the server ships; the
 copy is kept in the node's ``Context.state``. A copy that does not match, a change from another
@@ -29,10 +31,9 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedge.compression import make_codec
 from fedge.compression.lattice import change_support, model_digest
 from fedge.edge_client.node_store import NodeStore
-from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, payload_bytes, read_payload, read_state_dict
+from fedge.protocol import DOWNLINK_RECORD, MODEL_RECORD, PAYLOAD_KEY, payload_bytes
 from fedge.protocol.config_keys import LAYOUT_KEY, LAYOUT_SPEC_KEY, START_KEY
 from fedge.protocol.downlink import DownlinkHeader, LatticeCopy, apply_downlink, shipped_base
 from fedge.protocol.layout import Layout, LayoutError
@@ -40,32 +41,14 @@ from fedge.protocol.records import RAW_RECORD, ProtocolError
 from fedge.protocol.refusals import MissingBaseError, OutOfSyncError
 from fedge.protocol.round_config import RoundConfig
 from fedge.protocol.start_model import build_start
-from fedge.tasks import Task, flatten_state, seeded_initial_params, tensor_sizes
+from fedge.edge_client import local
+from fedge.tasks import flatten_state, seeded_initial_model, seeded_initial_params
 
-__all__ = ["held_support", "lattice_copy", "receive_downlink", "received_model"]
+__all__ = ["DOWNLINK_NAMESPACE", "held_support", "lattice_copy", "receive_downlink"]
 
 
-def received_model(msg: Message, config: RoundConfig, store: NodeStore, task: Task,
-                   model: torch.nn.Module | None = None) -> torch.Tensor:
-    """The flat model to start from, as the coordinator holds it. ``model``: the handler's one model
-    of this message (its layout; the full model is loaded into it); None: one is built here."""
-    model = task.build_model() if model is None else model
-    header = DownlinkHeader.read(config.extra)
-    if header is None or MODEL_RECORD in msg.content.array_records:
-        model.load_state_dict(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()), strict=True)
-        return flatten_state(model.state_dict())
-    read_payload(msg.content, DOWNLINK_RECORD)  # the record and its payload exist (checked in full below)
-
-    def rebuild() -> torch.Tensor:
-        rebuilt = seeded_initial_params(task, config.seed)
-        if model_digest(rebuilt) != header.base_digest:
-            raise MissingBaseError("downlink base: this device's seeded initial model differs from the "
-                                   "coordinator's (another torch build?); it must be sent once")
-        return rebuilt
-
-    sizes = tensor_sizes(model.state_dict())
-    return lattice_copy(msg.content.array_records[DOWNLINK_RECORD], store, sizes, header, rebuild=rebuild,
-                        keep_support=make_codec(config.codec).shares_support)
+#: the node store namespace of a Fedge device's lattice copy
+DOWNLINK_NAMESPACE = "downlink"
 
 
 def lattice_copy(record: ArrayRecord, store: NodeStore, sizes: list[int], header: DownlinkHeader, *,
@@ -122,26 +105,26 @@ def _base(record: ArrayRecord, store: NodeStore, numel: int, expected: int,
     return rebuilt
 
 
-# -- a Flower app's node (``fedge.flower.compressed(..., downlink="lattice:...")``) ------------------
-_NAMESPACE = "flower-downlink"  # this node's base, copy and layout, in Context.state
+_FLOWER_NAMESPACE = "flower-downlink"  # a Flower app's node: its base, copy and layout, in Context.state
 
 
 def receive_downlink(msg: Message, context: Context, header: DownlinkHeader) -> np.ndarray:
     """Replace ``msg``'s lattice records (``header``: what its config says of them) by the model
-    ``ArrayRecord`` they bring (in place); the coordinates the change moved (empty after a
-    snapshot), which a ``tcs`` uplink sends on."""
+    ``ArrayRecord`` they bring (in place), so the handler or the user's code gets a model as
+    always; the coordinates the change moved (empty after a snapshot), which a ``tcs`` uplink
+    sends on. The one receiving end of Fedge's devices and a Flower app's nodes: a Fedge message
+    names its task (the base is the task's seeded initial model, the layout the task model's), a
+    Flower app's names the layout (``fedge.layout``) and its base (a start model, or zeros)."""
     config = msg.content.config_records["config"]
     record = msg.content.array_records.get(DOWNLINK_RECORD)
     if record is None:
         raise ProtocolError(f"a lattice downlink message needs its {DOWNLINK_RECORD!r} ArrayRecord")
-    store = NodeStore(context.state, _NAMESPACE)
-    layout, start = _layout(config, store)
-
-    def rebuild() -> torch.Tensor | None:  # the start model, or the zero base of the layout a snapshot sent
-        if START_KEY in config:
-            return torch.from_numpy(layout.flatten(start or build_start(str(config[START_KEY]))).copy())
-        return torch.zeros(layout.numel) if LAYOUT_SPEC_KEY in config else None
-
+    if LAYOUT_KEY in config:  # a Flower app's node
+        store = NodeStore(context.state, _FLOWER_NAMESPACE)
+        layout, rebuild = _app_layout(config, store)
+    else:  # Fedge's own device: the round's task
+        store = NodeStore(context.state, DOWNLINK_NAMESPACE)
+        layout, rebuild = _task_layout(RoundConfig.from_record(config), store)
     copy = lattice_copy(record, store, layout.sizes(), header, rebuild=rebuild, keep_support=True)
     raw = msg.content.array_records.get(RAW_RECORD, ArrayRecord())
     floats = {name for name, _, _ in layout.floats}  # rebuilt from the copy; the others travel in RAW_RECORD
@@ -155,9 +138,24 @@ def receive_downlink(msg: Message, context: Context, header: DownlinkHeader) -> 
     return support
 
 
-def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord | None]:
-    """The model's layout (names, shapes, dtypes): the one this message describes, the one kept, or
-    the named start model's (then also that model, the base to build); checked against the server's."""
+def _task_layout(config: RoundConfig, store: NodeStore) -> tuple[Layout, Callable[[], torch.Tensor | None]]:
+    """The task model's layout (kept after the first message, so no model is built for it again)
+    and its base: the task's seeded initial model (checked against the coordinator's digest)."""
+    task = local.task_of(config)
+    kept = store.get_meta("layout") or {}
+    if kept.get("task") == config.task:
+        layout = Layout.from_spec(str(kept["spec"]))
+        return layout, lambda: seeded_initial_params(task, config.seed)
+    model = seeded_initial_model(task, config.seed)  # one build: the layout, and the base if it is needed
+    layout = Layout(ArrayRecord(model.state_dict()))
+    store.put_meta("layout", {"task": config.task, "spec": layout.spec})
+    return layout, lambda: flatten_state(model.state_dict())
+
+
+def _app_layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, Callable[[], torch.Tensor | None]]:
+    """A Flower app's model layout (names, shapes, dtypes): the one this message describes, the one
+    kept, or the named start model's; checked against the server's. The base: the start model the
+    server names, or the zero base of the layout a snapshot sent (None: nothing to build it from)."""
     digest, start = str(config[LAYOUT_KEY]), None
     kept = str((store.get_meta("layout") or {}).get("spec", ""))
     if LAYOUT_SPEC_KEY in config:
@@ -174,4 +172,10 @@ def _layout(config: ConfigRecord, store: NodeStore) -> tuple[Layout, ArrayRecord
     if layout.digest != digest:
         raise LayoutError(f"the model's layout here is {layout.digest}, the server described {digest}")
     store.put_meta("layout", {"spec": spec})
-    return layout, start
+
+    def rebuild() -> torch.Tensor | None:
+        if START_KEY in config:
+            return torch.from_numpy(layout.flatten(start or build_start(str(config[START_KEY]))).copy())
+        return torch.zeros(layout.numel) if LAYOUT_SPEC_KEY in config else None
+
+    return layout, rebuild

@@ -1,6 +1,6 @@
-"""Elastic averaging (EASGD) on a node: :class:`ElasticNode`, the node's own model x_i and its
-elastic step, which Fedge's FedAvg handler takes when a message names the coupling α, and
-``elastic_mod``, the same around a Flower app's own body.
+"""Elastic averaging (EASGD) on a node: ``elastic_mod`` around Fedge's FedAvg handler (in Fedge's
+ClientApp) and around a Flower app's own body alike, with :class:`ElasticNode`, the node's own
+model x_i and its elastic step.
 
 The node keeps its own model x_i between rounds (in its ``Context`` state). On a train message that names the elastic coupling α
 (``fedge.coordinator.elastic_layer`` writes it), the mod hands the user's ``@app.train()`` body x_i in
@@ -11,7 +11,9 @@ minus message) is δ_i = α(x_i − x̃). The reply's metrics gain ``center-dist
 
 It goes last in the ClientApp's mods, next to the body: ``ClientApp(mods=[compression_mod,
 elastic_mod])``, so that ``compression_mod`` encodes δ_i and its lattice downlink has rebuilt x̃
-first. A message without the coupling passes through unchanged.
+first. A message without the coupling passes through unchanged. A Fedge handler's update
+(``edge_client.device_update``) is stepped the same way and handed on to the outer mods, with the
+node's own model measured (``local-score``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,18 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.aggregation.elastic import elastic_difference
+from fedge.edge_client import local
+from fedge.edge_client.device_update import DeviceUpdate, hand_off, take_update
 from fedge.edge_client.node_store import NodeStore
-from fedge.edge_client.user_update import train_user_update
 from fedge.protocol.config_keys import EASGD_ALPHA
 from fedge.protocol.layout import Layout, LayoutError
-from fedge.protocol.records import MODEL_RECORD
+from fedge.protocol.records import MODEL_RECORD, ProtocolError
+from fedge.protocol.secagg import SECAGG_RECORD
+from fedge.tasks import evaluate as evaluate_model
 
 __all__ = ["ElasticNode", "elastic_mod"]
 
-_NAMESPACE = "flower-easgd"  # the node store's namespace of a Flower app node's own model
+_NAMESPACE = "easgd"  # the node store's namespace of the node's own model
 
 
 class ElasticNode:
@@ -68,10 +73,12 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
     content = RecordDict(dict(msg.content.items()))  # the body trains the node's own model, not the center
     content[MODEL_RECORD] = layout.rebuild(node.own(center).numpy(), received)
     msg.content = content
-    update = train_user_update(msg, context, call_next, "take the elastic step from")
+    update = take_update(msg, context, call_next, "take the elastic step from")
     content[MODEL_RECORD] = received  # what an outer mod takes the update against: the center
-    if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
+    if isinstance(update, Message):  # the body answered with an error: passed on as it is
         return update
+    if isinstance(update, DeviceUpdate):  # Fedge's FedAvg handler: its update leaves through the outer mods
+        return _handed_step(msg, context, update, node, center)
     delta, _, distance = node.step(torch.from_numpy(layout.flatten(update.trained)), center)
     reply = update.reply
     out = RecordDict(dict(reply.content.items()))
@@ -81,3 +88,24 @@ def elastic_mod(msg: Message, context: Context, call_next: ClientAppCallable) ->
                               "center-distance": distance})
     reply.content = out
     return reply
+
+
+def _handed_step(msg: Message, context: Context, update: DeviceUpdate, node: ElasticNode,
+                 center: torch.Tensor) -> Message:
+    """The elastic step from a Fedge handler's trained model; its ``weighted`` is off (the center
+    moves by the sum of the δ_i). The node's kept model is measured here too (``local-score``, the
+    coordinator never sees x_i): on the node's held-out part when the run keeps one, else on the
+    task's central split when the device has it; a masked round reports nothing in clear."""
+    if update.model is None:
+        raise ProtocolError("this algorithm's device handler hands over no trained model to take the elastic step from")
+    update.delta, kept, update.metrics["center-distance"] = node.step(local.flat_of(update.model), center)
+    update.weighted = False
+    if SECAGG_RECORD not in msg.content.config_records:
+        config = local.round_config(msg)
+        task = local.task_of(config)
+        held_out = local.local_parts(context, config)[1]
+        held_out = held_out if held_out is not None else task.test_data()
+        if held_out is not None:
+            own = local.load_flat(task, kept, update.model)
+            update.metrics["local-score"] = float(evaluate_model(own, held_out, task)[task.primary_metric])
+    return hand_off(msg, update)

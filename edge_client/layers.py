@@ -3,12 +3,13 @@
 The coordinator's engine wraps every algorithm in layers (``fedge.server.engine.layers``); these
 are their device-side halves, so a handler (Fedge's own or a plugin's) states only its local step:
 
-* :func:`start_model`: the model the message brings, in full or as a lattice change applied to the
-  device's versioned copy (``edge_client.downlink``);
-* :func:`upload`: the update leaves through one door: clipped to the round's bound under
-  differential privacy (``dp-clip``), then masked for secure aggregation (a ``secagg`` record is
+* :func:`start_model`: the model the message brings, in full or as a lattice change that
+  ``compression_mod`` applied to the device's versioned copy (``edge_client.downlink``);
+* :func:`upload`: the update is handed to the device's update mods, the ones a Flower app lists
+  (``edge_client.device_update``): clipped to the round's bound under differential privacy
+  (``dp-clip``), then masked for secure aggregation by ``secure_mod`` (a ``secagg`` record is
   present: nothing about it in clear) or encoded with the run's codec through the node's error
-  feedback memory;
+  feedback memory by ``compression_mod``;
 * :func:`refusal_mod`: a handler's :class:`~fedge.protocol.refusals.DeviceRefusal` (out of sync, a
   base it cannot rebuild, a config it cannot honour) leaves as a typed ``refusal`` record, which
   the coordinator counts and acts on by kind, instead of Flower's generic error text.
@@ -29,21 +30,25 @@ from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.edge_client import local
-from fedge.edge_client.downlink import held_support, received_model
+from fedge.edge_client.compression_mod import compression_mod
+from fedge.edge_client.device_update import DeviceUpdate, hand_off
 from fedge.edge_client.node_store import NodeStore
-from fedge.edge_client.secure_aggregation import masked_update
-from fedge.protocol.config_keys import DP_CLIP, DP_FITTED
+from fedge.edge_client.secure_mod import secure_mod
+from fedge.protocol import MODEL_RECORD, read_state_dict
 from fedge.protocol.plugins import DEVICE_LAYERS_ATTRIBUTE
 from fedge.protocol.refusals import DeviceRefusal, refusal_content
 from fedge.protocol.round_config import RoundConfig
-from fedge.protocol.secagg import SECAGG_RECORD
-from fedge.tasks import Task
+from fedge.tasks import Task, flatten_state, tensor_sizes
 
-__all__ = ["DEVICE_LAYERS_ATTRIBUTE", "refusal_mod", "start_model", "upload", "uses_device_layers"]
+__all__ = ["DEVICE_LAYERS_ATTRIBUTE", "UPDATE_MODS", "refusal_mod", "start_model", "upload", "uses_device_layers"]
 
 log = logging.getLogger(__name__)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+#: the mods that send a handed-over update, outermost first: the ones a Flower app lists
+#: (``ClientApp(mods=[compression_mod])``, ``[secure_mod]``), so both send it with the same code
+UPDATE_MODS = (compression_mod, secure_mod)
 
 
 def uses_device_layers(handler: _F) -> _F:
@@ -56,38 +61,34 @@ def uses_device_layers(handler: _F) -> _F:
 
 def start_model(msg: Message, config: RoundConfig, context: Context, task: Task,
                 model: torch.nn.Module | None = None) -> torch.Tensor:
-    """The flat model the message brings (full, or the device's lattice copy brought up to date).
-    ``model``: the handler's one model of this message (a full model is loaded into it)."""
-    return received_model(msg, config, local.store(context, "downlink"), task, model)
+    """The flat model the message brings (in full, or as the lattice change ``compression_mod``
+    already applied to the device's copy, ``edge_client.downlink``). ``model``: the handler's one
+    model of this message, which it is loaded into."""
+    model = task.build_model() if model is None else model
+    # its floating-point tensors (what the coordinator's flat model holds); the others stay the task's
+    flat = flatten_state(read_state_dict(msg.content, MODEL_RECORD, model.state_dict()))
+    local.load_flat(task, flat, model)
+    return flat
 
 
 def upload(msg: Message, context: Context, config: RoundConfig, task: Task, update: torch.Tensor, *,
            examples: int, memory: NodeStore, generator: torch.Generator, started: float,
            metrics: dict[str, Any] | None = None, measure: torch.Tensor | None = None,
            weighted: bool = True, model: torch.nn.Module | None = None) -> Message:
-    """The reply carrying ``update`` (a flat delta), through the device's layers.
+    """The reply carrying ``update`` (a flat delta), handed to the device's update mods
+    (``edge_client.device_update``): clipped under differential privacy, then masked by
+    ``secure_mod`` or encoded by ``compression_mod`` through ``memory``, continuing ``generator``.
 
     ``metrics`` are what the handler reports in clear beside its update (loss, distances, scores);
     under secure aggregation none of them leaves the device: the reply carries ``num-examples`` 1
     and its training time, the weight travels inside the masked sum (``examples``, or 1 for an
     algorithm whose updates are not ``weighted``: EASGD's center moves by their sum). ``model``: the
-    handler's one model of this message, whose layout the codec takes (none is built again).
+    handler's one model of this message, trained: the codec takes its layout (none is built again),
+    ``elastic_mod`` its parameters.
     """
-    metrics = dict(metrics or {})
-    if DP_CLIP in config.extra:  # differential privacy: this device's contribution is bounded here
-        clip = config.number(DP_CLIP, low=0.0)
-        norm = float(update.norm())
-        metrics[DP_FITTED] = 1.0 if norm <= clip else 0.0  # adaptive clipping's bit (counted with noise)
-        update = update * (clip / norm) if norm > clip > 0 else update
-    seconds = {"train-seconds": metrics["train-seconds"]} if "train-seconds" in metrics else {}
-    if SECAGG_RECORD in msg.content.config_records:  # secure aggregation: a masked upload, nothing in clear
-        payload, _ = masked_update(msg, context, update, examples if weighted else 1, memory, generator,
-                                   error_feedback=config.error_feedback)
-        return local.train_reply(msg, payload, {"num-examples": 1, **seconds}, started)
-    support = held_support(local.store(context, "downlink"))  # kept only under a tcs uplink
-    payload, residual = local.encode(update, config, task, memory, generator, model, support=support)
-    return local.train_reply(msg, payload, {"num-examples": examples, **metrics, "residual-norm": residual,
-                                            "update-norm": float(update.norm())}, started, measure=measure)
+    sizes = tensor_sizes((task.build_model() if model is None else model).state_dict())
+    return hand_off(msg, DeviceUpdate(update, examples, weighted, memory.namespace, generator, started, sizes, measure,
+                                      dict(metrics or {}), model=model))
 
 
 def refusal_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -7,12 +7,9 @@ config, decide where training starts and what to send, and call these helpers.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from torch.utils.data import Dataset
 
 from fedge.compression import Codec, derive_seed, make_codec
@@ -20,15 +17,8 @@ from fedge.edge_client.node_data import holdout_split, node_data
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.trainer import LocalTrainResult, train_local
 from fedge.edge_client.update_encoder import encode_update
-from fedge.protocol import (
-    CONFIG_RECORD,
-    MEASURE_RECORD,
-    METRICS_RECORD,
-    UPDATE_RECORD,
-    ProtocolError,
-    flat_array,
-    payload_record,
-)
+from fedge.edge_client.device_update import train_reply
+from fedge.protocol import CONFIG_RECORD, ProtocolError
 from fedge.protocol.config_keys import MEMORY_STORAGE, WEIGHT_DECAY
 from fedge.protocol.round_config import RoundConfig
 from fedge.tasks import Task, flatten_state, make_task, tensor_sizes, unflatten_state
@@ -145,29 +135,15 @@ def train(model: torch.nn.Module, data: Dataset, config: RoundConfig, generator:
             model.to("cpu")
 
 
-def encode(update: torch.Tensor, config: RoundConfig, task: Task, memory: NodeStore,
-           generator: torch.Generator, model: torch.nn.Module | None = None,
-           support: np.ndarray | None = None) -> tuple[bytes, float]:
-    """The update encoded with the round's codec through the node's persistent compression memory
-    (``support``: what the last downlink change moved, for a ``tcs`` codec)."""
+def encode(update: torch.Tensor, config: RoundConfig, sizes: list[int], memory: NodeStore,
+           generator: torch.Generator, support: np.ndarray | None = None) -> tuple[bytes, float]:
+    """The update encoded with the round's codec (for a model of tensor ``sizes``) through the
+    node's persistent compression memory (``support``: what the last downlink change moved, for a
+    ``tcs`` codec)."""
     storage = str(config.extra.get(MEMORY_STORAGE, "fp32"))
-    return encode_update(update, codec_for(config.codec, task, model), memory, server_round=config.round,
+    return encode_update(update, make_codec(config.codec).for_model(sizes), memory, server_round=config.round,
                          seed=config.seed, error_feedback=config.error_feedback, generator=generator,
                          storage=storage, support=support)
-
-
-def train_reply(msg: Message, payload: bytes, metrics: dict[str, Any], started: float,
-                measure: torch.Tensor | None = None) -> Message:
-    """The reply of a train message: the payload (the only counted uplink), metrics, and
-    optionally the exact local model for measurement."""
-    content = RecordDict({
-        UPDATE_RECORD: payload_record(payload),
-        METRICS_RECORD: MetricRecord({**metrics, "payload-bytes": len(payload),
-                                      "seconds": time.perf_counter() - started}),
-    })
-    if measure is not None:
-        content[MEASURE_RECORD] = ArrayRecord({"model": flat_array(measure)})
-    return Message(content, reply_to=msg)
 
 
 def flat_of(model: torch.nn.Module) -> torch.Tensor:

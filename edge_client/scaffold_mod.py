@@ -32,7 +32,7 @@ from fedge.aggregation.scaffold import corrected_step
 from fedge.edge_client.control_variate import ControlVariate, carries_control
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.trainer import correction_pairs
-from fedge.edge_client.user_update import train_user_update
+from fedge.edge_client.device_update import train_user_update
 from fedge.protocol.layout import Layout
 from fedge.protocol.records import CONTROL_RECORD, MODEL_RECORD
 from fedge.protocol.uplink_request import UplinkRequest

@@ -1,5 +1,5 @@
-"""Secure aggregation on the device: the protocol's exchanges (:func:`secure_stage_mod`) and the
-masked train reply; one device side for Fedge's coordinator and ``fedge.flower.secure`` alike.
+"""Secure aggregation on the device: the protocol's exchanges (:func:`query`, which
+``edge_client.secure_mod`` answers them with) and the masked update; one device side for Fedge's coordinator and ``fedge.flower.secure`` alike.
 
 The device keeps a long-lived Ed25519 identity key. Given an identity issued by the operator (node
 config ``secagg-auth-key``, ``secagg-endorsement`` and ``secagg-issuer``, which ``fedge-edge join``
@@ -32,7 +32,6 @@ import torch
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp.typing import ClientAppCallable
 
 from fedge.deploy.atomic import atomic_write_bytes, atomic_write_text
 from fedge.deploy.certs import IDENTITY_NODE_CONFIG
@@ -53,7 +52,7 @@ from fedge.privacy.errors import AdvertisementError, ProtocolError
 from fedge.privacy.keys import KeyAdvertisement
 from fedge.privacy.plan import SecAggPlan
 from fedge.privacy.secagg_device import SecAggDevice, export_state, restore_state, state_round
-from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, secure_stage, unpack_blobs, unpack_ids
+from fedge.protocol.secagg import SECAGG_RECORD, pack_blobs, plan_from_record, unpack_blobs, unpack_ids
 
 __all__ = ["identity_of", "masked_update", "query"]
 
@@ -256,16 +255,6 @@ def _load(context: Context, plan: SecAggPlan, node: int) -> SecAggDevice:
     if state is None:
         raise ProtocolError(f"device {node} has no secure-aggregation state for round {plan.context.round}")
     return restore_state(plan, node, identity_of(context), dict(state))
-
-
-def secure_stage_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Answer a secure round's own exchanges (``train`` messages whose ``secagg`` record names a
-    stage other than ``masked``, :func:`fedge.protocol.secagg.secure_stage`) here; everything else,
-    the masked train message included, goes on to the handler. The innermost mod of Fedge's
-    ClientApp, and what :func:`fedge.edge_client.secure_mod` does for a user's."""
-    if secure_stage(msg) is None:
-        return call_next(msg, context)
-    return query(msg, context)
 
 
 def query(msg: Message, context: Context) -> Message:

@@ -1,4 +1,6 @@
-"""``secure_mod``: the device's side of :func:`fedge.flower.secure`, as a ClientApp mod.
+"""``secure_mod``: the device's side of :func:`fedge.flower.secure`, as a ClientApp mod, and of
+Fedge's own secure rounds (its ClientApp lists it too: a handler's handed-over update is masked
+with the handler's memory and stream, weighted by its example count).
 
 A train message with the ``secagg`` record is one of the protocol's stages. The key exchange
 (advertise, share) and the unmasking are answered by the mod itself, with Fedge's device code
@@ -24,13 +26,14 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedge.edge_client.device_update import DeviceUpdate, take_update, train_reply
+from fedge.edge_client.local import round_config
 from fedge.edge_client.node_store import NodeStore
 from fedge.edge_client.privacy_policy import check_privacy_policy
 from fedge.edge_client.secure_aggregation import masked_update, query
 from fedge.protocol.layout import LayoutError
 from fedge.protocol.config_keys import WEIGHT_KEY
 from fedge.protocol.records import UPDATE_RECORD, payload_record
-from fedge.edge_client.user_update import train_user_update
 from fedge.protocol.secagg import SECAGG_RECORD, secure_stage
 
 __all__ = ["secure_mod"]
@@ -46,9 +49,17 @@ def secure_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         return query(msg, context)
     if SECAGG_RECORD not in msg.content.config_records or not msg.metadata.message_type.startswith("train"):
         return call_next(msg, context)
-    update = train_user_update(msg, context, call_next, "mask")
-    if isinstance(update, Message):  # the user's body answered with an error: passed on as it is
+    update = take_update(msg, context, call_next, "mask")
+    if isinstance(update, Message):  # the body answered with an error: passed on as it is
         return update
+    if isinstance(update, DeviceUpdate):  # a Fedge handler's: its memory and stream, the round's error feedback
+        config = round_config(msg)
+        update.bound(config)
+        payload, _ = masked_update(msg, context, update.delta, update.examples if update.weighted else 1,
+                                   NodeStore(context.state, update.memory), update.generator,
+                                   error_feedback=config.error_feedback)
+        seconds = {"train-seconds": update.metrics["train-seconds"]} if "train-seconds" in update.metrics else {}
+        return train_reply(msg, payload, {"num-examples": 1, **seconds}, update.started)
     reply = update.reply
     examples = _examples(reply, str(msg.content.config_records.get("config", {}).get(WEIGHT_KEY, "")))
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)

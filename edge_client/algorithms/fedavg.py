@@ -1,5 +1,5 @@
-"""FedAvg / FedProx on the device: train from the global model, send ``local - global``; EASGD's
-elastic step when the message names the coupling (``fedge.edge_client.elastic_mod.ElasticNode``).
+"""FedAvg / FedProx on the device: train from the global model, send ``local - global`` (EASGD:
+``elastic_mod`` hands it the node's own model instead and takes the elastic step from what it trained).
 
 Receives ``train`` messages (Flower's default train action). The model comes through the device's
 downlink layer and the update leaves through its upload layer (``edge_client.layers``: clipping,
@@ -16,17 +16,13 @@ from collections.abc import Callable
 from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedge.edge_client import local
-from fedge.edge_client.elastic_mod import ElasticNode
 from fedge.edge_client.layers import start_model, upload, uses_device_layers
 from fedge.protocol import METRICS_RECORD, MODEL_RECORD, ProtocolError, read_state_dict
-from fedge.protocol.config_keys import EASGD_ALPHA, PROX_MU
+from fedge.protocol.config_keys import PROX_MU
 from fedge.protocol.round_config import RoundConfig
-from fedge.protocol.secagg import SECAGG_RECORD
 from fedge.tasks import evaluate as evaluate_model
 
 __all__ = ["evaluate", "make_train", "train"]
-
-_ELASTIC = "easgd"  # the node store namespace of an EASGD node's own model and compression memory
 
 
 def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
@@ -36,38 +32,23 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
 
     @uses_device_layers
     def train(msg: Message, context: Context) -> Message:
-        """Train on the local partition and reply with the ``local - global`` delta (EASGD: the
-        elastic difference of the node's own model, when the message names the coupling)."""
+        """Train on the local partition and reply with the ``local - global`` delta (EASGD's
+        ``elastic_mod`` hands it the node's own model and takes the elastic step from it)."""
         started = time.perf_counter()
         config = local.round_config(msg)
         task = local.task_of(config)
-        elastic = (ElasticNode(local.store(context, _ELASTIC), config.number(EASGD_ALPHA, low=0.0, high=1.0))
-                   if EASGD_ALPHA in config.extra else None)
-        data, held_out = local.local_parts(context, config)  # one read of the node's data
+        data = local.local_data(context, config)
         model = task.build_model()  # the one model of this message: its layout, the start, the training
-        center = start_model(msg, config, context, task, model)
-        start = elastic.own(center) if elastic is not None else center
-        local.load_flat(task, start, model)
+        start = start_model(msg, config, context, task, model)
         generator = local.node_generator(config, context, "train")
         trained = adjust(config) if adjust is not None else config
         result = local.train(model, data, trained, generator, prox_mu=config.number(PROX_MU, low=0.0),
                              device=local.node_device(context))
         # FedNova's coordinator normalises by the local steps (fedge.aggregation.fednova)
         metrics = {"train-loss": result.loss, "train-seconds": result.seconds, "local-steps": result.steps}
-        if elastic is None:
-            return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
-                          memory=local.store(context, namespace), generator=generator, started=started,
-                          metrics=metrics, model=model)
-        delta, kept, metrics["center-distance"] = elastic.step(local.flat_of(model), center)
-        if SECAGG_RECORD not in msg.content.config_records:  # masked rounds report nothing in clear
-            # The node's own model measured here (the coordinator never sees x_i): on the node's held-out
-            # part when the run keeps one, else on the task's central split when the device has it.
-            held_out = held_out if held_out is not None else task.test_data()
-            if held_out is not None:
-                own = local.load_flat(task, kept, model)
-                metrics["local-score"] = float(evaluate_model(own, held_out, task)[task.primary_metric])
-        return upload(msg, context, config, task, delta, examples=result.examples, memory=elastic.store,
-                      generator=generator, started=started, weighted=False, metrics=metrics, model=model)
+        return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
+                      memory=local.store(context, namespace), generator=generator, started=started,
+                      metrics=metrics, model=model)
 
     return train
 

@@ -44,6 +44,8 @@ def train(msg: Message, context: Context) -> Message:
                    generator=generator, started=started,
                    metrics={"train-loss": result.loss, "train-seconds": result.seconds, "local-steps": result.steps},
                    model=model)
+    # its own stream: the update's encoding (in compression_mod) continues the training's
     reply.content[CONTROL_RECORD] = control.reply(delta, result.steps, config.lr, server_round=config.round,
-                                                  seed=config.seed, generator=generator)
+                                                  seed=config.seed,
+                                                  generator=local.node_generator(config, context, "control"))
     return reply

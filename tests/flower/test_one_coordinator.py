@@ -1,7 +1,7 @@
 """One coordinator design: what Fedge's own engine and a Flower app with ``fedge.flower`` send are the
 same bytes, because each is one implementation with two thin adapters.
 
-Uplink: the engine's device (``fedge.edge_client.local.encode``, what the FedAvg handler calls) and
+Uplink: the engine's device (``fedge.edge_client.local.encode``, what ``compression_mod`` calls for a FedAvg handler) and
 ``compression_mod`` encode the same update, with the same randomness, into the same payload, round
 after round (the error-feedback memory evolves the same way), for qsgd, DGC and ``tcs``. Downlink:
 the engine's downlink layer and ``compressed(..., downlink="lattice:...")`` are one layer
@@ -74,7 +74,8 @@ def test_the_engines_device_and_compression_mod_send_the_same_payload(monkeypatc
             config = RoundConfig(round=server_round, task=task.spec, partitioning="iid", codec=spec,
                                  error_feedback=True, local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=SEED)
             generator = _dither(node, server_round)
-            engine_payload, _ = local.encode(delta, config, task, NodeStore(engine_state[node], "fedavg"), generator,
+            sizes = tensor_sizes(task.build_model().state_dict())
+            engine_payload, _ = local.encode(delta, config, sizes, NodeStore(engine_state[node], "fedavg"), generator,
                                              support=support)
             assert read_payload(reply.content, UPDATE_RECORD) == engine_payload, (node, server_round)
         arrays, _ = wrapped.aggregate_train(server_round, replies)
@@ -207,7 +208,7 @@ def test_the_engines_async_algorithms_and_the_flower_wrappers_make_the_same_vers
         config = RoundConfig(round=started[node] + 1, task=task.spec, partitioning="iid", codec="qsgd:bits=4",
                              error_feedback=True, local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=SEED)
         generator = _dither(node, started[node] + 1)
-        device_payload, _ = local.encode(delta.to(torch.float32), config, task,
+        device_payload, _ = local.encode(delta.to(torch.float32), config, tensor_sizes(task.build_model().state_dict()),
                                          NodeStore(device_state[node], "fedavg"), generator)
         assert read_payload(what.content, UPDATE_RECORD) == device_payload, (node, started[node])
         try:

@@ -8,13 +8,12 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fedge.edge_client import local
-from fedge.edge_client.downlink import received_model
+from fedge.edge_client.downlink import receive_downlink
+from fedge.protocol.downlink import DownlinkHeader
 from fedge.edge_client.public_copy import OutOfSyncError
-from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, ProtocolError
+from fedge.protocol import CONFIG_RECORD, DOWNLINK_RECORD, MODEL_RECORD, ProtocolError
 from fedge.protocol.config_keys import DOWNLINK_BASE_DIGEST, DOWNLINK_DIGEST
 from fedge.protocol.failures import FailureKind
-from fedge.protocol.round_config import RoundConfig
 from fedge.server.engine.algorithm import Step
 from fedge.server.engine.layers import Failure
 from fedge.coordinator.step import Reply
@@ -26,8 +25,10 @@ from tests.server.test_engine import TASK, _engine, _start
 
 def _receive(grid: InProcessGrid, node: int, content) -> torch.Tensor:  # type: ignore[no-untyped-def]
     message = Message(content, dst_node_id=node, message_type="train")
-    config = RoundConfig.from_record(content.config_records[CONFIG_RECORD])
-    return received_model(message, config, local.store(grid.contexts[node], "downlink"), TASK)
+    header = DownlinkHeader.read(content.config_records[CONFIG_RECORD])
+    if header is not None:
+        receive_downlink(message, grid.contexts[node], header)
+    return flatten_state(message.content.array_records[MODEL_RECORD].to_torch_state_dict())
 
 
 def _send(layer: DownlinkLayer, algorithm, version: int, nodes: list[int]) -> dict[int, object]:  # type: ignore[no-untyped-def]
