@@ -81,6 +81,8 @@ ENGINE_SMOKE: dict[str, tuple[list[str], str | None]] = {
                 None),
     "niid_bench.py": (["run", "--smoke", "--cell", "scaffold-c2-dgc-s1", "--cell", "fedavg-c2-fp32-s1", "--out",
                        "{out}/niid"], "niid/niid-bench.md"),
+    "niid_reference.py": (["--algorithm", "fednova", "--rounds", "2", "--epochs", "1", "--samples", "64", "--out",
+                           "{out}/ref"], "ref/fednova-pathological-classes2-wd0-s1.jsonl"),
     "flower_stragglers.py": (["--clients", "2", "--rounds", "1", "--local-epochs", "1", "--target", "0.1",
                               "--stragglers", "none", "--timeout", "300", "--out", "{out}/fst"], None),
 }
