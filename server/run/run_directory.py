@@ -65,6 +65,8 @@ class RunDirectory:
         if not self.config_path.exists():
             return new, []
         old = json.loads(self.config_path.read_text(encoding="utf-8")).get("settings", {})
+        # a setting added since the run started: the run ran with what its default does
+        old = {**{k: v for k, v in RunSettings().to_run_config().items() if k not in old}, **old}
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         blocking = [k for k in changed if k not in _RESUMABLE_CHANGES]
         if blocking:

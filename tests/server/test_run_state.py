@@ -77,6 +77,17 @@ def test_run_directory_refuses_incompatible_resume(tmp_path) -> None:
     assert os.path.exists(run.config_path)
 
 
+def test_a_run_recorded_before_a_setting_existed_resumes_at_its_default_and_refuses_another(tmp_path) -> None:
+    run = RunDirectory(tmp_path / "run")
+    run.start(RunSettings(rounds=5))
+    recorded = json.loads(run.config_path.read_text())
+    del recorded["settings"]["weight-decay"]  # as a run started before the setting was added
+    run.config_path.write_text(json.dumps(recorded))
+    run.start(RunSettings(rounds=5))  # the default: what that run trained with
+    with pytest.raises(SettingsError, match=r"weight-decay: 0\.0 -> 0\.001"):
+        run.start(RunSettings(rounds=5, weight_decay=0.001))
+
+
 def test_a_launch_its_run_directory_cannot_resume_is_refused_before_anything_there_changes(tmp_path) -> None:
     """A finished run, launched again with a setting it cannot resume under: refused by the launcher
     before it drops the summary or any metrics row (the ServerApp would refuse it too, but only once
