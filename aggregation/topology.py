@@ -28,7 +28,7 @@ import numpy as np
 
 from fedge.compression.spec import build_from_spec
 
-__all__ = ["Topology", "available_topologies", "make_topology", "metropolis_hastings"]
+__all__ = ["Topology", "make_topology", "metropolis_hastings"]
 
 
 def metropolis_hastings(adjacency: np.ndarray) -> np.ndarray:
@@ -141,10 +141,6 @@ def _random(n: int, degree: int = 4, seed: int = 42) -> Topology:
         if nx.is_connected(graph):
             return _static("random", f"random:degree={degree},seed={seed + attempt}", graph, n)
     raise ValueError(f"no connected random {degree}-regular graph over {n} nodes in 100 draws")
-
-
-def available_topologies() -> list[str]:
-    return ["exponential", "onepeer", "random", "ring", "torus"]
 
 
 def make_topology(spec: str, n: int, seed: int = 42) -> Topology:

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fedge.privacy.errors import AdvertisementError
 
 __all__ = ["REVOCATIONS_FILE", "CredentialError", "Credential", "Issuer", "endorse", "bind_identity",
-           "verify_credential", "load_issuer", "load_node_key", "read_revocations", "revocation_list", "revoke"]
+           "verify_credential", "load_issuer", "load_node_key", "read_revocations", "revoke"]
 
 _ENDORSE_LABEL = b"fedge-node-endorsement-v2|"
 _BIND_LABEL = b"fedge-secagg-identity-v1|"
@@ -213,12 +213,6 @@ def load_issuer(path: str | Path, highest_seen: int = 0) -> Issuer:
                               "seen before: an older list (or none) would re-admit revoked devices; refused")
     return Issuer(key, frozenset(e["node_key_sha256"] for e in entries), frozenset(e["name"] for e in entries),
                   serial)
-
-
-def revocation_list(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> list[dict[str, str]]:
-    """The revoked endorsements of a signed list (each ``{"name", "node_key_sha256", "revoked"}``);
-    :class:`CredentialError` if the file is malformed or not signed by ``ca_public``."""
-    return read_revocations(path, ca_public)[1]
 
 
 def read_revocations(path: str | Path, ca_public: ec.EllipticCurvePublicKey) -> tuple[int, list[dict[str, str]]]:
