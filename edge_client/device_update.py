@@ -58,6 +58,9 @@ class DeviceUpdate:
     metrics: dict[str, Any] = field(default_factory=dict)
     model: torch.nn.Module | None = None  # the handler's trained model (EASGD's elastic step starts from it)
     others: RecordDict = field(default_factory=RecordDict)  # the handler's own records (SCAFFOLD's control change)
+    # the node's (training, held-out) parts as the handler read them: a mod that measures on the
+    # held-out part (EASGD's local-score) does not read the node's data again; None: not read
+    parts: tuple[Any, Any] | None = None
 
     def bound(self, config: RoundConfig) -> None:
         """Differential privacy: clip to the round's ``dp-clip`` and report whether it fitted
@@ -130,19 +133,18 @@ def take_update(msg: Message, context: Context, call_next: ClientAppCallable, pu
     mod nothing), when no handler handed one over. ``purpose`` names the mod's use in errors
     ("compress", "mask"); ``digest``: the layout the server described. A wrapped message without
     the model, or of another layout, is refused before the body runs."""
-    received, layout = msg.content.array_records.get(MODEL_RECORD), None
-    if wrapped:
-        if received is None:
-            raise LayoutError(f"a train message to {purpose} needs the model in its {MODEL_RECORD!r} ArrayRecord")
-        layout = Layout(received)
-        if digest is not None and layout.digest != digest:
-            raise LayoutError(f"the model's layout {layout.digest} is not the one the server described ({digest})")
+    received = msg.content.array_records.get(MODEL_RECORD)
+    if wrapped and received is None:
+        raise LayoutError(f"a train message to {purpose} needs the model in its {MODEL_RECORD!r} ArrayRecord")
+    if wrapped and digest is not None and (found := Layout(received).digest) != digest:
+        raise LayoutError(f"the model's layout {found} is not the one the server described ({digest})")
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     update = handed(reply)
-    if update is not None or layout is None or received is None:
-        return update or reply
+    if update is not None or not wrapped or received is None:
+        return update or reply  # a handler's flat update needs no layout of the message's model
+    layout = Layout(received)
     trained = reply.content.array_records.get(MODEL_RECORD)
     if trained is None:
         raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to {purpose}")

@@ -103,7 +103,7 @@ def _handed_step(msg: Message, context: Context, update: DeviceUpdate, node: Ela
     if SECAGG_RECORD not in msg.content.config_records:
         config = local.round_config(msg)
         task = local.task_of(config)
-        held_out = local.local_parts(context, config)[1]
+        held_out = (update.parts if update.parts is not None else local.local_parts(context, config))[1]
         held_out = held_out if held_out is not None else task.test_data()
         if held_out is not None:
             own = local.load_flat(task, kept, update.model)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp.typing import ClientAppCallable
+from torch.utils.data import Dataset
 
 from fedge.edge_client import local
 from fedge.edge_client.compression_mod import compression_mod
@@ -74,7 +75,8 @@ def start_model(msg: Message, config: RoundConfig, context: Context, task: Task,
 def upload(msg: Message, context: Context, config: RoundConfig, task: Task, update: torch.Tensor, *,
            examples: int, memory: NodeStore, generator: torch.Generator, started: float,
            metrics: dict[str, Any] | None = None, measure: torch.Tensor | None = None,
-           weighted: bool = True, model: torch.nn.Module | None = None) -> Message:
+           weighted: bool = True, model: torch.nn.Module | None = None,
+           parts: tuple[Dataset, Dataset | None] | None = None) -> Message:
     """The reply carrying ``update`` (a flat delta), handed to the device's update mods
     (``edge_client.device_update``): clipped under differential privacy, then masked by
     ``secure_mod`` or encoded by ``compression_mod`` through ``memory``, continuing ``generator``.
@@ -84,11 +86,12 @@ def upload(msg: Message, context: Context, config: RoundConfig, task: Task, upda
     and its training time, the weight travels inside the masked sum (``examples``, or 1 for an
     algorithm whose updates are not ``weighted``: EASGD's center moves by their sum). ``model``: the
     handler's one model of this message, trained: the codec takes its layout (none is built again),
-    ``elastic_mod`` its parameters.
+    ``elastic_mod`` its parameters; ``parts``: the node's (training, held-out) data as the handler
+    read it, so a mod that measures on the held-out part reads nothing again.
     """
     sizes = tensor_sizes((task.build_model() if model is None else model).state_dict())
     return hand_off(msg, DeviceUpdate(update, examples, weighted, memory.namespace, generator, started, sizes, measure,
-                                      dict(metrics or {}), model=model))
+                                      dict(metrics or {}), model=model, parts=parts))
 
 
 def refusal_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -37,18 +37,18 @@ def make_train(adjust: Callable[[RoundConfig], RoundConfig] | None = None,
         started = time.perf_counter()
         config = local.round_config(msg)
         task = local.task_of(config)
-        data = local.local_data(context, config)
+        parts = local.local_parts(context, config)  # elastic_mod measures on the held-out part
         model = task.build_model()  # the one model of this message: its layout, the start, the training
         start = start_model(msg, config, context, task, model)
         generator = local.node_generator(config, context, "train")
         trained = adjust(config) if adjust is not None else config
-        result = local.train(model, data, trained, generator, prox_mu=config.number(PROX_MU, low=0.0),
+        result = local.train(model, parts[0], trained, generator, prox_mu=config.number(PROX_MU, low=0.0),
                              device=local.node_device(context))
         # FedNova's coordinator normalises by the local steps (fedge.aggregation.fednova)
         metrics = {"train-loss": result.loss, "train-seconds": result.seconds, "local-steps": result.steps}
         return upload(msg, context, config, task, local.flat_of(model) - start, examples=result.examples,
                       memory=local.store(context, namespace), generator=generator, started=started,
-                      metrics=metrics, model=model)
+                      metrics=metrics, model=model, parts=parts)
 
     return train
 

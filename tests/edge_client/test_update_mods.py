@@ -66,3 +66,30 @@ def test_a_handed_update_is_taken_once_and_not_kept_after() -> None:
     assert len(device_update._HANDED) == 1
     del skipped
     assert len(device_update._HANDED) == 0  # a reply that skipped the mods leaves nothing behind
+
+
+def test_an_elastic_train_message_reads_the_nodes_data_once(monkeypatch) -> None:
+    """EASGD on Fedge's handler: elastic_mod measures the kept model on the held-out part the handler
+    already read (the update carries it), not on a second read of the node's data."""
+    from fedge.edge_client import local
+    from fedge.edge_client.algorithms import fedavg
+    from fedge.edge_client.elastic_mod import elastic_mod
+    from fedge.protocol import MODEL_RECORD
+    from fedge.protocol.config_keys import EASGD_ALPHA, PROX_MU
+    from fedge.tasks import make_task
+
+    reads: list[int] = []
+    real = local.node_data
+    monkeypatch.setattr(local, "node_data", lambda *args: reads.append(1) or real(*args))
+    config = RoundConfig(round=1, task="digits", partitioning="iid", codec="none", error_feedback=False,
+                         local_epochs=1, batch_size=32, lr=0.1, momentum=0.0, seed=7, holdout=0.2,
+                         extra={EASGD_ALPHA: 0.5, PROX_MU: 0.0})
+    model = make_task("digits").build_model()
+    content = RecordDict({CONFIG_RECORD: config.to_record(), MODEL_RECORD: ArrayRecord(model.state_dict())})
+    msg = Message(content, dst_node_id=5, message_type="train")
+    context = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
+                      run_config={})
+    update = handed(elastic_mod(msg, context, fedavg.train))
+    assert update is not None and update.weighted is False
+    assert 0.0 <= update.metrics["local-score"] <= 1.0 and update.metrics["center-distance"] > 0
+    assert len(reads) == 1
