@@ -48,7 +48,7 @@ from fedge.compression.lattice import (
     lattice_model,
     model_digest,
 )
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import parse_setting, parse_spec
 
 __all__ = ["DownlinkMessage", "DownlinkSpec", "VersionedBroadcast", "lattice_model", "model_digest", "parse_downlink"]
 
@@ -82,21 +82,12 @@ class DownlinkSpec:
 
 def parse_downlink(spec: str) -> DownlinkSpec | None:
     """The downlink spec, or None for ``none`` (full fp32 models). Raises ValueError with the reason."""
-    if spec.strip().lower() == "none":
-        return None
-    name, raw = parse_spec(spec)
-    if name != "lattice":
+    if spec.strip().lower() != "none" and parse_spec(spec)[0] != "lattice":
         raise ValueError(f"downlink-codec must be 'none' or 'lattice[:ratio=R,bits=B,cache=K,resolution=S]', "
                          f"got {spec!r} (uplink codecs such as qsgd do not compose exactly across versions)")
-    unknown = set(raw) - {"ratio", "bits", "cache", "resolution", "warmup", "dense"}
-    if unknown:
-        raise ValueError(f"unknown downlink parameter(s) {sorted(unknown)} in {spec!r}")
-    try:
-        out = DownlinkSpec(ratio=float(raw.get("ratio", 0.05)), bits=int(raw.get("bits", 16)),
-                           cache=int(raw.get("cache", 64)), resolution=float(raw.get("resolution", 256)),
-                           warmup=int(raw.get("warmup", 0)), dense=float(raw.get("dense", 0)))
-    except ValueError:
-        raise ValueError(f"downlink parameters must be numbers: {spec!r}") from None
+    out = parse_setting(spec, DownlinkSpec, "lattice", "downlink-codec")
+    if out is None:
+        return None
     if not 0 < out.ratio <= 1:
         raise ValueError(f"downlink ratio must be in (0, 1], got {out.ratio}")
     if not 2 <= out.bits <= 16:

@@ -27,8 +27,7 @@ from typing import Any
 
 import torch
 
-from fedge.compression.errors import SpecError
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import parse_setting
 
 __all__ = ["ModelAverage", "parse_model_average"]
 
@@ -36,7 +35,7 @@ __all__ = ["ModelAverage", "parse_model_average"]
 class ModelAverage:
     """An exponential moving average of a sequence of flat models, with its checkpointable state."""
 
-    def __init__(self, decay: float) -> None:
+    def __init__(self, decay: float = 0.8) -> None:
         if not (math.isfinite(decay) and 0.0 <= decay < 1.0):
             raise ValueError(f"model-average decay must be in [0, 1), got {decay}")
         self.decay = decay
@@ -83,19 +82,4 @@ class ModelAverage:
 
 def parse_model_average(spec: str) -> ModelAverage | None:
     """``none`` -> None; ``ema:decay=D`` -> :class:`ModelAverage`. Raises ``ValueError`` with the reason."""
-    try:
-        name, params = parse_spec(spec)
-    except SpecError as err:
-        raise ValueError(f"model-average: {err}") from None
-    if name == "none" and not params:
-        return None
-    if name != "ema":
-        raise ValueError(f"model-average must be 'none' or 'ema:decay=D', got {spec!r}")
-    unknown = set(params) - {"decay"}
-    if unknown:
-        raise ValueError(f"model-average ema takes only decay, got {', '.join(sorted(unknown))}")
-    try:
-        decay = float(params.get("decay", "0.8"))
-    except ValueError:
-        raise ValueError(f"model-average decay must be a number, got {params['decay']!r}") from None
-    return ModelAverage(decay)
+    return parse_setting(spec, ModelAverage, "ema", "model-average")

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from fedge.compression.errors import SpecError
 
-__all__ = ["build_from_spec", "parse_spec", "required_spec"]
+__all__ = ["build_from_spec", "parse_setting", "parse_spec", "required_spec"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,18 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
                 raise SpecError(f"parameter {key!r} given twice in spec {spec!r}")
             params[key] = value
     return name.strip().lower(), params
+
+
+def parse_setting(spec: str, cls: Callable[..., T], name: str, setting: str) -> T | None:
+    """A run setting that is ``none`` (None) or ``name[:key=value,...]``: ``cls`` called with the
+    parameters typed as its defaults are (how every setting's spec reads the same way; the caller
+    then checks the values' ranges). Raises :class:`SpecError` naming the setting."""
+    if isinstance(spec, str) and spec.strip().lower() == "none":
+        return None
+    given = parse_spec(spec)[0]
+    if given != name:
+        raise SpecError(f"{setting} is 'none' or '{name}[:...]', not {given!r}")
+    return build_from_spec(spec, {name: cls}, family=setting)
 
 
 def required_spec(parse: Callable[[str], T | None], text: str, name: str) -> T:
@@ -67,17 +79,19 @@ def build_from_spec(
             allowed = ", ".join(signature.parameters) or "none"
             raise SpecError(f"{family} {name!r} has no parameter {key!r} (parameters: {allowed})")
         default = param.default
+        kind = type(default)
         try:
-            if isinstance(default, bool):
+            if kind is bool:
                 if value.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError("expected true or false")
+                    raise ValueError
                 converted: Any = value.lower() in ("true", "1")
             elif default is inspect.Parameter.empty or default is None:
                 converted = value
             else:
-                converted = type(default)(value)
-        except ValueError as err:
-            raise SpecError(f"{family} {name!r} parameter {key}={value!r}: {err}") from None
+                converted = kind(value)
+        except ValueError:
+            what = {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, kind.__name__)
+            raise SpecError(f"{family} {name!r}: {key}={value!r} is not {what}") from None
         kwargs[param.name] = converted
     for key, obj in (extra or {}).items():
         if key not in signature.parameters:

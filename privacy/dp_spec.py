@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from fedge.compression.errors import SpecError
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import parse_setting
 
 __all__ = ["DPSpec", "parse_differential_privacy"]
 
@@ -59,41 +59,18 @@ class DPSpec:
         return base + (f",tier={self.tier},rate={self.rate:g}" if self.tier else "")
 
 
-_KEYS = ("noise", "clip", "delta", "budget", "adaptive", "quantile", "clip-lr", "tier", "rate", "population")
 TIERS = ("leaf", "root")
 
 
 def parse_differential_privacy(spec: str) -> DPSpec | None:
     """``None`` for ``none``; raises :class:`SpecError` naming the bad parameter."""
-    if not spec or spec.strip().lower() == "none":
+    result = parse_setting(spec, DPSpec, "gaussian", "differential-privacy")
+    if result is None:
         return None
-    name, raw = parse_spec(spec)
-    if name != "gaussian":
-        raise SpecError(f"differential-privacy is 'none' or 'gaussian[:...]', not {name!r}")
-    values = {}
-    for key, text in raw.items():
-        if key not in _KEYS:
-            raise SpecError(f"gaussian has no parameter {key!r} (parameters: {', '.join(_KEYS)})")
-        if key == "adaptive":
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise SpecError(f"gaussian: adaptive={text!r} is not true or false")
-            values["adaptive"] = text.lower() in ("true", "1")
-            continue
-        if key == "tier":
-            if text not in TIERS:
-                raise SpecError(f"gaussian: tier={text!r} is not one of {', '.join(TIERS)}")
-            values["tier"] = text
-            continue
-        if key == "population":
-            if not text.isdigit() or int(text) < 1:
-                raise SpecError(f"gaussian: population={text!r} is not a number of devices >= 1")
-            values["population"] = int(text)
-            continue
-        try:
-            values[key.replace("-", "_")] = float(text)
-        except ValueError:
-            raise SpecError(f"gaussian: {key}={text!r} is not a number") from None
-    result = DPSpec(**values)
+    if result.tier not in ("", *TIERS):
+        raise SpecError(f"gaussian: tier={result.tier!r} is not one of {', '.join(TIERS)}")
+    if result.population < 0:
+        raise SpecError(f"gaussian: population={result.population} is not a number of devices >= 1")
     if not (math.isfinite(result.noise) and result.noise >= 0.1):
         # below 0.1 epsilon runs into the hundreds per round and the PLD accountant's cost explodes
         raise SpecError("gaussian: noise (the noise multiplier z) must be >= 0.1")

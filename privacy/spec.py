@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from fedge.compression.errors import SpecError
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import parse_setting
 
 __all__ = ["SecAggSpec", "parse_secure_aggregation"]
 
@@ -44,27 +44,11 @@ class SecAggSpec:
                 f"{issuer}")
 
 
-_TYPES = {"bits": int, "clip": float, "weight-cap": int, "neighbours": int, "threshold": int, "timeout": float,
-          "ratio": float, "issuer": str}
-
-
 def parse_secure_aggregation(spec: str) -> SecAggSpec | None:
     """``None`` for ``none``; raises :class:`SpecError` naming the bad parameter."""
-    if not spec or spec.strip().lower() == "none":
+    result = parse_setting(spec, SecAggSpec, "secagg", "secure-aggregation")
+    if result is None:
         return None
-    name, raw = parse_spec(spec)
-    if name != "secagg":
-        raise SpecError(f"secure-aggregation is 'none' or 'secagg[:...]', not {name!r}")
-    values = {}
-    for key, text in raw.items():
-        kind = _TYPES.get(key)
-        if kind is None:
-            raise SpecError(f"secagg has no parameter {key!r} (parameters: {', '.join(_TYPES)})")
-        try:
-            values[key.replace("-", "_")] = kind(text)
-        except ValueError:
-            raise SpecError(f"secagg: {key}={text!r} is not a {kind.__name__}") from None
-    result = SecAggSpec(**values)
     if not 1 <= result.bits <= 16:
         raise SpecError("secagg: bits must be in [1, 16]")
     if not (math.isfinite(result.clip) and result.clip > 0):

@@ -132,7 +132,7 @@ def test_spec_parsing() -> None:
     assert parse_downlink("none") is None
     assert parse_downlink("lattice:ratio=0.01,cache=32") == DownlinkSpec(ratio=0.01, cache=32)
     for spec, reason in (("qsgd:bits=8", "compose exactly"), ("lattice:ratio=0", "ratio"),
-                         ("lattice:bits=1", "bits"), ("lattice:cache=0", "cache"), ("lattice:speed=2", "unknown")):
+                         ("lattice:bits=1", "bits"), ("lattice:cache=0", "cache"), ("lattice:speed=2", "no parameter .speed.")):
         with pytest.raises(ValueError, match=reason):
             parse_downlink(spec)
     assert np.isfinite(parse_downlink("lattice").resolution)
