@@ -557,8 +557,7 @@ def _follow(
     if not flower.follow(runner, deadline, tick):
         return rows
     if runner.popen.returncode != 0 or not summary.exists():
-        raise EngineError(
-            f"the Flower run failed (flwr run exit code {runner.popen.returncode}); "
-            f"logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}"
-        )
+        code = runner.popen.returncode  # 0 with no summary: the ServerApp raised inside the simulation
+        why = f"flwr run exit code {code}" if code != 0 else "flwr run exited 0 but the ServerApp never finished"
+        raise EngineError(f"the Flower run failed ({why}); logs in {run_dir / 'logs'}:\n{runner.log_tail(30)}")
     return rows
