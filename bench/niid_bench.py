@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedge.deploy.atomic import atomic_write_text
 from fedge.server.local import launch
 from fedge.server.settings import RunSettings
+from fedge.tasks import fashion_mnist
 
 from bench.harness.seeds import client_slots, default_workers, interval, map_runs, paired, verdict
 
@@ -327,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                   [(a, p, c, s) for s in args.seeds for a in args.algorithms for p in args.partitions
                    for c in args.codecs])
         todo = [cell for cell in wanted if not (out / "cells" / f"{cell_name(*cell)}.json").exists()]
+        if todo and not fashion_mnist.available():  # said once, before any cell starts a federation
+            print(f"Fashion-MNIST not found in {fashion_mnist.data_dir()}: apt-get install dataset-fashion-mnist "
+                  "(or set FEDGE_FASHION_MNIST_DIR)", file=sys.stderr)
+            return 2
         print(f"{len(todo)} cells to run, {args.workers} at once", flush=True)
         workers = max(1, min(args.workers, len(todo)))
         command = shlex.join([".venv/bin/python", "bench/niid_bench.py", *(argv if argv is not None else sys.argv[1:])])
