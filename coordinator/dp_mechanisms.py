@@ -18,7 +18,7 @@ differential privacy (the layer, ``fedge.coordinator.dp_layer``, only hands them
 * :class:`Skellam` - distributed DP: every sampled device clips, scales, rounds and adds its share
   of Skellam noise inside secure aggregation's ring (``fedge.privacy.distributed_dp``), so the
   coordinator never sees a noiseless sum; it samples, releases the unmasked sum plus its top-up for
-  the planned devices that dropped (``fedge.privacy.distributed_release``), and keeps two ledgers:
+  the planned devices that dropped, and keeps two ledgers:
   the amplified one and each device's against the coordinator (``dp_epsilon_coordinator``), which
   draws the sample and sees who took part.
 
@@ -45,15 +45,15 @@ from fedge.aggregation.partial import Partial
 from fedge.compression import derive_seed
 from fedge.coordinator.layer import RunComplete
 from fedge.coordinator.step import Update
-from fedge.privacy.accountant import PrivacyLedger
-from fedge.privacy.distributed_release import DistributedRelease
+from fedge.privacy.accountant import CoordinatorLedger, PrivacyLedger, SkellamLedger
+from fedge.privacy.distributed_dp import SkellamParams, ledger_round, released_sum, round_noise
 from fedge.privacy.dp_spec import DPSpec
 from fedge.privacy.sampling import RunRate, poisson_sample
 from fedge.protocol.config_keys import DP_FITTED
 from fedge.protocol.failures import Rejected
 from fedge.protocol.leaf import LEAF_CONNECTED
 
-__all__ = ["Central", "CentralDP", "LeafClip", "Mechanism", "RootNoise", "Skellam", "central_mechanism"]
+__all__ = ["Central", "LeafClip", "Mechanism", "RootNoise", "Skellam", "central_mechanism"]
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +88,12 @@ def _total(partial: Partial) -> torch.Tensor:
     return partial.mean() * partial.count if partial.count else torch.zeros(partial.numel)
 
 
-class CentralDP:
-    """The Gaussian mechanism's state: the ledger, the noise and sample sources, the (adaptive)
-    clipping bound. The tiers' mechanisms below are it with their step."""
+class Central(Mechanism):
+    """Central Gaussian DP on one SuperLink (see the module docstring): q fixed for the run
+    (``RunRate``: privacy audit 3, F5). Its state: the ledger, the noise and sample sources, the
+    (adaptive) clipping bound; the tiers' mechanisms below are it with their step."""
 
-    def __init__(self, spec: DPSpec, seeded: int | None = None) -> None:
+    def __init__(self, spec: DPSpec, clients_per_round: int, seeded: int | None = None) -> None:
         self.spec = spec
         self.ledger = PrivacyLedger(spec.delta)
         #: None: private. A seed (``dp-seeded-noise``, benchmarks only): noise and sample from it
@@ -118,6 +119,9 @@ class CentralDP:
         #: 1/2 whatever it is); taking it from each round's connected devices let a round with fewer
         #: of them than clients-per-round break z < 2 sigma_b mid-run (privacy audit 2, N8)
         self.count_devices = 1.0
+        self.run_rate = RunRate(clients_per_round, spec.population)
+        if spec.adaptive:
+            self.update_noise_multiplier(float(clients_per_round))  # refuses a noise the count cannot share
 
     def _count_noise_std(self) -> float:
         """Andrew et al.'s sigma_b = m / 20 for the m expected devices the run was built for."""
@@ -180,7 +184,7 @@ class CentralDP:
         return fields
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.ledger.state_dict(), "clip": self.clip_bound}
+        return {**self.ledger.state_dict(), "clip": self.clip_bound, **self.run_rate.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ledger = PrivacyLedger.from_state(state)
@@ -190,17 +194,7 @@ class CentralDP:
         if not (np.isfinite(clip) and clip > 0):
             raise ValueError(f"the checkpoint's clipping bound {clip!r} is not a positive number")
         self.ledger, self.clip_bound = ledger, clip
-
-
-class Central(CentralDP, Mechanism):
-    """Central Gaussian DP on one SuperLink (see the module docstring): q fixed for the run
-    (``RunRate``: privacy audit 3, F5)."""
-
-    def __init__(self, spec: DPSpec, clients_per_round: int, seeded: int | None = None) -> None:
-        super().__init__(spec, seeded=seeded)
-        self.run_rate = RunRate(clients_per_round, spec.population)
-        if spec.adaptive:
-            self.update_noise_multiplier(float(clients_per_round))  # refuses a noise the count cannot share
+        self.run_rate.load_state_dict(state)
 
     def select(self, nodes: list[int]) -> list[int]:
         q = self.run_rate(len(nodes))
@@ -224,13 +218,6 @@ class Central(CentralDP, Mechanism):
 
     def fields(self, scratch: dict[str, Any]) -> dict[str, Any]:
         return self.close_round()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**CentralDP.state_dict(self), **self.run_rate.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        CentralDP.load_state_dict(self, state)
-        self.run_rate.load_state_dict(state)
 
 
 class LeafClip(Central):
@@ -288,23 +275,36 @@ def central_mechanism(spec: DPSpec, clients_per_round: int, seeded: int | None =
     return _TIERS[spec.tier](spec, clients_per_round, seeded)
 
 
-class Skellam(DistributedRelease, Mechanism):
-    """Distributed DP's coordinator part (see the module docstring). ``rate(connected)`` is the
+class Skellam(Mechanism):
+    """Distributed DP's coordinator part (see the module docstring), for both coordinators (Fedge's
+    engine and ``fedge.flower``'s secure rounds run this layer): each planned device's share of a
+    round's noise, the release, and the two ledgers, the amplified one (against whoever sees only
+    the released models) and each device's against the coordinator, which draws the sample and sees
+    who took part, so that sampling amplifies nothing against it. ``rate(connected)`` is the
     sampling rate q for a step with ``connected`` devices; ``rng`` (the top-up's and the noise-only
     release's generator) and ``sampler`` default to the OS CSPRNG."""
 
     def __init__(self, spec: DPSpec, rate: Callable[[int], float], numel: int = 0, *,
                  rng: np.random.Generator | None = None, sampler: random.Random | None = None) -> None:
-        super().__init__(spec, numel)
+        if spec.adaptive:
+            raise ValueError("adaptive clipping needs each device's fitted bit in clear, which secure aggregation "
+                             "hides; use a fixed clip")
+        self.spec, self.numel = spec, numel
+        self.ledger = SkellamLedger(spec.delta)
+        self.coordinator = CoordinatorLedger(spec.delta)
         self._rate = rate
         self.rate = 0.0
         self.rng = rng if rng is not None else np.random.default_rng(int.from_bytes(_os_entropy(16), "little"))
         self._sampler = sampler if sampler is not None else _system_random()
         self.stamp = spec.clip  # the ring clips to it too
 
+    def noise(self, planned: int) -> SkellamParams:
+        """Each of the ``planned`` devices' share of the round's noise (what the secure plan carries)."""
+        return round_noise(self.spec, self.numel, planned)
+
     def select(self, nodes: list[int]) -> list[int]:
         self.rate = self._rate(len(nodes))
-        if self.would_exceed(self.rate):
+        if self.ledger.would_exceed(self.spec.budget, ledger_round(self.spec, self.numel, self.rate)):
             raise _budget_spent(self.spec)
         return self.sample(nodes)
 
@@ -320,6 +320,24 @@ class Skellam(DistributedRelease, Mechanism):
         return Partial.of_mean(torch.from_numpy(released.astype(np.float32)), max(self.rate * connected, 1.0),
                                partial.count, members=partial.members, planned=partial.planned, noised=True)
 
+    def released_mean(self, noisy_sum: np.ndarray | None, q: float, connected: int, members: list[int],
+                      planned: int, rng: np.random.Generator) -> np.ndarray:
+        """The mean update a round releases, recorded in the ledgers: the unmasked noisy sum of the
+        updates of ``members`` plus the coordinator's top-up for the ``planned`` devices that dropped,
+        over the expected number of devices q N; or, when no sum was unmasked (``None``), noise of the
+        same scale drawn here, on the same lattice, over q N. Every round is charged in the amplified
+        ledger, with or without a sum: whether a round has one depends on the private sample (privacy
+        audit 2, N4); against the coordinator only the members' rounds count.
+        ``rng`` must be unpredictable (seeded from the OS CSPRNG)."""
+        share = self.noise(planned)
+        self.ledger.record(*ledger_round(self.spec, self.numel, q))
+        if noisy_sum is not None and members:
+            # the coordinator knows its own top-up: only the devices' noise counts against it
+            self.coordinator.record(members, len(members) * share.local_variance, share.l1_bound, share.l2_bound)
+        else:
+            noisy_sum, members = None, []
+        return released_sum(noisy_sum, share, planned, len(members), rng) / max(q * connected, 1.0)
+
     def fields(self, scratch: dict[str, Any]) -> dict[str, Any]:
         """RDP's epsilon only: no PLD for Skellam."""
         received: Partial | None = scratch.get("received")
@@ -333,11 +351,18 @@ class Skellam(DistributedRelease, Mechanism):
 
     def state_dict(self) -> dict[str, Any]:
         rate_state = getattr(self._rate, "state_dict", None)
-        return {**DistributedRelease.state_dict(self), **(rate_state() if rate_state is not None else {})}
+        return {**self.ledger.state_dict(), "coordinator": self.coordinator.state_dict(),
+                **(rate_state() if rate_state is not None else {})}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if hasattr(self._rate, "load_state_dict"):
             self._rate.load_state_dict(state)
-        if not DistributedRelease.load_state_dict(self, state):
+        ledger = SkellamLedger.from_state(state)
+        if ledger.delta != self.spec.delta:
+            raise ValueError(f"the checkpoint accounted at delta={ledger.delta}, this run at {self.spec.delta}")
+        self.ledger = ledger
+        if "coordinator" in state:
+            self.coordinator = CoordinatorLedger.from_state(state["coordinator"])
+        else:  # a checkpoint from before the per-device ledger was kept: its past rounds are not in it
             log.warning("the checkpoint has no per-device ledger: epsilon against the coordinator counts only "
                         "the rounds from here on")

@@ -88,9 +88,9 @@ def test_the_closed_form_reproduces_the_papers_limits() -> None:
 
 
 def _central(spec: str = "gaussian:noise=1.3,clip=0.7,delta=1e-5"):  # type: ignore[no-untyped-def]
-    from fedge.coordinator.dp_mechanisms import CentralDP
+    from fedge.coordinator.dp_mechanisms import Central
 
-    return CentralDP(parse_differential_privacy(spec))
+    return Central(parse_differential_privacy(spec), clients_per_round=1)
 
 
 def test_the_noise_standard_deviation_is_z_c_over_q_n() -> None:

@@ -30,7 +30,7 @@ import pytest
 from scipy import special, stats
 
 from fedge.privacy.distributed_dp import skellam_params
-from fedge.privacy.distributed_release import DistributedRelease
+from fedge.coordinator.dp_mechanisms import Skellam
 from fedge.privacy.dp_spec import parse_differential_privacy
 
 ORDERS = list(range(2, 65))
@@ -80,7 +80,7 @@ def test_the_reported_epsilon_is_at_least_the_exact_one_at_small_expected_sample
     exact = epsilon([rounds * r for r in per_round], delta)
     # the product's own release path, round by round, on samples drawn at rate q: a round with fewer
     # than two devices has no sum (the coordinator releases noise only); what it charges is its ledger
-    mechanism = DistributedRelease(parse_differential_privacy(f"gaussian:noise={noise},clip=1.0,delta={delta}"), 1)
+    mechanism = Skellam(parse_differential_privacy(f"gaussian:noise={noise},clip=1.0,delta={delta}"), lambda n: q, 1)
     rng = np.random.default_rng(expected)
     without_sum = 0
     for _ in range(rounds):

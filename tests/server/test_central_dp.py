@@ -103,11 +103,11 @@ def test_adaptive_clipping_accounts_for_the_count_it_releases(bit) -> None:
     multiplier was 0.66, and epsilon over 100 rounds at q = 0.2 about 36.9 instead of the 24.2
     reported."""
     from fedge.privacy.dp_spec import parse_differential_privacy
-    from fedge.coordinator.dp_mechanisms import CentralDP
+    from fedge.coordinator.dp_mechanisms import Central
 
     spec = parse_differential_privacy("gaussian:noise=0.8,clip=1.0,delta=1e-5,adaptive=true")
     m = 20.0
-    dp = CentralDP(spec)
+    dp = Central(spec, clients_per_round=int(m))
     for _ in range(5):  # a round's other devices
         dp.clip(torch.ones(4), 1.0)
     before = dp.fitted
