@@ -4,7 +4,7 @@ The core: a step (``step``), its reply tally (``tally``), the door every reply g
 (``door``), the message dispatcher and the asynchronous schedule (``dispatcher``, ``async_loop``),
 the layer interface and how layers compose (``layer``), and a Flower app's reply reading
 (``app_reply``). The layers a round can carry, each usable by both coordinators: device selection
-(``selection_layer``: uniform, or Oort), the update guard (``update_guard_layer``), the downlink
+(``selection_layer``: uniform, or Oort), the update guard (``update_guard``), the downlink
 (``downlink_layer``), differential privacy (``dp_layer``, one layer over the mechanisms of
 ``dp_mechanisms``: central Gaussian, a leaf's clip, a root's noise, distributed Skellam), the model average
 (``model_average_layer``), a leaf's root-round stamp (``root_round_layer``), secure aggregation (``secure_layer`` with ``secure_round`` and

@@ -321,7 +321,6 @@ def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
     a whole round's sum is refused when the strategy is built."""
     from fedge.aggregation.partial import Partial
     from fedge.coordinator.layer import Layer
-    from fedge.coordinator.update_guard_layer import UpdateGuardLayer
     from fedge.coordinator.update_guard import UpdateGuard
     from tests.server.test_layers import CountingLayer
 
@@ -337,7 +336,7 @@ def test_the_engines_layers_run_around_fedbuff_in_a_flower_app(make) -> None:
     clock = Clock()
     grid = LatencyGrid({n: _user_app() for n in NODES}, {11: 1.0, 12: 1.0, 13: 2.5}, clock)
     counting = CountingLayer()
-    guard = UpdateGuardLayer(UpdateGuard("clip:max=0.05", "none"), weighted=True)
+    guard = UpdateGuard("clip:max=0.05", "none")
     strategy, start = make(uplink="qsgd:bits=4", layers=[counting, guard]), _model()
     result = _run(strategy, grid, 5, clock, start)
     metrics = result.train_metrics_clientapp

@@ -203,7 +203,6 @@ def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuse
     norm bound and caps each claimed example count before the strategy aggregates (FedAvg of the
     guarded updates, computed here from the same replies), says so in the round's metrics, and in
     reject mode leaves an update over the bound out, with its reason."""
-    from fedge.coordinator.update_guard_layer import UpdateGuardLayer
     from fedge.coordinator.update_guard import UpdateGuard
 
     model, limit, cap = _model(), 3.0, 25
@@ -215,7 +214,7 @@ def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuse
     norms = {n: float(np.linalg.norm(d)) for n, d in deltas.items()}
     assert sum(norm > limit for norm in norms.values()) >= 1 and max(examples.values()) > cap  # both bite
 
-    guard = UpdateGuardLayer(UpdateGuard(f"clip:max={limit:g}", f"fixed:max={cap}"), weighted=True)
+    guard = UpdateGuard(f"clip:max={limit:g}", f"fixed:max={cap}")
     (got, metrics), = _rounds(layered(FedAvg(), guard), model, rounds=1)
     clipped = {n: d * min(1.0, limit / norms[n]) for n, d in deltas.items()}
     weights = {n: min(examples[n], cap) for n in deltas}
@@ -223,7 +222,7 @@ def test_the_engines_update_guard_runs_in_a_flower_app_and_clips_caps_and_refuse
     np.testing.assert_allclose(_flat(got), expected, rtol=0, atol=1e-6)
     assert metrics["clipped"] == sum(norm > limit for norm in norms.values()) and metrics["weight_capped"] >= 1
 
-    rejecting = layered(FedAvg(), UpdateGuardLayer(UpdateGuard(f"reject:max={limit:g}"), weighted=True))
+    rejecting = layered(FedAvg(), UpdateGuard(f"reject:max={limit:g}"))
     (kept, _), = _rounds(rejecting, model, rounds=1)
     over = sorted(n for n in NODES if norms[n] > limit)
     assert sorted(node for _, node, _ in rejecting.refused) == over

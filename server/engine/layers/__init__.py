@@ -28,7 +28,6 @@ from fedge.coordinator.secure_layer import SecureAggregation
 from fedge.coordinator.secure_session import SecureSession
 from fedge.coordinator.selection_layer import Oort, SelectionLayer
 from fedge.coordinator.update_guard import UpdateGuard
-from fedge.coordinator.update_guard_layer import UpdateGuardLayer
 from fedge.privacy.dp_spec import DPSpec, parse_differential_privacy
 from fedge.privacy.sampling import RunRate
 from fedge.privacy.spec import parse_secure_aggregation
@@ -187,9 +186,9 @@ def _selection(algorithm: Algorithm, run_dir: Any = None) -> Layer | None:
 @_builds("guard")
 def _guard(algorithm: Algorithm, run_dir: Any = None) -> Layer:
     s = algorithm.ctx.settings
-    guard = UpdateGuard(s.update_norm, s.weight_cap, private=_private(s))
+    guard = UpdateGuard(s.update_norm, s.weight_cap, private=_private(s), weighted=algorithm.weighted)
     refuse("guard", algorithm)
-    return UpdateGuardLayer(guard, algorithm.weighted)
+    return guard
 
 
 @_builds("downlink")
