@@ -76,7 +76,7 @@ def build_from_spec(
     for key, value in raw.items():
         param = signature.parameters.get(key.replace("-", "_"))
         if param is None or (extra and param.name in extra):
-            allowed = ", ".join(signature.parameters) or "none"
+            allowed = ", ".join(p.replace("_", "-") for p in signature.parameters) or "none"
             raise SpecError(f"{family} {name!r} has no parameter {key!r} (parameters: {allowed})")
         default = param.default
         kind = type(default)
