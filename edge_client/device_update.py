@@ -136,15 +136,16 @@ def take_update(msg: Message, context: Context, call_next: ClientAppCallable, pu
     received = msg.content.array_records.get(MODEL_RECORD)
     if wrapped and received is None:
         raise LayoutError(f"a train message to {purpose} needs the model in its {MODEL_RECORD!r} ArrayRecord")
-    if wrapped and digest is not None and (found := Layout(received).digest) != digest:
-        raise LayoutError(f"the model's layout {found} is not the one the server described ({digest})")
+    layout = Layout(received) if wrapped and digest is not None else None  # checked before the body runs
+    if layout is not None and layout.digest != digest:
+        raise LayoutError(f"the model's layout {layout.digest} is not the one the server described ({digest})")
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     update = handed(reply)
     if update is not None or not wrapped or received is None:
         return update or reply  # a handler's flat update needs no layout of the message's model
-    layout = Layout(received)
+    layout = layout if layout is not None else Layout(received)
     trained = reply.content.array_records.get(MODEL_RECORD)
     if trained is None:
         raise LayoutError(f"the train reply has no {MODEL_RECORD!r} ArrayRecord to {purpose}")

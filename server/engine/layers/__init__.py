@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import ArrayRecord
 
 from fedge.aggregation.model_average import parse_model_average
+from fedge.aggregation.update_bounds import make_norm_bound
 from fedge.coordinator.dp_layer import DifferentialPrivacyLayer
 from fedge.coordinator.downlink_layer import DownlinkLayer, uplink_refusal
 from fedge.coordinator.layer import BOUNDED, MODEL, NOISE, SAMPLE, SUM, Exchange, Failure, Layer, LayerOrderError, order_layers
@@ -64,7 +65,7 @@ def _oort(a: Algorithm) -> bool:
 
 
 def _clips(a: Algorithm) -> bool:
-    return UpdateGuard(a.ctx.settings.update_norm, "none").norm.mode == "clip"
+    return make_norm_bound(a.ctx.settings.update_norm).mode == "clip"
 
 
 def _per_device(a: Algorithm) -> bool:
