@@ -35,12 +35,16 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name.strip().lower(), params
 
 
-def parse_setting(spec: str, cls: Callable[..., T], name: str, setting: str) -> T | None:
+def parse_setting(spec: str, cls: Callable[..., T], name: str, setting: str, *,
+                  name_optional: bool = False) -> T | None:
     """A run setting that is ``none`` (None) or ``name[:key=value,...]``: ``cls`` called with the
     parameters typed as its defaults are (how every setting's spec reads the same way; the caller
-    then checks the values' ranges). Raises :class:`SpecError` naming the setting."""
-    if isinstance(spec, str) and spec.strip().lower() == "none":
+    then checks the values' ranges). ``name_optional``: ``key=value,...`` alone is the setting's
+    too, and an empty spec is ``none``. Raises :class:`SpecError` naming the setting."""
+    if isinstance(spec, str) and spec.strip().lower() in (("none", "") if name_optional else ("none",)):
         return None
+    if name_optional and isinstance(spec, str) and ":" not in spec:
+        spec = f"{name}:{spec}"
     given = parse_spec(spec)[0]
     if given != name:
         raise SpecError(f"{setting} is 'none' or '{name}[:...]', not {given!r}")

@@ -285,8 +285,7 @@ class SecureRound:
             mean = total / count
             return torch.from_numpy(mean.astype(np.float32)), count, weight
         check_range(self.plan, level_sum, count)
-        total, weight = self.plan.grid.decode_sum(level_sum, count)
-        mean = total * (self.plan.grid.weight_cap / weight) if weight > 0 else np.zeros_like(total)
+        mean, weight = self.plan.grid.weighted_mean(level_sum, count)
         support = self.plan.support
         if support is not None:  # random-k: the sent coordinates back in place, the others unchanged
             full = np.zeros(self.plan.model_size, dtype=np.float64)

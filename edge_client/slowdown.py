@@ -64,7 +64,8 @@ def slowdown_of(context: Context) -> float:
         if not (math.isfinite(factor) and factor >= 1.0):
             raise ValueError(f"node config slowdown must be >= 1, got {own!r}")
         return factor
-    fraction, slowdown, _ = parse_stragglers(str(context.run_config.get("stragglers", "none")))
+    spec = parse_stragglers(str(context.run_config.get("stragglers", "none")))
+    fraction, slowdown = spec.fraction, spec.slowdown
     if fraction <= 0.0 or slowdown == 1.0:
         return 1.0
     partition = context.node_config.get("partition-id")

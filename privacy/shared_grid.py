@@ -81,9 +81,8 @@ class SharedGrid:
         """The summed weights from the summed weight digits (base 2^b)."""
         return sum(int(d) << (i * self.bits) for i, d in enumerate(digit_sums))
 
-    def weighted_mean(self, level_sum: np.ndarray, summands: int) -> np.ndarray:
-        """The example-weighted mean of the devices' (clipped) updates; zeros when no weight arrived."""
+    def weighted_mean(self, level_sum: np.ndarray, summands: int) -> tuple[np.ndarray, int]:
+        """The example-weighted mean of the devices' (clipped) updates (zeros when no weight arrived)
+        and their summed weight."""
         total, weight_sum = self.decode_sum(level_sum, summands)
-        if weight_sum <= 0:
-            return np.zeros_like(total)
-        return total * (self.weight_cap / weight_sum)
+        return (total * (self.weight_cap / weight_sum) if weight_sum > 0 else np.zeros_like(total)), weight_sum

@@ -9,8 +9,9 @@ misbehave (stragglers take the first ones, so the two can be combined without ov
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from fedge.compression.spec import parse_spec
+from fedge.compression.spec import parse_setting
 
 __all__ = ["FAULTS", "faulty_partition", "parse_faulty_clients"]
 
@@ -20,25 +21,22 @@ __all__ = ["FAULTS", "faulty_partition", "parse_faulty_clients"]
 FAULTS = ("truncate", "bitflip", "garbage", "hang", "crash", "signflip", "inflate")
 
 
+@dataclass(frozen=True)
+class _FaultyClients:
+    fraction: float = 0.2
+    fault: str = "signflip"
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; known: {', '.join(FAULTS)}")
+        if not (math.isfinite(self.fraction) and 0.0 <= self.fraction <= 1.0):
+            raise ValueError(f"faulty-clients fraction must be in [0, 1], got {self.fraction}")
+
+
 def parse_faulty_clients(spec: str) -> tuple[float, str]:
-    """``none`` or ``fraction=F,fault=NAME`` -> (fraction, fault)."""
-    if not spec or spec.strip().lower() == "none":
-        return 0.0, ""
-    text = spec if ":" in spec else f"faulty-clients:{spec}"
-    _, params = parse_spec(text)
-    unknown = set(params) - {"fraction", "fault"}
-    if unknown:
-        raise ValueError(f"faulty-clients takes fraction= and fault=, not {sorted(unknown)}")
-    fault = str(params.get("fault", "signflip"))
-    if fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-    try:
-        fraction = float(params.get("fraction", 0.2))
-    except ValueError as err:
-        raise ValueError(f"faulty-clients {spec!r}: {err}") from None
-    if not (math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
-        raise ValueError(f"faulty-clients fraction must be in [0, 1], got {fraction}")
-    return fraction, fault
+    """``none`` or ``[faulty-clients:]fraction=F,fault=NAME`` -> (fraction, fault)."""
+    parsed = parse_setting(spec, _FaultyClients, "faulty-clients", "faulty-clients", name_optional=True)
+    return (0.0, "") if parsed is None else (parsed.fraction, parsed.fault)
 
 
 def faulty_partition(partition: int, partitions: int, fraction: float) -> bool:
