@@ -8,8 +8,8 @@ rounds (the 10,000 test images). A cell is one (algorithm, partition, codec, see
 * algorithms: ``fedavg``, ``fedprox`` (FedAvg with prox-mu), ``scaffold``, ``fednova``; ``fedavg-wd`` and
   ``fednova-wd`` train with the weight decay of Flower's baseline (1e-5; the other cells have none);
 * partitions: ``iid``, ``dir0.5`` (Dirichlet(0.5) label skew), ``c2``/``c3`` (#C=k labels per client,
-  sort and partition: ``pathological:classes=k``), ``c2draw1``/``c2draw2`` (#C=2 from other draws of
-  the split: its partitioner's seed 1 or 2, where ``c2`` is seed 42);
+  sort and partition: ``pathological:classes=k``), ``c2draw1``..``c2draw3`` (#C=2 from other draws of
+  the split: its partitioner's seed 1, 2 or 3, where ``c2`` is seed 42);
 * codecs: ``fp32`` (the table's own setting), ``default`` (Fedge's default uplink codec, fp32 model
   down), ``dgc`` (DGC 1% + 4-bit QSGD with error feedback up; down, the lattice setting Fedge's
   both-directions results chose and confirmed on other seeds and another app: 5% of coordinates a
@@ -75,6 +75,7 @@ PARTITIONS = {
     # much a cell owes to which labels the draw gave each client, and so to the clients' sizes
     "c2draw1": "pathological:classes=2,seed=1",
     "c2draw2": "pathological:classes=2,seed=2",
+    "c2draw3": "pathological:classes=2,seed=3",
 }
 CODECS: dict[str, dict[str, Any]] = {
     "fp32": {"codec": "none", "downlink_codec": "none"},
