@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from fedge.compression.errors import SpecError
 
-__all__ = ["build_from_spec", "parse_setting", "parse_spec", "required_spec"]
+__all__ = ["build_from_spec", "named_spec", "parse_setting", "parse_spec", "required_spec"]
 
 T = TypeVar("T")
 
@@ -43,12 +43,17 @@ def parse_setting(spec: str, cls: Callable[..., T], name: str, setting: str, *,
     too, and an empty spec is ``none``. Raises :class:`SpecError` naming the setting."""
     if isinstance(spec, str) and spec.strip().lower() in (("none", "") if name_optional else ("none",)):
         return None
-    if name_optional and isinstance(spec, str) and ":" not in spec:
-        spec = f"{name}:{spec}"
+    if name_optional:
+        spec = named_spec(spec, name)
     given = parse_spec(spec)[0]
     if given != name:
         raise SpecError(f"{setting} is 'none' or '{name}[:...]', not {given!r}")
     return build_from_spec(spec, {name: cls}, family=setting)
+
+
+def named_spec(spec: str, name: str) -> str:
+    """``spec`` with its name: ``key=value,...`` alone (a setting whose name may be omitted) is ``name``'s."""
+    return spec if not isinstance(spec, str) or ":" in spec else f"{name}:{spec}"
 
 
 def required_spec(parse: Callable[[str], T | None], text: str, name: str) -> T:

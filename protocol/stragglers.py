@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from fedge.compression.spec import parse_setting, parse_spec
+from fedge.compression.spec import named_spec, parse_setting, parse_spec
 
 __all__ = ["Stragglers", "parse_stragglers"]
 
@@ -39,6 +39,6 @@ def parse_stragglers(spec: str) -> Stragglers:
     parsed = parse_setting(spec, Stragglers, "stragglers", "stragglers", name_optional=True)
     if parsed is None:
         return Stragglers(0.0, 1.0)
-    if set(parse_spec(spec if ":" in spec else f"stragglers:{spec}")[1]) == {"jitter"}:
+    if set(parse_spec(named_spec(spec, "stragglers"))[1]) == {"jitter"}:
         return dataclasses.replace(parsed, fraction=0.0, slowdown=1.0)
     return parsed
